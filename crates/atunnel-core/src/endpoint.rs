@@ -1,0 +1,279 @@
+//! One side of a relay: something that yields chunks of bytes and accepts
+//! them, without holding a buffer while it waits.
+//!
+//! Sockets and TLS streams wait for read readiness first and only then borrow
+//! a pooled buffer. An HTTP/2 stream hands out the `Bytes` h2 already decoded
+//! (no copy, no buffer of ours) and takes `Bytes` to send, so a pooled buffer
+//! travels into h2's send queue and comes back to the pool once written.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::pool::{BufferPool, PooledBuf};
+
+/// Bytes read from one side, waiting to be written to the other.
+pub enum Chunk {
+    /// Read into a pooled buffer: `buf[start..end]` is unwritten.
+    Pooled {
+        buf: PooledBuf,
+        start: usize,
+        end: usize,
+    },
+    /// Handed out by a side that already holds the bytes (HTTP/2 DATA).
+    Shared(Bytes),
+}
+
+impl Chunk {
+    pub fn remaining(&self) -> &[u8] {
+        match self {
+            Chunk::Pooled { buf, start, end } => &buf.as_ref()[*start..*end],
+            Chunk::Shared(b) => b,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.remaining().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn advance(&mut self, n: usize) {
+        match self {
+            Chunk::Pooled { start, end, .. } => *start = (*start + n).min(*end),
+            Chunk::Shared(b) => b.advance(n.min(b.len())),
+        }
+    }
+
+    /// Splits off the first `n` bytes as `Bytes`. A pooled buffer becomes
+    /// shared with its new owner and returns to the pool when the last piece
+    /// is dropped.
+    pub fn split_to_bytes(&mut self, n: usize) -> Bytes {
+        if let Chunk::Pooled { .. } = self {
+            let Chunk::Pooled { buf, start, end } =
+                std::mem::replace(self, Chunk::Shared(Bytes::new()))
+            else {
+                unreachable!("matched Pooled above")
+            };
+            *self = Chunk::Shared(Bytes::from_owner(buf).slice(start..end));
+        }
+        match self {
+            Chunk::Shared(b) => b.split_to(n.min(b.len())),
+            Chunk::Pooled { .. } => unreachable!("converted to Shared above"),
+        }
+    }
+}
+
+/// A side of a relay.
+pub trait Endpoint {
+    /// The next bytes this side has to give, `None` at end of stream. While
+    /// nothing is readable no buffer is held.
+    fn poll_read_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        pool: &BufferPool,
+    ) -> Poll<io::Result<Option<Chunk>>>;
+
+    /// `n` bytes this side produced have reached the other side's socket.
+    /// HTTP/2 returns that much flow-control window to the peer here, so
+    /// bytes queued behind a slow reader are bounded by the window.
+    fn consumed(&mut self, _n: usize) {}
+
+    /// Writes some of `chunk` and advances it.
+    fn poll_write_chunk(&mut self, cx: &mut Context<'_>, chunk: &mut Chunk)
+    -> Poll<io::Result<()>>;
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// Half-close: no more bytes will be written (FIN, close_notify, END_STREAM).
+    fn poll_close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// The relay failed: tell the peer abruptly (HTTP/2 RST_STREAM).
+    fn abort(&mut self) {}
+}
+
+/// A byte stream that can report read readiness without being handed a buffer.
+pub trait ReadReady: AsyncRead + AsyncWrite + Unpin {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+}
+
+impl ReadReady for TcpStream {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        TcpStream::poll_read_ready(self, cx)
+    }
+}
+
+/// True when rustls already holds plaintext (or the peer's close_notify), so
+/// a read would make progress without the socket becoming readable again.
+fn tls_has_pending<D>(conn: &mut rustls::ConnectionCommon<D>) -> bool {
+    match conn.process_new_packets() {
+        Ok(state) => state.plaintext_bytes_to_read() > 0 || state.peer_has_closed(),
+        // Let the read surface the error.
+        Err(_) => true,
+    }
+}
+
+impl<IO: ReadReady> ReadReady for tokio_rustls::client::TlsStream<IO> {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let (io, conn) = self.get_mut();
+        if tls_has_pending(conn) {
+            return Poll::Ready(Ok(()));
+        }
+        io.poll_read_ready(cx)
+    }
+}
+
+impl<IO: ReadReady> ReadReady for tokio_rustls::server::TlsStream<IO> {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let (io, conn) = self.get_mut();
+        if tls_has_pending(conn) {
+            return Poll::Ready(Ok(()));
+        }
+        io.poll_read_ready(cx)
+    }
+}
+
+impl<T: ReadReady + ?Sized> ReadReady for Box<T> {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        (**self).poll_read_ready(cx)
+    }
+}
+
+impl<T: ReadReady> Endpoint for T {
+    fn poll_read_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        pool: &BufferPool,
+    ) -> Poll<io::Result<Option<Chunk>>> {
+        ready!(self.poll_read_ready(cx))?;
+        let mut buf = ready!(pool.poll_acquire(cx));
+        let mut read_buf = ReadBuf::new(buf.as_mut_slice());
+        // On Pending (readiness was spurious, or TLS got only part of a
+        // record) the buffer goes straight back to the pool.
+        ready!(Pin::new(&mut *self).poll_read(cx, &mut read_buf))?;
+        let end = read_buf.filled().len();
+        Poll::Ready(Ok((end > 0).then_some(Chunk::Pooled {
+            buf,
+            start: 0,
+            end,
+        })))
+    }
+
+    fn poll_write_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunk: &mut Chunk,
+    ) -> Poll<io::Result<()>> {
+        let n = ready!(Pin::new(&mut *self).poll_write(cx, chunk.remaining()))?;
+        if n == 0 {
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+        }
+        chunk.advance(n);
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self).poll_flush(cx)
+    }
+
+    fn poll_close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self).poll_shutdown(cx)
+    }
+}
+
+/// Most bytes asked of h2's flow control at once: one chunk's worth keeps
+/// the send queue to one frame batch per stream.
+const MAX_SEND_RESERVE: usize = 64 * 1024;
+
+/// An HTTP/2 stream (a CONNECT tunnel) as a relay side, read and written in
+/// place: no reader task, no copy into a buffer of ours, and nothing queued in
+/// h2 beyond the window it granted.
+pub struct H2Stream {
+    send: h2::SendStream<Bytes>,
+    recv: h2::RecvStream,
+}
+
+impl H2Stream {
+    pub fn new(send: h2::SendStream<Bytes>, recv: h2::RecvStream) -> Self {
+        Self { send, recv }
+    }
+}
+
+fn h2_to_io(e: h2::Error) -> io::Error {
+    if e.is_io() {
+        return e.into_io().expect("is_io checked");
+    }
+    let kind = match e.reason() {
+        Some(h2::Reason::NO_ERROR) | Some(h2::Reason::CANCEL) => io::ErrorKind::ConnectionReset,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e)
+}
+
+impl Endpoint for H2Stream {
+    fn poll_read_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        _pool: &BufferPool,
+    ) -> Poll<io::Result<Option<Chunk>>> {
+        loop {
+            return match ready!(self.recv.poll_data(cx)) {
+                Some(Ok(b)) if b.is_empty() => continue,
+                Some(Ok(b)) => Poll::Ready(Ok(Some(Chunk::Shared(b)))),
+                Some(Err(e)) => Poll::Ready(Err(h2_to_io(e))),
+                None => Poll::Ready(Ok(None)),
+            };
+        }
+    }
+
+    fn consumed(&mut self, n: usize) {
+        // Fails only once the stream is gone, when the window no longer matters.
+        let _ = self.recv.flow_control().release_capacity(n);
+    }
+
+    fn poll_write_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunk: &mut Chunk,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            let capacity = self.send.capacity();
+            if capacity > 0 {
+                let bytes = chunk.split_to_bytes(capacity);
+                self.send.send_data(bytes, false).map_err(h2_to_io)?;
+                return Poll::Ready(Ok(()));
+            }
+            self.send
+                .reserve_capacity(chunk.len().min(MAX_SEND_RESERVE));
+            match ready!(self.send.poll_capacity(cx)) {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                None => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "HTTP/2 stream closed for sending",
+                    )));
+                }
+            }
+        }
+    }
+
+    fn poll_flush(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // h2's connection task writes and flushes frames.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_close_write(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.send.send_data(Bytes::new(), true).map_err(h2_to_io))
+    }
+
+    fn abort(&mut self) {
+        self.send.send_reset(h2::Reason::CANCEL);
+    }
+}

@@ -1,0 +1,16 @@
+//! The byte-moving core of atunnel.
+//!
+//! Nothing here knows about actors, sandboxes or certificates: it moves bytes
+//! between two streams while holding as little memory as possible when they
+//! are idle.
+
+pub mod alloc;
+pub mod endpoint;
+pub mod original_dst;
+pub mod pool;
+pub mod relay;
+pub mod sockopt;
+
+pub use endpoint::{Chunk, Endpoint, H2Stream};
+pub use pool::{BufferPool, PoolStats, PooledBuf};
+pub use relay::{RelayError, RelayStats, relay};

@@ -1,0 +1,236 @@
+//! A bounded pool of relay buffers, borrowed only while bytes move.
+//!
+//! A tunnel holds no buffer while idle: it waits for readiness, then borrows
+//! one buffer here for as long as data keeps flowing. The pool bounds both the
+//! number of buffers out at once (`max_buffers`; a borrower past the bound
+//! waits, which is backpressure, not an error) and the number kept for reuse
+//! (`max_idle`; the rest go back to the allocator, so the pool shrinks after a
+//! burst). A [`PooledBuf`] returns itself on drop, so every path (EOF, error,
+//! cancellation, a future dropped mid-write) gives the buffer back.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+/// Default buffer size: 32 KiB matches a TLS record's worth of plaintext twice
+/// over and is what the reference copies with.
+pub const DEFAULT_BUFFER_SIZE: usize = 32 * 1024;
+/// Default bound on buffers out at once: 4096 x 32 KiB = 128 MiB, far above
+/// what 1 CPU can keep busy, well below a 1 GiB limit.
+pub const DEFAULT_MAX_BUFFERS: usize = 4096;
+/// Default number of free buffers kept for reuse (2 MiB at 32 KiB).
+pub const DEFAULT_MAX_IDLE: usize = 64;
+
+/// Shared pool handle; cheap to clone.
+#[derive(Clone)]
+pub struct BufferPool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    buffer_size: usize,
+    max_buffers: usize,
+    max_idle: usize,
+    free: Mutex<Free>,
+    in_use: AtomicUsize,
+    acquired_total: AtomicU64,
+    allocated_total: AtomicU64,
+    waited_total: AtomicU64,
+}
+
+#[derive(Default)]
+struct Free {
+    buffers: Vec<Box<[u8]>>,
+    /// Tasks waiting for a buffer while `max_buffers` are out. Woken all at
+    /// once when one comes back: exhaustion is rare and the losers re-register.
+    waiters: Vec<Waker>,
+}
+
+/// Counters read by /stats and by tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Buffers currently borrowed.
+    pub in_use: usize,
+    /// Free buffers kept for reuse.
+    pub idle: usize,
+    /// Size of each buffer in bytes.
+    pub buffer_size: usize,
+    /// Borrows since start.
+    pub acquired_total: u64,
+    /// Fresh allocations since start (the rest were reuses).
+    pub allocated_total: u64,
+    /// Borrows that had to wait because `max_buffers` were out.
+    pub waited_total: u64,
+}
+
+impl BufferPool {
+    /// A pool of `buffer_size`-byte buffers, at most `max_buffers` out at once
+    /// and `max_idle` kept free.
+    pub fn new(buffer_size: usize, max_buffers: usize, max_idle: usize) -> Self {
+        assert!(
+            buffer_size > 0 && max_buffers > 0,
+            "pool needs room for one buffer"
+        );
+        Self {
+            inner: Arc::new(Inner {
+                buffer_size,
+                max_buffers,
+                max_idle: max_idle.min(max_buffers),
+                free: Mutex::new(Free::default()),
+                in_use: AtomicUsize::new(0),
+                acquired_total: AtomicU64::new(0),
+                allocated_total: AtomicU64::new(0),
+                waited_total: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn buffer_size(&self) -> usize {
+        self.inner.buffer_size
+    }
+
+    /// Borrows a buffer, or registers `cx` to be woken when one is returned.
+    pub fn poll_acquire(&self, cx: &mut Context<'_>) -> Poll<PooledBuf> {
+        let inner = &self.inner;
+        let mut free = inner.free.lock().expect("pool lock poisoned");
+        if inner.in_use.load(Ordering::Relaxed) >= inner.max_buffers {
+            inner.waited_total.fetch_add(1, Ordering::Relaxed);
+            if !free.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                free.waiters.push(cx.waker().clone());
+            }
+            return Poll::Pending;
+        }
+        inner.in_use.fetch_add(1, Ordering::Relaxed);
+        inner.acquired_total.fetch_add(1, Ordering::Relaxed);
+        let reused = free.buffers.pop();
+        drop(free);
+        let buf = reused.unwrap_or_else(|| {
+            inner.allocated_total.fetch_add(1, Ordering::Relaxed);
+            vec![0u8; inner.buffer_size].into_boxed_slice()
+        });
+        Poll::Ready(PooledBuf {
+            buf: Some(buf),
+            pool: self.inner.clone(),
+        })
+    }
+
+    /// Borrows a buffer, waiting while `max_buffers` are out.
+    pub async fn acquire(&self) -> PooledBuf {
+        std::future::poll_fn(|cx| self.poll_acquire(cx)).await
+    }
+
+    /// Drops free buffers beyond `keep`, returning their memory.
+    pub fn trim(&self, keep: usize) {
+        let drained: Vec<Box<[u8]>> = {
+            let mut free = self.inner.free.lock().expect("pool lock poisoned");
+            let keep = keep.min(free.buffers.len());
+            free.buffers.drain(keep..).collect()
+        };
+        drop(drained);
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let inner = &self.inner;
+        let idle = inner.free.lock().expect("pool lock poisoned").buffers.len();
+        PoolStats {
+            in_use: inner.in_use.load(Ordering::Relaxed),
+            idle,
+            buffer_size: inner.buffer_size,
+            acquired_total: inner.acquired_total.load(Ordering::Relaxed),
+            allocated_total: inner.allocated_total.load(Ordering::Relaxed),
+            waited_total: inner.waited_total.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Default for BufferPool {
+    fn default() -> Self {
+        Self::new(DEFAULT_BUFFER_SIZE, DEFAULT_MAX_BUFFERS, DEFAULT_MAX_IDLE)
+    }
+}
+
+impl std::fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferPool")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// A borrowed buffer; goes back to its pool when dropped.
+pub struct PooledBuf {
+    buf: Option<Box<[u8]>>,
+    pool: Arc<Inner>,
+}
+
+impl PooledBuf {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        self.buf.as_deref_mut().expect("buffer present until drop")
+    }
+}
+
+impl AsRef<[u8]> for PooledBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_deref().expect("buffer present until drop")
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        let Some(buf) = self.buf.take() else { return };
+        let inner = &self.pool;
+        let mut free = inner.free.lock().expect("pool lock poisoned");
+        inner.in_use.fetch_sub(1, Ordering::Relaxed);
+        let waiters = std::mem::take(&mut free.waiters);
+        let keep = free.buffers.len() < inner.max_idle;
+        if keep {
+            free.buffers.push(buf);
+        }
+        drop(free);
+        // `buf` (if not kept) is freed here, outside the lock.
+        for w in waiters {
+            w.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn buffers_are_reused_and_idle_is_bounded() {
+        let pool = BufferPool::new(1024, 8, 2);
+        let bufs: Vec<_> = futures_join(&pool, 5).await;
+        assert_eq!(pool.stats().in_use, 5);
+        drop(bufs);
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.idle, s.allocated_total), (0, 2, 5));
+        let _again = pool.acquire().await;
+        assert_eq!(pool.stats().allocated_total, 5, "a free buffer is reused");
+        pool.trim(0);
+        assert_eq!(pool.stats().idle, 0);
+    }
+
+    #[tokio::test]
+    async fn borrower_past_the_bound_waits_until_one_returns() {
+        let pool = BufferPool::new(64, 1, 1);
+        let first = pool.acquire().await;
+        let p2 = pool.clone();
+        let waiter = tokio::spawn(async move { p2.acquire().await.as_ref().len() });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(first);
+        assert_eq!(waiter.await.expect("waiter"), 64);
+        assert!(pool.stats().waited_total >= 1);
+        assert_eq!(pool.stats().in_use, 0);
+    }
+
+    async fn futures_join(pool: &BufferPool, n: usize) -> Vec<PooledBuf> {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            v.push(pool.acquire().await);
+        }
+        v
+    }
+}

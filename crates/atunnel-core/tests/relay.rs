@@ -1,0 +1,348 @@
+//! The relay over real loopback sockets and a real HTTP/2 connection.
+
+use std::time::Duration;
+
+use atunnel_core::{BufferPool, H2Stream, RelayStats, relay};
+use rand::{Rng, RngCore, SeedableRng};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+async fn tcp_pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (c, s) = tokio::join!(TcpStream::connect(addr), listener.accept());
+    (c.expect("connect"), s.expect("accept").0)
+}
+
+/// `outer_a <-> [relay] <-> outer_b`, relay running in its own task.
+async fn relayed(
+    pool: &BufferPool,
+) -> (
+    TcpStream,
+    TcpStream,
+    JoinHandle<std::io::Result<RelayStats>>,
+) {
+    let (outer_a, mut a) = tcp_pair().await;
+    let (mut b, outer_b) = tcp_pair().await;
+    let pool = pool.clone();
+    let task = tokio::spawn(async move {
+        relay(&mut a, &mut b, &pool)
+            .await
+            .map_err(std::io::Error::other)
+    });
+    (outer_a, outer_b, task)
+}
+
+fn random_bytes(rng: &mut impl RngCore, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rng.fill_bytes(&mut v);
+    v
+}
+
+/// Sends `data` on `tx`'s write half and returns everything `rx` reads until EOF.
+async fn send_and_collect(
+    tx: TcpStream,
+    rx: TcpStream,
+    data: Vec<u8>,
+) -> (Vec<u8>, TcpStream, TcpStream) {
+    let (mut tx_r, mut tx_w) = tx.into_split();
+    let (mut rx_r, rx_w) = rx.into_split();
+    let writer = async move {
+        tx_w.write_all(&data).await.expect("write");
+        tx_w.shutdown().await.expect("shutdown");
+        tx_w
+    };
+    let reader = async move {
+        let mut got = Vec::new();
+        rx_r.read_to_end(&mut got).await.expect("read");
+        (got, rx_r)
+    };
+    let (tx_w, (got, rx_r)) = tokio::join!(writer, reader);
+    let _ = &mut tx_r;
+    (
+        got,
+        tx_r.reunite(tx_w).expect("same stream"),
+        rx_r.reunite(rx_w).expect("same stream"),
+    )
+}
+
+/// Waits until the pool has no buffer out (a relay returns it when it next
+/// polls, which is an event we cannot await directly).
+async fn until_no_buffer_in_use(pool: &BufferPool) {
+    for _ in 0..1000 {
+        if pool.stats().in_use == 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("buffers still in use: {:?}", pool.stats());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_payloads_arrive_intact_both_ways_at_once() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let pool = BufferPool::new(32 * 1024, 64, 8);
+    for round in 0..6 {
+        let len_ab = if round == 0 {
+            8 << 20
+        } else {
+            rng.random_range(0..=8 << 20)
+        };
+        let len_ba = rng.random_range(0..=8 << 20);
+        let ab = random_bytes(&mut rng, len_ab);
+        let ba = random_bytes(&mut rng, len_ba);
+        let (outer_a, outer_b, task) = relayed(&pool).await;
+        let (a_r, mut a_w) = outer_a.into_split();
+        let (b_r, mut b_w) = outer_b.into_split();
+        let (ab2, ba2) = (ab.clone(), ba.clone());
+        let send_a = tokio::spawn(async move {
+            a_w.write_all(&ab2).await.expect("a write");
+            a_w.shutdown().await.expect("a shutdown");
+            a_w
+        });
+        let send_b = tokio::spawn(async move {
+            b_w.write_all(&ba2).await.expect("b write");
+            b_w.shutdown().await.expect("b shutdown");
+            b_w
+        });
+        let read_all = |mut r: tokio::net::tcp::OwnedReadHalf| async move {
+            let mut v = Vec::new();
+            r.read_to_end(&mut v).await.expect("read");
+            v
+        };
+        let (got_at_b, got_at_a) = tokio::join!(read_all(b_r), read_all(a_r));
+        send_a.await.expect("a");
+        send_b.await.expect("b");
+        assert!(
+            got_at_b == ab,
+            "round {round}: a->b payload of {len_ab} bytes corrupted"
+        );
+        assert!(
+            got_at_a == ba,
+            "round {round}: b->a payload of {len_ba} bytes corrupted"
+        );
+        let stats = task.await.expect("join").expect("relay");
+        assert_eq!(
+            stats,
+            RelayStats {
+                a_to_b: len_ab as u64,
+                b_to_a: len_ba as u64
+            }
+        );
+    }
+    assert_eq!(pool.stats().in_use, 0);
+}
+
+#[tokio::test]
+async fn half_close_from_a_keeps_b_to_a_flowing() {
+    let pool = BufferPool::default();
+    let (outer_a, outer_b, task) = relayed(&pool).await;
+    let (got, outer_a, mut outer_b) = send_and_collect(outer_a, outer_b, b"request".to_vec()).await;
+    assert_eq!(got, b"request");
+    // b saw EOF; it can still answer and a still receives.
+    outer_b
+        .write_all(b"response after FIN")
+        .await
+        .expect("write");
+    outer_b.shutdown().await.expect("shutdown");
+    let mut outer_a = outer_a;
+    let mut rest = Vec::new();
+    outer_a.read_to_end(&mut rest).await.expect("read");
+    assert_eq!(rest, b"response after FIN");
+    let stats = task.await.expect("join").expect("relay");
+    assert_eq!(
+        stats,
+        RelayStats {
+            a_to_b: 7,
+            b_to_a: 18
+        }
+    );
+}
+
+#[tokio::test]
+async fn half_close_from_b_keeps_a_to_b_flowing() {
+    let pool = BufferPool::default();
+    let (outer_a, outer_b, task) = relayed(&pool).await;
+    let (got, outer_b, mut outer_a) = send_and_collect(outer_b, outer_a, b"banner".to_vec()).await;
+    assert_eq!(got, b"banner");
+    outer_a.write_all(b"late request").await.expect("write");
+    outer_a.shutdown().await.expect("shutdown");
+    let mut outer_b = outer_b;
+    let mut rest = Vec::new();
+    outer_b.read_to_end(&mut rest).await.expect("read");
+    assert_eq!(rest, b"late request");
+    let stats = task.await.expect("join").expect("relay");
+    assert_eq!(
+        stats,
+        RelayStats {
+            a_to_b: 12,
+            b_to_a: 6
+        }
+    );
+}
+
+#[tokio::test]
+async fn idle_tunnels_hold_no_buffer() {
+    let pool = BufferPool::default();
+    let mut tunnels = Vec::new();
+    for _ in 0..50 {
+        tunnels.push(relayed(&pool).await);
+    }
+    // Move some bytes through each, then let them go idle.
+    for (a, b, _) in &mut tunnels {
+        a.write_all(&[7u8; 100_000]).await.expect("write");
+        let mut got = vec![0u8; 100_000];
+        b.read_exact(&mut got).await.expect("read");
+        assert!(got.iter().all(|&x| x == 7));
+    }
+    until_no_buffer_in_use(&pool).await;
+    let s = pool.stats();
+    assert_eq!(s.in_use, 0, "idle tunnels hold buffers: {s:?}");
+    assert!(s.acquired_total > 0);
+    for (_, _, t) in &tunnels {
+        assert!(!t.is_finished());
+    }
+}
+
+/// A tunnel whose reader stopped holds exactly the buffer it could not write.
+async fn stalled(
+    pool: &BufferPool,
+) -> (
+    TcpStream,
+    TcpStream,
+    JoinHandle<std::io::Result<RelayStats>>,
+) {
+    let (mut a, b, task) = relayed(pool).await;
+    let payload = vec![1u8; 64 << 20];
+    // b never reads: the kernel queues fill and the relay is left holding a chunk.
+    let write = a.write_all(&payload);
+    let _ = tokio::time::timeout(Duration::from_millis(500), write).await;
+    for _ in 0..1000 {
+        if pool.stats().in_use == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        pool.stats().in_use,
+        1,
+        "a stalled direction holds one buffer"
+    );
+    (a, b, task)
+}
+
+#[tokio::test]
+async fn buffer_returns_when_the_relay_is_cancelled() {
+    let pool = BufferPool::default();
+    let (_a, _b, task) = stalled(&pool).await;
+    task.abort();
+    assert!(task.await.expect_err("aborted").is_cancelled());
+    assert_eq!(pool.stats().in_use, 0);
+}
+
+#[tokio::test]
+async fn buffer_returns_when_the_peer_vanishes() {
+    let pool = BufferPool::default();
+    let (_a, b, task) = stalled(&pool).await;
+    // RST instead of FIN: the relay's pending write fails.
+    b.set_zero_linger().expect("linger");
+    drop(b);
+    let err = task
+        .await
+        .expect("join")
+        .expect_err("write to a reset peer fails");
+    assert!(err.to_string().contains("Write"), "{err}");
+    assert_eq!(pool.stats().in_use, 0);
+}
+
+#[tokio::test]
+async fn buffer_returns_after_eof() {
+    let pool = BufferPool::default();
+    let (a, b, task) = relayed(&pool).await;
+    let (got, _a, _b) = send_and_collect(a, b, vec![9u8; 1 << 20]).await;
+    assert_eq!(got.len(), 1 << 20);
+    drop(_a);
+    drop(_b);
+    task.await.expect("join").expect("relay ends cleanly");
+    assert_eq!(pool.stats().in_use, 0);
+}
+
+/// TCP on one side, an HTTP/2 stream on the other, over a real h2 connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_to_http2_stream_both_ways_with_half_close() {
+    let pool = BufferPool::default();
+    let (h2_client_io, h2_server_io) = tcp_pair().await;
+
+    // Server: answers the CONNECT, then echoes the stream back.
+    let server = tokio::spawn(async move {
+        let mut conn = h2::server::handshake(h2_server_io)
+            .await
+            .expect("server handshake");
+        let (req, mut respond) = conn.accept().await.expect("a stream").expect("stream ok");
+        tokio::spawn(async move { while conn.accept().await.is_some() {} });
+        assert_eq!(req.method(), http::Method::CONNECT);
+        let send = respond
+            .send_response(http::Response::new(()), false)
+            .expect("200");
+        let mut stream = H2Stream::new(send, req.into_body());
+        // Echo via a loopback TCP echo: relay h2 <-> tcp <-> echo.
+        let (mut to_echo, mut echo) = tcp_pair().await;
+        tokio::spawn(async move {
+            let (mut r, mut w) = echo.split();
+            tokio::io::copy(&mut r, &mut w).await.expect("echo");
+            w.shutdown().await.expect("echo shutdown");
+        });
+        relay(&mut stream, &mut to_echo, &BufferPool::default())
+            .await
+            .expect("server relay")
+    });
+
+    let (mut send_req, conn) = h2::client::handshake(h2_client_io)
+        .await
+        .expect("client handshake");
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri("192.0.2.10:443")
+        .body(())
+        .expect("request");
+    let (resp, send) = send_req.send_request(req, false).expect("send");
+    let resp = resp.await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let mut stream = H2Stream::new(send, resp.into_body());
+
+    let (actor, mut inner) = tcp_pair().await;
+    let relay_pool = pool.clone();
+    let tunnel = tokio::spawn(async move {
+        relay(&mut inner, &mut stream, &relay_pool)
+            .await
+            .expect("client relay")
+    });
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let data = random_bytes(&mut rng, 3 << 20);
+    let (actor_r, mut actor_w) = actor.into_split();
+    let d2 = data.clone();
+    let writer = tokio::spawn(async move {
+        actor_w.write_all(&d2).await.expect("write");
+        actor_w.shutdown().await.expect("FIN");
+        actor_w
+    });
+    let mut got = Vec::new();
+    let mut actor_r = actor_r;
+    actor_r.read_to_end(&mut got).await.expect("read");
+    writer.await.expect("writer");
+    assert!(got == data, "echo through HTTP/2 corrupted");
+    let stats = tunnel.await.expect("join");
+    assert_eq!(
+        stats,
+        RelayStats {
+            a_to_b: data.len() as u64,
+            b_to_a: data.len() as u64
+        }
+    );
+    server.await.expect("server");
+    // The h2 side read without pool buffers; the TCP side returned its own.
+    assert_eq!(pool.stats().in_use, 0);
+}
