@@ -1,0 +1,717 @@
+//! rustls certificate verifiers that check a peer's chain with webpki and
+//! then its identity: an actor (gateway side) or an exact SPIFFE ID.
+
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::{WebPkiServerVerifier, verify_server_cert_signed_by_trust_anchor};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, OtherError, RootCertStore,
+    SignatureScheme,
+};
+use x509_parser::certificate::X509Certificate;
+use x509_parser::extensions::GeneralName;
+use x509_parser::prelude::FromDer;
+
+use crate::identity::verify_actor_leaf;
+
+/// Why a verifier could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifierError {
+    #[error("no trust anchors given")]
+    NoRoots,
+    #[error("trust anchor #{index} is unusable: {source}")]
+    BadRoot { index: usize, source: rustls::Error },
+    #[error("building the webpki verifier failed: {0}")]
+    Build(#[from] rustls::client::VerifierBuilderError),
+}
+
+/// Why a peer's leaf, whose chain verified, is still refused.
+#[derive(Debug, thiserror::Error)]
+enum PeerIdentityError {
+    #[error("peer certificate could not be parsed: {0}")]
+    Parse(String),
+    #[error("peer certificate has a malformed subjectAltName: {0}")]
+    MalformedSan(String),
+    #[error("peer certificate URI SANs {found:?} do not include {allowed:?}")]
+    SpiffeIdNotAllowed { allowed: String, found: Vec<String> },
+}
+
+/// The identity a peer's leaf must prove once its chain verifies.
+#[derive(Clone, Debug)]
+enum IdentityRule {
+    Actor,
+    SpiffeId(String),
+}
+
+impl IdentityRule {
+    /// Refusals become `CertificateError::Other` so the reason reaches the
+    /// local handshake error (and logs); the peer gets a certificate_unknown alert.
+    fn check(&self, leaf: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+        let refused = |e: Arc<dyn std::error::Error + Send + Sync>| {
+            rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(e)))
+        };
+        match self {
+            IdentityRule::Actor => verify_actor_leaf(leaf)
+                .map(|_| ())
+                .map_err(|e| refused(Arc::new(e))),
+            IdentityRule::SpiffeId(allowed) => {
+                check_spiffe_id(leaf, allowed).map_err(|e| refused(Arc::new(e)))
+            }
+        }
+    }
+}
+
+fn check_spiffe_id(leaf: &CertificateDer<'_>, allowed: &str) -> Result<(), PeerIdentityError> {
+    let (_, cert) =
+        X509Certificate::from_der(leaf).map_err(|e| PeerIdentityError::Parse(e.to_string()))?;
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| PeerIdentityError::MalformedSan(e.to_string()))?;
+    let uris: Vec<&str> = san
+        .iter()
+        .flat_map(|san| san.value.general_names.iter())
+        .filter_map(|name| match name {
+            GeneralName::URI(uri) => Some(*uri),
+            _ => None,
+        })
+        .collect();
+    if uris.contains(&allowed) {
+        Ok(())
+    } else {
+        Err(PeerIdentityError::SpiffeIdNotAllowed {
+            allowed: allowed.to_owned(),
+            found: uris.into_iter().map(str::to_owned).collect(),
+        })
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn root_store(roots: &[CertificateDer<'static>]) -> Result<Arc<RootCertStore>, VerifierError> {
+    if roots.is_empty() {
+        return Err(VerifierError::NoRoots);
+    }
+    let mut store = RootCertStore::empty();
+    for (index, root) in roots.iter().enumerate() {
+        store
+            .add(root.clone())
+            .map_err(|source| VerifierError::BadRoot { index, source })?;
+    }
+    Ok(Arc::new(store))
+}
+
+/// Client verifier: webpki chain checks, then an identity rule on the leaf.
+#[derive(Debug)]
+struct IdentityClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    rule: IdentityRule,
+}
+
+impl ClientCertVerifier for IdentityClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    // Mandatory whatever the inner verifier says: no certificate, no identity.
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        self.rule.check(end_entity)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+
+    fn requires_raw_public_keys(&self) -> bool {
+        self.inner.requires_raw_public_keys()
+    }
+}
+
+fn client_verifier(
+    roots: &[CertificateDer<'static>],
+    rule: IdentityRule,
+) -> Result<Arc<dyn ClientCertVerifier>, VerifierError> {
+    let inner =
+        WebPkiClientVerifier::builder_with_provider(root_store(roots)?, provider()).build()?;
+    Ok(Arc::new(IdentityClientVerifier { inner, rule }))
+}
+
+/// The egress gateway's client verifier: the chain must verify against the
+/// actor CA and the leaf must pass [`verify_actor_leaf`].
+pub fn actor_client_verifier(
+    actor_ca_roots: &[CertificateDer<'static>],
+) -> Result<Arc<dyn ClientCertVerifier>, VerifierError> {
+    client_verifier(actor_ca_roots, IdentityRule::Actor)
+}
+
+/// A client verifier admitting only the workload whose URI SAN is exactly
+/// `allowed_spiffe_id` (the router on ingress, atunnel on atelet's socket).
+pub fn spiffe_client_verifier(
+    roots: &[CertificateDer<'static>],
+    allowed_spiffe_id: &str,
+) -> Result<Arc<dyn ClientCertVerifier>, VerifierError> {
+    client_verifier(roots, IdentityRule::SpiffeId(allowed_spiffe_id.to_owned()))
+}
+
+/// Server verifier: the webpki chain check without the DNS-name check, then
+/// an exact SPIFFE ID.
+#[derive(Debug)]
+struct SpiffeServerVerifier {
+    roots: Arc<RootCertStore>,
+    provider: Arc<CryptoProvider>,
+    // Kept for the handshake-signature checks, which are name-independent.
+    signatures: Arc<WebPkiServerVerifier>,
+    rule: IdentityRule,
+}
+
+impl ServerCertVerifier for SpiffeServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // The server name is deliberately not checked: SPIFFE identities are
+        // URI SANs, and workload certificates need carry no DNS name matching
+        // how they were dialled (a Unix socket, a pod IP).
+        let cert = ParsedCertificate::try_from(end_entity)?;
+        verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            &self.roots,
+            intermediates,
+            now,
+            self.provider.signature_verification_algorithms.all,
+        )?;
+        self.rule.check(end_entity)?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.signatures.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.signatures.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.signatures.supported_verify_schemes()
+    }
+}
+
+/// The client side's check of a workload server (atelet, a peer atunnel):
+/// chain against `roots`, then URI SAN exactly `allowed_spiffe_id`.
+pub fn spiffe_server_verifier(
+    roots: &[CertificateDer<'static>],
+    allowed_spiffe_id: &str,
+) -> Result<Arc<dyn ServerCertVerifier>, VerifierError> {
+    let roots = root_store(roots)?;
+    let provider = provider();
+    let signatures =
+        WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone()).build()?;
+    Ok(Arc::new(SpiffeServerVerifier {
+        roots,
+        provider,
+        signatures,
+        rule: IdentityRule::SpiffeId(allowed_spiffe_id.to_owned()),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::time::{Duration, SystemTime};
+
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::{AlertDescription, ClientConfig, ServerConfig, SupportedProtocolVersion};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+    use super::*;
+    use crate::identity::{ActorRef, IdentityError};
+    use crate::pki::{
+        ATELET_SPIFFE_ID, ActorCertOptions, CertificateAuthority, IssuedCert, ROUTER_SPIFFE_ID,
+        Usage, WORKER_SPIFFE_ID, actor_csr, new_actor_key,
+    };
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const TLS13: &[&SupportedProtocolVersion] = &[&rustls::version::TLS13];
+    const TLS12: &[&SupportedProtocolVersion] = &[&rustls::version::TLS12];
+    const GATEWAY_HOST: &str = "gateway.test";
+
+    /// A client's certificate chain and key.
+    struct ClientIdentity {
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    }
+
+    impl From<&IssuedCert> for ClientIdentity {
+        fn from(cert: &IssuedCert) -> Self {
+            Self {
+                chain: cert.chain.clone(),
+                key: cert.key(),
+            }
+        }
+    }
+
+    fn actor_identity(ca: &CertificateAuthority, options: &ActorCertOptions) -> ClientIdentity {
+        let actor = ActorRef::new("team-a", "agent-1", "uid-1").expect("actor");
+        let key = new_actor_key().expect("key");
+        let csr = actor_csr(&key).expect("csr");
+        let now = SystemTime::now();
+        let chain = ca
+            .sign_actor_csr_with(&actor, &csr, now - HOUR, now + HOUR, options)
+            .expect("signed");
+        ClientIdentity {
+            chain,
+            key: rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into(),
+        }
+    }
+
+    fn server_config(
+        verifier: Arc<dyn ClientCertVerifier>,
+        cert: &IssuedCert,
+        versions: &[&'static SupportedProtocolVersion],
+    ) -> Arc<ServerConfig> {
+        let config = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(versions)
+            .expect("versions")
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(cert.chain.clone(), cert.key())
+            .expect("server cert");
+        Arc::new(config)
+    }
+
+    fn client_config(
+        server_verifier: Arc<dyn ServerCertVerifier>,
+        identity: Option<ClientIdentity>,
+        versions: &[&'static SupportedProtocolVersion],
+    ) -> Arc<ClientConfig> {
+        let builder = ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(versions)
+            .expect("versions")
+            .dangerous()
+            .with_custom_certificate_verifier(server_verifier);
+        let config = match identity {
+            Some(id) => builder
+                .with_client_auth_cert(id.chain, id.key)
+                .expect("client cert"),
+            None => builder.with_no_client_auth(),
+        };
+        Arc::new(config)
+    }
+
+    /// The ordinary webpki check a client makes of the gateway.
+    fn gateway_verifier(ca: &CertificateAuthority) -> Arc<dyn ServerCertVerifier> {
+        let roots = root_store(&[ca.cert_der()]).expect("roots");
+        WebPkiServerVerifier::builder_with_provider(roots, provider())
+            .build()
+            .expect("verifier")
+    }
+
+    /// How one handshake went, from both ends.
+    struct Outcome {
+        /// The client finished its side of the handshake.
+        client_connected: bool,
+        /// Connect, then read the server's greeting.
+        client: io::Result<()>,
+        /// Accept, then greet.
+        server: io::Result<()>,
+    }
+
+    /// Runs one handshake over an in-memory pipe; the server speaks first so
+    /// a refused client (TLS 1.3) learns of it on its first read.
+    async fn handshake(
+        server: Arc<ServerConfig>,
+        client: Arc<ClientConfig>,
+        server_name: ServerName<'static>,
+    ) -> Outcome {
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let serve = async move {
+            let mut tls = TlsAcceptor::from(server).accept(server_io).await?;
+            tls.write_all(b"pong").await?;
+            tls.shutdown().await
+        };
+        let dial = async move {
+            let mut tls = match TlsConnector::from(client)
+                .connect(server_name, client_io)
+                .await
+            {
+                Ok(tls) => tls,
+                Err(e) => return (false, Err(e)),
+            };
+            let mut greeting = [0u8; 4];
+            let read = tls.read_exact(&mut greeting).await.and_then(|_| {
+                if &greeting == b"pong" {
+                    Ok(())
+                } else {
+                    Err(io::Error::other(format!(
+                        "unexpected greeting {greeting:?}"
+                    )))
+                }
+            });
+            (true, read)
+        };
+        let (server, (client_connected, client)) = tokio::join!(serve, dial);
+        Outcome {
+            client_connected,
+            client,
+            server,
+        }
+    }
+
+    fn gateway_name() -> ServerName<'static> {
+        ServerName::try_from(GATEWAY_HOST).expect("dns name")
+    }
+
+    fn rustls_error(e: &io::Error) -> &rustls::Error {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .unwrap_or_else(|| panic!("not a rustls error: {e:?}"))
+    }
+
+    fn identity_refusal(e: &io::Error) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        match rustls_error(e) {
+            rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(inner))) => {
+                inner.as_ref()
+            }
+            other => panic!("not an identity refusal: {other:?}"),
+        }
+    }
+
+    fn assert_alert(e: &io::Error, want: AlertDescription) {
+        match rustls_error(e) {
+            rustls::Error::AlertReceived(got) => assert_eq!(*got, want),
+            other => panic!("expected alert {want:?}, got {other:?}"),
+        }
+    }
+
+    /// The gateway's PKI: a pod CA for its serving certificate, an actor CA
+    /// for clients.
+    struct GatewayPki {
+        pod_ca: CertificateAuthority,
+        actor_ca: CertificateAuthority,
+        gateway: IssuedCert,
+    }
+
+    fn gateway_pki() -> GatewayPki {
+        let pod_ca = CertificateAuthority::new("pod ca").expect("pod ca");
+        let actor_ca = CertificateAuthority::new("actor ca").expect("actor ca");
+        let gateway = pod_ca
+            .issue(None, &[GATEWAY_HOST], &[], Usage::Server, HOUR)
+            .expect("gateway cert");
+        GatewayPki {
+            pod_ca,
+            actor_ca,
+            gateway,
+        }
+    }
+
+    async fn gateway_handshake(
+        pki: &GatewayPki,
+        client: Option<ClientIdentity>,
+        versions: &[&'static SupportedProtocolVersion],
+    ) -> Outcome {
+        let verifier = actor_client_verifier(&[pki.actor_ca.cert_der()]).expect("verifier");
+        handshake(
+            server_config(verifier, &pki.gateway, versions),
+            client_config(gateway_verifier(&pki.pod_ca), client, versions),
+            gateway_name(),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn gateway_accepts_actor_certificate_over_tls13_and_tls12() {
+        let pki = gateway_pki();
+        for versions in [TLS13, TLS12] {
+            let client = actor_identity(&pki.actor_ca, &ActorCertOptions::default());
+            let outcome = gateway_handshake(&pki, Some(client), versions).await;
+            outcome.server.expect("server accepted");
+            outcome.client.expect("client read the greeting");
+        }
+    }
+
+    #[tokio::test]
+    async fn gateway_refuses_actor_certificate_from_another_ca_tls13() {
+        let pki = gateway_pki();
+        let stranger = CertificateAuthority::new("other actor ca").expect("ca");
+        let client = actor_identity(&stranger, &ActorCertOptions::default());
+        let outcome = gateway_handshake(&pki, Some(client), TLS13).await;
+
+        let server_err = outcome.server.expect_err("server refused");
+        assert!(matches!(
+            rustls_error(&server_err),
+            rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)
+        ));
+        // TLS 1.3: the client's handshake completes before the server has
+        // judged its certificate; the refusal arrives on the next read.
+        assert!(outcome.client_connected);
+        assert_alert(
+            &outcome.client.expect_err("read fails"),
+            AlertDescription::UnknownCA,
+        );
+    }
+
+    #[tokio::test]
+    async fn gateway_refuses_actor_certificate_from_another_ca_tls12() {
+        let pki = gateway_pki();
+        let stranger = CertificateAuthority::new("other actor ca").expect("ca");
+        let client = actor_identity(&stranger, &ActorCertOptions::default());
+        let outcome = gateway_handshake(&pki, Some(client), TLS12).await;
+
+        assert!(outcome.server.is_err());
+        // TLS 1.2: the server's Finished never comes, so connect itself fails.
+        assert!(!outcome.client_connected);
+        assert_alert(
+            &outcome.client.expect_err("connect fails"),
+            AlertDescription::UnknownCA,
+        );
+    }
+
+    #[tokio::test]
+    async fn gateway_refuses_leaf_without_identity_extension_tls13() {
+        let pki = gateway_pki();
+        let client = actor_identity(
+            &pki.actor_ca,
+            &ActorCertOptions {
+                include_identity_extension: false,
+                ..Default::default()
+            },
+        );
+        let outcome = gateway_handshake(&pki, Some(client), TLS13).await;
+
+        let server_err = outcome.server.expect_err("server refused");
+        assert!(matches!(
+            identity_refusal(&server_err).downcast_ref::<IdentityError>(),
+            Some(IdentityError::MissingIdentityExtension)
+        ));
+        assert!(outcome.client_connected);
+        assert_alert(
+            &outcome.client.expect_err("read fails"),
+            AlertDescription::CertificateUnknown,
+        );
+    }
+
+    #[tokio::test]
+    async fn gateway_refuses_leaf_without_identity_extension_tls12() {
+        let pki = gateway_pki();
+        let client = actor_identity(
+            &pki.actor_ca,
+            &ActorCertOptions {
+                include_identity_extension: false,
+                ..Default::default()
+            },
+        );
+        let outcome = gateway_handshake(&pki, Some(client), TLS12).await;
+
+        let server_err = outcome.server.expect_err("server refused");
+        assert!(matches!(
+            identity_refusal(&server_err).downcast_ref::<IdentityError>(),
+            Some(IdentityError::MissingIdentityExtension)
+        ));
+        assert!(!outcome.client_connected);
+        assert_alert(
+            &outcome.client.expect_err("connect fails"),
+            AlertDescription::CertificateUnknown,
+        );
+    }
+
+    #[tokio::test]
+    async fn gateway_refuses_client_without_certificate() {
+        let pki = gateway_pki();
+        let outcome = gateway_handshake(&pki, None, TLS13).await;
+        let server_err = outcome.server.expect_err("server refused");
+        assert!(matches!(
+            rustls_error(&server_err),
+            rustls::Error::NoCertificatesPresented
+        ));
+        assert!(outcome.client.is_err());
+    }
+
+    /// A worker's ingress: serves its pod certificate, admits only `allowed`.
+    async fn ingress_handshake(allowed: &str, client_spiffe_id: &str) -> Outcome {
+        let pod_ca = CertificateAuthority::new("pod ca").expect("ca");
+        let worker = pod_ca
+            .issue(
+                Some(WORKER_SPIFFE_ID),
+                &[],
+                &[IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7))],
+                Usage::ServerAndClient,
+                HOUR,
+            )
+            .expect("worker");
+        let caller = pod_ca
+            .issue(Some(client_spiffe_id), &[], &[], Usage::Client, HOUR)
+            .expect("caller");
+        let verifier = spiffe_client_verifier(&[pod_ca.cert_der()], allowed).expect("verifier");
+        let server_check =
+            spiffe_server_verifier(&[pod_ca.cert_der()], WORKER_SPIFFE_ID).expect("verifier");
+        handshake(
+            server_config(verifier, &worker, TLS13),
+            client_config(server_check, Some((&caller).into()), TLS13),
+            ServerName::from(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7))),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn spiffe_client_verifier_accepts_the_allowed_id() {
+        let outcome = ingress_handshake(ROUTER_SPIFFE_ID, ROUTER_SPIFFE_ID).await;
+        outcome.server.expect("router admitted");
+        outcome.client.expect("router read the greeting");
+    }
+
+    #[tokio::test]
+    async fn spiffe_client_verifier_refuses_another_id() {
+        let outcome = ingress_handshake(ROUTER_SPIFFE_ID, ATELET_SPIFFE_ID).await;
+        let server_err = outcome.server.expect_err("atelet refused on ingress");
+        let refusal = identity_refusal(&server_err).to_string();
+        assert!(
+            refusal.contains(ROUTER_SPIFFE_ID) && refusal.contains(ATELET_SPIFFE_ID),
+            "{refusal}"
+        );
+        assert!(outcome.client.is_err());
+    }
+
+    /// A client dialling atelet by a name its certificate does not carry.
+    async fn atelet_handshake(server_spiffe_id: &str) -> Outcome {
+        let pod_ca = CertificateAuthority::new("pod ca").expect("ca");
+        let server = pod_ca
+            .issue(Some(server_spiffe_id), &[], &[], Usage::Server, HOUR)
+            .expect("server");
+        let worker = pod_ca
+            .issue(
+                Some(WORKER_SPIFFE_ID),
+                &[],
+                &[],
+                Usage::ServerAndClient,
+                HOUR,
+            )
+            .expect("worker");
+        let verifier =
+            spiffe_client_verifier(&[pod_ca.cert_der()], WORKER_SPIFFE_ID).expect("verifier");
+        let server_check =
+            spiffe_server_verifier(&[pod_ca.cert_der()], ATELET_SPIFFE_ID).expect("verifier");
+        handshake(
+            server_config(verifier, &server, TLS13),
+            client_config(server_check, Some((&worker).into()), TLS13),
+            ServerName::try_from("atelet.invalid").expect("name"),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn spiffe_server_verifier_accepts_the_allowed_id_whatever_the_name() {
+        let outcome = atelet_handshake(ATELET_SPIFFE_ID).await;
+        assert!(outcome.client_connected);
+        outcome.client.expect("client read the greeting");
+        outcome.server.expect("server accepted");
+    }
+
+    #[tokio::test]
+    async fn spiffe_server_verifier_refuses_another_id() {
+        let outcome = atelet_handshake(ROUTER_SPIFFE_ID).await;
+        assert!(!outcome.client_connected);
+        let client_err = outcome.client.expect_err("client refused the server");
+        assert!(
+            identity_refusal(&client_err)
+                .to_string()
+                .contains(ATELET_SPIFFE_ID)
+        );
+        assert!(outcome.server.is_err());
+    }
+
+    #[tokio::test]
+    async fn spiffe_server_verifier_refuses_a_server_from_another_ca() {
+        let pod_ca = CertificateAuthority::new("pod ca").expect("ca");
+        let stranger = CertificateAuthority::new("other ca").expect("ca");
+        let server = stranger
+            .issue(Some(ATELET_SPIFFE_ID), &[], &[], Usage::Server, HOUR)
+            .expect("server");
+        let worker = pod_ca
+            .issue(Some(WORKER_SPIFFE_ID), &[], &[], Usage::Client, HOUR)
+            .expect("worker");
+        let verifier =
+            spiffe_client_verifier(&[pod_ca.cert_der()], WORKER_SPIFFE_ID).expect("verifier");
+        let server_check =
+            spiffe_server_verifier(&[pod_ca.cert_der()], ATELET_SPIFFE_ID).expect("verifier");
+        let outcome = handshake(
+            server_config(verifier, &server, TLS13),
+            client_config(server_check, Some((&worker).into()), TLS13),
+            ServerName::try_from("atelet.invalid").expect("name"),
+        )
+        .await;
+        let client_err = outcome.client.expect_err("client refused the server");
+        assert!(matches!(
+            rustls_error(&client_err),
+            rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)
+        ));
+    }
+
+    #[test]
+    fn verifiers_need_a_usable_root() {
+        assert!(matches!(
+            actor_client_verifier(&[]),
+            Err(VerifierError::NoRoots)
+        ));
+        assert!(matches!(
+            spiffe_server_verifier(&[CertificateDer::from(vec![1, 2, 3])], ATELET_SPIFFE_ID),
+            Err(VerifierError::BadRoot { index: 0, .. })
+        ));
+    }
+}
