@@ -270,10 +270,38 @@ impl Endpoint for H2Stream {
     }
 
     fn poll_close_write(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.send.send_data(Bytes::new(), true).map_err(h2_to_io))
+        // Fails only when the stream is already closed for sending: the peer
+        // reset it (a server that finished its answer resets with NO_ERROR
+        // rather than wait for our end). Nothing is left to half-close and
+        // the other direction must keep draining, so this is not an error.
+        if let Err(e) = self.send.send_data(Bytes::new(), true) {
+            tracing::trace!(error = %e, "HTTP/2 stream already closed for sending");
+        }
+        Poll::Ready(Ok(()))
     }
 
     fn abort(&mut self) {
         self.send.send_reset(h2::Reason::CANCEL);
     }
+}
+
+/// Awaits the next chunk from `ep` (see [`Endpoint::poll_read_chunk`]).
+pub async fn read_chunk<E: Endpoint + ?Sized>(
+    ep: &mut E,
+    pool: &BufferPool,
+) -> io::Result<Option<Chunk>> {
+    std::future::poll_fn(|cx| ep.poll_read_chunk(cx, pool)).await
+}
+
+/// Writes all of `chunk` to `ep` and flushes.
+pub async fn write_chunk<E: Endpoint + ?Sized>(ep: &mut E, mut chunk: Chunk) -> io::Result<()> {
+    while !chunk.is_empty() {
+        std::future::poll_fn(|cx| ep.poll_write_chunk(cx, &mut chunk)).await?;
+    }
+    std::future::poll_fn(|cx| ep.poll_flush(cx)).await
+}
+
+/// Half-closes `ep`.
+pub async fn close_write<E: Endpoint + ?Sized>(ep: &mut E) -> io::Result<()> {
+    std::future::poll_fn(|cx| ep.poll_close_write(cx)).await
 }

@@ -1,0 +1,413 @@
+//! Egress: connections an actor makes, accepted on the listener bound for that
+//! actor, carried through a tunnel to the gateway under the actor's identity.
+//!
+//! The listener is the actor's identity: every sandbox's listener has the
+//! same address, inside its own network namespace, so which listener accepted
+//! a connection says whose it is. A connection is admitted only while its
+//! actor is activated and holds a valid certificate; otherwise it is closed
+//! with no bytes. Each admitted connection is one task, from accept to close.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use atunnel_core::original_dst::original_dst;
+use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::{BufferPool, Endpoint, relay};
+use atunnel_identity::cert_source::CertificateSource;
+use atunnel_identity::identity::ActorRef;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::Clock;
+use crate::credential::{ActorCredential, CredentialError, renew_until_cancelled};
+use crate::gateway_client::{GatewayClient, GatewayClientConfig};
+
+/// How long deactivation waits for an actor's tunnels to finish.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    #[error("preparing egress for actor {actor}: {source}")]
+    Credential {
+        actor: String,
+        #[source]
+        source: CredentialError,
+    },
+    #[error("building the gateway client for actor {actor}: {message}")]
+    Client { actor: String, message: String },
+    #[error("actor uid {0} is already activated for egress")]
+    AlreadyActive(String),
+    #[error("actor uid {uid}: {open} tunnels still open after {after:?} of draining")]
+    DrainTimeout {
+        uid: String,
+        open: usize,
+        after: Duration,
+    },
+}
+
+/// Where an accepted connection is headed.
+#[derive(Clone, Copy, Debug)]
+pub enum Destination {
+    /// The connection was redirected: ask conntrack (`SO_ORIGINAL_DST`).
+    Original,
+    /// Every connection goes to this address (a listener that is not behind
+    /// a redirect, such as a local port-forward in a demo).
+    Fixed(SocketAddr),
+}
+
+/// Everything an actor needs for egress, made before its workload starts:
+/// a fresh key, a minted certificate and a gateway client. In memory only.
+pub struct ActorEgress {
+    credential: Arc<ActorCredential>,
+    client: Arc<GatewayClient>,
+    source: Arc<dyn CertificateSource>,
+}
+
+impl ActorEgress {
+    /// Mints the actor's first certificate; a failure fails closed.
+    pub async fn prepare(
+        actor: ActorRef,
+        gateway: GatewayClientConfig,
+        source: Arc<dyn CertificateSource>,
+        clock: Clock,
+    ) -> Result<Self, EgressError> {
+        let name = actor.to_string();
+        let credential = ActorCredential::mint(actor, source.as_ref(), clock)
+            .await
+            .map_err(|source| EgressError::Credential {
+                actor: name.clone(),
+                source,
+            })?;
+        let credential = Arc::new(credential);
+        let client =
+            GatewayClient::new(gateway, credential.clone()).map_err(|e| EgressError::Client {
+                actor: name,
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            credential,
+            client: Arc::new(client),
+            source,
+        })
+    }
+
+    pub fn credential(&self) -> &Arc<ActorCredential> {
+        &self.credential
+    }
+
+    pub fn client(&self) -> &Arc<GatewayClient> {
+        &self.client
+    }
+}
+
+/// One activation of one actor: cancelled on deactivation, never reused.
+struct Activation {
+    egress: ActorEgress,
+    cancel: CancellationToken,
+    /// The actor's tunnels and its renewal task.
+    tasks: TaskTracker,
+}
+
+impl Activation {
+    fn admits(&self) -> bool {
+        !self.cancel.is_cancelled() && self.egress.credential.is_valid()
+    }
+}
+
+/// A listener's actor and its current activation, if any.
+#[derive(Default)]
+struct Binding {
+    activation: Mutex<Option<Arc<Activation>>>,
+}
+
+impl Binding {
+    fn current(&self) -> Option<Arc<Activation>> {
+        self.activation
+            .lock()
+            .expect("binding lock poisoned")
+            .clone()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct EgressConfig {
+    pub socket: SocketOptions,
+    pub drain_timeout: Duration,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        Self {
+            socket: SocketOptions::default(),
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
+}
+
+/// Counters for /stats.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EgressStats {
+    pub tunnels_open: u64,
+    pub tunnels_total: u64,
+    /// Connections closed with no bytes: actor inactive or certificate invalid.
+    pub rejected_total: u64,
+    /// Tunnels whose CONNECT failed or was refused.
+    pub open_failed_total: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    open: AtomicU64,
+    total: AtomicU64,
+    rejected: AtomicU64,
+    open_failed: AtomicU64,
+}
+
+/// Counts a tunnel as open until dropped.
+struct OpenTunnel<'a>(&'a Counters);
+
+impl<'a> OpenTunnel<'a> {
+    fn new(c: &'a Counters) -> Self {
+        c.open.fetch_add(1, Ordering::Relaxed);
+        c.total.fetch_add(1, Ordering::Relaxed);
+        Self(c)
+    }
+}
+
+impl Drop for OpenTunnel<'_> {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The egress side of one atunnel: every actor's listener and activation.
+pub struct Egress {
+    cfg: EgressConfig,
+    pool: BufferPool,
+    bindings: Mutex<HashMap<String, Arc<Binding>>>,
+    listeners: TaskTracker,
+    counters: Counters,
+}
+
+impl Egress {
+    pub fn new(cfg: EgressConfig, pool: BufferPool) -> Arc<Self> {
+        Arc::new(Self {
+            cfg,
+            pool,
+            bindings: Mutex::new(HashMap::new()),
+            listeners: TaskTracker::new(),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    pub fn stats(&self) -> EgressStats {
+        let c = &self.counters;
+        EgressStats {
+            tunnels_open: c.open.load(Ordering::Relaxed),
+            tunnels_total: c.total.load(Ordering::Relaxed),
+            rejected_total: c.rejected.load(Ordering::Relaxed),
+            open_failed_total: c.open_failed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn binding(&self, uid: &str) -> Arc<Binding> {
+        self.bindings
+            .lock()
+            .expect("bindings lock poisoned")
+            .entry(uid.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Serves `listener` as actor `uid`'s egress listener until `cancel`.
+    /// The caller binds it (inside the actor's sandbox); from here on, what
+    /// it accepts is that actor's.
+    pub fn serve_listener(
+        self: &Arc<Self>,
+        uid: &str,
+        listener: TcpListener,
+        dest: Destination,
+        cancel: CancellationToken,
+    ) {
+        let binding = self.binding(uid);
+        self.listeners
+            .spawn(self.clone().accept_loop(binding, listener, dest, cancel));
+    }
+
+    async fn accept_loop(
+        self: Arc<Self>,
+        binding: Arc<Binding>,
+        listener: TcpListener,
+        dest: Destination,
+        cancel: CancellationToken,
+    ) {
+        loop {
+            let accepted = tokio::select! {
+                _ = cancel.cancelled() => return,
+                a = listener.accept() => a,
+            };
+            let tcp = match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of descriptors (EMFILE/ENFILE) or memory: the
+                    // connection stays in the backlog; back off, don't spin.
+                    tracing::warn!(error = %e, "egress accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            match binding.current().filter(|a| a.admits()) {
+                Some(activation) => {
+                    let tasks = activation.tasks.clone();
+                    tasks.spawn(self.clone().tunnel(tcp, activation, dest));
+                }
+                None => {
+                    // Closed with no bytes: inactive, deactivated or expired.
+                    self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                    drop(tcp);
+                }
+            }
+        }
+    }
+
+    async fn tunnel(
+        self: Arc<Self>,
+        mut actor: TcpStream,
+        activation: Arc<Activation>,
+        dest: Destination,
+    ) {
+        let _open = OpenTunnel::new(&self.counters);
+        if let Err(e) = self.cfg.socket.apply(&actor) {
+            tracing::warn!(error = %e, "egress socket options");
+            return;
+        }
+        let dest = match dest {
+            Destination::Fixed(addr) => addr,
+            Destination::Original => match original_dst(&actor) {
+                Ok(addr) => addr,
+                Err(e) => {
+                    tracing::warn!(error = %e, "egress connection has no original destination");
+                    return;
+                }
+            },
+        };
+        let client = &activation.egress.client;
+        // Boxed so the TLS/HTTP/2 handshake state is heap only while opening,
+        // not part of every idle tunnel's task.
+        let opened = tokio::select! {
+            _ = activation.cancel.cancelled() => return,
+            r = Box::pin(client.open(dest)) => r,
+        };
+        let mut tunnel = match opened {
+            Ok(t) => t,
+            Err(e) => {
+                self.counters.open_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(actor = %activation.egress.credential.actor(), %dest, error = %e,
+                    "atunnel failed to open egress tunnel");
+                return;
+            }
+        };
+        tokio::select! {
+            _ = activation.cancel.cancelled() => tunnel.abort(),
+            r = relay(&mut actor, &mut tunnel, &self.pool) => if let Err(e) = r {
+                tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
+            }
+        }
+    }
+
+    /// Arms egress for actor `uid`: its listener's connections are admitted
+    /// from now on, and its certificate is renewed until deactivation.
+    pub fn activate(&self, uid: &str, egress: ActorEgress) -> Result<(), EgressError> {
+        let binding = self.binding(uid);
+        let mut slot = binding.activation.lock().expect("binding lock poisoned");
+        if slot.is_some() {
+            return Err(EgressError::AlreadyActive(uid.to_string()));
+        }
+        let activation = Arc::new(Activation {
+            cancel: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            egress,
+        });
+        activation.tasks.spawn(renew_until_cancelled(
+            activation.egress.credential.clone(),
+            activation.egress.source.clone(),
+            activation.cancel.clone(),
+        ));
+        *slot = Some(activation);
+        Ok(())
+    }
+
+    /// Refuses new tunnels for `uid`, closes its open ones, and waits (up to
+    /// the drain timeout) for them to finish. Other actors are untouched; a
+    /// second call is a no-op.
+    pub async fn deactivate(&self, uid: &str) -> Result<(), EgressError> {
+        let binding = self
+            .bindings
+            .lock()
+            .expect("bindings lock poisoned")
+            .get(uid)
+            .cloned();
+        let Some(binding) = binding else {
+            return Ok(());
+        };
+        let Some(activation) = binding
+            .activation
+            .lock()
+            .expect("binding lock poisoned")
+            .take()
+        else {
+            return Ok(());
+        };
+        activation.cancel.cancel();
+        activation.tasks.close();
+        let after = self.cfg.drain_timeout;
+        let drained = tokio::time::timeout(after, activation.tasks.wait())
+            .await
+            .is_ok();
+        activation.egress.client.close().await;
+        if drained {
+            Ok(())
+        } else {
+            Err(EgressError::DrainTimeout {
+                uid: uid.to_string(),
+                open: activation.tasks.len(),
+                after,
+            })
+        }
+    }
+
+    /// Forgets actor `uid`'s binding (its listener was closed by the caller's
+    /// cancel token). Deactivates first if needed.
+    pub async fn unbind(&self, uid: &str) -> Result<(), EgressError> {
+        let result = self.deactivate(uid).await;
+        self.bindings
+            .lock()
+            .expect("bindings lock poisoned")
+            .remove(uid);
+        result
+    }
+
+    /// Stops every listener and actor.
+    pub async fn shutdown(&self) {
+        let uids: Vec<String> = self
+            .bindings
+            .lock()
+            .expect("bindings lock poisoned")
+            .keys()
+            .cloned()
+            .collect();
+        for uid in uids {
+            let _ = self.unbind(&uid).await;
+        }
+        self.listeners.close();
+        self.listeners.wait().await;
+    }
+}

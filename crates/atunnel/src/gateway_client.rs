@@ -1,0 +1,506 @@
+//! Opens egress tunnels to the gateway: HTTP/2 CONNECT streams over pooled
+//! mutual-TLS connections, or one HTTP/1.1 CONNECT per TLS connection when the
+//! gateway does not speak h2.
+//!
+//! Identity is only the client certificate: the request carries the CONNECT
+//! line and, over HTTP/1.1, `Host`; nothing else.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use atunnel_core::endpoint::{Chunk, Endpoint};
+use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::{BufferPool, H2Stream};
+use bytes::Bytes;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_util::task::TaskTracker;
+
+use crate::credential::ActorCredential;
+use crate::http1;
+
+/// How long opening a tunnel may take. The gateway answers within its 5 s
+/// authorization timeout; waiting longer means it queued us.
+pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most bytes of a refusal's body kept for the error.
+pub const MAX_REFUSAL_BODY: usize = 4 * 1024;
+
+/// HTTP/2 receive window per stream: what the gateway may send on one tunnel
+/// before the actor reads it. It bounds the heap one stalled tunnel can pin
+/// (this much in h2's receive queue) and the throughput of one tunnel
+/// (window / round trip: 256 KiB over a 0.25 ms in-datacentre round trip is
+/// about 1 GB/s, above what one core relays).
+pub const STREAM_WINDOW: u32 = 256 * 1024;
+/// HTTP/2 receive window per connection. Large enough (1 GiB) that stalled
+/// streams, each capped by [`STREAM_WINDOW`], can never exhaust it and block
+/// their neighbours on the same connection; it is not memory unless used.
+pub const CONNECTION_WINDOW: u32 = 1 << 30;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    #[error("invalid tunnel destination {0:?}: must be an IP literal and a port 1-65535")]
+    InvalidDestination(String),
+    #[error("gateway {addr} unreachable: {source}")]
+    GatewayUnreachable {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    /// TLS failed, the gateway sent an alert, or hung up before answering the
+    /// CONNECT. Under TLS 1.3 a refused client certificate only shows up here,
+    /// after the client's side of the handshake has finished.
+    #[error("gateway {addr} handshake failed: {reason}")]
+    GatewayHandshake { addr: SocketAddr, reason: String },
+    #[error("gateway refused CONNECT {authority} with status {status}: {body:?}")]
+    ConnectRefused {
+        authority: String,
+        status: u16,
+        body: String,
+    },
+    #[error("opening a tunnel to {authority} took longer than {after:?}")]
+    Timeout { authority: String, after: Duration },
+    #[error("gateway {addr} sent a malformed answer: {reason}")]
+    Protocol { addr: SocketAddr, reason: String },
+}
+
+/// Where and how to reach the gateway.
+#[derive(Clone, Debug)]
+pub struct GatewayClientConfig {
+    pub address: SocketAddr,
+    /// The name the gateway's certificate must carry.
+    pub server_name: ServerName<'static>,
+    /// CAs that sign the gateway's certificate.
+    pub roots: Arc<rustls::RootCertStore>,
+    pub socket: SocketOptions,
+    pub open_timeout: Duration,
+}
+
+impl GatewayClientConfig {
+    pub fn new(
+        address: SocketAddr,
+        server_name: ServerName<'static>,
+        roots: Arc<rustls::RootCertStore>,
+    ) -> Self {
+        Self {
+            address,
+            server_name,
+            roots,
+            socket: SocketOptions::default(),
+            open_timeout: DEFAULT_OPEN_TIMEOUT,
+        }
+    }
+}
+
+/// Parses a tunnel destination: an IP literal and a non-zero port, checked
+/// before any I/O.
+pub fn parse_destination(authority: &str) -> Result<SocketAddr, TunnelError> {
+    match authority.parse::<SocketAddr>() {
+        Ok(addr) if addr.port() != 0 => Ok(addr),
+        _ => Err(TunnelError::InvalidDestination(authority.to_string())),
+    }
+}
+
+/// A pooled HTTP/2 connection to the gateway.
+struct H2Conn {
+    send: h2::client::SendRequest<Bytes>,
+    streams: Arc<AtomicUsize>,
+    dead: Arc<AtomicBool>,
+    /// The client certificate it was authenticated with expires here; no new
+    /// streams after that, so expiry is enforced on pooled connections too.
+    cert_not_after: Option<SystemTime>,
+}
+
+impl H2Conn {
+    fn has_capacity(&self, now: SystemTime) -> bool {
+        !self.dead.load(Ordering::Acquire)
+            && self.cert_not_after.is_none_or(|t| now < t)
+            && self.streams.load(Ordering::Acquire) < self.send.current_max_send_streams()
+    }
+
+    fn claim(&self) -> StreamSlot {
+        self.streams.fetch_add(1, Ordering::AcqRel);
+        StreamSlot(self.streams.clone())
+    }
+}
+
+/// Holds one of a pooled connection's stream slots for a tunnel's life.
+pub struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An open tunnel, ready for the relay.
+pub enum Tunnel {
+    H2 {
+        stream: H2Stream,
+        _slot: StreamSlot,
+    },
+    /// Boxed: a TLS session is large and most tunnels are HTTP/2.
+    H1(Box<TlsStream<TcpStream>>),
+}
+
+impl Tunnel {
+    pub fn protocol(&self) -> &'static str {
+        match self {
+            Tunnel::H2 { .. } => "h2",
+            Tunnel::H1(_) => "http/1.1",
+        }
+    }
+
+    fn endpoint(&mut self) -> &mut dyn Endpoint {
+        match self {
+            Tunnel::H2 { stream, .. } => stream,
+            Tunnel::H1(tls) => tls.as_mut(),
+        }
+    }
+}
+
+impl Endpoint for Tunnel {
+    fn poll_read_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        pool: &BufferPool,
+    ) -> Poll<io::Result<Option<Chunk>>> {
+        self.endpoint().poll_read_chunk(cx, pool)
+    }
+    fn consumed(&mut self, n: usize) {
+        self.endpoint().consumed(n)
+    }
+    fn poll_write_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunk: &mut Chunk,
+    ) -> Poll<io::Result<()>> {
+        self.endpoint().poll_write_chunk(cx, chunk)
+    }
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.endpoint().poll_flush(cx)
+    }
+    fn poll_close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.endpoint().poll_close_write(cx)
+    }
+    fn abort(&mut self) {
+        self.endpoint().abort()
+    }
+}
+
+enum Dialed {
+    H2(Arc<H2Conn>, bool),
+    H1(TlsStream<TcpStream>),
+}
+
+/// Counters for /stats.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct ClientStats {
+    pub h2_connections: usize,
+    pub h2_streams: usize,
+}
+
+/// One actor's tunnel client: its TLS identity and its connection pool.
+pub struct GatewayClient {
+    cfg: GatewayClientConfig,
+    connector: TlsConnector,
+    pool: Mutex<Vec<Arc<H2Conn>>>,
+    /// Serialises dials while the gateway may speak h2, so a burst of opens
+    /// shares one new connection instead of racing to make one each.
+    dial_lock: tokio::sync::Mutex<()>,
+    gateway_is_h1: AtomicBool,
+    credential: Arc<ActorCredential>,
+    connections: TaskTracker,
+}
+
+impl GatewayClient {
+    /// A client presenting `credential`'s current certificate, offering
+    /// ALPN `h2,http/1.1`, TLS 1.2 or 1.3.
+    pub fn new(
+        cfg: GatewayClientConfig,
+        credential: Arc<ActorCredential>,
+    ) -> Result<Self, rustls::Error> {
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(cfg.roots.clone())
+        .with_client_cert_resolver(credential.clone());
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Self {
+            connector: TlsConnector::from(Arc::new(tls)),
+            cfg,
+            pool: Mutex::new(Vec::new()),
+            dial_lock: tokio::sync::Mutex::new(()),
+            gateway_is_h1: AtomicBool::new(false),
+            credential,
+            connections: TaskTracker::new(),
+        })
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        let pool = self.pool.lock().expect("pool lock poisoned");
+        ClientStats {
+            h2_connections: pool.len(),
+            h2_streams: pool.iter().map(|c| c.streams.load(Ordering::Relaxed)).sum(),
+        }
+    }
+
+    /// Opens a tunnel to `dest`, bounded by the open timeout.
+    pub async fn open(&self, dest: SocketAddr) -> Result<Tunnel, TunnelError> {
+        let authority = parse_destination(&dest.to_string())?.to_string();
+        let after = self.cfg.open_timeout;
+        match tokio::time::timeout(after, self.open_unbounded(&authority)).await {
+            Ok(result) => result,
+            Err(_) => Err(TunnelError::Timeout { authority, after }),
+        }
+    }
+
+    /// Opens a tunnel to an authority given as text (validated first).
+    pub async fn open_authority(&self, authority: &str) -> Result<Tunnel, TunnelError> {
+        self.open(parse_destination(authority)?).await
+    }
+
+    async fn open_unbounded(&self, authority: &str) -> Result<Tunnel, TunnelError> {
+        let mut retried = false;
+        loop {
+            let (conn, pooled) = match self.pooled_or_dial().await? {
+                Dialed::H1(tls) => return self.connect_h1(tls, authority).await,
+                Dialed::H2(conn, pooled) => (conn, pooled),
+            };
+            match self.connect_h2(&conn, authority).await {
+                Err(H2Failure::Connection(e)) => {
+                    conn.dead.store(true, Ordering::Release);
+                    self.forget(&conn);
+                    // A pooled connection may have died quietly: one retry
+                    // on a fresh one. A fresh one failing is the gateway
+                    // refusing us.
+                    if pooled && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(self.handshake_error(e));
+                }
+                Err(H2Failure::Tunnel(e)) => return Err(e),
+                Ok(tunnel) => return Ok(tunnel),
+            }
+        }
+    }
+
+    fn handshake_error(&self, reason: impl std::fmt::Display) -> TunnelError {
+        TunnelError::GatewayHandshake {
+            addr: self.cfg.address,
+            reason: reason.to_string(),
+        }
+    }
+
+    fn pooled(&self) -> Option<Arc<H2Conn>> {
+        let now = self.credential.clock().now();
+        let mut pool = self.pool.lock().expect("pool lock poisoned");
+        // Drop dead connections and those whose certificate expired once
+        // their last stream is gone.
+        pool.retain(|c| {
+            !c.dead.load(Ordering::Acquire)
+                && (c.cert_not_after.is_none_or(|t| now < t)
+                    || c.streams.load(Ordering::Acquire) > 0)
+        });
+        pool.iter().find(|c| c.has_capacity(now)).cloned()
+    }
+
+    fn forget(&self, conn: &Arc<H2Conn>) {
+        self.pool
+            .lock()
+            .expect("pool lock poisoned")
+            .retain(|c| !Arc::ptr_eq(c, conn));
+    }
+
+    async fn pooled_or_dial(&self) -> Result<Dialed, TunnelError> {
+        if let Some(conn) = self.pooled() {
+            return Ok(Dialed::H2(conn, true));
+        }
+        let _serialised = if self.gateway_is_h1.load(Ordering::Relaxed) {
+            None
+        } else {
+            let guard = self.dial_lock.lock().await;
+            if let Some(conn) = self.pooled() {
+                return Ok(Dialed::H2(conn, true));
+            }
+            Some(guard)
+        };
+        let tls = self.dial_tls().await?;
+        if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+            self.gateway_is_h1.store(true, Ordering::Relaxed);
+            return Ok(Dialed::H1(tls));
+        }
+        self.gateway_is_h1.store(false, Ordering::Relaxed);
+        let (send, connection) = h2::client::Builder::new()
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            // We never accept pushed streams.
+            .enable_push(false)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .map_err(|e| self.handshake_error(e))?;
+        let dead = Arc::new(AtomicBool::new(false));
+        let dead_flag = dead.clone();
+        self.connections.spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "gateway HTTP/2 connection ended");
+            }
+            dead_flag.store(true, Ordering::Release);
+        });
+        let conn = Arc::new(H2Conn {
+            send,
+            streams: Arc::new(AtomicUsize::new(0)),
+            dead,
+            cert_not_after: self.credential.expires_at(),
+        });
+        self.pool
+            .lock()
+            .expect("pool lock poisoned")
+            .push(conn.clone());
+        Ok(Dialed::H2(conn, false))
+    }
+
+    async fn dial_tls(&self) -> Result<TlsStream<TcpStream>, TunnelError> {
+        let addr = self.cfg.address;
+        let tcp = self
+            .cfg
+            .socket
+            .connect(addr, self.cfg.open_timeout)
+            .await
+            .map_err(|source| TunnelError::GatewayUnreachable { addr, source })?;
+        self.connector
+            .connect(self.cfg.server_name.clone(), tcp)
+            .await
+            .map_err(|e| self.handshake_error(e))
+    }
+
+    async fn connect_h2(&self, conn: &Arc<H2Conn>, authority: &str) -> Result<Tunnel, H2Failure> {
+        let slot = conn.claim();
+        let request = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri(authority)
+            .body(())
+            .map_err(|e| {
+                H2Failure::Tunnel(TunnelError::InvalidDestination(format!("{authority}: {e}")))
+            })?;
+        let mut send_request = conn.send.clone();
+        let (response, send) = match send_request.send_request(request, false) {
+            Ok(x) => x,
+            Err(e) => return Err(H2Failure::Connection(e)),
+        };
+        let response = match response.await {
+            Ok(r) => r,
+            // A reset of this stream alone (other than REFUSED_STREAM, which
+            // means "not processed, retry") is the gateway's answer to it.
+            Err(e)
+                if e.is_reset()
+                    && !e.is_go_away()
+                    && e.reason() != Some(h2::Reason::REFUSED_STREAM) =>
+            {
+                return Err(H2Failure::Tunnel(TunnelError::Protocol {
+                    addr: self.cfg.address,
+                    reason: format!("gateway reset the CONNECT stream: {e}"),
+                }));
+            }
+            Err(e) => return Err(H2Failure::Connection(e)),
+        };
+        let status = response.status();
+        let mut body = response.into_body();
+        if !status.is_success() {
+            let body = read_refusal_body_h2(&mut body).await;
+            return Err(H2Failure::Tunnel(TunnelError::ConnectRefused {
+                authority: authority.to_string(),
+                status: status.as_u16(),
+                body,
+            }));
+        }
+        Ok(Tunnel::H2 {
+            stream: H2Stream::new(send, body),
+            _slot: slot,
+        })
+    }
+
+    async fn connect_h1(
+        &self,
+        mut tls: TlsStream<TcpStream>,
+        authority: &str,
+    ) -> Result<Tunnel, TunnelError> {
+        let request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
+        let write = async {
+            tls.write_all(request.as_bytes()).await?;
+            tls.flush().await
+        };
+        write.await.map_err(|e| self.handshake_error(e))?;
+        let head = http1::read_head(&mut tls)
+            .await
+            .map_err(|e| match e.kind() {
+                // tokio-rustls reports TLS failures (alerts) as InvalidData
+                // too; only our own head parser's complaint is a protocol error.
+                io::ErrorKind::InvalidData if !is_tls_error(&e) => TunnelError::Protocol {
+                    addr: self.cfg.address,
+                    reason: e.to_string(),
+                },
+                _ => self.handshake_error(e),
+            })?;
+        let head = http1::parse_response(&head).map_err(|e| TunnelError::Protocol {
+            addr: self.cfg.address,
+            reason: e.to_string(),
+        })?;
+        if (200..300).contains(&head.status) {
+            return Ok(Tunnel::H1(Box::new(tls)));
+        }
+        let limit = head
+            .content_length
+            .unwrap_or(MAX_REFUSAL_BODY)
+            .min(MAX_REFUSAL_BODY);
+        let mut body = Vec::with_capacity(limit);
+        // The body is best effort: the status is the answer.
+        let _ = (&mut tls).take(limit as u64).read_to_end(&mut body).await;
+        Err(TunnelError::ConnectRefused {
+            authority: authority.to_string(),
+            status: head.status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    }
+
+    /// Closes pooled connections and waits for their tasks.
+    pub async fn close(&self) {
+        self.pool.lock().expect("pool lock poisoned").clear();
+        self.connections.close();
+        self.connections.wait().await;
+    }
+}
+
+fn is_tls_error(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>())
+}
+
+enum H2Failure {
+    /// The connection (not just this stream) failed before an answer.
+    Connection(h2::Error),
+    Tunnel(TunnelError),
+}
+
+async fn read_refusal_body_h2(body: &mut h2::RecvStream) -> String {
+    let mut out = Vec::new();
+    while out.len() < MAX_REFUSAL_BODY {
+        match body.data().await {
+            Some(Ok(chunk)) => {
+                let _ = body.flow_control().release_capacity(chunk.len());
+                let take = chunk.len().min(MAX_REFUSAL_BODY - out.len());
+                out.extend_from_slice(&chunk[..take]);
+            }
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

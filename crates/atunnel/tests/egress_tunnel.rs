@@ -1,0 +1,524 @@
+//! Egress end to end on loopback: actor socket -> atunnel -> TLS gateway
+//! (HTTP/2 and HTTP/1.1) -> destination, with real certificates.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use atunnel::clock::Clock;
+use atunnel::gateway::Mode;
+use atunnel::gateway::sink::SinkConfig;
+use atunnel::gateway_client::TunnelError;
+use atunnel_identity::pki::ActorCertOptions;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone, Copy, Debug)]
+enum Proto {
+    H2,
+    H1,
+}
+
+impl Proto {
+    fn tune(self) -> fn(&mut atunnel::gateway::GatewayConfig) {
+        match self {
+            Proto::H2 => |_| {},
+            Proto::H1 => h1_only,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Proto::H2 => "h2",
+            Proto::H1 => "http/1.1",
+        }
+    }
+}
+
+async fn one_actor_through(
+    proto: Proto,
+    dest: std::net::SocketAddr,
+) -> (
+    std::net::SocketAddr,
+    RunningGateway,
+    CancellationToken,
+    Arc<atunnel::egress::Egress>,
+) {
+    let pki = Pki::new();
+    let gw = gateway(&pki, forward_loopback(), proto.tune()).await;
+    let a = actor("alpha");
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
+    let egress = egress();
+    let cancel = CancellationToken::new();
+    let listen_addr = listen(&egress, &a.uid, dest, &cancel).await;
+    egress.activate(&a.uid, prepared).expect("activate");
+    (listen_addr, gw, cancel, egress)
+}
+
+async fn bytes_reach_the_destination_and_come_back(proto: Proto) {
+    let echo = echo_server().await;
+    let (addr, mut gw, _cancel, egress) = one_actor_through(proto, echo).await;
+    let up = random(1 << 20, 1);
+    let back = round_trip(addr, up.clone()).await;
+    assert!(
+        back == up,
+        "{}: 1 MiB echo came back corrupted ({} bytes)",
+        proto.name(),
+        back.len()
+    );
+
+    let seen = gw.seen.recv().await.expect("gateway saw the CONNECT");
+    assert_eq!(seen.protocol, proto.name());
+    assert_eq!(seen.method, "CONNECT");
+    assert_eq!(seen.authority, echo.to_string());
+    assert_eq!(seen.identity.actor_name, "alpha");
+    match proto {
+        // Pseudo-headers only: no regular header at all.
+        Proto::H2 => assert!(
+            seen.headers.is_empty(),
+            "extra headers over h2: {:?}",
+            seen.headers
+        ),
+        Proto::H1 => assert_eq!(seen.headers, vec![("host".to_string(), echo.to_string())]),
+    }
+    let stats = egress.stats();
+    assert_eq!(stats.tunnels_total, 1);
+    assert_eq!(stats.rejected_total, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_bytes_reach_the_destination_and_come_back() {
+    bytes_reach_the_destination_and_come_back(Proto::H2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h1_bytes_reach_the_destination_and_come_back() {
+    bytes_reach_the_destination_and_come_back(Proto::H1).await;
+}
+
+async fn half_close_travels_through_the_tunnel(proto: Proto) {
+    let counter = counting_server().await;
+    let (addr, _gw, _cancel, _egress) = one_actor_through(proto, counter).await;
+    // The destination answers only after it sees our FIN.
+    let got = round_trip(addr, vec![5u8; 300_000]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "got 300000 bytes",
+        "{}",
+        proto.name()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_half_close_travels_through_the_tunnel() {
+    half_close_travels_through_the_tunnel(Proto::H2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h1_half_close_travels_through_the_tunnel() {
+    half_close_travels_through_the_tunnel(Proto::H1).await;
+}
+
+async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
+    let pki = Pki::new();
+    // Default deny: nothing allowed.
+    let gw = gateway(&pki, Mode::Forward { allow: vec![] }, proto.tune()).await;
+    let a = actor("alpha");
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
+    let client = prepared.client().clone();
+    match client.open_authority("192.0.2.10:443").await {
+        Err(TunnelError::ConnectRefused { status, body, .. }) => {
+            assert_eq!(status, 403);
+            assert_eq!(body, "egress denied");
+        }
+        Err(e) => panic!("{}: expected a refusal, got {e}", proto.name()),
+        Ok(_) => panic!("{}: expected a refusal, got a tunnel", proto.name()),
+    }
+    let egress = egress();
+    let cancel = CancellationToken::new();
+    let addr = listen(
+        &egress,
+        &a.uid,
+        "192.0.2.10:443".parse().expect("addr"),
+        &cancel,
+    )
+    .await;
+    egress.activate(&a.uid, prepared).expect("activate");
+    assert!(bytes_before_close(addr).await.is_empty());
+    assert_eq!(egress.stats().open_failed_total, 1);
+}
+
+#[tokio::test]
+async fn h2_refused_connect_closes_the_actor_socket_with_no_bytes() {
+    refused_connect_closes_the_actor_socket_with_no_bytes(Proto::H2).await;
+}
+
+#[tokio::test]
+async fn h1_refused_connect_closes_the_actor_socket_with_no_bytes() {
+    refused_connect_closes_the_actor_socket_with_no_bytes(Proto::H1).await;
+}
+
+#[tokio::test]
+async fn unreachable_gateway_closes_the_actor_socket_with_no_bytes() {
+    let pki = Pki::new();
+    // A port nobody listens on.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let a = actor("alpha");
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, dead, a.clone(), source).await;
+    let err = prepared
+        .client()
+        .open_authority("192.0.2.10:443")
+        .await
+        .err()
+        .expect("fails");
+    assert!(
+        matches!(err, TunnelError::GatewayUnreachable { .. }),
+        "{err}"
+    );
+    let egress = egress();
+    let cancel = CancellationToken::new();
+    let addr = listen(
+        &egress,
+        &a.uid,
+        "192.0.2.10:443".parse().expect("addr"),
+        &cancel,
+    )
+    .await;
+    egress.activate(&a.uid, prepared).expect("activate");
+    assert!(bytes_before_close(addr).await.is_empty());
+}
+
+#[tokio::test]
+async fn destinations_must_be_ip_literals_with_ports_and_are_checked_before_io() {
+    let pki = Pki::new();
+    let dead = "127.0.0.1:1".parse().expect("addr");
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, dead, actor("alpha"), source).await;
+    for bad in [
+        "example.com:443",
+        "192.0.2.1",
+        "192.0.2.1:0",
+        "192.0.2.1:70000",
+        "[2001:db8::1]",
+        "",
+    ] {
+        let err = prepared
+            .client()
+            .open_authority(bad)
+            .await
+            .err()
+            .expect("rejected");
+        assert!(
+            matches!(err, TunnelError::InvalidDestination(_)),
+            "{bad}: {err}"
+        );
+    }
+}
+
+async fn handshake_refused(
+    proto: Proto,
+    tls13: bool,
+    options: ActorCertOptions,
+    other_ca: bool,
+) -> TunnelError {
+    let pki = Pki::new();
+    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |cfg| {
+        proto.tune()(cfg);
+        cfg.tls_versions = if tls13 {
+            vec![&rustls::version::TLS13]
+        } else {
+            vec![&rustls::version::TLS12]
+        };
+    })
+    .await;
+    let ca = if other_ca {
+        Arc::new(atunnel_identity::pki::CertificateAuthority::new("impostor CA").expect("ca"))
+    } else {
+        pki.actor_ca.clone()
+    };
+    let mut source = TestSource::new(ca, Clock::new());
+    source.options = options;
+    let prepared = prepare(&pki, gw.addr, actor("alpha"), Arc::new(source)).await;
+    match prepared.client().open_authority("192.0.2.10:7").await {
+        Err(e) => e,
+        Ok(_) => panic!("the gateway let a bad certificate through"),
+    }
+}
+
+#[tokio::test]
+async fn gateway_refuses_certificates_from_another_ca_under_tls12_and_tls13() {
+    for proto in [Proto::H2, Proto::H1] {
+        for tls13 in [true, false] {
+            let err = handshake_refused(proto, tls13, ActorCertOptions::default(), true).await;
+            assert!(
+                matches!(err, TunnelError::GatewayHandshake { .. }),
+                "{} tls13={tls13}: {err}",
+                proto.name()
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn gateway_refuses_certificates_without_the_actor_extension() {
+    let options = ActorCertOptions {
+        include_identity_extension: false,
+        ..ActorCertOptions::default()
+    };
+    for proto in [Proto::H2, Proto::H1] {
+        for tls13 in [true, false] {
+            let err = handshake_refused(proto, tls13, options.clone(), false).await;
+            assert!(
+                matches!(err, TunnelError::GatewayHandshake { .. }),
+                "{} tls13={tls13}: {err}",
+                proto.name()
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn gateway_hanging_up_before_the_connect_answer_is_a_handshake_error() {
+    // A TLS server with the right certificate that closes after reading the
+    // CONNECT head.
+    let pki = Pki::new();
+    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(pki.gateway_cert.chain.clone(), pki.gateway_cert.key())
+    .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut tls) = acceptor.accept(tcp).await {
+                    let _ = atunnel::http1::read_head(&mut tls).await;
+                    drop(tls);
+                }
+            });
+        }
+    });
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, addr, actor("alpha"), source).await;
+    let err = prepared
+        .client()
+        .open_authority("192.0.2.10:443")
+        .await
+        .err()
+        .expect("fails");
+    assert!(matches!(err, TunnelError::GatewayHandshake { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn opening_a_tunnel_is_bounded_in_time() {
+    // Accepts TCP and never says a word.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let _hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let pki = Pki::new();
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let mut cfg = client_config(&pki, addr);
+    cfg.open_timeout = Duration::from_millis(300);
+    let prepared = atunnel::egress::ActorEgress::prepare(actor("alpha"), cfg, source, Clock::new())
+        .await
+        .expect("prepare");
+    let started = std::time::Instant::now();
+    let err = prepared
+        .client()
+        .open_authority("192.0.2.10:443")
+        .await
+        .err()
+        .expect("fails");
+    assert!(matches!(err, TunnelError::Timeout { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_tunnels_share_a_connection_until_its_streams_run_out() {
+    let pki = Pki::new();
+    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |cfg| {
+        cfg.max_concurrent_streams = 2
+    })
+    .await;
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, gw.addr, actor("alpha"), source).await;
+    let client = prepared.client().clone();
+    let mut tunnels = Vec::new();
+    // The server's SETTINGS arrive with the first answer; open one first.
+    tunnels.push(client.open_authority("192.0.2.10:9").await.expect("tunnel"));
+    assert_eq!(client.stats().h2_connections, 1);
+    for _ in 0..4 {
+        tunnels.push(client.open_authority("192.0.2.10:9").await.expect("tunnel"));
+    }
+    let stats = client.stats();
+    assert_eq!(
+        (stats.h2_connections, stats.h2_streams),
+        (3, 5),
+        "{stats:?}"
+    );
+    drop(tunnels);
+    let again = client.open_authority("192.0.2.10:9").await.expect("tunnel");
+    assert_eq!(again.protocol(), "h2");
+    assert_eq!(
+        client.stats().h2_connections,
+        3,
+        "freed streams are reused, no new connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_pooled_connection_is_replaced_transparently() {
+    let pki = Pki::new();
+    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let addr = gw.addr;
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, addr, actor("alpha"), source).await;
+    let client = prepared.client().clone();
+    drop(
+        client
+            .open_authority("192.0.2.10:9")
+            .await
+            .expect("first tunnel"),
+    );
+    // Kill the gateway (and its connections), start a new one on the same port.
+    drop(gw);
+    let gw2 = loop {
+        let candidate = gateway_at(&pki, addr).await;
+        if let Some(g) = candidate {
+            break g;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut t = client
+        .open_authority("192.0.2.10:7")
+        .await
+        .expect("tunnel on a fresh connection");
+    atunnel_core::endpoint::write_chunk(
+        &mut t,
+        atunnel_core::Chunk::Shared(bytes::Bytes::from_static(b"ping")),
+    )
+    .await
+    .expect("write");
+    let pool = atunnel_core::BufferPool::default();
+    let chunk = atunnel_core::endpoint::read_chunk(&mut t, &pool)
+        .await
+        .expect("read")
+        .expect("echo");
+    assert_eq!(chunk.remaining(), b"ping");
+    drop(gw2);
+}
+
+/// Starts a sink gateway on a fixed address, or None while the port is busy.
+async fn gateway_at(pki: &Pki, addr: std::net::SocketAddr) -> Option<atunnel_core_gateway::Handle> {
+    atunnel_core_gateway::start(pki, addr).await
+}
+
+mod atunnel_core_gateway {
+    use super::*;
+    use atunnel::gateway::{Gateway, GatewayConfig};
+
+    pub struct Handle(CancellationToken);
+    impl Drop for Handle {
+        fn drop(&mut self) {
+            self.0.cancel();
+        }
+    }
+
+    pub async fn start(pki: &Pki, addr: std::net::SocketAddr) -> Option<Handle> {
+        let cfg = GatewayConfig::new(
+            pki.gateway_cert.chain.clone(),
+            pki.gateway_cert.key(),
+            vec![pki.actor_ca.cert_der()],
+            Mode::Sink(SinkConfig::default()),
+        );
+        let gw = Gateway::new(cfg, atunnel_core::BufferPool::default()).expect("gateway");
+        let cancel = CancellationToken::new();
+        atunnel::gateway::spawn(gw, addr, cancel.clone())
+            .await
+            .ok()?;
+        Some(Handle(cancel))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_services_answer_by_port() {
+    let pki = Pki::new();
+    let gw = gateway(
+        &pki,
+        Mode::Sink(SinkConfig {
+            source_bytes: 100_000,
+            http_body_bytes: 5,
+        }),
+        |_| {},
+    )
+    .await;
+    let a = actor("alpha");
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
+    let client = prepared.client().clone();
+    let egress = egress();
+    egress.activate(&a.uid, prepared).expect("activate");
+    let cancel = CancellationToken::new();
+    let via = |port: u16| {
+        let egress = egress.clone();
+        let cancel = cancel.clone();
+        let uid = a.uid.clone();
+        async move {
+            listen(
+                &egress,
+                &uid,
+                format!("192.0.2.10:{port}").parse().expect("addr"),
+                &cancel,
+            )
+            .await
+        }
+    };
+    // source: exactly source_bytes, then EOF.
+    let got = round_trip(via(19).await, Vec::new()).await;
+    assert_eq!(got.len(), 100_000);
+    // discard: nothing comes back, EOF after ours.
+    assert!(round_trip(via(9).await, vec![1u8; 50_000]).await.is_empty());
+    // http: one response per request head, keep-alive.
+    let mut s = TcpStream::connect(via(80).await).await.expect("connect");
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let one = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nxxxxx";
+    let mut got = vec![0u8; one.len() * 2];
+    s.read_exact(&mut got).await.expect("two responses");
+    assert_eq!(&got[..one.len()], one);
+    assert_eq!(&got[one.len()..], one);
+    // Unknown port: refused.
+    let err = client
+        .open_authority("192.0.2.10:4444")
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(err, TunnelError::ConnectRefused { status: 403, .. }),
+        "{err}"
+    );
+}
