@@ -1,0 +1,351 @@
+//! Per-actor egress activation: admission, expiry, renewal, deactivation.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use atunnel::clock::Clock;
+use atunnel::credential::{ActorCredential, renew_until_cancelled};
+use atunnel::gateway::Mode;
+use atunnel::gateway::sink::SinkConfig;
+use atunnel_identity::cert_source::{MintError, RefusalCode};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+const ECHO: &str = "192.0.2.10:7";
+
+/// Writes `msg` and expects it echoed back.
+async fn echoes(s: &mut TcpStream, msg: &[u8]) -> bool {
+    if s.write_all(msg).await.is_err() {
+        return false;
+    }
+    let mut got = vec![0u8; msg.len()];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut got)).await,
+        Ok(Ok(_))
+    ) && got == msg
+}
+
+/// Reads until the socket closes; true if it closed without a byte.
+async fn closes_with_no_bytes(s: &mut TcpStream) -> bool {
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+        .await
+        .expect("closed within 10 s");
+    got.is_empty()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_before_activation_are_closed_with_no_bytes() {
+    let pki = Pki::new();
+    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let a = actor("alpha");
+    let egress = egress();
+    let cancel = CancellationToken::new();
+    let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &cancel).await;
+    let mut early = TcpStream::connect(addr).await.expect("connect");
+    assert!(closes_with_no_bytes(&mut early).await);
+    assert_eq!(egress.stats().rejected_total, 1);
+
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    egress
+        .activate(&a.uid, prepare(&pki, gw.addr, a.clone(), source).await)
+        .expect("activate");
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    assert!(echoes(&mut s, b"armed").await);
+}
+
+#[tokio::test]
+async fn failed_mint_fails_closed() {
+    let pki = Pki::new();
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    source.fail_next(MintError::Refused {
+        code: RefusalCode::PermissionDenied,
+        message: "not yours".into(),
+    });
+    let result = atunnel::egress::ActorEgress::prepare(
+        actor("alpha"),
+        client_config(&pki, "127.0.0.1:1".parse().expect("addr")),
+        source,
+        Clock::new(),
+    )
+    .await;
+    let err = result.err().expect("no egress without a certificate");
+    assert!(err.to_string().contains("not yours"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_rejects_new_but_preserves_established() {
+    let pki = Pki::new();
+    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let a = actor("alpha");
+    let clock = Clock::new();
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), clock.clone()));
+    let egress = egress();
+    let cancel = CancellationToken::new();
+    let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &cancel).await;
+    egress
+        .activate(
+            &a.uid,
+            prepare(&pki, gw.addr, a.clone(), source.clone()).await,
+        )
+        .expect("activate");
+
+    let mut established = TcpStream::connect(addr).await.expect("connect");
+    assert!(echoes(&mut established, b"before expiry").await);
+
+    // The certificate (1 h) expires; the renewal timer (54 min of real time)
+    // has not fired, so nothing renews it.
+    clock.advance(Duration::from_secs(3601));
+    let mut late = TcpStream::connect(addr).await.expect("connect");
+    assert!(
+        closes_with_no_bytes(&mut late).await,
+        "a new tunnel opened on an expired certificate"
+    );
+    assert!(echoes(&mut established, b"after expiry, still draining").await);
+    assert_eq!(source.mints.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_at_ninety_percent_of_the_remaining_lifetime() {
+    let pki = Pki::new();
+    let clock = Clock::new();
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), clock.clone()));
+    let cred = Arc::new(
+        ActorCredential::mint(actor("alpha"), source.as_ref(), clock.clone())
+            .await
+            .expect("mint"),
+    );
+    let first_expiry = cred.expires_at().expect("valid");
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(renew_until_cancelled(
+        cred.clone(),
+        source.clone(),
+        cancel.clone(),
+    ));
+    // 90% of 3600 s = 3240 s.
+    tokio::time::sleep(Duration::from_secs(3230)).await;
+    assert_eq!(source.mints.load(Ordering::SeqCst), 1, "renewed too early");
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(source.mints.load(Ordering::SeqCst), 2, "not renewed at 90%");
+    let second_expiry = cred.expires_at().expect("valid");
+    assert!(second_expiry > first_expiry);
+    cancel.cancel();
+    task.await.expect("renewal task ends on cancel");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_renewal_is_retried_on_the_reference_schedule() {
+    let pki = Pki::new();
+    let clock = Clock::new();
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), clock.clone()));
+    let cred = Arc::new(
+        ActorCredential::mint(actor("alpha"), source.as_ref(), clock.clone())
+            .await
+            .expect("mint"),
+    );
+    source.fail_next(MintError::Failed("atelet unavailable".into()));
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(renew_until_cancelled(
+        cred.clone(),
+        source.clone(),
+        cancel.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(3241)).await;
+    assert_eq!(
+        source.mints.load(Ordering::SeqCst),
+        2,
+        "first renewal attempted"
+    );
+    // About 360 s remain: retry after min(30 s, max(1 s, 36 s), 360 s) = 30 s
+    // (certificate times are whole seconds, so allow a second either way).
+    tokio::time::sleep(Duration::from_secs(27)).await;
+    assert_eq!(source.mints.load(Ordering::SeqCst), 2, "retried too early");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        source.mints.load(Ordering::SeqCst),
+        3,
+        "not retried after 30 s"
+    );
+    assert!(cred.is_valid());
+    cancel.cancel();
+    task.await.expect("join");
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_expiry_renewal_is_retried_every_25_to_35_seconds() {
+    let pki = Pki::new();
+    let clock = Clock::new();
+    let mut source = TestSource::new(pki.actor_ca.clone(), clock.clone());
+    source.lifetime = Duration::from_secs(10);
+    let source = Arc::new(source);
+    let cred = Arc::new(
+        ActorCredential::mint(actor("alpha"), source.as_ref(), clock.clone())
+            .await
+            .expect("mint"),
+    );
+    for _ in 0..200 {
+        source.fail_next(MintError::Failed("down".into()));
+    }
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(renew_until_cancelled(
+        cred.clone(),
+        source.clone(),
+        cancel.clone(),
+    ));
+    // Let it fail until the certificate has expired (10 s of lifetime).
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(!cred.is_valid(), "expired certificate still admits");
+    let before = source.mints.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(24)).await;
+    assert!(source.mints.load(Ordering::SeqCst) <= before + 1);
+    // Over 10 minutes, retries every 25-35 s: 17 to 24 attempts, no spinning.
+    let start = source.mints.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    let attempts = source.mints.load(Ordering::SeqCst) - start;
+    assert!(
+        (17..=24).contains(&attempts),
+        "{attempts} attempts in 600 s"
+    );
+    cancel.cancel();
+    task.await.expect("join");
+}
+
+#[tokio::test(start_paused = true)]
+async fn terminal_refusals_stop_renewal_and_block_new_tunnels() {
+    for code in [
+        RefusalCode::Aborted,
+        RefusalCode::FailedPrecondition,
+        RefusalCode::PermissionDenied,
+    ] {
+        let pki = Pki::new();
+        let clock = Clock::new();
+        let source = Arc::new(TestSource::new(pki.actor_ca.clone(), clock.clone()));
+        let cred = Arc::new(
+            ActorCredential::mint(actor("alpha"), source.as_ref(), clock.clone())
+                .await
+                .expect("mint"),
+        );
+        source.fail_next(MintError::Refused {
+            code,
+            message: "actor deleted".into(),
+        });
+        let task = tokio::spawn(renew_until_cancelled(
+            cred.clone(),
+            source.clone(),
+            CancellationToken::new(),
+        ));
+        tokio::time::timeout(Duration::from_secs(4000), task)
+            .await
+            .expect("renewal stops by itself")
+            .expect("join");
+        assert!(!cred.is_valid(), "{code:?} left egress open");
+        assert_eq!(source.mints.load(Ordering::SeqCst), 2, "{code:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deactivation_closes_one_actors_tunnels_and_leaves_the_others() {
+    let pki = Pki::new();
+    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let (a, b) = (actor("alpha"), actor("bravo"));
+    let egress = egress();
+    let cancel = CancellationToken::new();
+    let mut addrs = Vec::new();
+    for who in [&a, &b] {
+        let addr = listen(&egress, &who.uid, ECHO.parse().expect("addr"), &cancel).await;
+        let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+        egress
+            .activate(&who.uid, prepare(&pki, gw.addr, who.clone(), source).await)
+            .expect("activate");
+        addrs.push(addr);
+    }
+    let mut sa = TcpStream::connect(addrs[0]).await.expect("connect a");
+    let mut sb = TcpStream::connect(addrs[1]).await.expect("connect b");
+    assert!(echoes(&mut sa, b"a1").await);
+    assert!(echoes(&mut sb, b"b1").await);
+
+    egress
+        .deactivate(&a.uid)
+        .await
+        .expect("deactivate waits for a's tunnels");
+    assert!(
+        closes_with_no_bytes(&mut sa).await,
+        "a's open tunnel survived deactivation"
+    );
+    let mut again = TcpStream::connect(addrs[0]).await.expect("connect a again");
+    assert!(
+        closes_with_no_bytes(&mut again).await,
+        "a admitted after deactivation"
+    );
+    assert!(echoes(&mut sb, b"b unaffected").await);
+    // Idempotent.
+    egress
+        .deactivate(&a.uid)
+        .await
+        .expect("second deactivate is a no-op");
+    assert_eq!(egress.stats().tunnels_open, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_opening_during_deactivation_is_never_handed_to_the_next_activation() {
+    let pki = Pki::new();
+    // A gateway that accepts TCP and never answers: the open hangs.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hanging = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let a = actor("alpha");
+    let egress = egress();
+    let cancel = CancellationToken::new();
+    let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &cancel).await;
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    egress
+        .activate(
+            &a.uid,
+            prepare(&pki, hanging, a.clone(), source.clone()).await,
+        )
+        .expect("activate");
+    let mut opening = TcpStream::connect(addr).await.expect("connect");
+    // Wait until the tunnel task exists (it is counted open from its start).
+    while egress.stats().tunnels_open == 0 {
+        tokio::task::yield_now().await;
+    }
+    egress.deactivate(&a.uid).await.expect("deactivate");
+    egress
+        .activate(&a.uid, prepare(&pki, gw.addr, a.clone(), source).await)
+        .expect("reactivate");
+    assert!(
+        closes_with_no_bytes(&mut opening).await,
+        "the old activation's connection lived on"
+    );
+    let mut fresh = TcpStream::connect(addr).await.expect("connect");
+    assert!(echoes(&mut fresh, b"new activation").await);
+}
+
+#[tokio::test]
+async fn a_second_activation_of_the_same_actor_is_refused() {
+    let pki = Pki::new();
+    let a = actor("alpha");
+    let egress = egress();
+    let dead = "127.0.0.1:1".parse().expect("addr");
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    egress
+        .activate(&a.uid, prepare(&pki, dead, a.clone(), source.clone()).await)
+        .expect("activate");
+    let err = egress
+        .activate(&a.uid, prepare(&pki, dead, a.clone(), source).await)
+        .expect_err("already active");
+    assert!(err.to_string().contains("already activated"), "{err}");
+}
