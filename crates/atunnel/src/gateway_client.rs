@@ -196,8 +196,9 @@ impl Endpoint for Tunnel {
 }
 
 enum Dialed {
+    /// A connection with stream capacity; `true` if it came from the pool.
     H2(Arc<H2Conn>, bool),
-    H1(TlsStream<TcpStream>),
+    H1(Box<TlsStream<TcpStream>>),
 }
 
 /// Counters for /stats.
@@ -337,7 +338,7 @@ impl GatewayClient {
         let tls = self.dial_tls().await?;
         if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
             self.gateway_is_h1.store(true, Ordering::Relaxed);
-            return Ok(Dialed::H1(tls));
+            return Ok(Dialed::H1(Box::new(tls)));
         }
         self.gateway_is_h1.store(false, Ordering::Relaxed);
         let (send, connection) = h2::client::Builder::new()
@@ -431,7 +432,7 @@ impl GatewayClient {
 
     async fn connect_h1(
         &self,
-        mut tls: TlsStream<TcpStream>,
+        mut tls: Box<TlsStream<TcpStream>>,
         authority: &str,
     ) -> Result<Tunnel, TunnelError> {
         let request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
@@ -456,7 +457,7 @@ impl GatewayClient {
             reason: e.to_string(),
         })?;
         if (200..300).contains(&head.status) {
-            return Ok(Tunnel::H1(Box::new(tls)));
+            return Ok(Tunnel::H1(tls));
         }
         let limit = head
             .content_length
@@ -464,7 +465,7 @@ impl GatewayClient {
             .min(MAX_REFUSAL_BODY);
         let mut body = Vec::with_capacity(limit);
         // The body is best effort: the status is the answer.
-        let _ = (&mut tls).take(limit as u64).read_to_end(&mut body).await;
+        let _ = (&mut *tls).take(limit as u64).read_to_end(&mut body).await;
         Err(TunnelError::ConnectRefused {
             authority: authority.to_string(),
             status: head.status,

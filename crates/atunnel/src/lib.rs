@@ -4,8 +4,14 @@
 //! `atunnel_core`'s.
 
 pub mod clock;
+pub mod config;
 pub mod credential;
 pub mod egress;
 pub mod gateway;
 pub mod gateway_client;
+pub mod host;
 pub mod http1;
+pub mod stats;
+
+/// Errors at process entry points, where the message is all that is left.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

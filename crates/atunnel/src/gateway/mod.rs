@@ -7,6 +7,7 @@
 //! one actor-identity extension for atunnel (checked by
 //! `atunnel_identity::verifier`).
 
+pub mod cli;
 pub mod sink;
 
 use std::io;

@@ -1,0 +1,355 @@
+//! `atunnel-bench demo`: egress end to end on one machine, measured.
+//!
+//! Starts the gateway in bench mode and atunnel hosting a few actors, each in
+//! its own process (this binary re-run as `sink` and `tunnel`), then, from
+//! this process: checks bytes come back intact, measures bulk throughput
+//! both ways, and holds N idle tunnels to read atunnel's heap and tasks per
+//! idle tunnel from its `/stats` (a counting allocator, not RSS).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use atunnel::host::HostReady;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+use crate::pki;
+use crate::stats_client::{fetch, num};
+
+const ECHO: &str = "192.0.2.10:7";
+const DISCARD: &str = "192.0.2.10:9";
+const SOURCE: &str = "192.0.2.10:19";
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct DemoArgs {
+    /// Actors hosted by the tunnel; idle tunnels are spread over them.
+    #[arg(long, default_value_t = 4)]
+    pub actors: usize,
+    /// Idle tunnels held for the memory figure.
+    #[arg(long, default_value_t = 2000)]
+    pub idle: usize,
+    /// MiB moved per throughput run.
+    #[arg(long, default_value_t = 512)]
+    pub bulk_mib: u64,
+    /// Throughput runs per direction.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+}
+
+struct Role {
+    child: Child,
+    first_line: String,
+}
+
+async fn start_role(args: &[String]) -> Result<Role, atunnel::BoxError> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("role has no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let first_line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .map_err(|_| format!("{} did not start within 30 s", args[0]))??
+        .ok_or_else(|| format!("{} exited before it was ready", args[0]))?;
+    Ok(Role { child, first_line })
+}
+
+fn s(x: impl ToString) -> String {
+    x.to_string()
+}
+
+pub async fn run(args: DemoArgs) -> Result<(), atunnel::BoxError> {
+    let dir = tempfile::tempdir()?;
+    let files = pki::write(dir.path())?;
+    let bulk = args.bulk_mib << 20;
+
+    let sink = start_role(&[
+        s("sink"),
+        s("--listen=127.0.0.1:0"),
+        format!("--cert={}", files.gateway_cert().display()),
+        format!("--key={}", files.gateway_key().display()),
+        format!("--actor-ca={}", files.actor_ca_cert().display()),
+        s("--mode=sink"),
+        format!("--source-bytes={bulk}"),
+    ])
+    .await?;
+    let gateway: SocketAddr = sink
+        .first_line
+        .strip_prefix("listening ")
+        .ok_or("sink did not say where it listens")?
+        .parse()?;
+
+    let tunnel = start_role(&[
+        s("tunnel"),
+        format!("--actors={}", args.actors),
+        format!("--gateway={gateway}"),
+        format!("--gateway-ca={}", files.gateway_ca().display()),
+        format!("--actor-ca-cert={}", files.actor_ca_cert().display()),
+        format!("--actor-ca-key={}", files.actor_ca_key().display()),
+        format!("--destinations={ECHO},{DISCARD},{SOURCE}"),
+    ])
+    .await?;
+    let ready: HostReady = serde_json::from_str(&tunnel.first_line)?;
+    let listener = |actor: usize, dest: &str| -> SocketAddr {
+        let dest: SocketAddr = dest.parse().expect("constant destination");
+        ready.actors[actor % ready.actors.len()][&dest]
+    };
+    println!(
+        "atunnel-bench demo: gateway (sink) pid {}, tunnel pid {} hosting {} actors",
+        sink.child.id().unwrap_or(0),
+        tunnel.child.id().unwrap_or(0),
+        args.actors
+    );
+
+    // 1. Integrity: 1 MiB of random bytes through the tunnel and back.
+    let payload: Vec<u8> = (0..1 << 20).map(|_| rand::random::<u8>()).collect();
+    let back = round_trip(listener(0, ECHO), &payload).await?;
+    let intact = back == payload;
+    println!(
+        "echo 1 MiB through tunnel and gateway: {}",
+        if intact { "intact" } else { "CORRUPTED" }
+    );
+
+    // 2. Bulk throughput, each direction, `runs` times.
+    let mut up = Vec::new();
+    let mut down = Vec::new();
+    for _ in 0..args.runs {
+        up.push(measure(ready.stats, || upload(listener(0, DISCARD), bulk)).await?);
+        down.push(measure(ready.stats, || download(listener(0, SOURCE), bulk)).await?);
+    }
+
+    // 3. Idle tunnels: heap and tasks per tunnel, read from the tunnel's /stats.
+    let idle = hold_idle(&ready, args.idle).await?;
+
+    println!();
+    println!("| what | figure |");
+    println!("|---|---|");
+    println!(
+        "| echo 1 MiB both ways | {} |",
+        if intact { "intact" } else { "CORRUPTED" }
+    );
+    for (name, runs) in [
+        ("actor -> gateway (upload)", &up),
+        ("gateway -> actor (download)", &down),
+    ] {
+        let mbps: Vec<String> = runs.iter().map(|r| format!("{:.0}", r.mb_per_s)).collect();
+        let cores: Vec<String> = runs
+            .iter()
+            .map(|r| format!("{:.2}", r.tunnel_cores))
+            .collect();
+        println!(
+            "| {name}, {} MiB x {}, MB/s | {} |",
+            args.bulk_mib,
+            args.runs,
+            mbps.join(", ")
+        );
+        println!(
+            "| {name}, tunnel CPU cores while moving | {} |",
+            cores.join(", ")
+        );
+    }
+    println!(
+        "| idle tunnels held | {} (over {} actors) |",
+        idle.conns, args.actors
+    );
+    println!(
+        "| tunnel heap per idle tunnel | {:.0} B |",
+        idle.heap_per_conn
+    );
+    println!(
+        "| tunnel tasks per idle tunnel | {:.2} |",
+        idle.tasks_per_conn
+    );
+    println!(
+        "| tunnel RSS per idle tunnel | {:.0} B |",
+        idle.rss_per_conn
+    );
+    println!(
+        "| relay buffers borrowed while idle | {} |",
+        idle.pool_in_use
+    );
+    println!(
+        "| tunnel heap left after closing them | {:+.0} B vs before |",
+        idle.heap_after_close_delta
+    );
+    println!();
+    println!("heap: live bytes from the tunnel's counting allocator; reproduce with");
+    println!(
+        "  cargo run --release -p atunnel-bench -- demo --idle {}",
+        args.idle
+    );
+    if !intact {
+        return Err("bytes came back corrupted".into());
+    }
+    drop(tunnel);
+    drop(sink);
+    Ok(())
+}
+
+async fn round_trip(addr: SocketAddr, data: &[u8]) -> Result<Vec<u8>, atunnel::BoxError> {
+    let s = TcpStream::connect(addr).await?;
+    let (mut r, mut w) = s.into_split();
+    let data = data.to_vec();
+    let writer = tokio::spawn(async move {
+        w.write_all(&data).await?;
+        w.shutdown().await
+    });
+    let mut got = Vec::new();
+    r.read_to_end(&mut got).await?;
+    writer.await??;
+    Ok(got)
+}
+
+struct Throughput {
+    mb_per_s: f64,
+    tunnel_cores: f64,
+}
+
+async fn measure<F, Fut>(stats: SocketAddr, f: F) -> Result<Throughput, atunnel::BoxError>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, atunnel::BoxError>>,
+{
+    let before = fetch(stats, false).await?;
+    let started = Instant::now();
+    let bytes = f().await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let after = fetch(stats, false).await?;
+    let cpu = |v: &Value| num(v, &["process", "cpu_user_s"]) + num(v, &["process", "cpu_system_s"]);
+    Ok(Throughput {
+        mb_per_s: bytes as f64 / 1e6 / elapsed,
+        tunnel_cores: (cpu(&after) - cpu(&before)) / elapsed,
+    })
+}
+
+async fn upload(addr: SocketAddr, bytes: u64) -> Result<u64, atunnel::BoxError> {
+    let mut s = TcpStream::connect(addr).await?;
+    let chunk = vec![0x5a_u8; 256 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        s.write_all(&chunk[..n]).await?;
+        left -= n as u64;
+    }
+    s.shutdown().await?;
+    // The discard service half-closes after reading everything.
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).await?;
+    Ok(bytes)
+}
+
+async fn download(addr: SocketAddr, bytes: u64) -> Result<u64, atunnel::BoxError> {
+    let mut s = TcpStream::connect(addr).await?;
+    s.shutdown().await?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0u64;
+    loop {
+        let n = s.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        got += n as u64;
+    }
+    if got != bytes {
+        return Err(format!("download got {got} bytes, expected {bytes}").into());
+    }
+    Ok(got)
+}
+
+struct Idle {
+    conns: usize,
+    heap_per_conn: f64,
+    tasks_per_conn: f64,
+    rss_per_conn: f64,
+    pool_in_use: f64,
+    heap_after_close_delta: f64,
+}
+
+async fn hold_idle(ready: &HostReady, n: usize) -> Result<Idle, atunnel::BoxError> {
+    let echo: SocketAddr = ECHO.parse()?;
+    let listeners: Vec<SocketAddr> = ready
+        .actors
+        .iter()
+        .map(|m: &BTreeMap<_, _>| m[&echo])
+        .collect();
+    // Warm up: one tunnel per actor so each has its pooled gateway connection,
+    // which is shared by all its tunnels and is not a per-tunnel cost.
+    for l in &listeners {
+        let mut s = TcpStream::connect(l).await?;
+        ping(&mut s).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = fetch(ready.stats, true).await?;
+    let mut held = Vec::with_capacity(n);
+    for batch in (0..n).collect::<Vec<_>>().chunks(200) {
+        let opens = batch.iter().map(|i| {
+            let addr = listeners[i % listeners.len()];
+            async move {
+                let mut s = TcpStream::connect(addr).await?;
+                ping(&mut s).await?;
+                Ok::<_, atunnel::BoxError>(s)
+            }
+        });
+        for r in join_all(opens).await {
+            held.push(r?);
+        }
+    }
+    // Let the last acknowledgements and window updates settle.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let during = fetch(ready.stats, true).await?;
+    let per = |path: &[&str]| (num(&during, path) - num(&before, path)) / n as f64;
+    let idle = Idle {
+        conns: n,
+        heap_per_conn: per(&["process", "heap_bytes"]),
+        tasks_per_conn: per(&["process", "tasks"]),
+        rss_per_conn: per(&["process", "rss_bytes"]),
+        pool_in_use: num(&during, &["pool", "in_use"]),
+        heap_after_close_delta: 0.0,
+    };
+    drop(held);
+    // Wait for the tunnel to see every close.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = fetch(ready.stats, true).await?;
+        if num(&now, &["egress", "tunnels_open"]) == 0.0 || Instant::now() > deadline {
+            return Ok(Idle {
+                heap_after_close_delta: num(&now, &["process", "heap_bytes"])
+                    - num(&before, &["process", "heap_bytes"]),
+                ..idle
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One byte there and back: the tunnel is open end to end.
+async fn ping(s: &mut TcpStream) -> Result<(), atunnel::BoxError> {
+    s.write_all(b"p").await?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).await?;
+    if &b != b"p" {
+        return Err("echo returned the wrong byte".into());
+    }
+    Ok(())
+}
+
+async fn join_all<F>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.expect("task panicked"));
+    }
+    out
+}

@@ -1,0 +1,72 @@
+//! `atunnel-bench pki`: throwaway certificates shaped like the cluster's.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use atunnel_identity::pki::{self, CertificateAuthority, Usage};
+
+/// The name the bench gateway's certificate carries.
+pub const GATEWAY_NAME: &str = "atenet-egress.ate-system.svc";
+
+/// File names inside a PKI folder.
+pub struct PkiFiles {
+    pub dir: PathBuf,
+}
+
+impl PkiFiles {
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+    pub fn actor_ca_cert(&self) -> PathBuf {
+        self.path("actor-ca.pem")
+    }
+    pub fn actor_ca_key(&self) -> PathBuf {
+        self.path("actor-ca.key")
+    }
+    pub fn gateway_ca(&self) -> PathBuf {
+        self.path("servicedns-ca.pem")
+    }
+    pub fn gateway_cert(&self) -> PathBuf {
+        self.path("gateway.pem")
+    }
+    pub fn gateway_key(&self) -> PathBuf {
+        self.path("gateway.key")
+    }
+}
+
+/// Writes a fresh PKI into `dir`: the actor CA (certificate and key, which
+/// the tunnel mints actor certificates with), the servicedns CA and the
+/// gateway's server certificate.
+pub fn write(dir: &Path) -> Result<PkiFiles, atunnel::BoxError> {
+    std::fs::create_dir_all(dir)?;
+    let files = PkiFiles {
+        dir: dir.to_path_buf(),
+    };
+    let actor_ca = CertificateAuthority::new("actor identity CA")?;
+    std::fs::write(files.actor_ca_cert(), actor_ca.cert_pem())?;
+    write_private(&files.actor_ca_key(), &actor_ca.key_pem())?;
+    let servicedns = CertificateAuthority::new("servicedns CA")?;
+    std::fs::write(files.gateway_ca(), servicedns.cert_pem())?;
+    let gateway = servicedns.issue(
+        Some(pki::GATEWAY_SPIFFE_ID),
+        &[GATEWAY_NAME],
+        &[],
+        Usage::Server,
+        Duration::from_secs(7 * 24 * 3600),
+    )?;
+    std::fs::write(files.gateway_cert(), &gateway.cert_pem)?;
+    write_private(&files.gateway_key(), &gateway.key_pem)?;
+    Ok(files)
+}
+
+fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(pem.as_bytes())
+}

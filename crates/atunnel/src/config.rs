@@ -1,0 +1,100 @@
+//! Command-line configuration shared by the `atunnel` binary and the bench's
+//! roles: one clap struct per component, each field's doc is its `--help`.
+
+use std::path::{Path, PathBuf};
+
+use atunnel_core::BufferPool;
+use atunnel_core::pool::{DEFAULT_BUFFER_SIZE, DEFAULT_MAX_BUFFERS, DEFAULT_MAX_IDLE};
+use atunnel_core::sockopt::SocketOptions;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Socket options for every accepted or dialed TCP socket.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SocketArgs {
+    /// TCP_NOTSENT_LOWAT in bytes on every socket (-1 leaves the kernel default).
+    #[arg(long, default_value_t = 16384, allow_negative_numbers = true)]
+    pub tcp_notsent_lowat: i64,
+    /// Fixed SO_SNDBUF in bytes (0: kernel autotuning, the default).
+    #[arg(long, default_value_t = 0)]
+    pub tcp_send_buffer: usize,
+    /// Fixed SO_RCVBUF in bytes (0: kernel autotuning, the default).
+    #[arg(long, default_value_t = 0)]
+    pub tcp_receive_buffer: usize,
+}
+
+impl SocketArgs {
+    pub fn options(&self) -> SocketOptions {
+        SocketOptions::from_flags(
+            self.tcp_notsent_lowat,
+            self.tcp_send_buffer,
+            self.tcp_receive_buffer,
+        )
+    }
+}
+
+/// The relay's buffer pool.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PoolArgs {
+    /// Size of each relay buffer in bytes.
+    #[arg(long, default_value_t = DEFAULT_BUFFER_SIZE)]
+    pub buffer_size: usize,
+    /// Most relay buffers borrowed at once; borrowers past it wait.
+    #[arg(long, default_value_t = DEFAULT_MAX_BUFFERS)]
+    pub max_buffers: usize,
+    /// Free relay buffers kept for reuse; the rest are freed.
+    #[arg(long, default_value_t = DEFAULT_MAX_IDLE)]
+    pub max_idle_buffers: usize,
+}
+
+impl PoolArgs {
+    pub fn pool(&self) -> BufferPool {
+        BufferPool::new(
+            self.buffer_size.max(1),
+            self.max_buffers.max(1),
+            self.max_idle_buffers,
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {message}")]
+    Pem { path: PathBuf, message: String },
+    #[error("{path} holds no {what}")]
+    Empty { path: PathBuf, what: &'static str },
+}
+
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| ConfigError::Pem {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(ConfigError::Empty {
+            path: path.to_path_buf(),
+            what: "certificate",
+        });
+    }
+    Ok(certs)
+}
+
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, ConfigError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| ConfigError::Pem {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+pub fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ConfigError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in load_certs(path)? {
+        roots.add(cert).map_err(|e| ConfigError::Pem {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    }
+    Ok(roots)
+}

@@ -1,0 +1,164 @@
+//! `/stats`: what this process costs, as JSON on a local address.
+//!
+//! `GET /stats` reads the figures; `GET /stats?release=1` first returns free
+//! pool buffers and asks the allocator to give free memory back, so idle
+//! figures are taken the same way every time.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use atunnel_core::{BufferPool, PoolStats};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::egress::{Egress, EgressStats};
+
+#[derive(Debug, Serialize)]
+pub struct ProcessStats {
+    pub pid: u32,
+    pub cpu_user_s: f64,
+    pub cpu_system_s: f64,
+    pub rss_bytes: u64,
+    /// Live heap through the counting allocator; 0 if it is not installed.
+    pub heap_bytes: usize,
+    pub open_fds: usize,
+    /// Tasks alive on this runtime (includes the stats server's own).
+    pub tasks: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Stats {
+    pub process: ProcessStats,
+    pub pool: PoolStatsJson,
+    pub egress: Option<EgressStats>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PoolStatsJson {
+    pub in_use: usize,
+    pub idle: usize,
+    pub buffer_size: usize,
+    pub acquired_total: u64,
+    pub allocated_total: u64,
+    pub waited_total: u64,
+}
+
+impl From<PoolStats> for PoolStatsJson {
+    fn from(s: PoolStats) -> Self {
+        Self {
+            in_use: s.in_use,
+            idle: s.idle,
+            buffer_size: s.buffer_size,
+            acquired_total: s.acquired_total,
+            allocated_total: s.allocated_total,
+            waited_total: s.waited_total,
+        }
+    }
+}
+
+pub fn process_stats() -> ProcessStats {
+    let (user, system) =
+        match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
+            Ok(u) => (timeval_s(u.user_time()), timeval_s(u.system_time())),
+            Err(_) => (0.0, 0.0),
+        };
+    let rss_pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(4096) as u64;
+    ProcessStats {
+        pid: std::process::id(),
+        cpu_user_s: user,
+        cpu_system_s: system,
+        rss_bytes: rss_pages * page,
+        heap_bytes: atunnel_core::alloc::live_bytes(),
+        open_fds: std::fs::read_dir("/proc/self/fd")
+            .map(|d| d.count())
+            .unwrap_or(0),
+        tasks: tokio::runtime::Handle::try_current()
+            .map(|h| h.metrics().num_alive_tasks())
+            .unwrap_or(0),
+    }
+}
+
+fn timeval_s(t: nix::sys::time::TimeVal) -> f64 {
+    t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6
+}
+
+/// The figures `/stats` serves.
+pub struct StatsSource {
+    pub pool: BufferPool,
+    pub egress: Option<Arc<Egress>>,
+}
+
+impl StatsSource {
+    pub fn collect(&self, release: bool) -> Stats {
+        if release {
+            self.pool.trim(0);
+            atunnel_core::alloc::release_free_memory();
+        }
+        Stats {
+            process: process_stats(),
+            pool: self.pool.stats().into(),
+            egress: self.egress.as_ref().map(|e| e.stats()),
+        }
+    }
+}
+
+/// Serves `/stats` on `listener` until `cancel`.
+pub async fn serve(listener: TcpListener, source: Arc<StatsSource>, cancel: CancellationToken) {
+    loop {
+        let (tcp, _) = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = listener.accept() => match a {
+                Ok(x) => x,
+                Err(_) => continue,
+            },
+        };
+        let source = source.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let source = source.clone();
+                async move {
+                    let release = req.uri().query().is_some_and(|q| q.contains("release=1"));
+                    let response = if req.uri().path() == "/stats" {
+                        let body = serde_json::to_vec(&source.collect(release)).unwrap_or_default();
+                        hyper::Response::builder()
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from(body)))
+                    } else {
+                        hyper::Response::builder()
+                            .status(404)
+                            .body(Full::new(Bytes::from_static(b"not found\n")))
+                    };
+                    Ok::<_, Infallible>(response.expect("static response parts are valid"))
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), service)
+                .await;
+        });
+    }
+}
+
+/// Binds `addr` and serves `/stats` in the background; returns the address.
+pub async fn spawn(
+    addr: SocketAddr,
+    source: Arc<StatsSource>,
+    cancel: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    tokio::spawn(serve(listener, source, cancel));
+    Ok(local)
+}
