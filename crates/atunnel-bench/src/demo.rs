@@ -127,7 +127,10 @@ pub async fn run(args: DemoArgs) -> Result<(), atunnel::BoxError> {
     }
 
     // 3. Idle tunnels: heap and tasks per tunnel, read from the tunnel's /stats.
+    // Twice: what the first round leaves behind is retained capacity (slabs,
+    // pools) if the second round leaves no more, a leak if it grows.
     let idle = hold_idle(&ready, args.idle).await?;
+    let again = hold_idle(&ready, args.idle).await?;
 
     println!();
     println!("| what | figure |");
@@ -177,8 +180,8 @@ pub async fn run(args: DemoArgs) -> Result<(), atunnel::BoxError> {
         idle.pool_in_use
     );
     println!(
-        "| tunnel heap left after closing them | {:+.0} B vs before |",
-        idle.heap_after_close_delta
+        "| tunnel heap left after closing them, round 1 / round 2 | {:+.0} B / {:+.0} B |",
+        idle.heap_after_close_delta, again.heap_after_close_delta
     );
     println!();
     println!("heap: live bytes from the tunnel's counting allocator; reproduce with");

@@ -18,6 +18,12 @@ use tokio_util::sync::CancellationToken;
 
 const ECHO: &str = "192.0.2.10:7";
 
+/// The certificate and key the credential would present now.
+fn current_cert(cred: &ActorCredential) -> Arc<rustls::sign::CertifiedKey> {
+    use rustls::client::ResolvesClientCert;
+    cred.resolve(&[], &[]).expect("a valid certificate")
+}
+
 /// Writes `msg` and expects it echoed back.
 async fn echoes(s: &mut TcpStream, msg: &[u8]) -> bool {
     if s.write_all(msg).await.is_err() {
@@ -121,6 +127,7 @@ async fn renews_at_ninety_percent_of_the_remaining_lifetime() {
             .expect("mint"),
     );
     let first_expiry = cred.expires_at().expect("valid");
+    let first = current_cert(&cred);
     let cancel = CancellationToken::new();
     let task = tokio::spawn(renew_until_cancelled(
         cred.clone(),
@@ -134,6 +141,12 @@ async fn renews_at_ninety_percent_of_the_remaining_lifetime() {
     assert_eq!(source.mints.load(Ordering::SeqCst), 2, "not renewed at 90%");
     let second_expiry = cred.expires_at().expect("valid");
     assert!(second_expiry > first_expiry);
+    let second = current_cert(&cred);
+    assert_ne!(first.cert[0], second.cert[0], "a new certificate is served");
+    assert!(
+        Arc::ptr_eq(&first.key, &second.key),
+        "the activation's key is reused across renewals"
+    );
     cancel.cancel();
     task.await.expect("renewal task ends on cancel");
 }
