@@ -1,0 +1,137 @@
+//! Links, addresses and routes through rtnetlink, one connection per
+//! namespace (a netlink socket speaks for the namespace it was created in).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::AsRawFd;
+
+use futures_util::TryStreamExt;
+use netlink_packet_route::link::{InfoData, InfoVeth};
+use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+use crate::netns::{NetNs, NetnsError, NsExecutor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error("netlink in {ns}: {op}: {message}")]
+    Netlink {
+        ns: String,
+        op: String,
+        message: String,
+    },
+}
+
+/// A netlink connection speaking for one namespace.
+pub struct Netlink {
+    ns: String,
+    handle: Handle,
+}
+
+impl Netlink {
+    /// Opens a netlink socket inside `ns` (on the executor thread) and drives
+    /// it on the runtime.
+    pub async fn open(exec: &NsExecutor, ns: &NetNs) -> Result<Self, LinkError> {
+        let runtime = tokio::runtime::Handle::current();
+        let name = ns.name().to_string();
+        let (conn, handle, _) = exec
+            .run_in(ns, move || {
+                // The socket registers with the reactor as it is made.
+                let _enter = runtime.enter();
+                rtnetlink::new_connection()
+            })
+            .await?
+            .map_err(|e| LinkError::Netlink {
+                ns: name.clone(),
+                op: "open socket".into(),
+                message: e.to_string(),
+            })?;
+        tokio::spawn(conn);
+        Ok(Self { ns: name, handle })
+    }
+
+    fn err(&self, op: &str) -> impl FnOnce(rtnetlink::Error) -> LinkError + '_ {
+        let op = op.to_string();
+        move |e| LinkError::Netlink {
+            ns: self.ns.clone(),
+            op,
+            message: e.to_string(),
+        }
+    }
+
+    pub async fn index(&self, name: &str) -> Result<u32, LinkError> {
+        let link = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute()
+            .try_next()
+            .await
+            .map_err(self.err(&format!("find link {name}")))?;
+        link.map(|l| l.header.index)
+            .ok_or_else(|| LinkError::Netlink {
+                ns: self.ns.clone(),
+                op: format!("find link {name}"),
+                message: "no such link".into(),
+            })
+    }
+
+    /// Creates a veth pair: `name` here, `peer_name` directly inside `peer_ns`
+    /// (moving it afterwards costs several times the whole setup under RTNL).
+    pub async fn add_veth(
+        &self,
+        name: &str,
+        peer_name: &str,
+        peer_ns: &NetNs,
+    ) -> Result<(), LinkError> {
+        let peer = LinkMessageBuilder::<LinkUnspec>::new()
+            .name(peer_name.to_string())
+            .setns_by_fd(peer_ns.as_raw_fd())
+            .build();
+        let msg = LinkVeth::new(name, peer_name)
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+            .build();
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(self.err(&format!("add veth {name}/{peer_name}")))
+    }
+
+    pub async fn up(&self, name: &str) -> Result<(), LinkError> {
+        let index = self.index(name).await?;
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).up().build())
+            .execute()
+            .await
+            .map_err(self.err(&format!("set {name} up")))
+    }
+
+    pub async fn add_address(
+        &self,
+        name: &str,
+        addr: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<(), LinkError> {
+        let index = self.index(name).await?;
+        self.handle
+            .address()
+            .add(index, IpAddr::V4(addr), prefix)
+            .execute()
+            .await
+            .map_err(self.err(&format!("add {addr}/{prefix} to {name}")))
+    }
+
+    pub async fn add_default_route(&self, via: Ipv4Addr) -> Result<(), LinkError> {
+        let route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(via).build();
+        self.handle
+            .route()
+            .add(route)
+            .execute()
+            .await
+            .map_err(self.err(&format!("default route via {via}")))
+    }
+}

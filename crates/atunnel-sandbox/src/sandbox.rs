@@ -1,0 +1,247 @@
+//! One actor's sandbox network: two named namespaces joined by a veth pair,
+//! the redirect, and sockets made inside it.
+//!
+//! | side | namespace | interface | address |
+//! |---|---|---|---|
+//! | actor | runtime (`<name>`) | `eth0` | 169.254.17.2/30, default route via .1 |
+//! | gateway | gateway (`<name>-at`) | `atside` | 169.254.17.1/30 |
+//!
+//! Every sandbox has the same addresses (they are baked into snapshots), so
+//! a socket's namespace, not its address, says whose it is.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+
+use crate::link::{LinkError, Netlink};
+use crate::netns::{NetNs, NetnsError, NsExecutor};
+use crate::nft;
+
+pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 17, 1);
+pub const ACTOR_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 17, 2);
+pub const SANDBOX_NET: Ipv4Addr = Ipv4Addr::new(169, 254, 17, 0);
+pub const PREFIX_LEN: u8 = 30;
+pub const GATEWAY_IFACE: &str = "atside";
+pub const ACTOR_IFACE: &str = "eth0";
+/// Where the redirect sends the actor's TCP.
+pub const DEFAULT_EGRESS_PORT: u16 = 15001;
+pub const DNS_PORT: u16 = 53;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    #[error("sandbox {name}: {op}: {source}")]
+    Io {
+        name: String,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A built sandbox network. Call [`SandboxNetwork::destroy`] to remove it.
+#[derive(Clone, Debug)]
+pub struct SandboxNetwork {
+    pub runtime: NetNs,
+    pub gateway: NetNs,
+    egress_port: u16,
+}
+
+/// The gateway namespace's name for a runtime namespace name.
+pub fn gateway_ns_name(runtime: &str) -> String {
+    format!("{runtime}-at")
+}
+
+impl SandboxNetwork {
+    /// Builds the sandbox network named `name`. On failure nothing is left.
+    pub async fn create(
+        exec: &NsExecutor,
+        name: &str,
+        egress_port: u16,
+    ) -> Result<Self, SandboxError> {
+        let runtime = exec.create(name).await?;
+        let gateway = match exec.create(&gateway_ns_name(name)).await {
+            Ok(ns) => ns,
+            Err(e) => {
+                let _ = exec.delete(name).await;
+                return Err(e.into());
+            }
+        };
+        let sandbox = Self {
+            runtime,
+            gateway,
+            egress_port,
+        };
+        if let Err(e) = sandbox.configure(exec).await {
+            let _ = sandbox.clone().destroy(exec).await;
+            return Err(e);
+        }
+        Ok(sandbox)
+    }
+
+    async fn configure(&self, exec: &NsExecutor) -> Result<(), SandboxError> {
+        let gw = Netlink::open(exec, &self.gateway).await?;
+        gw.add_veth(GATEWAY_IFACE, ACTOR_IFACE, &self.runtime)
+            .await?;
+        gw.up("lo").await?;
+        gw.add_address(GATEWAY_IFACE, GATEWAY_ADDR, PREFIX_LEN)
+            .await?;
+        gw.up(GATEWAY_IFACE).await?;
+        let rt = Netlink::open(exec, &self.runtime).await?;
+        rt.up("lo").await?;
+        rt.add_address(ACTOR_IFACE, ACTOR_ADDR, PREFIX_LEN).await?;
+        rt.up(ACTOR_IFACE).await?;
+        rt.add_default_route(GATEWAY_ADDR).await?;
+        let rules = nft::ruleset(
+            GATEWAY_IFACE,
+            &SANDBOX_NET.to_string(),
+            "255.255.255.252",
+            self.egress_port,
+            DNS_PORT,
+        );
+        exec.run_in(&self.gateway, move || nft::apply(&rules))
+            .await?
+            .map_err(|source| SandboxError::Io {
+                name: self.runtime.name().to_string(),
+                op: "apply nftables ruleset",
+                source,
+            })
+    }
+
+    /// Removes both namespaces (and with them the veth pair). Idempotent.
+    pub async fn destroy(self, exec: &NsExecutor) -> Result<(), SandboxError> {
+        let runtime = exec.delete(self.runtime.name()).await;
+        let gateway = exec.delete(self.gateway.name()).await;
+        runtime?;
+        gateway?;
+        Ok(())
+    }
+
+    pub fn name(&self) -> &str {
+        self.runtime.name()
+    }
+
+    pub fn egress_port(&self) -> u16 {
+        self.egress_port
+    }
+
+    /// A TCP listener on `addr` inside the gateway namespace.
+    pub async fn listen_tcp(
+        &self,
+        exec: &NsExecutor,
+        addr: SocketAddr,
+    ) -> Result<tokio::net::TcpListener, SandboxError> {
+        let listener = exec
+            .run_in(&self.gateway, move || listen_tcp(addr))
+            .await?
+            .map_err(|source| self.io("bind TCP listener", source))?;
+        tokio::net::TcpListener::from_std(listener)
+            .map_err(|source| self.io("register TCP listener", source))
+    }
+
+    /// A UDP socket bound to `addr` inside the gateway namespace.
+    pub async fn bind_udp(
+        &self,
+        exec: &NsExecutor,
+        addr: SocketAddr,
+    ) -> Result<tokio::net::UdpSocket, SandboxError> {
+        let socket = exec
+            .run_in(&self.gateway, move || {
+                let s = std::net::UdpSocket::bind(addr)?;
+                s.set_nonblocking(true)?;
+                Ok::<_, std::io::Error>(s)
+            })
+            .await?
+            .map_err(|source| self.io("bind UDP socket", source))?;
+        tokio::net::UdpSocket::from_std(socket)
+            .map_err(|source| self.io("register UDP socket", source))
+    }
+
+    /// Binds the egress listener: every port-`egress_port` address of the
+    /// gateway namespace, which the redirect delivers to.
+    pub async fn listen_egress(
+        &self,
+        exec: &NsExecutor,
+    ) -> Result<tokio::net::TcpListener, SandboxError> {
+        self.listen_tcp(
+            exec,
+            SocketAddr::from((Ipv4Addr::UNSPECIFIED, self.egress_port)),
+        )
+        .await
+    }
+
+    /// Dials `addr` from inside the gateway namespace (ingress into the
+    /// sandbox dials the actor at 169.254.17.2 this way).
+    pub async fn connect_from_gateway(
+        &self,
+        exec: &NsExecutor,
+        addr: SocketAddr,
+    ) -> Result<tokio::net::TcpStream, SandboxError> {
+        self.connect_from(exec, &self.gateway, addr).await
+    }
+
+    /// Dials `addr` from inside the actor's runtime namespace, as the actor's
+    /// own program would.
+    pub async fn connect_from_runtime(
+        &self,
+        exec: &NsExecutor,
+        addr: SocketAddr,
+    ) -> Result<tokio::net::TcpStream, SandboxError> {
+        self.connect_from(exec, &self.runtime, addr).await
+    }
+
+    async fn connect_from(
+        &self,
+        exec: &NsExecutor,
+        ns: &NetNs,
+        addr: SocketAddr,
+    ) -> Result<tokio::net::TcpStream, SandboxError> {
+        let socket = exec
+            .run_in(ns, move || new_tcp_socket(addr))
+            .await?
+            .map_err(|source| self.io("create TCP socket", source))?;
+        let socket = tokio::net::TcpSocket::from_std_stream(socket);
+        socket
+            .connect(addr)
+            .await
+            .map_err(|source| self.io("connect", source))
+    }
+
+    fn io(&self, op: &'static str, source: std::io::Error) -> SandboxError {
+        SandboxError::Io {
+            name: self.runtime.name().to_string(),
+            op,
+            source,
+        }
+    }
+}
+
+fn listen_tcp(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// An unconnected, non-blocking TCP socket (connected later on the runtime).
+fn new_tcp_socket(addr: SocketAddr) -> std::io::Result<std::net::TcpStream> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// The actor's address and a port, as seen from the gateway namespace.
+pub fn actor_addr(port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(ACTOR_ADDR, port))
+}
