@@ -237,9 +237,21 @@ impl Egress {
         dest: Destination,
         cancel: CancellationToken,
     ) {
+        let task = self.listener_task(uid, listener, dest, cancel);
+        self.listeners.spawn(task);
+    }
+
+    /// The accept loop [`Egress::serve_listener`] spawns, for a caller that
+    /// tracks it itself (a sandbox waits for its own listener on close).
+    pub fn listener_task(
+        self: &Arc<Self>,
+        uid: &str,
+        listener: TcpListener,
+        dest: Destination,
+        cancel: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let binding = self.binding(uid);
-        self.listeners
-            .spawn(self.clone().accept_loop(binding, listener, dest, cancel));
+        self.clone().accept_loop(binding, listener, dest, cancel)
     }
 
     async fn accept_loop(

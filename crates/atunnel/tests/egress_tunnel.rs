@@ -471,6 +471,7 @@ async fn sink_services_answer_by_port() {
         Mode::Sink(SinkConfig {
             source_bytes: 100_000,
             http_body_bytes: 5,
+            other_ports: None,
         }),
         |_| {},
     )

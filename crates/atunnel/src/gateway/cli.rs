@@ -50,6 +50,9 @@ pub struct GatewayArgs {
     /// Sink mode: body bytes of each HTTP response (port 80).
     #[arg(long, default_value_t = 64)]
     pub http_body_bytes: usize,
+    /// Sink mode: service for ports without one (default: refuse with 403).
+    #[arg(long, value_enum)]
+    pub other_ports: Option<super::sink::Service>,
     #[command(flatten)]
     pub socket: SocketArgs,
     #[command(flatten)]
@@ -65,6 +68,7 @@ pub async fn run(args: GatewayArgs, cancel: CancellationToken) -> Result<(), cra
         ModeArg::Sink => Mode::Sink(SinkConfig {
             source_bytes: args.source_bytes,
             http_body_bytes: args.http_body_bytes,
+            other_ports: args.other_ports,
         }),
     };
     let mut cfg = GatewayConfig::new(

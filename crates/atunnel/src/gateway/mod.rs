@@ -335,7 +335,7 @@ impl Gateway {
             );
         };
         match &self.cfg.mode {
-            Mode::Sink(_) => match Service::for_port(dest.port()) {
+            Mode::Sink(sink) => match Service::for_port(dest.port()).or(sink.other_ports) {
                 Some(service) => Answer::Open(Target::Sink(service)),
                 None => Answer::Refuse(
                     403,

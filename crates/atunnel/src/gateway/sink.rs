@@ -7,7 +7,7 @@
 //! | 9   | discard: bytes are read and dropped; half-closes after the client does |
 //! | 19  | source: sends `source_bytes` bytes (zeros), then half-closes; input is discarded |
 //! | 80  | HTTP/1.1 responder: each request head gets `200 OK` with `http_body_bytes` bytes; keep-alive |
-//! | other | refused with `403 no sink service on port N` |
+//! | other | `other_ports` if set, else refused with `403 no sink service on port N` |
 
 use std::io;
 
@@ -22,6 +22,8 @@ pub struct SinkConfig {
     pub source_bytes: u64,
     /// Body size of each HTTP response (port 80).
     pub http_body_bytes: usize,
+    /// The service for ports not in the table; `None` refuses them.
+    pub other_ports: Option<Service>,
 }
 
 impl Default for SinkConfig {
@@ -29,11 +31,12 @@ impl Default for SinkConfig {
         Self {
             source_bytes: 1 << 30,
             http_body_bytes: 64,
+            other_ports: None,
         }
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Service {
     Echo,
     Discard,
