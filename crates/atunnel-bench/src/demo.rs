@@ -11,7 +11,10 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use atunnel::host::HostReady;
+use std::sync::Arc;
+
+use atunnel::host::{HostReady, Network};
+use atunnel_sandbox::{NsExecutor, SandboxNetwork};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -38,11 +41,109 @@ pub struct DemoArgs {
     /// Throughput runs per direction.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// How actors reach the tunnel: real sandboxes (root) or loopback listeners.
+    #[arg(long, value_enum, default_value = "sandbox")]
+    pub network: Network,
+}
+
+/// Dials as an actor's program would: from inside its sandbox's runtime
+/// namespace to any address, or to its loopback listener for that address.
+#[derive(Clone)]
+struct ActorDialer {
+    exec: Option<NsExecutor>,
+    actors: Arc<Vec<ActorSide>>,
+}
+
+enum ActorSide {
+    Sandbox(SandboxNetwork),
+    Loopback(BTreeMap<SocketAddr, SocketAddr>),
+}
+
+impl ActorDialer {
+    fn new(ready: &HostReady) -> Result<Self, atunnel::BoxError> {
+        let mut exec = None;
+        let mut actors = Vec::new();
+        for a in &ready.actors {
+            match &a.runtime_netns {
+                Some(name) => {
+                    if exec.is_none() {
+                        exec = Some(NsExecutor::start()?);
+                    }
+                    actors.push(ActorSide::Sandbox(SandboxNetwork::open(name, 0)?));
+                }
+                None => actors.push(ActorSide::Loopback(a.listeners.clone())),
+            }
+        }
+        Ok(Self {
+            exec,
+            actors: Arc::new(actors),
+        })
+    }
+
+    fn count(&self) -> usize {
+        self.actors.len()
+    }
+
+    async fn dial(&self, actor: usize, dest: &str) -> Result<TcpStream, atunnel::BoxError> {
+        let dest: SocketAddr = dest.parse()?;
+        match &self.actors[actor % self.actors.len()] {
+            ActorSide::Sandbox(sb) => {
+                let exec = self.exec.as_ref().ok_or("no namespace executor")?;
+                Ok(sb.connect_from_runtime(exec, dest).await?)
+            }
+            ActorSide::Loopback(listeners) => {
+                let addr = listeners
+                    .get(&dest)
+                    .ok_or_else(|| format!("no listener for {dest}"))?;
+                Ok(TcpStream::connect(addr).await?)
+            }
+        }
+    }
 }
 
 struct Role {
     child: Child,
     first_line: String,
+}
+
+impl Role {
+    /// SIGTERM, then up to 10 s to exit cleanly, then SIGKILL.
+    async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// Removes namespaces under `prefix` that a killed tunnel left behind.
+async fn sweep_namespaces(prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(atunnel_sandbox::netns::NETNS_DIR) else {
+        return;
+    };
+    let names: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    if names.is_empty() {
+        return;
+    }
+    let Ok(exec) = NsExecutor::start() else {
+        return;
+    };
+    for name in names {
+        if let Err(e) = exec.delete(&name).await {
+            eprintln!("atunnel-bench: removing namespace {name}: {e}");
+        }
+    }
 }
 
 async fn start_role(args: &[String]) -> Result<Role, atunnel::BoxError> {
@@ -62,11 +163,35 @@ async fn start_role(args: &[String]) -> Result<Role, atunnel::BoxError> {
     Ok(Role { child, first_line })
 }
 
+fn network_arg(n: Network) -> &'static str {
+    match n {
+        Network::Sandbox => "sandbox",
+        Network::Loopback => "loopback",
+    }
+}
+
 fn s(x: impl ToString) -> String {
     x.to_string()
 }
 
 pub async fn run(args: DemoArgs) -> Result<(), atunnel::BoxError> {
+    let prefix = format!("atb-{}-", std::process::id());
+    let mut roles = Vec::new();
+    let result = run_with(args, &prefix, &mut roles).await;
+    // Stop the roles gracefully (the tunnel removes its sandboxes), then
+    // sweep whatever a role that failed or was killed left behind.
+    for role in roles.into_iter().rev() {
+        role.stop().await;
+    }
+    sweep_namespaces(&prefix).await;
+    result
+}
+
+async fn run_with(
+    args: DemoArgs,
+    prefix: &str,
+    roles: &mut Vec<Role>,
+) -> Result<(), atunnel::BoxError> {
     let dir = tempfile::tempdir()?;
     let files = pki::write(dir.path())?;
     let bulk = args.bulk_mib << 20;
@@ -81,37 +206,40 @@ pub async fn run(args: DemoArgs) -> Result<(), atunnel::BoxError> {
         format!("--source-bytes={bulk}"),
     ])
     .await?;
-    let gateway: SocketAddr = sink
+    let sink_pid = sink.child.id().unwrap_or(0);
+    let gateway = sink
         .first_line
         .strip_prefix("listening ")
-        .ok_or("sink did not say where it listens")?
-        .parse()?;
+        .map(str::parse::<SocketAddr>);
+    roles.push(sink);
+    let gateway = gateway.ok_or("sink did not say where it listens")??;
 
     let tunnel = start_role(&[
         s("tunnel"),
         format!("--actors={}", args.actors),
         format!("--gateway={gateway}"),
+        format!("--gateway-name={}", pki::GATEWAY_NAME),
+        format!("--network={}", network_arg(args.network)),
+        format!("--netns-prefix={prefix}"),
         format!("--gateway-ca={}", files.gateway_ca().display()),
         format!("--actor-ca-cert={}", files.actor_ca_cert().display()),
         format!("--actor-ca-key={}", files.actor_ca_key().display()),
         format!("--destinations={ECHO},{DISCARD},{SOURCE}"),
     ])
     .await?;
-    let ready: HostReady = serde_json::from_str(&tunnel.first_line)?;
-    let listener = |actor: usize, dest: &str| -> SocketAddr {
-        let dest: SocketAddr = dest.parse().expect("constant destination");
-        ready.actors[actor % ready.actors.len()][&dest]
-    };
+    let ready: Result<HostReady, _> = serde_json::from_str(&tunnel.first_line);
+    let tunnel_pid = tunnel.child.id().unwrap_or(0);
+    roles.push(tunnel);
+    let ready = ready?;
+    let dialer = ActorDialer::new(&ready)?;
     println!(
         "atunnel-bench demo: gateway (sink) pid {}, tunnel pid {} hosting {} actors",
-        sink.child.id().unwrap_or(0),
-        tunnel.child.id().unwrap_or(0),
-        args.actors
+        sink_pid, tunnel_pid, args.actors
     );
 
     // 1. Integrity: 1 MiB of random bytes through the tunnel and back.
     let payload: Vec<u8> = (0..1 << 20).map(|_| rand::random::<u8>()).collect();
-    let back = round_trip(listener(0, ECHO), &payload).await?;
+    let back = round_trip(dialer.dial(0, ECHO).await?, &payload).await?;
     let intact = back == payload;
     println!(
         "echo 1 MiB through tunnel and gateway: {}",
@@ -122,15 +250,25 @@ pub async fn run(args: DemoArgs) -> Result<(), atunnel::BoxError> {
     let mut up = Vec::new();
     let mut down = Vec::new();
     for _ in 0..args.runs {
-        up.push(measure(ready.stats, || upload(listener(0, DISCARD), bulk)).await?);
-        down.push(measure(ready.stats, || download(listener(0, SOURCE), bulk)).await?);
+        up.push(
+            measure(ready.stats, || async {
+                upload(dialer.dial(0, DISCARD).await?, bulk).await
+            })
+            .await?,
+        );
+        down.push(
+            measure(ready.stats, || async {
+                download(dialer.dial(0, SOURCE).await?, bulk).await
+            })
+            .await?,
+        );
     }
 
     // 3. Idle tunnels: heap and tasks per tunnel, read from the tunnel's /stats.
     // Twice: what the first round leaves behind is retained capacity (slabs,
     // pools) if the second round leaves no more, a leak if it grows.
-    let idle = hold_idle(&ready, args.idle).await?;
-    let again = hold_idle(&ready, args.idle).await?;
+    let idle = hold_idle(&ready, &dialer, args.idle).await?;
+    let again = hold_idle(&ready, &dialer, args.idle).await?;
 
     println!();
     println!("| what | figure |");
@@ -192,13 +330,10 @@ pub async fn run(args: DemoArgs) -> Result<(), atunnel::BoxError> {
     if !intact {
         return Err("bytes came back corrupted".into());
     }
-    drop(tunnel);
-    drop(sink);
     Ok(())
 }
 
-async fn round_trip(addr: SocketAddr, data: &[u8]) -> Result<Vec<u8>, atunnel::BoxError> {
-    let s = TcpStream::connect(addr).await?;
+async fn round_trip(s: TcpStream, data: &[u8]) -> Result<Vec<u8>, atunnel::BoxError> {
     let (mut r, mut w) = s.into_split();
     let data = data.to_vec();
     let writer = tokio::spawn(async move {
@@ -233,8 +368,7 @@ where
     })
 }
 
-async fn upload(addr: SocketAddr, bytes: u64) -> Result<u64, atunnel::BoxError> {
-    let mut s = TcpStream::connect(addr).await?;
+async fn upload(mut s: TcpStream, bytes: u64) -> Result<u64, atunnel::BoxError> {
     let chunk = vec![0x5a_u8; 256 * 1024];
     let mut left = bytes;
     while left > 0 {
@@ -249,8 +383,7 @@ async fn upload(addr: SocketAddr, bytes: u64) -> Result<u64, atunnel::BoxError> 
     Ok(bytes)
 }
 
-async fn download(addr: SocketAddr, bytes: u64) -> Result<u64, atunnel::BoxError> {
-    let mut s = TcpStream::connect(addr).await?;
+async fn download(mut s: TcpStream, bytes: u64) -> Result<u64, atunnel::BoxError> {
     s.shutdown().await?;
     let mut buf = vec![0u8; 256 * 1024];
     let mut got = 0u64;
@@ -276,27 +409,25 @@ struct Idle {
     heap_after_close_delta: f64,
 }
 
-async fn hold_idle(ready: &HostReady, n: usize) -> Result<Idle, atunnel::BoxError> {
-    let echo: SocketAddr = ECHO.parse()?;
-    let listeners: Vec<SocketAddr> = ready
-        .actors
-        .iter()
-        .map(|m: &BTreeMap<_, _>| m[&echo])
-        .collect();
+async fn hold_idle(
+    ready: &HostReady,
+    dialer: &ActorDialer,
+    n: usize,
+) -> Result<Idle, atunnel::BoxError> {
     // Warm up: one tunnel per actor so each has its pooled gateway connection,
     // which is shared by all its tunnels and is not a per-tunnel cost.
-    for l in &listeners {
-        let mut s = TcpStream::connect(l).await?;
+    for i in 0..dialer.count() {
+        let mut s = dialer.dial(i, ECHO).await?;
         ping(&mut s).await?;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = fetch(ready.stats, true).await?;
     let mut held = Vec::with_capacity(n);
     for batch in (0..n).collect::<Vec<_>>().chunks(200) {
-        let opens = batch.iter().map(|i| {
-            let addr = listeners[i % listeners.len()];
+        let opens = batch.iter().map(|&i| {
+            let dialer = dialer.clone();
             async move {
-                let mut s = TcpStream::connect(addr).await?;
+                let mut s = dialer.dial(i, ECHO).await?;
                 ping(&mut s).await?;
                 Ok::<_, atunnel::BoxError>(s)
             }

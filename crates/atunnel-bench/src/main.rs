@@ -60,7 +60,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         let stop = cancel.clone();
         tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
+            wait_for_stop_signal().await;
             stop.cancel();
         });
         match cli.command {
@@ -76,5 +76,20 @@ fn main() -> std::process::ExitCode {
             eprintln!("atunnel-bench: {e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// Ctrl-C or SIGTERM (what a supervisor sends) both stop cleanly.
+async fn wait_for_stop_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
     }
 }

@@ -109,6 +109,16 @@ impl SandboxNetwork {
             })
     }
 
+    /// Opens an existing sandbox by its runtime namespace's name (another
+    /// process built it), to make sockets inside it.
+    pub fn open(name: &str, egress_port: u16) -> Result<Self, SandboxError> {
+        Ok(Self {
+            runtime: NetNs::open(name)?,
+            gateway: NetNs::open(&gateway_ns_name(name))?,
+            egress_port,
+        })
+    }
+
     /// Removes both namespaces (and with them the veth pair). Idempotent.
     pub async fn destroy(self, exec: &NsExecutor) -> Result<(), SandboxError> {
         let runtime = exec.delete(self.runtime.name()).await;

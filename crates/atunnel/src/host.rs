@@ -2,55 +2,87 @@
 //! for N actors, so the `atunnel` binary and the bench's `tunnel` role run the
 //! same code a worker drives.
 //!
-//! Until sandboxes exist, each actor's egress listeners are loopback sockets,
-//! one per destination (a listener not behind a redirect has no original
-//! destination, so each carries a fixed one), and certificates come from a
-//! local CA.
+//! `--network sandbox` (the default) gives every actor a real sandbox: its
+//! program dials any address from its runtime namespace and the redirect
+//! hands the connection to atunnel. `--network loopback` needs no root: each
+//! actor gets loopback listeners, one per `--destinations` entry (a listener
+//! not behind a redirect has no original destination, so each carries a
+//! fixed one).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use atunnel_identity::cert_source::LocalCaSource;
+use atunnel_identity::cert_source::{CertificateSource, LocalCaSource};
 use atunnel_identity::identity::ActorRef;
 use atunnel_identity::pki::CertificateAuthority;
-use rustls::pki_types::ServerName;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::Clock;
-use crate::config::{PoolArgs, SocketArgs, load_roots};
-use crate::egress::{ActorEgress, Destination, Egress, EgressConfig};
-use crate::gateway_client::GatewayClientConfig;
+use crate::config::{PoolArgs, SocketArgs, load_certs, load_key, load_roots};
+use crate::egress::{Destination, EgressConfig};
 use crate::stats::StatsSource;
+use crate::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Network {
+    /// A sandbox (two network namespaces, veth, redirect) per actor; needs root.
+    Sandbox,
+    /// Loopback listeners per actor and destination; no root needed.
+    Loopback,
+}
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct HostArgs {
-    /// Number of actors to host (named actor-0, actor-1, ... in atespace "bench").
+    /// Number of actors to host (actor-0, actor-1, ... in atespace "bench").
     #[arg(long, default_value_t = 1)]
     pub actors: usize,
-    /// Egress gateway address (IP:port).
+    /// How actors reach atunnel.
+    #[arg(long, value_enum, default_value = "sandbox")]
+    pub network: Network,
+    /// Egress gateway, host:port.
     #[arg(long)]
-    pub gateway: SocketAddr,
-    /// Name the gateway's certificate must carry.
-    #[arg(long, default_value = "atenet-egress.ate-system.svc")]
-    pub gateway_name: String,
+    pub gateway: String,
+    /// Name the gateway's certificate must carry (default: the host of --gateway).
+    #[arg(long)]
+    pub gateway_name: Option<String>,
     /// CA certificates that sign the gateway's certificate (PEM).
     #[arg(long)]
     pub gateway_ca: PathBuf,
-    /// Actor CA certificate (PEM); actor certificates are minted locally with it.
-    #[arg(long)]
-    pub actor_ca_cert: PathBuf,
-    /// Actor CA private key (PEM).
-    #[arg(long)]
-    pub actor_ca_key: PathBuf,
-    /// Address the loopback egress listeners bind.
+    /// Node agent's Unix socket; actor certificates are minted there.
+    #[arg(long, conflicts_with_all = ["actor_ca_cert", "actor_ca_key"])]
+    pub node_agent_socket: Option<PathBuf>,
+    /// With --node-agent-socket: this worker's certificate chain (PEM).
+    #[arg(long, requires = "node_agent_socket")]
+    pub worker_cert: Option<PathBuf>,
+    /// With --node-agent-socket: this worker's private key (PEM).
+    #[arg(long, requires = "node_agent_socket")]
+    pub worker_key: Option<PathBuf>,
+    /// With --node-agent-socket: CAs that sign the node agent's certificate (PEM).
+    #[arg(long, requires = "node_agent_socket")]
+    pub trust_bundle: Option<PathBuf>,
+    /// Without a node agent: actor CA certificate (PEM) to mint locally with.
+    #[arg(long, requires = "actor_ca_key")]
+    pub actor_ca_cert: Option<PathBuf>,
+    /// Without a node agent: actor CA private key (PEM).
+    #[arg(long, requires = "actor_ca_cert")]
+    pub actor_ca_key: Option<PathBuf>,
+    /// Prefix of sandbox namespace names.
+    #[arg(long, default_value = "atn-")]
+    pub netns_prefix: String,
+    /// Egress port the sandbox redirect uses.
+    #[arg(long, default_value_t = 15001)]
+    pub egress_port: u16,
+    /// resolv.conf whose nameservers the sandboxes' DNS relay forwards to ("" serves no DNS).
+    #[arg(long, default_value = "/etc/resolv.conf")]
+    pub resolv_conf: PathBuf,
+    /// Loopback network: address the egress listeners bind.
     #[arg(long, default_value = "127.0.0.1")]
     pub listen_ip: IpAddr,
-    /// Destinations, comma separated: each actor gets one listener per destination.
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// Loopback network: destinations, comma separated (one listener each per actor).
+    #[arg(long, value_delimiter = ',')]
     pub destinations: Vec<SocketAddr>,
     /// Where /stats is served.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -61,70 +93,137 @@ pub struct HostArgs {
     pub pool: PoolArgs,
 }
 
-/// Printed as one JSON line once every actor is active.
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct HostReady {
-    pub stats: SocketAddr,
-    /// Per actor: destination -> listener address.
-    pub actors: Vec<BTreeMap<SocketAddr, SocketAddr>>,
+/// One hosted actor, as printed when ready.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HostedActor {
+    pub name: String,
+    /// Sandbox network: the runtime namespace the actor's programs run in.
+    pub runtime_netns: Option<String>,
+    /// Loopback network: destination -> listener address.
+    pub listeners: BTreeMap<SocketAddr, SocketAddr>,
 }
 
-/// Hosts the actors until `cancel`, then deactivates them.
-pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate::BoxError> {
-    let roots = Arc::new(load_roots(&args.gateway_ca)?);
+/// Printed as one JSON line once every actor is active.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HostReady {
+    pub stats: SocketAddr,
+    pub actors: Vec<HostedActor>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error(
+        "no certificate source: give --node-agent-socket (with --worker-cert, --worker-key, --trust-bundle) or --actor-ca-cert and --actor-ca-key"
+    )]
+    NoCertificateSource,
+    #[error("--network loopback needs --destinations")]
+    NoDestinations,
+}
+
+fn cert_source(args: &HostArgs) -> Result<Arc<dyn CertificateSource>, crate::BoxError> {
+    if let Some(socket) = &args.node_agent_socket {
+        let (Some(cert), Some(key), Some(trust)) =
+            (&args.worker_cert, &args.worker_key, &args.trust_bundle)
+        else {
+            return Err(HostError::NoCertificateSource.into());
+        };
+        let mut cfg = atunnel_nodeagent::NodeAgentConfig::new(
+            socket.clone(),
+            load_certs(cert)?,
+            load_key(key)?,
+            load_certs(trust)?,
+        );
+        cfg.agent_id = atunnel_identity::pki::ATELET_SPIFFE_ID.to_string();
+        return Ok(Arc::new(atunnel_nodeagent::NodeAgentSource::new(cfg)?));
+    }
+    let (Some(cert), Some(key)) = (&args.actor_ca_cert, &args.actor_ca_key) else {
+        return Err(HostError::NoCertificateSource.into());
+    };
     let ca = CertificateAuthority::from_pem(
-        &std::fs::read_to_string(&args.actor_ca_cert)?,
-        &std::fs::read_to_string(&args.actor_ca_key)?,
+        &std::fs::read_to_string(cert)?,
+        &std::fs::read_to_string(key)?,
     )?;
-    let source = Arc::new(LocalCaSource::new(Arc::new(ca)));
-    let server_name = ServerName::try_from(args.gateway_name.clone())?;
-    let pool = args.pool.pool();
-    let socket = args.socket.options();
-    let egress = Egress::new(
-        EgressConfig {
-            socket,
-            ..EgressConfig::default()
-        },
-        pool.clone(),
-    );
+    Ok(Arc::new(LocalCaSource::new(Arc::new(ca))))
+}
+
+/// Hosts the actors until `cancel`, then closes everything.
+pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate::BoxError> {
+    if args.network == Network::Loopback && args.destinations.is_empty() {
+        return Err(HostError::NoDestinations.into());
+    }
+    let mut cfg = TunnelConfig::new(Arc::new(load_roots(&args.gateway_ca)?), cert_source(&args)?);
+    cfg.pool = args.pool.pool();
+    cfg.egress = EgressConfig {
+        socket: args.socket.options(),
+        ..EgressConfig::default()
+    };
+    cfg.egress_port = args.egress_port;
+    cfg.netns_prefix = args.netns_prefix.clone();
+    if args.network == Network::Sandbox && !args.resolv_conf.as_os_str().is_empty() {
+        cfg.dns = Some(atunnel_dns::RelayConfig {
+            upstreams: atunnel_dns::resolvers_from_resolv_conf(&args.resolv_conf)?,
+            ..atunnel_dns::RelayConfig::default()
+        });
+    }
+    let tunnel = Tunnel::start(cfg).await?;
     let stats = crate::stats::spawn(
         args.stats,
         Arc::new(StatsSource {
-            pool,
-            egress: Some(egress.clone()),
+            pool: tunnel.pool().clone(),
+            egress: Some(tunnel.egress().clone()),
         }),
         cancel.clone(),
     )
     .await?;
+    let result = host_actors(&args, &tunnel, stats, &cancel).await;
+    tunnel.shutdown().await;
+    result
+}
+
+async fn host_actors(
+    args: &HostArgs,
+    tunnel: &Arc<Tunnel>,
+    stats: SocketAddr,
+    cancel: &CancellationToken,
+) -> Result<(), crate::BoxError> {
+    let gateway = GatewaySpec {
+        address: args.gateway.clone(),
+        server_name: args.gateway_name.clone(),
+    };
     let mut ready = HostReady {
         stats,
         actors: Vec::new(),
     };
-    let mut uids = Vec::new();
     for i in 0..args.actors {
         let actor = ActorRef::new("bench", format!("actor-{i}"), format!("uid-{i}"))?;
-        let mut gateway =
-            GatewayClientConfig::new(args.gateway, server_name.clone(), roots.clone());
-        gateway.socket = socket;
-        let prepared =
-            ActorEgress::prepare(actor.clone(), gateway, source.clone(), Clock::new()).await?;
-        let mut listeners = BTreeMap::new();
-        for dest in &args.destinations {
-            let listener = TcpListener::bind((args.listen_ip, 0)).await?;
-            listeners.insert(*dest, listener.local_addr()?);
-            egress.serve_listener(
-                &actor.uid,
-                listener,
-                Destination::Fixed(*dest),
-                cancel.clone(),
-            );
+        let egress = tunnel.prepare_egress(&actor, &gateway).await?;
+        let mut hosted = HostedActor {
+            name: actor.to_string(),
+            runtime_netns: None,
+            listeners: BTreeMap::new(),
+        };
+        match args.network {
+            Network::Sandbox => {
+                let sandbox = tunnel.serve_sandbox(&actor).await?;
+                hosted.runtime_netns = Some(sandbox.name().to_string());
+            }
+            Network::Loopback => {
+                for dest in &args.destinations {
+                    let listener = TcpListener::bind((args.listen_ip, 0)).await?;
+                    hosted.listeners.insert(*dest, listener.local_addr()?);
+                    tunnel.egress().serve_listener(
+                        &actor.uid,
+                        listener,
+                        Destination::Fixed(*dest),
+                        cancel.clone(),
+                    );
+                }
+            }
         }
-        egress.activate(&actor.uid, prepared)?;
-        ready.actors.push(listeners);
-        uids.push(actor.uid);
+        tunnel.activate(&actor, Some(egress)).await?;
+        ready.actors.push(hosted);
     }
     println!("{}", serde_json::to_string(&ready)?);
     cancel.cancelled().await;
-    egress.shutdown().await;
     Ok(())
 }

@@ -12,6 +12,7 @@ pub mod gateway_client;
 pub mod host;
 pub mod http1;
 pub mod stats;
+pub mod tunnel;
 
 /// Errors at process entry points, where the message is all that is left.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

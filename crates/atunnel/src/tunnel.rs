@@ -1,0 +1,353 @@
+//! The calls a worker makes, in the order it makes them:
+//!
+//! 1. [`Tunnel::start`]: start the shared machinery (ingress listeners come
+//!    with ingress).
+//! 2. [`Tunnel::prepare_egress`]: a fresh key and a minted certificate,
+//!    before the workload starts; a failure fails closed.
+//! 3. [`Tunnel::serve_sandbox`]: build the sandbox network, bind the egress
+//!    listener and the DNS relay inside it. Egress is served last: nothing
+//!    may fail between binding it and serving it.
+//! 4. (the worker starts the actor's program)
+//! 5. [`Tunnel::activate`]: egress is armed.
+//! 6. [`Tunnel::deactivate`]: idempotent; refuses new work, closes the
+//!    actor's tunnels, waits (bounded). Other actors keep theirs.
+//! 7. [`Tunnel::close_sandbox`]: removes the sandbox and everything bound in it.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+
+use atunnel_core::BufferPool;
+use atunnel_dns::{DnsRelay, RelayConfig};
+use atunnel_identity::cert_source::CertificateSource;
+use atunnel_identity::identity::ActorRef;
+use atunnel_sandbox::sandbox::{DEFAULT_EGRESS_PORT, DNS_PORT, GATEWAY_ADDR};
+use atunnel_sandbox::{NsExecutor, SandboxError, SandboxNetwork};
+use rustls::pki_types::ServerName;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::Clock;
+use crate::egress::{ActorEgress, Destination, Egress, EgressConfig, EgressError};
+use crate::gateway_client::GatewayClientConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    #[error("starting the namespace executor: {0}")]
+    Executor(#[source] atunnel_sandbox::NetnsError),
+    #[error("invalid gateway address {address:?}: {reason}")]
+    Gateway { address: String, reason: String },
+    #[error(transparent)]
+    Egress(#[from] EgressError),
+    #[error("sandbox for actor {actor}: {source}")]
+    Sandbox {
+        actor: String,
+        #[source]
+        source: SandboxError,
+    },
+    #[error("DNS relay: {0}")]
+    Dns(#[source] atunnel_dns::DnsError),
+    #[error("actor {0} already has a sandbox")]
+    SandboxExists(String),
+}
+
+/// Configuration of one tunnel.
+pub struct TunnelConfig {
+    pub pool: BufferPool,
+    pub egress: EgressConfig,
+    /// Port the sandbox's redirect sends the actor's TCP to.
+    pub egress_port: u16,
+    /// Prefix of sandbox namespace names: `<prefix><uid>` and `<prefix><uid>-at`.
+    pub netns_prefix: String,
+    /// The DNS relay's upstreams and timeouts; `None` serves no DNS.
+    pub dns: Option<RelayConfig>,
+    /// CAs that sign egress gateways' certificates.
+    pub gateway_roots: Arc<rustls::RootCertStore>,
+    /// Where actor certificates come from (the node agent in a cluster).
+    pub cert_source: Arc<dyn CertificateSource>,
+    pub clock: Clock,
+}
+
+impl TunnelConfig {
+    pub fn new(
+        gateway_roots: Arc<rustls::RootCertStore>,
+        cert_source: Arc<dyn CertificateSource>,
+    ) -> Self {
+        Self {
+            pool: BufferPool::default(),
+            egress: EgressConfig::default(),
+            egress_port: DEFAULT_EGRESS_PORT,
+            netns_prefix: "atn-".into(),
+            dns: None,
+            gateway_roots,
+            cert_source,
+            clock: Clock::new(),
+        }
+    }
+}
+
+/// An actor's egress gateway, as the worker is told.
+#[derive(Clone, Debug)]
+pub struct GatewaySpec {
+    /// `host:port`.
+    pub address: String,
+    /// The name the gateway's certificate must carry; default: the host part
+    /// of `address`.
+    pub server_name: Option<String>,
+}
+
+/// What a sandbox holds besides its network: the egress listener's and the
+/// DNS relay's tasks.
+struct Sandbox {
+    network: SandboxNetwork,
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+}
+
+/// atunnel for one worker.
+pub struct Tunnel {
+    cfg: TunnelConfig,
+    exec: NsExecutor,
+    egress: Arc<Egress>,
+    sandboxes: Mutex<HashMap<String, Sandbox>>,
+}
+
+impl Tunnel {
+    pub async fn start(cfg: TunnelConfig) -> Result<Arc<Self>, TunnelError> {
+        let exec = NsExecutor::start().map_err(TunnelError::Executor)?;
+        let egress = Egress::new(cfg.egress, cfg.pool.clone());
+        if let Some(dns) = &cfg.dns {
+            // Checked once here so a bad configuration fails start, not a sandbox.
+            DnsRelay::new(dns.clone()).map_err(TunnelError::Dns)?;
+        }
+        Ok(Arc::new(Self {
+            cfg,
+            exec,
+            egress,
+            sandboxes: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn egress(&self) -> &Arc<Egress> {
+        &self.egress
+    }
+
+    pub fn executor(&self) -> &NsExecutor {
+        &self.exec
+    }
+
+    pub fn pool(&self) -> &BufferPool {
+        &self.cfg.pool
+    }
+
+    /// The actor's sandbox network, if it has one.
+    pub fn sandbox(&self, actor: &ActorRef) -> Option<SandboxNetwork> {
+        self.sandboxes
+            .lock()
+            .expect("sandboxes lock poisoned")
+            .get(&actor.uid)
+            .map(|s| s.network.clone())
+    }
+
+    /// Mints the actor's certificate and builds its gateway client. Runs
+    /// before the workload starts, so a failure fails closed.
+    pub async fn prepare_egress(
+        &self,
+        actor: &ActorRef,
+        gateway: &GatewaySpec,
+    ) -> Result<ActorEgress, TunnelError> {
+        let (address, mut server_name) = resolve_gateway(&gateway.address).await?;
+        if let Some(name) = &gateway.server_name {
+            server_name = ServerName::try_from(name.clone()).map_err(|e| TunnelError::Gateway {
+                address: gateway.address.clone(),
+                reason: format!("server name {name:?}: {e}"),
+            })?;
+        }
+        let mut client =
+            GatewayClientConfig::new(address, server_name, self.cfg.gateway_roots.clone());
+        client.socket = self.cfg.egress.socket;
+        Ok(ActorEgress::prepare(
+            actor.clone(),
+            client,
+            self.cfg.cert_source.clone(),
+            self.cfg.clock.clone(),
+        )
+        .await?)
+    }
+
+    /// Builds the actor's sandbox network and serves egress and DNS inside it.
+    pub async fn serve_sandbox(&self, actor: &ActorRef) -> Result<SandboxNetwork, TunnelError> {
+        if self.sandbox(actor).is_some() {
+            return Err(TunnelError::SandboxExists(actor.to_string()));
+        }
+        let sandbox_err = |source| TunnelError::Sandbox {
+            actor: actor.to_string(),
+            source,
+        };
+        // One relay per sandbox: its in-flight budget is that sandbox's
+        // alone, so one actor flooding DNS cannot starve the others.
+        let relay = match &self.cfg.dns {
+            Some(cfg) => Some(DnsRelay::new(cfg.clone()).map_err(TunnelError::Dns)?),
+            None => None,
+        };
+        let name = format!("{}{}", self.cfg.netns_prefix, actor.uid);
+        let network = SandboxNetwork::create(&self.exec, &name, self.cfg.egress_port)
+            .await
+            .map_err(sandbox_err)?;
+        let bound = self.bind_sandbox(&network).await;
+        let (egress_listener, dns_sockets) = match bound {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = network.destroy(&self.exec).await;
+                return Err(sandbox_err(e));
+            }
+        };
+        let cancel = CancellationToken::new();
+        let cancel_dns = cancel.clone();
+        let tasks = TaskTracker::new();
+        if let (Some(relay), Some((udp, tcp))) = (relay, dns_sockets) {
+            let (d, c) = (relay.clone(), cancel.clone());
+            tasks.spawn(async move { d.serve_udp(udp, c).await });
+            tasks.spawn(async move { relay.serve_tcp(tcp, cancel_dns).await });
+        }
+        // Last: from here on, the listener's connections are this actor's.
+        tasks.spawn(self.egress.listener_task(
+            &actor.uid,
+            egress_listener,
+            Destination::Original,
+            cancel.clone(),
+        ));
+        self.sandboxes
+            .lock()
+            .expect("sandboxes lock poisoned")
+            .insert(
+                actor.uid.clone(),
+                Sandbox {
+                    network: network.clone(),
+                    cancel,
+                    tasks,
+                },
+            );
+        Ok(network)
+    }
+
+    #[allow(clippy::type_complexity)]
+    async fn bind_sandbox(
+        &self,
+        network: &SandboxNetwork,
+    ) -> Result<
+        (
+            tokio::net::TcpListener,
+            Option<(tokio::net::UdpSocket, tokio::net::TcpListener)>,
+        ),
+        SandboxError,
+    > {
+        let dns = if self.cfg.dns.is_some() {
+            let addr = SocketAddr::from((GATEWAY_ADDR, DNS_PORT));
+            Some((
+                network.bind_udp(&self.exec, addr).await?,
+                network.listen_tcp(&self.exec, addr).await?,
+            ))
+        } else {
+            None
+        };
+        let egress = network.listen_egress(&self.exec).await?;
+        Ok((egress, dns))
+    }
+
+    /// Arms the actor: its egress listener's connections are admitted.
+    /// `egress` of `None` means the actor has no tunnelled egress: its
+    /// connections are closed with no bytes.
+    pub async fn activate(
+        &self,
+        actor: &ActorRef,
+        egress: Option<ActorEgress>,
+    ) -> Result<(), TunnelError> {
+        if let Some(egress) = egress {
+            self.egress.activate(&actor.uid, egress)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses new work for the actor, closes its tunnels and waits for them
+    /// (bounded). Idempotent; other actors are untouched.
+    pub async fn deactivate(&self, actor: &ActorRef) -> Result<(), TunnelError> {
+        Ok(self.egress.deactivate(&actor.uid).await?)
+    }
+
+    /// Deactivates the actor, stops its listener and relay, and removes its
+    /// sandbox network. Idempotent.
+    pub async fn close_sandbox(&self, actor: &ActorRef) -> Result<(), TunnelError> {
+        let deactivated = self.egress.unbind(&actor.uid).await;
+        let sandbox = self
+            .sandboxes
+            .lock()
+            .expect("sandboxes lock poisoned")
+            .remove(&actor.uid);
+        if let Some(sandbox) = sandbox {
+            sandbox.cancel.cancel();
+            sandbox.tasks.close();
+            sandbox.tasks.wait().await;
+            sandbox
+                .network
+                .destroy(&self.exec)
+                .await
+                .map_err(|source| TunnelError::Sandbox {
+                    actor: actor.to_string(),
+                    source,
+                })?;
+        }
+        Ok(deactivated?)
+    }
+
+    /// Closes every sandbox.
+    pub async fn shutdown(&self) {
+        let uids: Vec<String> = self
+            .sandboxes
+            .lock()
+            .expect("sandboxes lock poisoned")
+            .keys()
+            .cloned()
+            .collect();
+        for uid in uids {
+            let actor = ActorRef {
+                atespace: String::new(),
+                name: String::new(),
+                uid,
+            };
+            if let Err(e) = self.close_sandbox(&actor).await {
+                tracing::warn!(error = %e, "closing sandbox at shutdown");
+            }
+        }
+        self.egress.shutdown().await;
+    }
+}
+
+/// Resolves `host:port` once; the host part is the name the gateway's
+/// certificate must carry.
+async fn resolve_gateway(address: &str) -> Result<(SocketAddr, ServerName<'static>), TunnelError> {
+    let err = |reason: String| TunnelError::Gateway {
+        address: address.to_string(),
+        reason,
+    };
+    let (host, port) = address
+        .rsplit_once(':')
+        .ok_or_else(|| err("missing port".into()))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| err(format!("bad port {port:?}")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(err("missing host".into()));
+    }
+    let server_name = ServerName::try_from(host.to_string()).map_err(|e| err(e.to_string()))?;
+    let addr = match host.parse::<IpAddr>() {
+        Ok(ip) => SocketAddr::new(ip, port),
+        Err(_) => tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|e| err(e.to_string()))?
+            .next()
+            .ok_or_else(|| err("no address".into()))?,
+    };
+    Ok((addr, server_name))
+}
