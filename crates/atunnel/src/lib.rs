@@ -5,6 +5,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod connect_server;
 pub mod credential;
 pub mod egress;
 pub mod gateway;

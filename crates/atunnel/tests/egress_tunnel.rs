@@ -438,7 +438,7 @@ async fn gateway_at(pki: &Pki, addr: std::net::SocketAddr) -> Option<atunnel_cor
 
 mod atunnel_core_gateway {
     use super::*;
-    use atunnel::gateway::{Gateway, GatewayConfig};
+    use atunnel::gateway::GatewayConfig;
 
     pub struct Handle(CancellationToken);
     impl Drop for Handle {
@@ -454,7 +454,7 @@ mod atunnel_core_gateway {
             vec![pki.actor_ca.cert_der()],
             Mode::Sink(SinkConfig::default()),
         );
-        let gw = Gateway::new(cfg, atunnel_core::BufferPool::default()).expect("gateway");
+        let gw = atunnel::gateway::new(cfg, atunnel_core::BufferPool::default()).expect("gateway");
         let cancel = CancellationToken::new();
         atunnel::gateway::spawn(gw, addr, cancel.clone())
             .await

@@ -7,7 +7,7 @@ use ipnet::IpNet;
 use tokio_util::sync::CancellationToken;
 
 use super::sink::SinkConfig;
-use super::{Gateway, GatewayConfig, Mode};
+use super::{GatewayConfig, Mode};
 use crate::config::{PoolArgs, SocketArgs, load_certs, load_key};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +80,7 @@ pub async fn run(args: GatewayArgs, cancel: CancellationToken) -> Result<(), cra
     cfg.alpn = args.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     cfg.max_concurrent_streams = args.max_concurrent_streams;
     cfg.socket = args.socket.options();
-    let gateway = Gateway::new(cfg, args.pool.pool())?;
+    let gateway = super::new(cfg, args.pool.pool())?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening {}", listener.local_addr()?);
     gateway.serve(listener, cancel).await;

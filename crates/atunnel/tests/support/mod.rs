@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use atunnel::clock::Clock;
 use atunnel::egress::{ActorEgress, Destination, Egress, EgressConfig};
-use atunnel::gateway::{ConnectSeen, Gateway, GatewayConfig, Mode};
+use atunnel::gateway::{ConnectSeen, GatewayConfig, Mode};
 use atunnel::gateway_client::GatewayClientConfig;
 use atunnel_core::BufferPool;
 use atunnel_identity::cert_source::{CertificateSource, MintError, MintFuture};
@@ -134,7 +134,7 @@ pub async fn gateway(
     );
     cfg.observer = Some(tx);
     tune(&mut cfg);
-    let gw = Gateway::new(cfg, BufferPool::default()).expect("gateway");
+    let gw = atunnel::gateway::new(cfg, BufferPool::default()).expect("gateway");
     let cancel = CancellationToken::new();
     let (addr, _task) =
         atunnel::gateway::spawn(gw, "127.0.0.1:0".parse().expect("addr"), cancel.clone())

@@ -1,0 +1,315 @@
+//! A mutual-TLS server for CONNECT tunnels over HTTP/2 and HTTP/1.1, shared
+//! by the egress gateway and atunnel's ingress CONNECT listener. What a
+//! tunnel may reach, and what happens inside it, is the handler's.
+//!
+//! HTTP/2 CONNECT streams are read and written in place (h2 crate, no
+//! upgrade layer), HTTP/1.1 heads are read without over-reading, so the relay
+//! gets bare streams it can wait on without a buffer.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atunnel_core::H2Stream;
+use atunnel_core::endpoint::Endpoint;
+use atunnel_core::sockopt::SocketOptions;
+use bytes::Bytes;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::http1;
+
+/// How long a client has to finish TLS and send its CONNECT.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One CONNECT (or other) request as received.
+pub struct ConnectRequest<'a> {
+    pub protocol: &'static str,
+    pub method: &'a str,
+    pub authority: &'a str,
+    /// Every header besides the method and authority (HTTP/2 pseudo-headers
+    /// are not headers here).
+    pub headers: &'a http::HeaderMap,
+    pub client: SocketAddr,
+}
+
+/// The handler's answer to a request.
+pub enum Answer<T> {
+    Open(T),
+    Refuse {
+        status: u16,
+        reason: &'static str,
+        body: String,
+        headers: &'static [(&'static str, &'static str)],
+    },
+}
+
+impl<T> Answer<T> {
+    pub fn refuse(status: u16, reason: &'static str, body: impl Into<String>) -> Self {
+        Answer::Refuse {
+            status,
+            reason,
+            body: body.into(),
+            headers: &[],
+        }
+    }
+}
+
+/// What a CONNECT server does with its peers and their tunnels.
+pub trait ConnectHandler: Send + Sync + 'static {
+    /// Who the TLS peer is, checked once per connection.
+    type Peer: Clone + Send + Sync + 'static;
+    /// What an accepted tunnel leads to.
+    type Target: Send + 'static;
+
+    fn peer(&self, tls: &rustls::ServerConnection) -> io::Result<Self::Peer>;
+
+    /// Decides on a request; every method arrives here (refuse what is not
+    /// CONNECT with 405).
+    fn open(
+        &self,
+        peer: &Self::Peer,
+        req: ConnectRequest<'_>,
+    ) -> impl Future<Output = Answer<Self::Target>> + Send;
+
+    /// Runs an accepted tunnel to its end.
+    fn run<E: Endpoint + Send>(
+        &self,
+        target: Self::Target,
+        tunnel: &mut E,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// HTTP/2 settings of a CONNECT server.
+#[derive(Clone, Copy, Debug)]
+pub struct H2Settings {
+    pub max_concurrent_streams: u32,
+    pub stream_window: u32,
+    pub connection_window: u32,
+}
+
+impl Default for H2Settings {
+    fn default() -> Self {
+        Self {
+            max_concurrent_streams: 1000,
+            stream_window: crate::gateway_client::STREAM_WINDOW,
+            connection_window: crate::gateway_client::CONNECTION_WINDOW,
+        }
+    }
+}
+
+pub struct ConnectServer<H: ConnectHandler> {
+    handler: Arc<H>,
+    acceptor: TlsAcceptor,
+    socket: SocketOptions,
+    h2: H2Settings,
+    tasks: TaskTracker,
+}
+
+impl<H: ConnectHandler> ConnectServer<H> {
+    pub fn new(
+        handler: Arc<H>,
+        tls: Arc<rustls::ServerConfig>,
+        socket: SocketOptions,
+        h2: H2Settings,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            handler,
+            acceptor: TlsAcceptor::from(tls),
+            socket,
+            h2,
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    /// Accepts until `cancel`, then closes connections and waits for them.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
+        loop {
+            let accepted = tokio::select! {
+                _ = cancel.cancelled() => break,
+                a = listener.accept() => a,
+            };
+            let (tcp, client) = match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) and the like: the peer waits
+                    // in the backlog; back off instead of spinning.
+                    tracing::warn!(error = %e, "CONNECT server accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let this = self.clone();
+            let cancel = cancel.clone();
+            self.tasks.spawn(async move {
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    r = this.connection(tcp, client) => if let Err(e) = r {
+                        tracing::debug!(%client, error = %e, "CONNECT connection ended");
+                    }
+                }
+            });
+        }
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
+    async fn connection(self: &Arc<Self>, tcp: TcpStream, client: SocketAddr) -> io::Result<()> {
+        self.socket.apply(&tcp)?;
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(tcp))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+        let peer = self.handler.peer(tls.get_ref().1)?;
+        if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+            self.serve_h2(tls, peer, client).await
+        } else {
+            self.serve_h1(tls, peer, client).await
+        }
+    }
+
+    async fn serve_h2(
+        self: &Arc<Self>,
+        tls: TlsStream<TcpStream>,
+        peer: H::Peer,
+        client: SocketAddr,
+    ) -> io::Result<()> {
+        let mut conn = h2::server::Builder::new()
+            .max_concurrent_streams(self.h2.max_concurrent_streams)
+            .initial_window_size(self.h2.stream_window)
+            .initial_connection_window_size(self.h2.connection_window)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .map_err(io::Error::other)?;
+        let streams = TaskTracker::new();
+        while let Some(accepted) = conn.accept().await {
+            let (request, mut respond) = accepted.map_err(io::Error::other)?;
+            let this = self.clone();
+            let peer = peer.clone();
+            streams.spawn(async move {
+                let (parts, body) = request.into_parts();
+                let authority = parts
+                    .uri
+                    .authority()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
+                let req = ConnectRequest {
+                    protocol: "h2",
+                    method: parts.method.as_str(),
+                    authority: &authority,
+                    headers: &parts.headers,
+                    client,
+                };
+                match this.handler.open(&peer, req).await {
+                    Answer::Refuse {
+                        status,
+                        body,
+                        headers,
+                        ..
+                    } => {
+                        let _ = respond_h2(&mut respond, status, headers, &body);
+                    }
+                    Answer::Open(target) => {
+                        let Ok(send) = respond.send_response(http::Response::new(()), false) else {
+                            return;
+                        };
+                        let mut stream = H2Stream::new(send, body);
+                        this.handler.run(target, &mut stream).await;
+                    }
+                }
+            });
+        }
+        streams.close();
+        streams.wait().await;
+        Ok(())
+    }
+
+    async fn serve_h1(
+        &self,
+        mut tls: TlsStream<TcpStream>,
+        peer: H::Peer,
+        client: SocketAddr,
+    ) -> io::Result<()> {
+        let head = tokio::time::timeout(HANDSHAKE_TIMEOUT, http1::read_head(&mut tls))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "CONNECT head timed out"))??;
+        let request = match http1::parse_request(&head) {
+            Ok(r) => r,
+            Err(e) => return respond_h1(&mut tls, 400, "Bad Request", &[], &e.to_string()).await,
+        };
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in &request.headers {
+            if let (Ok(n), Ok(v)) = (
+                http::HeaderName::from_bytes(name.as_bytes()),
+                http::HeaderValue::from_str(value),
+            ) {
+                headers.append(n, v);
+            }
+        }
+        let req = ConnectRequest {
+            protocol: "http/1.1",
+            method: &request.method,
+            authority: &request.target,
+            headers: &headers,
+            client,
+        };
+        match self.handler.open(&peer, req).await {
+            Answer::Refuse {
+                status,
+                reason,
+                body,
+                headers,
+            } => respond_h1(&mut tls, status, reason, headers, &body).await,
+            Answer::Open(target) => {
+                tls.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                    .await?;
+                tls.flush().await?;
+                self.handler.run(target, &mut tls).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+type ExtraHeaders = &'static [(&'static str, &'static str)];
+
+fn respond_h2(
+    respond: &mut h2::server::SendResponse<Bytes>,
+    status: u16,
+    headers: ExtraHeaders,
+    body: &str,
+) -> Result<(), h2::Error> {
+    let mut response = http::Response::builder()
+        .status(status)
+        .header("content-type", "text/plain");
+    for (k, v) in headers {
+        response = response.header(*k, *v);
+    }
+    let response = response.body(()).expect("static response parts are valid");
+    let mut send = respond.send_response(response, false)?;
+    send.send_data(Bytes::copy_from_slice(body.as_bytes()), true)
+}
+
+async fn respond_h1(
+    tls: &mut TlsStream<TcpStream>,
+    status: u16,
+    reason: &str,
+    headers: ExtraHeaders,
+    body: &str,
+) -> io::Result<()> {
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    let response = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(response.as_bytes()).await?;
+    tls.shutdown().await
+}
