@@ -12,6 +12,7 @@ pub mod gateway;
 pub mod gateway_client;
 pub mod host;
 pub mod http1;
+pub mod ingress;
 pub mod stats;
 pub mod tunnel;
 

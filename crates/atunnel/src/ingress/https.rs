@@ -1,0 +1,331 @@
+//! Ingress HTTPS: the router's requests, routed by `ate-target-actor` (never
+//! by Host) to the actor's program inside its sandbox.
+//!
+//! gRPC (HTTP/2, POST, `application/grpc[+x|;x]`) goes to the actor as h2c
+//! with prior knowledge, everything else as HTTP/1.1, so an actor that only
+//! speaks HTTP/1.1 keeps working. Bodies stream both ways under hyper's flow
+//! control: nothing is buffered beyond its per-connection buffers.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming};
+use tokio_util::task::task_tracker::TaskTrackerToken;
+
+use super::routes::{Activation, Routes};
+
+/// Header naming the actor: `<atespace>/<actor>`.
+pub const TARGET_ACTOR: &str = "ate-target-actor";
+/// Header selecting the actor's port (1-65535; default 80).
+pub const TARGET_PORT: &str = "x-ate-target-port";
+/// Set on 421 answers: the router's assignment is stale.
+pub const ASSIGNMENT_STALE: &str = "x-ate-assignment-stale";
+/// The actor's port when no valid `X-Ate-Target-Port` is given.
+pub const DEFAULT_ACTOR_PORT: u16 = 80;
+/// How long a client may take to send a request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub type ProxyBody = UnsyncBoxBody<Bytes, crate::BoxError>;
+
+/// Hop-by-hop headers, which describe one connection and never cross a proxy.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+fn text(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
+    let mut r = Response::new(
+        Full::new(Bytes::from_static(body.as_bytes()))
+            .map_err(|e| match e {})
+            .boxed_unsync(),
+    );
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
+/// 421 with `X-Ate-Assignment-Stale: true`: the router should re-resolve.
+pub fn misdirected() -> Response<ProxyBody> {
+    let mut r = text(StatusCode::MISDIRECTED_REQUEST, "misdirected request\n");
+    r.headers_mut()
+        .insert(ASSIGNMENT_STALE, HeaderValue::from_static("true"));
+    r
+}
+
+fn bad_gateway() -> Response<ProxyBody> {
+    text(StatusCode::BAD_GATEWAY, "bad gateway\n")
+}
+
+/// The actor named by `ate-target-actor`, if it is valid and active.
+pub fn target_activation(routes: &Routes, headers: &HeaderMap) -> Option<Arc<Activation>> {
+    let value = headers.get(TARGET_ACTOR)?.to_str().ok()?;
+    let (atespace, name) = atunnel_identity::identity::parse_target(value.trim()).ok()?;
+    routes
+        .lookup(&atespace, &name)
+        .filter(|a| !a.is_cancelled())
+}
+
+/// `X-Ate-Target-Port` if it is a valid port, else 80.
+pub fn target_port(headers: &HeaderMap) -> u16 {
+    headers
+        .get(TARGET_PORT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u16>().ok())
+        .filter(|p| *p != 0)
+        .unwrap_or(DEFAULT_ACTOR_PORT)
+}
+
+/// HTTP/2, POST, and a gRPC content type.
+pub fn is_grpc<B>(req: &Request<B>) -> bool {
+    if req.version() != Version::HTTP_2 || req.method() != Method::POST {
+        return false;
+    }
+    let Some(ct) = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    match ct.strip_prefix("application/grpc") {
+        Some(rest) => rest.is_empty() || rest.starts_with('+') || rest.starts_with(';'),
+        None => false,
+    }
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        headers.remove(n);
+    }
+    let te_trailers = headers
+        .get(header::TE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
+    for n in HOP_BY_HOP {
+        headers.remove(n);
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+    if keep_te_trailers && te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Proxies one request from the router to its actor.
+pub async fn proxy(
+    routes: Arc<Routes>,
+    client: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
+    let Some(activation) = target_activation(&routes, req.headers()) else {
+        return Ok(misdirected());
+    };
+    let token = activation.tasks.token();
+    let port = target_port(req.headers());
+    let grpc = is_grpc(&req);
+    let (mut parts, body) = req.into_parts();
+
+    let host = parts.headers.get(header::HOST).cloned().or_else(|| {
+        parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let Ok(uri) = format!(
+        "http://{}{path}",
+        atunnel_sandbox::sandbox::actor_addr(port)
+    )
+    .parse::<http::Uri>() else {
+        return Ok(text(StatusCode::BAD_REQUEST, "bad request target\n"));
+    };
+    parts.uri = uri;
+    parts.version = if grpc {
+        Version::HTTP_2
+    } else {
+        Version::HTTP_11
+    };
+    let headers = &mut parts.headers;
+    strip_hop_by_hop(headers, grpc);
+    headers.remove(TARGET_ACTOR);
+    headers.remove(TARGET_PORT);
+    if grpc {
+        // h2 carries the authority as :authority, from the URI.
+        headers.remove(header::HOST);
+    } else if let Some(host) = &host {
+        headers.insert(header::HOST, host.clone());
+    }
+    set_forwarded(headers, client, host.as_ref());
+
+    let upstream = Request::from_parts(parts, body.boxed_unsync());
+    let pool = if grpc {
+        &activation.h2c
+    } else {
+        &activation.http1
+    };
+    let cancel = activation.cancel_token().clone();
+    let response = tokio::select! {
+        _ = cancel.cancelled() => return Ok(bad_gateway()),
+        r = pool.request(upstream) => r,
+    };
+    let response = match response {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(actor_uid = %activation.uid, port, error = %e, "atunnel upstream request failed");
+            return Ok(bad_gateway());
+        }
+    };
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers, false);
+    let body = Activated {
+        inner: body,
+        cancelled: Box::pin(cancel.cancelled_owned()),
+        _token: token,
+    };
+    Ok(Response::from_parts(parts, body.boxed_unsync()))
+}
+
+fn set_forwarded(headers: &mut HeaderMap, client: SocketAddr, host: Option<&HeaderValue>) {
+    let ip = client.ip().to_canonical().to_string();
+    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.is_empty() => format!("{prior}, {ip}"),
+        _ => ip,
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert("x-forwarded-for", v);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+    if let Some(host) = host {
+        headers.insert("x-forwarded-host", host.clone());
+    }
+}
+
+/// A response body that belongs to an activation: it ends with an error the
+/// moment the actor is deactivated, and keeps the activation's in-flight
+/// count until it is done.
+struct Activated {
+    inner: Incoming,
+    cancelled: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    _token: TaskTrackerToken,
+}
+
+impl Body for Activated {
+    type Data = Bytes;
+    type Error = crate::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err("actor deactivated".into())));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(version: Version, method: Method, ct: Option<&str>) -> Request<()> {
+        let mut b = Request::builder().version(version).method(method).uri("/");
+        if let Some(ct) = ct {
+            b = b.header("content-type", ct);
+        }
+        b.body(()).expect("request")
+    }
+
+    #[test]
+    fn grpc_is_http2_post_with_a_grpc_content_type() {
+        assert!(is_grpc(&req(
+            Version::HTTP_2,
+            Method::POST,
+            Some("application/grpc")
+        )));
+        assert!(is_grpc(&req(
+            Version::HTTP_2,
+            Method::POST,
+            Some("application/grpc+proto")
+        )));
+        assert!(is_grpc(&req(
+            Version::HTTP_2,
+            Method::POST,
+            Some("application/grpc;charset=utf-8")
+        )));
+        assert!(!is_grpc(&req(
+            Version::HTTP_2,
+            Method::POST,
+            Some("application/grpcx")
+        )));
+        assert!(!is_grpc(&req(
+            Version::HTTP_2,
+            Method::GET,
+            Some("application/grpc")
+        )));
+        assert!(!is_grpc(&req(
+            Version::HTTP_11,
+            Method::POST,
+            Some("application/grpc")
+        )));
+        assert!(!is_grpc(&req(
+            Version::HTTP_2,
+            Method::POST,
+            Some("application/json")
+        )));
+        assert!(!is_grpc(&req(Version::HTTP_2, Method::POST, None)));
+    }
+
+    #[test]
+    fn target_port_falls_back_to_80_unless_valid() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(TARGET_PORT, HeaderValue::from_str(v).expect("value"));
+            target_port(&h)
+        };
+        assert_eq!(with("8080"), 8080);
+        assert_eq!(with("65535"), 65535);
+        assert_eq!(with("0"), 80);
+        assert_eq!(with("65536"), 80);
+        assert_eq!(with("-1"), 80);
+        assert_eq!(with("http"), 80);
+        assert_eq!(target_port(&HeaderMap::new()), 80);
+    }
+}

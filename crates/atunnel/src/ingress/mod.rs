@@ -1,0 +1,189 @@
+//! Ingress: the router's traffic into the actors' sandboxes, over mutual TLS
+//! that admits only the router's SPIFFE ID. HTTPS requests (`https`) and
+//! CONNECT tunnels (`connect`) are routed by `ate-target-actor` to the
+//! actor's current activation (`routes`).
+
+pub mod connect;
+pub mod https;
+pub mod routes;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atunnel_core::BufferPool;
+use atunnel_core::sockopt::SocketOptions;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::connect_server::{ConnectServer, H2Settings};
+use routes::{ActorDialer, PoolSettings, RouteError, RouteStats, Routes};
+
+/// The router's default SPIFFE ID, the only client ingress admits.
+pub const ROUTER_SPIFFE_ID: &str = "spiffe://cluster.local/ns/ate-system/sa/atenet-router";
+
+#[derive(Clone, Debug)]
+pub struct IngressConfig {
+    /// One PEM with the worker's certificate chain and key; re-read when it changes.
+    pub credential_bundle: PathBuf,
+    /// CAs that sign the router's certificate.
+    pub trust_bundle: PathBuf,
+    /// The only client identity admitted.
+    pub allowed_client_id: String,
+    pub pools: PoolSettings,
+    pub socket: SocketOptions,
+    /// How long deactivation waits for in-flight requests and tunnels.
+    pub drain_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngressError {
+    #[error(transparent)]
+    Tls(#[from] tls::IngressTlsError),
+    #[error("loading the trust bundle: {0}")]
+    Trust(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Route(#[from] RouteError),
+}
+
+pub struct Ingress {
+    cfg: IngressConfig,
+    routes: Arc<Routes>,
+    tls: Arc<rustls::ServerConfig>,
+    connect: Arc<ConnectServer<connect::IngressConnect>>,
+    connections: TaskTracker,
+}
+
+impl Ingress {
+    pub fn new(cfg: IngressConfig, pool: BufferPool) -> Result<Arc<Self>, IngressError> {
+        let trust = crate::config::load_certs(&cfg.trust_bundle)?;
+        let tls = tls::server_config(&cfg.credential_bundle, &trust, &cfg.allowed_client_id)?;
+        let routes = Arc::new(Routes::new(cfg.pools, cfg.socket));
+        let connect = ConnectServer::new(
+            Arc::new(connect::IngressConnect {
+                routes: routes.clone(),
+                pool,
+            }),
+            tls.clone(),
+            cfg.socket,
+            H2Settings::default(),
+        );
+        Ok(Arc::new(Self {
+            cfg,
+            routes,
+            tls,
+            connect,
+            connections: TaskTracker::new(),
+        }))
+    }
+
+    pub fn routes(&self) -> &Arc<Routes> {
+        &self.routes
+    }
+
+    pub fn stats(&self) -> RouteStats {
+        self.routes.stats()
+    }
+
+    pub fn activate(
+        &self,
+        atespace: &str,
+        name: &str,
+        uid: &str,
+        dialer: Box<dyn ActorDialer>,
+    ) -> Result<(), IngressError> {
+        Ok(self.routes.activate(atespace, name, uid, dialer)?)
+    }
+
+    pub async fn deactivate(&self, atespace: &str, name: &str, uid: &str) {
+        self.routes
+            .deactivate(atespace, name, uid, self.cfg.drain_timeout)
+            .await
+    }
+
+    /// Serves the CONNECT listener until `cancel`.
+    pub async fn serve_connect(&self, listener: TcpListener, cancel: CancellationToken) {
+        self.connect.clone().serve(listener, cancel).await
+    }
+
+    /// Serves the HTTPS listener until `cancel`, then finishes in-flight
+    /// requests gracefully.
+    pub async fn serve_https(&self, listener: TcpListener, cancel: CancellationToken) {
+        let acceptor = TlsAcceptor::from(self.tls.clone());
+        loop {
+            let (tcp, client) = tokio::select! {
+                _ = cancel.cancelled() => break,
+                a = listener.accept() => match a {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ingress accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let acceptor = acceptor.clone();
+            let routes = self.routes.clone();
+            let socket = self.cfg.socket;
+            let cancel = cancel.clone();
+            self.connections.spawn(async move {
+                if socket.apply(&tcp).is_err() {
+                    return;
+                }
+                let tls =
+                    match tokio::time::timeout(https::HEADER_READ_TIMEOUT, acceptor.accept(tcp))
+                        .await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        _ => return,
+                    };
+                let service = service_fn(move |req| https::proxy(routes.clone(), client, req));
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder
+                    .http1()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(https::HEADER_READ_TIMEOUT);
+                builder
+                    .http2()
+                    .timer(TokioTimer::new())
+                    .initial_stream_window_size(256 * 1024)
+                    .initial_connection_window_size(1024 * 1024);
+                let conn = builder.serve_connection(TokioIo::new(tls), service);
+                tokio::pin!(conn);
+                tokio::select! {
+                    _ = conn.as_mut() => {}
+                    _ = cancel.cancelled() => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
+                    }
+                }
+            });
+        }
+        self.connections.close();
+        self.connections.wait().await;
+    }
+
+    /// Binds both listeners and serves them in the background.
+    pub async fn spawn(
+        self: &Arc<Self>,
+        https: SocketAddr,
+        connect: SocketAddr,
+        cancel: CancellationToken,
+    ) -> std::io::Result<(SocketAddr, SocketAddr)> {
+        let https = TcpListener::bind(https).await?;
+        let connect = TcpListener::bind(connect).await?;
+        let addrs = (https.local_addr()?, connect.local_addr()?);
+        let (a, c) = (self.clone(), cancel.clone());
+        tokio::spawn(async move { a.serve_https(https, c).await });
+        let a = self.clone();
+        tokio::spawn(async move { a.serve_connect(connect, cancel).await });
+        Ok(addrs)
+    }
+}

@@ -1,0 +1,311 @@
+//! Which actors ingress may reach, and each activation's own upstream pools.
+//!
+//! Connection pools are never shared across activations: a new activation of
+//! the same actor gets fresh pools, and a connection dialed for an old one is
+//! never handed to a newer one.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use atunnel_sandbox::{NsExecutor, SandboxNetwork};
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::Uri;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long dialing the actor may take.
+pub const ACTOR_DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Body type sent to actors.
+pub type UpstreamBody = UnsyncBoxBody<bytes::Bytes, hyper::Error>;
+
+/// Reaches the actor's program on a port.
+pub trait ActorDialer: Send + Sync + 'static {
+    fn dial(&self, port: u16) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>>;
+}
+
+/// Dials 169.254.17.2:<port> from inside the sandbox's gateway namespace.
+pub struct SandboxDialer {
+    pub exec: NsExecutor,
+    pub sandbox: SandboxNetwork,
+}
+
+impl ActorDialer for SandboxDialer {
+    fn dial(&self, port: u16) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>> {
+        Box::pin(async move {
+            self.sandbox
+                .connect_from_gateway(&self.exec, atunnel_sandbox::sandbox::actor_addr(port))
+                .await
+                .map_err(io::Error::other)
+        })
+    }
+}
+
+/// Dials `ip:<port>` directly (actors on loopback, without sandboxes).
+pub struct DirectDialer(pub std::net::IpAddr);
+
+impl ActorDialer for DirectDialer {
+    fn dial(&self, port: u16) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>> {
+        Box::pin(TcpStream::connect((self.0, port)))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("actor {0} is already active with uid {1}")]
+    AlreadyActive(String, String),
+}
+
+/// The hyper connector of one activation: every dial goes through its dialer,
+/// is refused once the activation is cancelled, and is counted.
+#[derive(Clone)]
+pub struct ActivationConnector {
+    activation: Arc<Shared>,
+}
+
+struct Shared {
+    dialer: Box<dyn ActorDialer>,
+    cancel: CancellationToken,
+    new_connections: AtomicU64,
+    socket: atunnel_core::sockopt::SocketOptions,
+}
+
+impl tower_service::Service<Uri> for ActivationConnector {
+    type Response = TokioIo<TcpStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let shared = self.activation.clone();
+        Box::pin(async move {
+            let port = uri.port_u16().unwrap_or(80);
+            let dial = async {
+                tokio::time::timeout(ACTOR_DIAL_TIMEOUT, shared.dialer.dial(port))
+                    .await
+                    .map_err(|_| {
+                        io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("dialing actor port {port} timed out"),
+                        )
+                    })?
+            };
+            let tcp = tokio::select! {
+                _ = shared.cancel.cancelled() => return Err(cancelled()),
+                r = dial => r?,
+            };
+            // A dial that completes after deactivation is closed, never used.
+            if shared.cancel.is_cancelled() {
+                return Err(cancelled());
+            }
+            shared.socket.apply(&tcp)?;
+            shared.new_connections.fetch_add(1, Ordering::Relaxed);
+            Ok(TokioIo::new(tcp))
+        })
+    }
+}
+
+fn cancelled() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "actor deactivated")
+}
+
+/// One activation of one actor for ingress.
+pub struct Activation {
+    pub uid: String,
+    shared: Arc<Shared>,
+    /// In-flight requests and tunnels; deactivation waits for them.
+    pub tasks: TaskTracker,
+    /// HTTP/1.1 to the actor (everything but gRPC).
+    pub http1: Client<ActivationConnector, UpstreamBody>,
+    /// h2c with prior knowledge (gRPC).
+    pub h2c: Client<ActivationConnector, UpstreamBody>,
+}
+
+/// Pool settings toward actors.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolSettings {
+    /// Idle connections kept per actor and port. The reference kept Go's
+    /// default of 2, so under load most requests opened a new connection.
+    pub max_idle_per_actor: usize,
+    pub idle_timeout: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            max_idle_per_actor: 128,
+            idle_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+impl Activation {
+    fn new(
+        uid: &str,
+        dialer: Box<dyn ActorDialer>,
+        pools: PoolSettings,
+        socket: atunnel_core::sockopt::SocketOptions,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            dialer,
+            cancel: CancellationToken::new(),
+            new_connections: AtomicU64::new(0),
+            socket,
+        });
+        let connector = ActivationConnector {
+            activation: shared.clone(),
+        };
+        let build = |http2: bool| {
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(pools.idle_timeout)
+                .pool_max_idle_per_host(pools.max_idle_per_actor)
+                .pool_timer(hyper_util::rt::TokioTimer::new())
+                .http2_only(http2)
+                .build(connector.clone())
+        };
+        Self {
+            uid: uid.to_string(),
+            tasks: TaskTracker::new(),
+            http1: build(false),
+            h2c: build(true),
+            shared,
+        }
+    }
+
+    pub fn cancel_token(&self) -> &CancellationToken {
+        &self.shared.cancel
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.shared.cancel.is_cancelled()
+    }
+
+    /// Connections dialed to the actor so far.
+    pub fn new_connections(&self) -> u64 {
+        self.shared.new_connections.load(Ordering::Relaxed)
+    }
+
+    /// Dials the actor directly (CONNECT), bounded and refused once cancelled.
+    pub async fn dial(&self, port: u16) -> io::Result<TcpStream> {
+        let mut connector = ActivationConnector {
+            activation: self.shared.clone(),
+        };
+        let uri: Uri = format!("http://actor:{port}/")
+            .parse()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        Ok(tower_service::Service::call(&mut connector, uri)
+            .await?
+            .into_inner())
+    }
+}
+
+/// Counters for /stats and the bench.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct RouteStats {
+    pub active_actors: usize,
+    pub new_upstream_connections: u64,
+}
+
+/// The registry of active actors, keyed by `<atespace>/<name>`.
+#[derive(Default)]
+pub struct Routes {
+    active: Mutex<HashMap<(String, String), Arc<Activation>>>,
+    pools: PoolSettings,
+    socket: atunnel_core::sockopt::SocketOptions,
+    /// New connections of activations already gone, so totals never drop.
+    retired_connections: AtomicU64,
+}
+
+impl Routes {
+    pub fn new(pools: PoolSettings, socket: atunnel_core::sockopt::SocketOptions) -> Self {
+        Self {
+            pools,
+            socket,
+            ..Self::default()
+        }
+    }
+
+    /// Routes `<atespace>/<name>` to `dialer`. The same name with another uid
+    /// replaces the older incarnation (cancelled, its pools dropped); the
+    /// same uid is refused.
+    pub fn activate(
+        &self,
+        atespace: &str,
+        name: &str,
+        uid: &str,
+        dialer: Box<dyn ActorDialer>,
+    ) -> Result<(), RouteError> {
+        let key = (atespace.to_string(), name.to_string());
+        let activation = Arc::new(Activation::new(uid, dialer, self.pools, self.socket));
+        let old = {
+            let mut active = self.active.lock().expect("routes lock poisoned");
+            if let Some(existing) = active.get(&key)
+                && existing.uid == uid
+            {
+                return Err(RouteError::AlreadyActive(
+                    format!("{atespace}/{name}"),
+                    uid.to_string(),
+                ));
+            }
+            active.insert(key, activation)
+        };
+        if let Some(old) = old {
+            self.retire(&old);
+        }
+        Ok(())
+    }
+
+    fn retire(&self, old: &Activation) {
+        old.shared.cancel.cancel();
+        old.tasks.close();
+        self.retired_connections
+            .fetch_add(old.new_connections(), Ordering::Relaxed);
+    }
+
+    /// Stops routing to the actor if `uid` matches, cancels its in-flight
+    /// requests and tunnels, and waits for them up to `drain`. Idempotent.
+    pub async fn deactivate(&self, atespace: &str, name: &str, uid: &str, drain: Duration) {
+        let key = (atespace.to_string(), name.to_string());
+        let removed = {
+            let mut active = self.active.lock().expect("routes lock poisoned");
+            match active.get(&key) {
+                Some(a) if a.uid == uid => active.remove(&key),
+                _ => None,
+            }
+        };
+        if let Some(old) = removed {
+            self.retire(&old);
+            let _ = tokio::time::timeout(drain, old.tasks.wait()).await;
+            // Dropping the last reference closes the idle pooled connections.
+        }
+    }
+
+    pub fn lookup(&self, atespace: &str, name: &str) -> Option<Arc<Activation>> {
+        self.active
+            .lock()
+            .expect("routes lock poisoned")
+            .get(&(atespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    pub fn stats(&self) -> RouteStats {
+        let active = self.active.lock().expect("routes lock poisoned");
+        RouteStats {
+            active_actors: active.len(),
+            new_upstream_connections: self.retired_connections.load(Ordering::Relaxed)
+                + active.values().map(|a| a.new_connections()).sum::<u64>(),
+        }
+    }
+}
