@@ -30,6 +30,8 @@ use tokio_util::task::TaskTracker;
 use crate::clock::Clock;
 use crate::egress::{ActorEgress, Destination, Egress, EgressConfig, EgressError};
 use crate::gateway_client::GatewayClientConfig;
+use crate::ingress::routes::{ActorDialer, SandboxDialer};
+use crate::ingress::{Ingress, IngressConfig, IngressError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TunnelError {
@@ -47,6 +49,12 @@ pub enum TunnelError {
     },
     #[error("DNS relay: {0}")]
     Dns(#[source] atunnel_dns::DnsError),
+    #[error("actor {0} has no sandbox to route to")]
+    NoSandbox(String),
+    #[error(transparent)]
+    Ingress(#[from] IngressError),
+    #[error("binding ingress listeners: {0}")]
+    Listen(#[source] std::io::Error),
     #[error("actor {0} already has a sandbox")]
     SandboxExists(String),
 }
@@ -66,6 +74,18 @@ pub struct TunnelConfig {
     /// Where actor certificates come from (the node agent in a cluster).
     pub cert_source: Arc<dyn CertificateSource>,
     pub clock: Clock,
+    /// Ingress listeners and their TLS; `None` serves no ingress.
+    pub ingress: Option<IngressListen>,
+}
+
+/// Where ingress listens, and how.
+#[derive(Clone, Debug)]
+pub struct IngressListen {
+    pub config: IngressConfig,
+    /// HTTPS from the router (default :443).
+    pub https: SocketAddr,
+    /// CONNECT from the router (default :8443).
+    pub connect: SocketAddr,
 }
 
 impl TunnelConfig {
@@ -82,6 +102,7 @@ impl TunnelConfig {
             gateway_roots,
             cert_source,
             clock: Clock::new(),
+            ingress: None,
         }
     }
 }
@@ -109,6 +130,8 @@ pub struct Tunnel {
     cfg: TunnelConfig,
     exec: NsExecutor,
     egress: Arc<Egress>,
+    ingress: Option<(Arc<Ingress>, SocketAddr, SocketAddr)>,
+    cancel: CancellationToken,
     sandboxes: Mutex<HashMap<String, Sandbox>>,
 }
 
@@ -120,16 +143,35 @@ impl Tunnel {
             // Checked once here so a bad configuration fails start, not a sandbox.
             DnsRelay::new(dns.clone()).map_err(TunnelError::Dns)?;
         }
+        let cancel = CancellationToken::new();
+        let ingress = match &cfg.ingress {
+            Some(listen) => {
+                let ingress = Ingress::new(listen.config.clone(), cfg.pool.clone())?;
+                let (https, connect) = ingress
+                    .spawn(listen.https, listen.connect, cancel.clone())
+                    .await
+                    .map_err(TunnelError::Listen)?;
+                Some((ingress, https, connect))
+            }
+            None => None,
+        };
         Ok(Arc::new(Self {
             cfg,
             exec,
             egress,
+            ingress,
+            cancel,
             sandboxes: Mutex::new(HashMap::new()),
         }))
     }
 
     pub fn egress(&self) -> &Arc<Egress> {
         &self.egress
+    }
+
+    /// Ingress and its bound HTTPS and CONNECT addresses, if it serves ingress.
+    pub fn ingress(&self) -> Option<(&Arc<Ingress>, SocketAddr, SocketAddr)> {
+        self.ingress.as_ref().map(|(i, h, c)| (i, *h, *c))
     }
 
     pub fn executor(&self) -> &NsExecutor {
@@ -255,29 +297,62 @@ impl Tunnel {
         Ok((egress, dns))
     }
 
-    /// Arms the actor: its egress listener's connections are admitted.
-    /// `egress` of `None` means the actor has no tunnelled egress: its
-    /// connections are closed with no bytes.
+    /// Arms the actor: ingress routes to its sandbox, and its egress
+    /// listener's connections are admitted. `egress` of `None` means the
+    /// actor has no tunnelled egress: its connections are closed with no bytes.
     pub async fn activate(
         &self,
         actor: &ActorRef,
         egress: Option<ActorEgress>,
     ) -> Result<(), TunnelError> {
+        let sandbox = self
+            .sandbox(actor)
+            .ok_or_else(|| TunnelError::NoSandbox(actor.to_string()))?;
+        let dialer = SandboxDialer {
+            exec: self.exec.clone(),
+            sandbox,
+        };
+        self.activate_with_dialer(actor, Box::new(dialer), egress)
+            .await
+    }
+
+    /// [`Tunnel::activate`] with a dialer of the caller's, for actors that
+    /// are not in sandboxes of this tunnel's making.
+    pub async fn activate_with_dialer(
+        &self,
+        actor: &ActorRef,
+        dialer: Box<dyn ActorDialer>,
+        egress: Option<ActorEgress>,
+    ) -> Result<(), TunnelError> {
+        if let Some((ingress, _, _)) = &self.ingress {
+            ingress.activate(&actor.atespace, &actor.name, &actor.uid, dialer)?;
+        }
         if let Some(egress) = egress {
             self.egress.activate(&actor.uid, egress)?;
         }
         Ok(())
     }
 
-    /// Refuses new work for the actor, closes its tunnels and waits for them
-    /// (bounded). Idempotent; other actors are untouched.
+    /// Refuses new work for the actor, cancels its in-flight requests, closes
+    /// its tunnels and waits for them (bounded). Idempotent; other actors are
+    /// untouched. Both sides are always attempted.
     pub async fn deactivate(&self, actor: &ActorRef) -> Result<(), TunnelError> {
+        if let Some((ingress, _, _)) = &self.ingress {
+            ingress
+                .deactivate(&actor.atespace, &actor.name, &actor.uid)
+                .await;
+        }
         Ok(self.egress.deactivate(&actor.uid).await?)
     }
 
     /// Deactivates the actor, stops its listener and relay, and removes its
     /// sandbox network. Idempotent.
     pub async fn close_sandbox(&self, actor: &ActorRef) -> Result<(), TunnelError> {
+        if let Some((ingress, _, _)) = &self.ingress {
+            ingress
+                .deactivate(&actor.atespace, &actor.name, &actor.uid)
+                .await;
+        }
         let deactivated = self.egress.unbind(&actor.uid).await;
         let sandbox = self
             .sandboxes
@@ -300,8 +375,9 @@ impl Tunnel {
         Ok(deactivated?)
     }
 
-    /// Closes every sandbox.
+    /// Closes every sandbox and stops ingress.
     pub async fn shutdown(&self) {
+        self.cancel.cancel();
         let uids: Vec<String> = self
             .sandboxes
             .lock()

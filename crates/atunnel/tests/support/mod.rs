@@ -2,6 +2,8 @@
 //! destination server, and actors with egress.
 #![allow(dead_code)]
 
+pub mod ingress;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

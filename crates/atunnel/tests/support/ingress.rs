@@ -1,0 +1,225 @@
+//! Fixtures for ingress tests: the worker's serving credentials, the router's
+//! client identity, actors on loopback, and router-side HTTP clients.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atunnel::ingress::routes::{ActorDialer, PoolSettings};
+use atunnel::ingress::{Ingress, IngressConfig, ROUTER_SPIFFE_ID};
+use atunnel_core::BufferPool;
+use atunnel_core::sockopt::SocketOptions;
+use atunnel_identity::pki::{CertificateAuthority, IssuedCert, Usage, WORKER_SPIFFE_ID};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+/// The name the worker's serving certificate carries.
+pub const WORKER_NAME: &str = "worker.test";
+
+pub struct IngressPki {
+    pub pod_ca: CertificateAuthority,
+    pub worker: IssuedCert,
+    pub router: IssuedCert,
+    pub dir: tempfile::TempDir,
+}
+
+impl IngressPki {
+    pub fn new() -> Self {
+        let pod_ca = CertificateAuthority::new("pod identity CA").expect("ca");
+        let worker = pod_ca
+            .issue(
+                Some(WORKER_SPIFFE_ID),
+                &[WORKER_NAME],
+                &[],
+                Usage::ServerAndClient,
+                Duration::from_secs(3600),
+            )
+            .expect("worker");
+        let router = pod_ca
+            .issue(
+                Some(ROUTER_SPIFFE_ID),
+                &[],
+                &[],
+                Usage::Client,
+                Duration::from_secs(3600),
+            )
+            .expect("router");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = Self {
+            pod_ca,
+            worker,
+            router,
+            dir,
+        };
+        std::fs::write(
+            pki.bundle_path(),
+            format!("{}{}", pki.worker.cert_pem, pki.worker.key_pem),
+        )
+        .expect("bundle");
+        std::fs::write(pki.trust_path(), pki.pod_ca.cert_pem()).expect("trust");
+        std::fs::write(pki.path("router.pem"), &pki.router.cert_pem).expect("router cert");
+        std::fs::write(pki.path("router.key"), &pki.router.key_pem).expect("router key");
+        pki
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn bundle_path(&self) -> PathBuf {
+        self.path("credential-bundle.pem")
+    }
+
+    pub fn trust_path(&self) -> PathBuf {
+        self.path("trust-bundle.pem")
+    }
+
+    /// A client identity from this PKI with another SPIFFE ID.
+    pub fn other_client(&self, spiffe_id: &str) -> IssuedCert {
+        self.pod_ca
+            .issue(
+                Some(spiffe_id),
+                &[],
+                &[],
+                Usage::Client,
+                Duration::from_secs(3600),
+            )
+            .expect("client")
+    }
+}
+
+pub struct RunningIngress {
+    pub ingress: Arc<Ingress>,
+    pub https: SocketAddr,
+    pub connect: SocketAddr,
+    pub cancel: CancellationToken,
+}
+
+impl Drop for RunningIngress {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+pub async fn ingress(pki: &IngressPki) -> RunningIngress {
+    let cfg = IngressConfig {
+        credential_bundle: pki.bundle_path(),
+        trust_bundle: pki.trust_path(),
+        allowed_client_id: ROUTER_SPIFFE_ID.to_string(),
+        pools: PoolSettings::default(),
+        socket: SocketOptions::default(),
+        drain_timeout: Duration::from_secs(5),
+    };
+    let ingress = Ingress::new(cfg, BufferPool::default()).expect("ingress");
+    let cancel = CancellationToken::new();
+    let local = "127.0.0.1:0".parse().expect("addr");
+    let (https, connect) = ingress
+        .spawn(local, local, cancel.clone())
+        .await
+        .expect("listeners");
+    RunningIngress {
+        ingress,
+        https,
+        connect,
+        cancel,
+    }
+}
+
+/// Dials loopback ports, with some actor ports mapped to others (so tests
+/// can use port 80 without binding it).
+pub struct LoopbackDialer(pub HashMap<u16, u16>);
+
+impl ActorDialer for LoopbackDialer {
+    fn dial(&self, port: u16) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>> {
+        let port = self.0.get(&port).copied().unwrap_or(port);
+        Box::pin(TcpStream::connect(("127.0.0.1", port)))
+    }
+}
+
+/// TLS to the ingress as the router (or as `identity`), offering `alpn`.
+pub async fn router_tls(
+    pki: &IngressPki,
+    addr: SocketAddr,
+    identity: Option<&IssuedCert>,
+    roots_from: Option<&CertificateAuthority>,
+    alpn: &[&[u8]],
+) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let id = identity.unwrap_or(&pki.router);
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(roots_from.unwrap_or(&pki.pod_ca).cert_der())
+        .expect("root");
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_client_auth_cert(id.chain.clone(), id.key())
+    .expect("client auth");
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from(WORKER_NAME).expect("name"), tcp)
+        .await
+}
+
+/// A router-side HTTP connection (h1 or h2 by ALPN).
+pub enum RouterConn {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+impl RouterConn {
+    pub async fn open(pki: &IngressPki, addr: SocketAddr, h2: bool) -> Self {
+        let alpn: &[&[u8]] = if h2 { &[b"h2"] } else { &[b"http/1.1"] };
+        let tls = router_tls(pki, addr, None, None, alpn)
+            .await
+            .expect("router TLS");
+        let io = TokioIo::new(tls);
+        if h2 {
+            let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .expect("h2 handshake");
+            tokio::spawn(conn);
+            RouterConn::H2(send)
+        } else {
+            let (send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .expect("h1 handshake");
+            tokio::spawn(conn);
+            RouterConn::H1(send)
+        }
+    }
+
+    pub async fn send(
+        &mut self,
+        req: http::Request<Full<Bytes>>,
+    ) -> hyper::Result<http::Response<hyper::body::Incoming>> {
+        match self {
+            RouterConn::H1(s) => {
+                s.ready().await?;
+                s.send_request(req).await
+            }
+            RouterConn::H2(s) => {
+                s.ready().await?;
+                s.send_request(req).await
+            }
+        }
+    }
+}
+
+/// Reads a whole body as text.
+pub async fn body_text(resp: http::Response<hyper::body::Incoming>) -> String {
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
