@@ -99,6 +99,8 @@ impl IngressPki {
 
 pub struct RunningIngress {
     pub ingress: Arc<Ingress>,
+    /// The relay buffer pool the CONNECT listener borrows from.
+    pub pool: BufferPool,
     pub https: SocketAddr,
     pub connect: SocketAddr,
     pub cancel: CancellationToken,
@@ -119,7 +121,8 @@ pub async fn ingress(pki: &IngressPki) -> RunningIngress {
         socket: SocketOptions::default(),
         drain_timeout: Duration::from_secs(5),
     };
-    let ingress = Ingress::new(cfg, BufferPool::default()).expect("ingress");
+    let pool = BufferPool::default();
+    let ingress = Ingress::new(cfg, pool.clone()).expect("ingress");
     let cancel = CancellationToken::new();
     let local = "127.0.0.1:0".parse().expect("addr");
     let (https, connect) = ingress
@@ -128,6 +131,7 @@ pub async fn ingress(pki: &IngressPki) -> RunningIngress {
         .expect("listeners");
     RunningIngress {
         ingress,
+        pool,
         https,
         connect,
         cancel,

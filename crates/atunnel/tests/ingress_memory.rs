@@ -1,0 +1,336 @@
+//! Ingress memory under load: bodies stream with bounded memory, and a
+//! router that stops reading does not make atunnel queue data. The heap is
+//! this whole test process's (router client, atunnel and actor together),
+//! read from the counting allocator, so each bound covers atunnel with room
+//! to spare for the peers.
+
+mod support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use atunnel_core::alloc::{CountingAlloc, live_bytes};
+use bytes::Bytes;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use support::ingress::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+static CHUNK: [u8; 64 * 1024] = [b'z'; 64 * 1024];
+
+/// A body of `n` bytes (or endless) from a static buffer: the body itself
+/// allocates nothing per chunk, so heap growth is the proxy's.
+fn static_body(
+    n: Option<u64>,
+    sent: Arc<AtomicU64>,
+) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>>> {
+    let chunks = futures_util::stream::unfold(0u64, move |done| {
+        let sent = sent.clone();
+        async move {
+            let len = match n {
+                Some(n) if done >= n => return None,
+                Some(n) => (n - done).min(CHUNK.len() as u64) as usize,
+                None => CHUNK.len(),
+            };
+            sent.fetch_add(len as u64, Ordering::Relaxed);
+            Some((
+                Ok(Frame::data(Bytes::from_static(&CHUNK[..len]))),
+                done + len as u64,
+            ))
+        }
+    });
+    StreamBody::new(chunks)
+}
+
+/// An actor: `/endless` streams forever, `/download/N` streams N bytes,
+/// anything else counts the request body.
+async fn actor(sent: Arc<AtomicU64>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: http::Request<Incoming>| {
+                    let sent = sent.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let body = if path == "/endless" {
+                            static_body(None, sent).boxed()
+                        } else if let Some(n) = path.strip_prefix("/download/") {
+                            static_body(Some(n.parse().expect("size")), sent).boxed()
+                        } else {
+                            let mut body = req.into_body();
+                            let mut n = 0u64;
+                            while let Some(Ok(frame)) = body.frame().await {
+                                n += frame.data_ref().map_or(0, |d| d.len() as u64);
+                            }
+                            http_body_util::Full::new(Bytes::from(n.to_string())).boxed()
+                        };
+                        Ok::<_, Infallible>(http::Response::new(body))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Waits until `counter` has not moved for 300 ms (the writer is blocked).
+async fn until_stalled(counter: &AtomicU64) -> u64 {
+    let mut last = counter.load(Ordering::Relaxed);
+    let mut still = 0;
+    for _ in 0..400 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = counter.load(Ordering::Relaxed);
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+        if still >= 6 {
+            return now;
+        }
+    }
+    panic!("the writer never stalled: {last} bytes sent to a reader that stopped");
+}
+
+async fn fixture(sent: Arc<AtomicU64>) -> (IngressPki, RunningIngress) {
+    let pki = IngressPki::new();
+    let running = ingress(&pki).await;
+    let actor = actor(sent).await;
+    running
+        .ingress
+        .activate(
+            "team-a",
+            "alpha",
+            "uid-1",
+            Box::new(LoopbackDialer(HashMap::from([(80, actor.port())]))),
+        )
+        .expect("activate");
+    (pki, running)
+}
+
+// The tests in this file measure one process-wide heap, so they run one at
+// a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_that_stops_reading_a_response_leaves_the_heap_bounded() {
+    let _serial = SERIAL.lock().await;
+    for h2 in [false, true] {
+        let sent = Arc::new(AtomicU64::new(0));
+        let (pki, running) = fixture(sent.clone()).await;
+        let mut conn = RouterConn::open(&pki, running.https, h2).await;
+        let baseline = live_bytes();
+        let req = http::Request::builder()
+            .uri(format!("https://{WORKER_NAME}/endless"))
+            .header("ate-target-actor", "team-a/alpha")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .expect("request");
+        let resp = conn.send(req).await.expect("response headers");
+        assert_eq!(resp.status(), 200);
+        // Read nothing more.
+        let stalled_at = until_stalled(&sent).await;
+        let growth = live_bytes().saturating_sub(baseline);
+        println!("h2={h2}: actor stalled after {stalled_at} bytes; heap grew {growth} bytes");
+        assert!(
+            growth < 4 << 20,
+            "h2={h2}: heap grew {growth} bytes behind a reader that stopped"
+        );
+        drop(resp);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_that_stops_reading_a_tunnel_leaves_the_heap_bounded() {
+    let _serial = SERIAL.lock().await;
+    let flooded = Arc::new(AtomicU64::new(0));
+    let pki = IngressPki::new();
+    let running = ingress(&pki).await;
+    // An actor that writes as fast as it can once connected.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let counter = flooded.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                while s.write_all(&CHUNK).await.is_ok() {
+                    counter.fetch_add(CHUNK.len() as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    running
+        .ingress
+        .activate(
+            "team-a",
+            "alpha",
+            "uid-1",
+            Box::new(LoopbackDialer(HashMap::from([(9000, port)]))),
+        )
+        .expect("activate");
+    let baseline = live_bytes();
+    let mut tls = router_tls(&pki, running.connect, None, None, &[b"http/1.1"])
+        .await
+        .expect("TLS");
+    tls.write_all(b"CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n")
+        .await
+        .expect("CONNECT");
+    let mut first = [0u8; 12];
+    tls.read_exact(&mut first).await.expect("answer");
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let stalled_at = until_stalled(&flooded).await;
+    let growth = live_bytes().saturating_sub(baseline);
+    println!(
+        "CONNECT: actor stalled after {stalled_at} bytes; heap grew {growth} bytes; relay buffers out: {}",
+        running.pool.stats().in_use
+    );
+    assert!(
+        growth < 2 << 20,
+        "heap grew {growth} bytes behind a tunnel reader that stopped"
+    );
+    assert!(
+        running.pool.stats().in_use <= 1,
+        "one stalled direction holds at most one buffer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_mib_up_and_down_stream_with_bounded_heap() {
+    let _serial = SERIAL.lock().await;
+    const N: u64 = 100 << 20;
+    let sent = Arc::new(AtomicU64::new(0));
+    let (pki, running) = fixture(sent.clone()).await;
+    let mut conn = RouterConn::open(&pki, running.https, false).await;
+    // Warm the connections so their steady buffers are in the baseline.
+    let warm = http::Request::builder()
+        .uri(format!("https://{WORKER_NAME}/download/1000000"))
+        .header("ate-target-actor", "team-a/alpha")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .expect("request");
+    let _ = conn
+        .send(warm)
+        .await
+        .expect("warm")
+        .into_body()
+        .collect()
+        .await;
+
+    let baseline = live_bytes();
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(live_bytes() as u64, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    // Upload: a 100 MiB streaming body; the actor counts it.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
+    let feeder = tokio::spawn(async move {
+        let mut left = N;
+        while left > 0 {
+            let len = left.min(CHUNK.len() as u64) as usize;
+            if tx
+                .send(Ok(Frame::data(Bytes::from_static(&CHUNK[..len]))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            left -= len as u64;
+        }
+    });
+    let up_body = StreamBody::new(Feed(rx));
+    let mut up_conn = RouterConnStream::open(&pki, running.https).await;
+    let resp = up_conn
+        .send(
+            http::Request::builder()
+                .method("POST")
+                .uri(format!("https://{WORKER_NAME}/upload"))
+                .header("ate-target-actor", "team-a/alpha")
+                .body(up_body)
+                .expect("request"),
+        )
+        .await;
+    feeder.await.expect("feeder");
+    let counted =
+        String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes())
+            .into_owned();
+    assert_eq!(counted, N.to_string());
+    // Download: 100 MiB, consumed frame by frame.
+    let resp = conn
+        .send(
+            http::Request::builder()
+                .uri(format!("https://{WORKER_NAME}/download/{N}"))
+                .header("ate-target-actor", "team-a/alpha")
+                .body(http_body_util::Full::new(Bytes::new()))
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+    let mut body = resp.into_body();
+    let mut got = 0u64;
+    while let Some(frame) = body.frame().await {
+        got += frame
+            .expect("frame")
+            .data_ref()
+            .map_or(0, |d| d.len() as u64);
+    }
+    assert_eq!(got, N);
+    sampler.abort();
+    let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline as u64);
+    println!("100 MiB up and down: peak heap growth {growth} bytes (whole process)");
+    assert!(
+        growth < 3 << 20,
+        "peak heap grew {growth} bytes moving 100 MiB each way"
+    );
+}
+
+/// Frames fed from a channel, so the upload streams without being held whole.
+struct Feed(tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>);
+
+impl futures_util::Stream for Feed {
+    type Item = Result<Frame<Bytes>, Infallible>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// An h1 router connection whose request bodies stream from a [`Feed`].
+struct RouterConnStream(hyper::client::conn::http1::SendRequest<StreamBody<Feed>>);
+
+impl RouterConnStream {
+    async fn open(pki: &IngressPki, addr: SocketAddr) -> Self {
+        let tls = router_tls(pki, addr, None, None, &[b"http/1.1"])
+            .await
+            .expect("TLS");
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .expect("h1");
+        tokio::spawn(conn);
+        Self(send)
+    }
+
+    async fn send(&mut self, req: http::Request<StreamBody<Feed>>) -> http::Response<Incoming> {
+        self.0.ready().await.expect("ready");
+        self.0.send_request(req).await.expect("response")
+    }
+}
