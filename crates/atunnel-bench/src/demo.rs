@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 use crate::pki;
-use crate::stats_client::{fetch, num};
+use atunnel::stats::{fetch, num};
 
 const ECHO: &str = "192.0.2.10:7";
 const DISCARD: &str = "192.0.2.10:9";

@@ -4,7 +4,6 @@
 
 mod demo;
 mod pki;
-mod stats_client;
 
 use std::path::PathBuf;
 
@@ -27,7 +26,7 @@ enum Command {
     /// Egress end to end on this machine: integrity, throughput, idle memory.
     Demo(demo::DemoArgs),
     /// atunnel hosting N actors (nothing else runs in this process).
-    Tunnel(atunnel::host::HostArgs),
+    Tunnel(Box<atunnel::host::HostArgs>),
     /// The egress gateway in bench mode (answers by destination port).
     Sink(atunnel::gateway::cli::GatewayArgs),
     /// Writes throwaway certificates shaped like the cluster's.
@@ -65,7 +64,7 @@ fn main() -> std::process::ExitCode {
         });
         match cli.command {
             Command::Demo(args) => demo::run(args).await,
-            Command::Tunnel(args) => atunnel::host::run(args, cancel).await,
+            Command::Tunnel(args) => atunnel::host::run(*args, cancel).await,
             Command::Sink(args) => atunnel::gateway::cli::run(args, cancel).await,
             Command::Pki { out } => pki::write(&out).map(|f| println!("wrote {}", f.dir.display())),
         }

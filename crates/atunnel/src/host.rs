@@ -23,8 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{PoolArgs, SocketArgs, load_certs, load_key, load_roots};
 use crate::egress::{Destination, EgressConfig};
+use crate::ingress::IngressConfig;
+use crate::ingress::routes::{DirectDialer, PoolSettings};
 use crate::stats::StatsSource;
-use crate::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
+use crate::tunnel::{GatewaySpec, IngressListen, Tunnel, TunnelConfig};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Network {
@@ -60,9 +62,21 @@ pub struct HostArgs {
     /// With --node-agent-socket: this worker's private key (PEM).
     #[arg(long, requires = "node_agent_socket")]
     pub worker_key: Option<PathBuf>,
-    /// With --node-agent-socket: CAs that sign the node agent's certificate (PEM).
-    #[arg(long, requires = "node_agent_socket")]
+    /// CAs that sign the router's (ingress) and the node agent's certificates (PEM).
+    #[arg(long)]
     pub trust_bundle: Option<PathBuf>,
+    /// Ingress HTTPS listen address (e.g. 0.0.0.0:443); ingress is off without it.
+    #[arg(long, requires_all = ["ingress_connect", "credential_bundle", "trust_bundle"])]
+    pub ingress_https: Option<SocketAddr>,
+    /// Ingress CONNECT listen address (e.g. 0.0.0.0:8443).
+    #[arg(long, requires = "ingress_https")]
+    pub ingress_connect: Option<SocketAddr>,
+    /// The worker's serving certificate chain and key in one PEM, re-read when it changes.
+    #[arg(long)]
+    pub credential_bundle: Option<PathBuf>,
+    /// The only client identity ingress admits.
+    #[arg(long, default_value = crate::ingress::ROUTER_SPIFFE_ID)]
+    pub client_identity: String,
     /// Without a node agent: actor CA certificate (PEM) to mint locally with.
     #[arg(long, requires = "actor_ca_key")]
     pub actor_ca_cert: Option<PathBuf>,
@@ -107,6 +121,8 @@ pub struct HostedActor {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct HostReady {
     pub stats: SocketAddr,
+    /// Ingress HTTPS and CONNECT addresses, when ingress is on.
+    pub ingress: Option<(SocketAddr, SocketAddr)>,
     pub actors: Vec<HostedActor>,
 }
 
@@ -159,6 +175,25 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
     };
     cfg.egress_port = args.egress_port;
     cfg.netns_prefix = args.netns_prefix.clone();
+    if let (Some(https), Some(connect), Some(bundle), Some(trust)) = (
+        args.ingress_https,
+        args.ingress_connect,
+        &args.credential_bundle,
+        &args.trust_bundle,
+    ) {
+        cfg.ingress = Some(IngressListen {
+            config: IngressConfig {
+                credential_bundle: bundle.clone(),
+                trust_bundle: trust.clone(),
+                allowed_client_id: args.client_identity.clone(),
+                pools: PoolSettings::default(),
+                socket: args.socket.options(),
+                drain_timeout: crate::egress::DEFAULT_DRAIN_TIMEOUT,
+            },
+            https,
+            connect,
+        });
+    }
     if args.network == Network::Sandbox && !args.resolv_conf.as_os_str().is_empty() {
         cfg.dns = Some(atunnel_dns::RelayConfig {
             upstreams: atunnel_dns::resolvers_from_resolv_conf(&args.resolv_conf)?,
@@ -171,6 +206,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
         Arc::new(StatsSource {
             pool: tunnel.pool().clone(),
             egress: Some(tunnel.egress().clone()),
+            ingress: tunnel.ingress().map(|(i, _, _)| i.clone()),
         }),
         cancel.clone(),
     )
@@ -192,6 +228,7 @@ async fn host_actors(
     };
     let mut ready = HostReady {
         stats,
+        ingress: tunnel.ingress().map(|(_, https, connect)| (https, connect)),
         actors: Vec::new(),
     };
     for i in 0..args.actors {
@@ -220,7 +257,16 @@ async fn host_actors(
                 }
             }
         }
-        tunnel.activate(&actor, Some(egress)).await?;
+        match args.network {
+            Network::Sandbox => tunnel.activate(&actor, Some(egress)).await?,
+            // Loopback actors listen on 127.0.0.1; X-Ate-Target-Port picks the port.
+            Network::Loopback => {
+                let dialer = Box::new(DirectDialer(std::net::Ipv4Addr::LOCALHOST.into()));
+                tunnel
+                    .activate_with_dialer(&actor, dialer, Some(egress))
+                    .await?
+            }
+        }
         ready.actors.push(hosted);
     }
     println!("{}", serde_json::to_string(&ready)?);

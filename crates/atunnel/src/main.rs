@@ -18,10 +18,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Host actors with egress through a gateway (loopback listeners for now).
-    Host(atunnel::host::HostArgs),
+    /// Host actors: sandboxes, egress through a gateway, ingress from the router.
+    Host(Box<atunnel::host::HostArgs>),
     /// Run the egress gateway.
-    Gateway(atunnel::gateway::cli::GatewayArgs),
+    Gateway(Box<atunnel::gateway::cli::GatewayArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,8 +50,8 @@ fn main() -> std::process::ExitCode {
             stop.cancel();
         });
         match cli.command {
-            Command::Host(args) => atunnel::host::run(args, cancel).await,
-            Command::Gateway(args) => atunnel::gateway::cli::run(args, cancel).await,
+            Command::Host(args) => atunnel::host::run(*args, cancel).await,
+            Command::Gateway(args) => atunnel::gateway::cli::run(*args, cancel).await,
         }
     });
     match result {

@@ -37,6 +37,7 @@ pub struct Stats {
     pub process: ProcessStats,
     pub pool: PoolStatsJson,
     pub egress: Option<EgressStats>,
+    pub ingress: Option<crate::ingress::routes::RouteStats>,
 }
 
 #[derive(Debug, Serialize)]
@@ -99,6 +100,7 @@ fn timeval_s(t: nix::sys::time::TimeVal) -> f64 {
 pub struct StatsSource {
     pub pool: BufferPool,
     pub egress: Option<Arc<Egress>>,
+    pub ingress: Option<Arc<crate::ingress::Ingress>>,
 }
 
 impl StatsSource {
@@ -111,6 +113,7 @@ impl StatsSource {
             process: process_stats(),
             pool: self.pool.stats().into(),
             egress: self.egress.as_ref().map(|e| e.stats()),
+            ingress: self.ingress.as_ref().map(|i| i.stats()),
         }
     }
 }
@@ -161,4 +164,33 @@ pub async fn spawn(
     let local = listener.local_addr()?;
     tokio::spawn(serve(listener, source, cancel));
     Ok(local)
+}
+
+/// Reads a `/stats` endpoint (after releasing free memory when `release`).
+///
+/// A few lines of HTTP/1.0 by hand: one GET to a loopback endpoint of our
+/// own, where a client library would add nothing but weight.
+pub async fn fetch(addr: SocketAddr, release: bool) -> Result<serde_json::Value, crate::BoxError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    let query = if release { "?release=1" } else { "" };
+    s.write_all(format!("GET /stats{query} HTTP/1.0\r\nHost: stats\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
+    let body_at = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("stats answer has no body")?
+        + 4;
+    Ok(serde_json::from_slice(&raw[body_at..])?)
+}
+
+/// A number at a JSON path like `["process", "heap_bytes"]`, or 0.
+pub fn num(v: &serde_json::Value, path: &[&str]) -> f64 {
+    let mut cur = v;
+    for key in path {
+        cur = &cur[*key];
+    }
+    cur.as_f64().unwrap_or(0.0)
 }

@@ -149,7 +149,8 @@ impl Ingress {
                 builder
                     .http1()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(https::HEADER_READ_TIMEOUT);
+                    .header_read_timeout(https::HEADER_READ_TIMEOUT)
+                    .max_buf_size(https::MAX_H1_BUFFER);
                 builder
                     .http2()
                     .timer(TokioTimer::new())

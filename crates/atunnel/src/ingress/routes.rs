@@ -169,6 +169,7 @@ impl Activation {
         };
         let build = |http2: bool| {
             Client::builder(TokioExecutor::new())
+                .http1_max_buf_size(super::https::MAX_H1_BUFFER)
                 .pool_idle_timeout(pools.idle_timeout)
                 .pool_max_idle_per_host(pools.max_idle_per_actor)
                 .pool_timer(hyper_util::rt::TokioTimer::new())

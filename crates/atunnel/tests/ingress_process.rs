@@ -1,0 +1,212 @@
+//! The `atunnel` binary's own heap (its counting allocator, read from
+//! /stats) while 100 MiB go up and 100 MiB come down through ingress.
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use atunnel::host::HostReady;
+use atunnel::stats::{fetch, num};
+use bytes::Bytes;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use support::ingress::*;
+use tokio::io::AsyncBufReadExt;
+use tokio::net::TcpListener;
+
+static CHUNK: [u8; 64 * 1024] = [b'z'; 64 * 1024];
+const N: u64 = 100 << 20;
+
+fn sized_body(
+    n: u64,
+) -> StreamBody<impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>>> {
+    StreamBody::new(futures_util::stream::unfold(0u64, move |done| async move {
+        if done >= n {
+            return None;
+        }
+        let len = (n - done).min(CHUNK.len() as u64) as usize;
+        Some((
+            Ok(Frame::data(Bytes::from_static(&CHUNK[..len]))),
+            done + len as u64,
+        ))
+    }))
+}
+
+/// `/download/N` streams N bytes; anything else counts the request body.
+async fn actor() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = service_fn(|req: http::Request<Incoming>| async move {
+                    let body = match req.uri().path().strip_prefix("/download/") {
+                        Some(n) => sized_body(n.parse().expect("size")).boxed(),
+                        None => {
+                            let mut body = req.into_body();
+                            let mut n = 0u64;
+                            while let Some(Ok(frame)) = body.frame().await {
+                                n += frame.data_ref().map_or(0, |d| d.len() as u64);
+                            }
+                            http_body_util::Full::new(Bytes::from(n.to_string())).boxed()
+                        }
+                    };
+                    Ok::<_, Infallible>(http::Response::new(body))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
+    let pki = IngressPki::new();
+    let gw_pki = support::Pki::new();
+    std::fs::write(pki.path("gateway-ca.pem"), gw_pki.gateway_ca.cert_pem()).expect("write");
+    std::fs::write(pki.path("actor-ca.pem"), gw_pki.actor_ca.cert_pem()).expect("write");
+    std::fs::write(pki.path("actor-ca.key"), gw_pki.actor_ca.key_pem()).expect("write");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+        .args([
+            "host",
+            "--network=loopback",
+            "--actors=1",
+            "--gateway=127.0.0.1:1",
+        ])
+        .arg(format!(
+            "--gateway-ca={}",
+            pki.path("gateway-ca.pem").display()
+        ))
+        .arg(format!(
+            "--actor-ca-cert={}",
+            pki.path("actor-ca.pem").display()
+        ))
+        .arg(format!(
+            "--actor-ca-key={}",
+            pki.path("actor-ca.key").display()
+        ))
+        .arg("--destinations=192.0.2.10:7")
+        .arg("--ingress-https=127.0.0.1:0")
+        .arg("--ingress-connect=127.0.0.1:0")
+        .arg(format!(
+            "--credential-bundle={}",
+            pki.bundle_path().display()
+        ))
+        .arg(format!("--trust-bundle={}", pki.trust_path().display()))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("atunnel starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::io::BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("ready within 30 s")
+    .expect("read")
+    .expect("a ready line");
+    let ready: HostReady = serde_json::from_str(&line).expect("ready JSON");
+    let (https, _) = ready.ingress.expect("ingress is on");
+    let actor = actor().await;
+    let port = actor.port().to_string();
+    let request = |method: &str, path: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri(format!("https://{WORKER_NAME}{path}"))
+            .header("ate-target-actor", "bench/actor-0")
+            .header("x-ate-target-port", port.as_str())
+    };
+
+    let mut conn = RouterConn::open(&pki, https, false).await;
+    // Warm-up, so steady per-connection buffers are in the baseline.
+    let warm = conn
+        .send(
+            request("GET", "/download/1000000")
+                .body(http_body_util::Full::new(Bytes::new()))
+                .expect("req"),
+        )
+        .await
+        .expect("warm");
+    assert_eq!(warm.status(), 200);
+    let _ = warm.into_body().collect().await;
+    let mut up = {
+        let tls = router_tls(&pki, https, None, None, &[b"http/1.1"])
+            .await
+            .expect("TLS");
+        let (send, c) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .expect("h1");
+        tokio::spawn(c);
+        send
+    };
+    let warm = up
+        .send_request(
+            request("POST", "/upload")
+                .body(sized_body(1_000_000))
+                .expect("req"),
+        )
+        .await
+        .expect("warm upload");
+    let _ = warm.into_body().collect().await;
+    let baseline = num(
+        &fetch(ready.stats, true).await.expect("stats"),
+        &["process", "heap_bytes"],
+    ) as u64;
+
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let peak = peak.clone();
+        let stats = ready.stats;
+        tokio::spawn(async move {
+            loop {
+                if let Ok(v) = fetch(stats, false).await {
+                    peak.fetch_max(
+                        num(&v, &["process", "heap_bytes"]) as u64,
+                        Ordering::Relaxed,
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    // Up: 100 MiB streamed from a static buffer.
+    let resp = up
+        .send_request(request("POST", "/upload").body(sized_body(N)).expect("req"))
+        .await
+        .expect("upload answered");
+    let counted = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(counted, N.to_string().as_bytes());
+    // Down: 100 MiB, consumed as it arrives.
+    let resp = conn
+        .send(
+            request("GET", &format!("/download/{N}"))
+                .body(http_body_util::Full::new(Bytes::new()))
+                .expect("req"),
+        )
+        .await
+        .expect("download answered");
+    let mut body = resp.into_body();
+    let mut got = 0u64;
+    while let Some(frame) = body.frame().await {
+        got += frame
+            .expect("frame")
+            .data_ref()
+            .map_or(0, |d| d.len() as u64);
+    }
+    assert_eq!(got, N);
+    sampler.abort();
+    let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline);
+    println!("atunnel heap: baseline {baseline} B, peak growth {growth} B moving 100 MiB each way");
+    assert!(growth < 1 << 20, "atunnel's heap grew {growth} bytes");
+}
