@@ -351,3 +351,50 @@ async fn actor_connections_are_reused_under_load() {
         WORKERS * PER_WORKER
     );
 }
+
+#[tokio::test]
+async fn a_rotated_serving_certificate_is_used_without_a_restart() {
+    let f = fixture().await;
+    let served = |tls: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>| {
+        tls.get_ref()
+            .1
+            .peer_certificates()
+            .expect("server certificate")[0]
+            .clone()
+    };
+    let before = served(
+        &router_tls(&f.pki, f.running.https, None, None, &[b"h2"])
+            .await
+            .expect("TLS"),
+    );
+    assert_eq!(before, f.pki.worker.chain[0]);
+    let rotated = f
+        .pki
+        .pod_ca
+        .issue(
+            Some(atunnel_identity::pki::WORKER_SPIFFE_ID),
+            &[WORKER_NAME],
+            &[],
+            atunnel_identity::pki::Usage::ServerAndClient,
+            Duration::from_secs(7200),
+        )
+        .expect("rotated");
+    // Written aside and renamed in, as the kubelet swaps the file.
+    let tmp = f.pki.path("bundle.new");
+    std::fs::write(&tmp, format!("{}{}", rotated.cert_pem, rotated.key_pem)).expect("write");
+    std::fs::rename(&tmp, f.pki.bundle_path()).expect("rename");
+    let after = served(
+        &router_tls(&f.pki, f.running.https, None, None, &[b"h2"])
+            .await
+            .expect("TLS"),
+    );
+    assert_eq!(after, rotated.chain[0], "the new certificate is served");
+    // A broken file keeps the last good certificate.
+    std::fs::write(f.pki.bundle_path(), "not a PEM").expect("write");
+    let kept = served(
+        &router_tls(&f.pki, f.running.https, None, None, &[b"h2"])
+            .await
+            .expect("TLS"),
+    );
+    assert_eq!(kept, rotated.chain[0]);
+}

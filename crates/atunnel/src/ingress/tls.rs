@@ -26,7 +26,7 @@ pub enum IngressTlsError {
 #[derive(Debug)]
 pub struct ReloadingCert {
     path: PathBuf,
-    current: Mutex<(Option<SystemTime>, Arc<CertifiedKey>)>,
+    current: Mutex<(Stamp, Arc<CertifiedKey>)>,
 }
 
 fn load(path: &Path) -> Result<Arc<CertifiedKey>, IngressTlsError> {
@@ -41,8 +41,15 @@ fn load(path: &Path) -> Result<Arc<CertifiedKey>, IngressTlsError> {
     Ok(Arc::new(CertifiedKey::new(chain, key)))
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+/// What identifies a version of the file: modification time, size and
+/// inode. Timestamps are coarse (a few ms), so a quick rewrite can keep the
+/// same mtime; a swap by rename (as the kubelet does) always changes the inode.
+type Stamp = Option<(SystemTime, u64, u64)>;
+
+fn modified(path: &Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len(), m.ino()))
 }
 
 impl ReloadingCert {
