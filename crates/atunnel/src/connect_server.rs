@@ -162,9 +162,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
 
     async fn connection(self: &Arc<Self>, tcp: TcpStream, client: SocketAddr) -> io::Result<()> {
         self.socket.apply(&tcp)?;
-        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(tcp))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+        let tls = accept_tls(&self.acceptor, tcp).await?;
         let peer = self.handler.peer(tls.get_ref().1)?;
         if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
             self.serve_h2(tls, peer, client).await
@@ -272,6 +270,32 @@ impl<H: ConnectHandler> ConnectServer<H> {
                 self.handler.run(target, &mut tls).await;
                 Ok(())
             }
+        }
+    }
+}
+
+/// Accepts TLS within [`HANDSHAKE_TIMEOUT`]. When the handshake fails (a
+/// refused client certificate, say), the alert has been written; closing at
+/// once would turn the client's in-flight Finished into a reset that can
+/// destroy the alert before it is read, so half-close and drain briefly first.
+pub async fn accept_tls(
+    acceptor: &TlsAcceptor,
+    tcp: TcpStream,
+) -> io::Result<TlsStream<TcpStream>> {
+    let accept = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp).into_fallible());
+    match accept.await {
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "TLS handshake timed out",
+        )),
+        Ok(Ok(tls)) => Ok(tls),
+        Ok(Err((e, mut tcp))) => {
+            use tokio::io::AsyncReadExt;
+            let _ = tcp.shutdown().await;
+            let mut sink = [0u8; 1024];
+            let drain = async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} };
+            let _ = tokio::time::timeout(Duration::from_millis(250), drain).await;
+            Err(e)
         }
     }
 }

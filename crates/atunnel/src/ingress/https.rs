@@ -141,18 +141,52 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
     }
 }
 
+/// Gives a refusal a gRPC status as well, so a gRPC client reads an error it
+/// understands (UNAVAILABLE: retryable) instead of failing to decode a text
+/// body. The HTTP status and headers stay for the router.
+fn for_grpc(mut r: Response<ProxyBody>) -> Response<ProxyBody> {
+    let message = r.status().canonical_reason().unwrap_or("unavailable");
+    let message = HeaderValue::from_str(message).unwrap_or(HeaderValue::from_static("unavailable"));
+    let headers = r.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("grpc-status", HeaderValue::from_static("14"));
+    headers.insert("grpc-message", message);
+    *r.body_mut() = Full::new(Bytes::new())
+        .map_err(|e| match e {})
+        .boxed_unsync();
+    r
+}
+
 /// Proxies one request from the router to its actor.
 pub async fn proxy(
     routes: Arc<Routes>,
     client: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
+    let grpc = is_grpc(&req);
+    let answer = forward(routes, client, req, grpc).await;
+    let refused = answer.status().as_u16() >= 400 && !answer.headers().contains_key("grpc-status");
+    Ok(if grpc && refused {
+        for_grpc(answer)
+    } else {
+        answer
+    })
+}
+
+async fn forward(
+    routes: Arc<Routes>,
+    client: SocketAddr,
+    req: Request<Incoming>,
+    grpc: bool,
+) -> Response<ProxyBody> {
     let Some(activation) = target_activation(&routes, req.headers()) else {
-        return Ok(misdirected());
+        return misdirected();
     };
     let token = activation.tasks.token();
     let port = target_port(req.headers());
-    let grpc = is_grpc(&req);
     let (mut parts, body) = req.into_parts();
 
     let host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -171,7 +205,7 @@ pub async fn proxy(
         atunnel_sandbox::sandbox::actor_addr(port)
     )
     .parse::<http::Uri>() else {
-        return Ok(text(StatusCode::BAD_REQUEST, "bad request target\n"));
+        return text(StatusCode::BAD_REQUEST, "bad request target\n");
     };
     parts.uri = uri;
     parts.version = if grpc {
@@ -199,14 +233,14 @@ pub async fn proxy(
     };
     let cancel = activation.cancel_token().clone();
     let response = tokio::select! {
-        _ = cancel.cancelled() => return Ok(bad_gateway()),
+        _ = cancel.cancelled() => return bad_gateway(),
         r = pool.request(upstream) => r,
     };
     let response = match response {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!(actor_uid = %activation.uid, port, error = %e, "atunnel upstream request failed");
-            return Ok(bad_gateway());
+            return bad_gateway();
         }
     };
     let (mut parts, body) = response.into_parts();
@@ -216,7 +250,7 @@ pub async fn proxy(
         cancelled: Box::pin(cancel.cancelled_owned()),
         _token: token,
     };
-    Ok(Response::from_parts(parts, body.boxed_unsync()))
+    Response::from_parts(parts, body.boxed_unsync())
 }
 
 fn set_forwarded(headers: &mut HeaderMap, client: SocketAddr, host: Option<&HeaderValue>) {
