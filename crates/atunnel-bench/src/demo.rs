@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
@@ -16,11 +15,11 @@ use std::sync::Arc;
 use atunnel::host::{HostReady, Network};
 use atunnel_sandbox::{NsExecutor, SandboxNetwork};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
 
 use crate::pki;
+use crate::role::{self, Role};
 use atunnel::stats::{fetch, num};
 
 const ECHO: &str = "192.0.2.10:7";
@@ -101,68 +100,6 @@ impl ActorDialer {
     }
 }
 
-struct Role {
-    child: Child,
-    first_line: String,
-}
-
-impl Role {
-    /// SIGTERM, then up to 10 s to exit cleanly, then SIGKILL.
-    async fn stop(mut self) {
-        if let Some(pid) = self.child.id() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
-}
-
-/// Removes namespaces under `prefix` that a killed tunnel left behind.
-async fn sweep_namespaces(prefix: &str) {
-    let Ok(entries) = std::fs::read_dir(atunnel_sandbox::netns::NETNS_DIR) else {
-        return;
-    };
-    let names: Vec<String> = entries
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with(prefix))
-        .collect();
-    if names.is_empty() {
-        return;
-    }
-    let Ok(exec) = NsExecutor::start() else {
-        return;
-    };
-    for name in names {
-        if let Err(e) = exec.delete(&name).await {
-            eprintln!("atunnel-bench: removing namespace {name}: {e}");
-        }
-    }
-}
-
-async fn start_role(args: &[String]) -> Result<Role, atunnel::BoxError> {
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()?;
-    let stdout = child.stdout.take().ok_or("role has no stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let first_line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .map_err(|_| format!("{} did not start within 30 s", args[0]))??
-        .ok_or_else(|| format!("{} exited before it was ready", args[0]))?;
-    Ok(Role { child, first_line })
-}
-
 fn network_arg(n: Network) -> &'static str {
     match n {
         Network::Sandbox => "sandbox",
@@ -183,7 +120,7 @@ pub async fn run(args: DemoArgs) -> Result<(), atunnel::BoxError> {
     for role in roles.into_iter().rev() {
         role.stop().await;
     }
-    sweep_namespaces(&prefix).await;
+    role::sweep_namespaces(&prefix).await;
     result
 }
 
@@ -196,7 +133,7 @@ async fn run_with(
     let files = pki::write(dir.path())?;
     let bulk = args.bulk_mib << 20;
 
-    let sink = start_role(&[
+    let sink = role::start(&[
         s("sink"),
         s("--listen=127.0.0.1:0"),
         format!("--cert={}", files.gateway_cert().display()),
@@ -214,7 +151,7 @@ async fn run_with(
     roles.push(sink);
     let gateway = gateway.ok_or("sink did not say where it listens")??;
 
-    let tunnel = start_role(&[
+    let tunnel = role::start(&[
         s("tunnel"),
         format!("--actors={}", args.actors),
         format!("--gateway={gateway}"),

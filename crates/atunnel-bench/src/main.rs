@@ -2,8 +2,11 @@
 //! it, and reports what it costs. Every role is a subcommand of this one
 //! binary; orchestrating commands re-run it for each role.
 
+mod actors;
 mod demo;
 mod pki;
+mod role;
+mod run;
 
 use std::path::PathBuf;
 
@@ -23,12 +26,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Everything on one machine: roles in namespaces, atunnel in a cgroup, every scenario, a run folder.
+    Run(run::RunArgs),
     /// Egress end to end on this machine: integrity, throughput, idle memory.
     Demo(demo::DemoArgs),
     /// atunnel hosting N actors (nothing else runs in this process).
     Tunnel(Box<atunnel::host::HostArgs>),
     /// The egress gateway in bench mode (answers by destination port).
     Sink(atunnel::gateway::cli::GatewayArgs),
+    /// The actors' programs: an HTTP server in every sandbox (ingress far end).
+    Actors(actors::ActorsArgs),
     /// Writes throwaway certificates shaped like the cluster's.
     Pki {
         /// Folder to write them into.
@@ -63,7 +70,9 @@ fn main() -> std::process::ExitCode {
             stop.cancel();
         });
         match cli.command {
+            Command::Run(args) => run::run(args).await,
             Command::Demo(args) => demo::run(args).await,
+            Command::Actors(args) => actors::run(args, cancel).await,
             Command::Tunnel(args) => atunnel::host::run(*args, cancel).await,
             Command::Sink(args) => atunnel::gateway::cli::run(args, cancel).await,
             Command::Pki { out } => pki::write(&out).map(|f| println!("wrote {}", f.dir.display())),

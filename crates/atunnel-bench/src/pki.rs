@@ -32,11 +32,29 @@ impl PkiFiles {
     pub fn gateway_key(&self) -> PathBuf {
         self.path("gateway.key")
     }
+    /// The worker's serving certificate and key in one PEM (ingress).
+    pub fn worker_bundle(&self) -> PathBuf {
+        self.path("worker-credential-bundle.pem")
+    }
+    /// The pod-identity CA: verifies the router (and the worker).
+    pub fn pod_ca(&self) -> PathBuf {
+        self.path("pod-ca.pem")
+    }
+    pub fn router_cert(&self) -> PathBuf {
+        self.path("router.pem")
+    }
+    pub fn router_key(&self) -> PathBuf {
+        self.path("router.key")
+    }
 }
+
+/// The name the bench worker's serving certificate carries.
+pub const WORKER_NAME: &str = "worker.bench";
 
 /// Writes a fresh PKI into `dir`: the actor CA (certificate and key, which
 /// the tunnel mints actor certificates with), the servicedns CA and the
-/// gateway's server certificate.
+/// gateway's server certificate, and the pod-identity CA with the worker's
+/// serving bundle and the router's client certificate.
 pub fn write(dir: &Path) -> Result<PkiFiles, atunnel::BoxError> {
     std::fs::create_dir_all(dir)?;
     let files = PkiFiles {
@@ -56,6 +74,28 @@ pub fn write(dir: &Path) -> Result<PkiFiles, atunnel::BoxError> {
     )?;
     std::fs::write(files.gateway_cert(), &gateway.cert_pem)?;
     write_private(&files.gateway_key(), &gateway.key_pem)?;
+    let pod_ca = CertificateAuthority::new("pod identity CA")?;
+    std::fs::write(files.pod_ca(), pod_ca.cert_pem())?;
+    let worker = pod_ca.issue(
+        Some(pki::WORKER_SPIFFE_ID),
+        &[WORKER_NAME],
+        &[],
+        Usage::ServerAndClient,
+        Duration::from_secs(7 * 24 * 3600),
+    )?;
+    write_private(
+        &files.worker_bundle(),
+        &format!("{}{}", worker.cert_pem, worker.key_pem),
+    )?;
+    let router = pod_ca.issue(
+        Some(pki::ROUTER_SPIFFE_ID),
+        &[],
+        &[],
+        Usage::Client,
+        Duration::from_secs(7 * 24 * 3600),
+    )?;
+    std::fs::write(files.router_cert(), &router.cert_pem)?;
+    write_private(&files.router_key(), &router.key_pem)?;
     Ok(files)
 }
 

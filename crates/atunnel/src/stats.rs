@@ -171,8 +171,15 @@ pub async fn spawn(
 /// A few lines of HTTP/1.0 by hand: one GET to a loopback endpoint of our
 /// own, where a client library would add nothing but weight.
 pub async fn fetch(addr: SocketAddr, release: bool) -> Result<serde_json::Value, crate::BoxError> {
+    fetch_over(tokio::net::TcpStream::connect(addr).await?, release).await
+}
+
+/// [`fetch`] over a connection the caller made (from another namespace, say).
+pub async fn fetch_over(
+    mut s: tokio::net::TcpStream,
+    release: bool,
+) -> Result<serde_json::Value, crate::BoxError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
     let query = if release { "?release=1" } else { "" };
     s.write_all(format!("GET /stats{query} HTTP/1.0\r\nHost: stats\r\n\r\n").as_bytes())
         .await?;

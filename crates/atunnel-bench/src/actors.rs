@@ -1,0 +1,71 @@
+//! `atunnel-bench actors`: the actors' programs for ingress, one small HTTP
+//! server (HTTP/1.1 and h2c) inside every sandbox's runtime namespace, at
+//! 169.254.17.2:<port>. A process of its own, so its CPU is the far end's,
+//! not the tunnel's or the generator's.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use atunnel_sandbox::sandbox::ACTOR_ADDR;
+use atunnel_sandbox::{NetNs, NsExecutor};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio_util::sync::CancellationToken;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ActorsArgs {
+    /// Runtime namespaces to serve in, comma separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub netns: Vec<String>,
+    /// Port the actors listen on.
+    #[arg(long, default_value_t = 80)]
+    pub port: u16,
+    /// Body bytes of each response.
+    #[arg(long, default_value_t = 64)]
+    pub body_bytes: usize,
+}
+
+pub async fn run(args: ActorsArgs, cancel: CancellationToken) -> Result<(), atunnel::BoxError> {
+    let exec = NsExecutor::start()?;
+    let body = Bytes::from(vec![b'a'; args.body_bytes]);
+    let addr = SocketAddr::from((ACTOR_ADDR, args.port));
+    for name in &args.netns {
+        let ns = NetNs::open(name)?;
+        let listener = exec
+            .run_in(&ns, move || {
+                let l = std::net::TcpListener::bind(addr)?;
+                l.set_nonblocking(true)?;
+                Ok::<_, std::io::Error>(l)
+            })
+            .await??;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let body = body.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            loop {
+                let tcp = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    a = listener.accept() => match a { Ok((t, _)) => t, Err(_) => continue },
+                };
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |_req| {
+                        let body = body.clone();
+                        async move { Ok::<_, Infallible>(hyper::Response::new(Full::new(body))) }
+                    });
+                    let mut builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    // Answer clients that half-close after their request
+                    // (as a CONNECT tunnel's client may), as most servers do.
+                    builder.http1().half_close(true);
+                    let _ = builder.serve_connection(TokioIo::new(tcp), svc).await;
+                });
+            }
+        });
+    }
+    println!("ready {} actors", args.netns.len());
+    cancel.cancelled().await;
+    Ok(())
+}

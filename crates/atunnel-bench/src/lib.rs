@@ -1,0 +1,5 @@
+//! atunnel-bench's reusable parts: cgroups, the open-loop load generator,
+//! verdicts and reports. The binary (`main.rs`) wires them into roles.
+
+pub mod cgroup;
+pub mod load;

@@ -1,0 +1,20 @@
+//! The open-loop load generator and what is made of its numbers.
+//!
+//! - [`schedule`]: runs one rung of load open-loop — unit `i` is due at
+//!   `start + i / rate` whether or not earlier units finished, and its
+//!   latency counts from when it was due.
+//! - [`verdict`]: names what limited each rung (the tunnel, the generator,
+//!   the far end, errors) and picks the sustainable rate of a ladder.
+//! - [`results`]: `results.json` (read by other tools), `results.txt` (read
+//!   by people first) and one SVG chart per scenario.
+
+pub mod results;
+pub mod schedule;
+pub mod verdict;
+
+pub use results::{
+    Latency, Results, RungResult, ScenarioResult, write_plots, write_results_json,
+    write_results_txt,
+};
+pub use schedule::{END_GRACE, Rung, RungOutcome, new_histogram, run_rung, run_rung_with_grace};
+pub use verdict::{RungEvidence, Verdict, sustainable_rate, verdict};

@@ -1,0 +1,121 @@
+//! report.md: what each scenario measures, its figures, and what they mean
+//! next to the reference's.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use atunnel_bench::load::results::{Results, ScenarioResult};
+
+use super::RunArgs;
+
+/// What a scenario measures, and the reference's figure where there is one.
+fn about(name: &str) -> (&'static str, &'static str) {
+    match name {
+        "egress-idle" => (
+            "Idle egress connections held open from every actor's sandbox (opened at 200/s, one byte there and back each, then silent). Per connection: atunnel's live heap (counting allocator, after free memory is released), its whole cgroup's memory (user and kernel, sockets included), tasks, and the CPU it took to open one.",
+            "Reference: 26.8 KiB heap, 4 goroutines, ~54 KiB of cgroup memory and ~1 ms of CPU per connection. Targets: <= 2 KiB heap, 1 task, <= 6 KiB cgroup, <= 0.1 ms to open.",
+        ),
+        "egress-tcp" => (
+            "Bulk throughput of one egress connection (actor -> tunnel -> gateway sink), three runs, with atunnel held to its CPU quota.",
+            "Reference: ~305-311 MB/s per core. Target: >= 915 MB/s at 1 CPU.",
+        ),
+        "egress-http" => (
+            "Small HTTP/1.1 requests over 64 reused egress tunnels, open loop, rising rate; atunnel's CPU per rung.",
+            "Reference: 0.83-1.00 core at 8,000 req/s.",
+        ),
+        "egress-new" => (
+            "New egress connections per second (connect from a sandbox, one byte there and back, close): the CPU a new tunnel costs.",
+            "Reference: about 1 ms of CPU per new connection. Target: <= 0.1 ms.",
+        ),
+        "ingress-https" => (
+            "Requests from the router (HTTP/2 with the router's certificate) through the HTTPS listener to the actors, open loop, rising rate; and how many new connections to actors each 1,000 requests cost after warm-up.",
+            "The reference kept two spare connections per actor and opened a new one for many requests under load. Target: < 5 new per 1,000.",
+        ),
+        "ingress-connect" => (
+            "CONNECT tunnels from the router through the CONNECT listener to actor:80, one request and answer inside each.",
+            "",
+        ),
+        _ => ("", ""),
+    }
+}
+
+/// The few lines shown on the console after a scenario.
+pub fn summary_lines(s: &ScenarioResult) -> Vec<String> {
+    let mut lines = vec![format!("summary: {}", s.summary)];
+    lines.extend(s.notes.iter().map(|n| format!("note: {n}")));
+    lines
+}
+
+pub fn write(
+    dir: &Path,
+    args: &RunArgs,
+    results: &Results,
+    plots: &[PathBuf],
+    events: &[String],
+) -> std::io::Result<()> {
+    let mut md = String::new();
+    let _ = writeln!(md, "# atunnel-bench run\n");
+    let _ = writeln!(
+        md,
+        "atunnel ran in a cgroup of its own with {} CPU and {} MiB of memory (no swap); the gateway sink and the load generator each in a network namespace of their own, the actors in real sandboxes. Load is open loop: each unit is due on a fixed schedule and latency counts from when it was due. Each rung's verdict separates atunnel out of CPU (`tunnel-cpu`) from the generator (`generator`) or the far end (`far-end`) being the bottleneck.\n",
+        args.tunnel_cpus, args.tunnel_memory_mib
+    );
+    let _ = writeln!(
+        md,
+        "Reproduce: `cargo run --release -p atunnel-bench -- run{}`. This machine: {} cores; figures from one noisy shared machine, so compare ratios within a run.\n",
+        if args.quick { " --quick" } else { "" },
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    for s in &results.scenarios {
+        let (what, reference) = about(&s.name);
+        let _ = writeln!(md, "## {}\n\n{what}\n", s.name);
+        if !reference.is_empty() {
+            let _ = writeln!(md, "{reference}\n");
+        }
+        if !s.rungs.is_empty() {
+            let _ = writeln!(
+                md,
+                "| offered/s | achieved/s | errors | verdict | tunnel cores | heap MiB | cgroup MiB | p50 ms | p99 ms | max ms |"
+            );
+            let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+            for r in &s.rungs {
+                let _ = writeln!(
+                    md,
+                    "| {:.0} | {:.1} | {} | {} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} |",
+                    r.offered,
+                    r.achieved,
+                    r.errors,
+                    r.verdict,
+                    r.tunnel_cpu_cores,
+                    r.tunnel_heap_bytes as f64 / 1048576.0,
+                    r.tunnel_cgroup_bytes as f64 / 1048576.0,
+                    r.latency_us.p50 as f64 / 1e3,
+                    r.latency_us.p99 as f64 / 1e3,
+                    r.latency_us.max as f64 / 1e3
+                );
+            }
+            let _ = writeln!(md);
+        }
+        let _ = writeln!(md, "Summary: `{}`\n", s.summary);
+        for n in &s.notes {
+            let _ = writeln!(md, "- {n}");
+        }
+        if let Some(plot) = plots.iter().find(|p| {
+            p.file_name()
+                .is_some_and(|f| f.to_string_lossy().contains(&s.name))
+        }) {
+            let name = plot
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let _ = writeln!(md, "\n![{}]({name})\n", s.name);
+        }
+    }
+    if !events.is_empty() {
+        let _ = writeln!(md, "## Events\n");
+        for e in events {
+            let _ = writeln!(md, "- {e}");
+        }
+    }
+    std::fs::write(dir.join("report.md"), md)
+}

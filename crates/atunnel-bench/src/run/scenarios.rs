@@ -1,0 +1,636 @@
+//! The scenarios. Load is open loop (`load::schedule`): units are due on a
+//! fixed schedule whatever earlier ones take, latency counts from the due
+//! time. Egress traffic starts inside the sandboxes (sockets made in each
+//! actor's runtime namespace, as its program's would be); ingress comes from
+//! the load namespace as the router, with the router's certificate.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use atunnel::stats::num;
+use atunnel_bench::cgroup::CgroupSample;
+use atunnel_bench::load::results::{Latency, RungResult, ScenarioResult};
+use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung};
+use atunnel_bench::load::verdict::{RungEvidence, Verdict, sustainable_rate, verdict};
+use atunnel_sandbox::{NetNs, NsExecutor};
+use bytes::Bytes;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::Bench;
+use super::topology::WORKER_LOAD_SIDE;
+use crate::role::process_cpu_seconds;
+
+const ECHO: &str = "192.0.2.10:7";
+const DISCARD: &str = "192.0.2.10:9";
+const HTTP: &str = "192.0.2.10:80";
+/// The sink's answer to each request on port 80 (64-byte body).
+const HTTP_ANSWER_LEN: usize = "HTTP/1.1 200 OK\r\nContent-Length: 64\r\n\r\n".len() + 64;
+
+pub async fn run(bench: &mut Bench, name: &str) -> Result<ScenarioResult, atunnel::BoxError> {
+    bench.check_tunnel().await?;
+    match name {
+        "egress-idle" => egress_idle(bench).await,
+        "egress-tcp" => egress_tcp(bench).await,
+        "egress-http" => egress_http(bench).await,
+        "egress-new" => egress_new(bench).await,
+        "ingress-https" => ingress_https(bench).await,
+        "ingress-connect" => ingress_connect(bench).await,
+        other => Err(format!("unknown scenario {other}").into()),
+    }
+}
+
+/// Dials from inside the actors' sandboxes.
+#[derive(Clone)]
+struct Actors {
+    exec: NsExecutor,
+    sandboxes: Arc<Vec<NetNs>>,
+}
+
+impl Actors {
+    fn of(bench: &Bench) -> Self {
+        Self {
+            exec: bench.topo.exec.clone(),
+            sandboxes: Arc::new(bench.sandboxes.clone()),
+        }
+    }
+
+    async fn dial(&self, actor: u64, dest: &str) -> std::io::Result<TcpStream> {
+        let dest: SocketAddr = dest.parse().map_err(std::io::Error::other)?;
+        let ns = &self.sandboxes[actor as usize % self.sandboxes.len()];
+        let socket = self
+            .exec
+            .run_in(ns, move || {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+                s.set_nonblocking(true)?;
+                Ok::<std::net::TcpStream, std::io::Error>(s.into())
+            })
+            .await
+            .map_err(std::io::Error::other)??;
+        let s = tokio::net::TcpSocket::from_std_stream(socket)
+            .connect(dest)
+            .await?;
+        s.set_nodelay(true)?;
+        Ok(s)
+    }
+}
+
+async fn ping(s: &mut TcpStream) -> Result<(), String> {
+    s.write_all(b"p").await.map_err(|e| e.to_string())?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// CPU and memory around one rung.
+struct Window {
+    t0: Instant,
+    cg: CgroupSample,
+    generator: f64,
+    far_end: f64,
+    far_pid: Option<u32>,
+}
+
+impl Window {
+    fn open(bench: &Bench, far_pid: Option<u32>) -> Self {
+        Self {
+            t0: Instant::now(),
+            cg: bench.cgroup_sample(),
+            generator: process_cpu_seconds(std::process::id()),
+            far_end: far_pid.map_or(0.0, process_cpu_seconds),
+            far_pid,
+        }
+    }
+
+    /// Closes the window: the rung's result with its verdict.
+    async fn close(self, bench: &mut Bench, out: &RungOutcome) -> RungResult {
+        let secs = self.t0.elapsed().as_secs_f64().max(1e-3);
+        let cg = bench.cgroup_sample();
+        let alive = bench.check_tunnel().await.unwrap_or(false);
+        let stats = bench.stats(false).await.unwrap_or_default();
+        // The machine's cores not given to the tunnel are shared by the
+        // generator and the far end.
+        let others = (cores() - bench.tunnel_cpus).max(0.5);
+        let evidence = RungEvidence {
+            offered: out.offered,
+            achieved: out.achieved,
+            errors: out.errors,
+            completed: out.completed,
+            shed: out.shed,
+            dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
+            tunnel_cpu_cores: cg.cpu_seconds_since(&self.cg) / secs,
+            tunnel_cpu_quota: bench.tunnel_cpus,
+            tunnel_throttled: cg.throttled_since(&self.cg),
+            generator_cpu_cores: (process_cpu_seconds(std::process::id()) - self.generator) / secs,
+            generator_cpu_available: others,
+            far_end_cpu_cores: self.far_pid.map_or(0.0, process_cpu_seconds) - self.far_end,
+            far_end_cpu_available: others,
+            tunnel_died: !alive,
+        };
+        let far_end_cpu_cores = evidence.far_end_cpu_cores / secs;
+        let evidence = RungEvidence {
+            far_end_cpu_cores,
+            ..evidence
+        };
+        let v = verdict(&evidence);
+        eprintln!(
+            "         rung {:>7.0}/s: achieved {:>8.1}/s, errors {}, shed {}, tunnel {:.2} cores, generator {:.2}, far end {:.2}, p99 {:.1} ms -> {}",
+            out.offered,
+            out.achieved,
+            out.errors,
+            out.shed,
+            evidence.tunnel_cpu_cores,
+            evidence.generator_cpu_cores,
+            evidence.far_end_cpu_cores,
+            Latency::from_histogram(&out.latency).p99 as f64 / 1e3,
+            v
+        );
+        RungResult {
+            offered: out.offered,
+            achieved: out.achieved,
+            errors: out.errors,
+            verdict: v,
+            tunnel_cpu_cores: evidence.tunnel_cpu_cores,
+            tunnel_heap_bytes: num(&stats, &["process", "heap_bytes"]) as u64,
+            tunnel_cgroup_bytes: cg.memory_bytes,
+            latency_us: Latency::from_histogram(&out.latency),
+            shed: out.shed,
+            dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
+            notes: out.first_error.clone().unwrap_or_default(),
+        }
+    }
+}
+
+fn cores() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+}
+
+fn ladder(bench: &Bench, quick: &[f64], full: &[f64]) -> (Vec<f64>, Duration) {
+    if bench.quick {
+        (quick.to_vec(), Duration::from_secs(3))
+    } else {
+        (full.to_vec(), Duration::from_secs(10))
+    }
+}
+
+/// Hold N idle egress connections over every sandbox: heap, cgroup bytes
+/// and tasks per connection, CPU while opening them at 200/s and holding them.
+async fn egress_idle(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
+    let actors = Actors::of(bench);
+    let mut notes = Vec::new();
+    let mut n = bench.idle_conns;
+    // This process holds one descriptor per connection.
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
+    let room = (soft as usize).saturating_sub(500);
+    if n > room {
+        notes.push(format!(
+            "the generator's fd limit ({soft}) capped the connections at {room} of {n}: the fd limit, not memory, stopped it"
+        ));
+        n = room;
+    }
+    // Warm up: each actor's pooled gateway connection exists before the
+    // baseline (shared by all its tunnels, not a per-connection cost).
+    for i in 0..actors.sandboxes.len() as u64 {
+        let mut s = actors.dial(i, ECHO).await?;
+        ping(&mut s).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = bench.stats(true).await?;
+    let cg0 = bench.cgroup_sample();
+    let held = Arc::new(std::sync::Mutex::new(Vec::with_capacity(n)));
+    let rate = 200.0;
+    let rung = Rung {
+        rate,
+        duration: Duration::from_secs_f64(n as f64 / rate),
+        max_in_flight: 2000,
+    };
+    let window = Window::open(bench, bench.sink_pid());
+    let (a, h) = (actors.clone(), held.clone());
+    let outcome = run_rung(&rung, move |i| {
+        let (a, h) = (a.clone(), h.clone());
+        async move {
+            let mut s = a.dial(i, ECHO).await.map_err(|e| e.to_string())?;
+            ping(&mut s).await?;
+            h.lock().expect("held lock").push(s);
+            Ok(())
+        }
+    })
+    .await;
+    let mut result = window.close(bench, &outcome).await;
+    let cg1 = bench.cgroup_sample();
+    let opened = held.lock().expect("held lock").len();
+    let open_cpu = cg1.cpu_seconds_since(&cg0);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cg2 = bench.cgroup_sample();
+    let hold_cores = cg2.cpu_seconds_since(&cg1) / 3.0;
+    let after = bench.stats(true).await?;
+    let cg3 = bench.cgroup_sample();
+    let per = |v: f64| if opened > 0 { v / opened as f64 } else { 0.0 };
+    let heap =
+        per(num(&after, &["process", "heap_bytes"]) - num(&before, &["process", "heap_bytes"]));
+    let tasks = per(num(&after, &["process", "tasks"]) - num(&before, &["process", "tasks"]));
+    let cgroup = per(cg3.memory_bytes as f64 - cg0.memory_bytes as f64);
+    let sock = per(cg3.socket_bytes as f64 - cg0.socket_bytes as f64);
+    result.tunnel_heap_bytes = num(&after, &["process", "heap_bytes"]) as u64;
+    result.tunnel_cgroup_bytes = cg3.memory_bytes;
+    drop(std::mem::take(&mut *held.lock().expect("held lock")));
+    // Let the tunnel see every close before the next scenario.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let s = bench.stats(false).await?;
+        if num(&s, &["egress", "tunnels_open"]) == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(ScenarioResult {
+        name: "egress-idle".into(),
+        rungs: vec![result],
+        summary: json!({
+            "conns": opened,
+            "heap_bytes_per_conn": heap.round(),
+            "cgroup_bytes_per_conn": cgroup.round(),
+            "socket_bytes_per_conn": sock.round(),
+            "tasks_per_conn": (tasks * 100.0).round() / 100.0,
+            "open_cpu_ms_per_conn": (per(open_cpu) * 1e3 * 1000.0).round() / 1000.0,
+            "hold_cpu_cores": (hold_cores * 1000.0).round() / 1000.0,
+            "actors": actors.sandboxes.len(),
+        }),
+        notes,
+    })
+}
+
+/// Bulk throughput from an actor to a destination through the tunnel, three runs.
+async fn egress_tcp(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
+    let actors = Actors::of(bench);
+    let bytes: u64 = if bench.quick { 256 << 20 } else { 1 << 30 };
+    let chunk = vec![0x5a_u8; 256 * 1024];
+    let mut mbps = Vec::new();
+    let mut cores = Vec::new();
+    for run in 0..3 {
+        let cg0 = bench.cgroup_sample();
+        let t0 = Instant::now();
+        let mut s = actors.dial(0, DISCARD).await?;
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            s.write_all(&chunk[..n]).await?;
+            left -= n as u64;
+        }
+        s.shutdown().await?;
+        // The discard service half-closes once it has read everything.
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).await?;
+        let secs = t0.elapsed().as_secs_f64();
+        let cg1 = bench.cgroup_sample();
+        mbps.push((bytes as f64 / 1e6 / secs).round());
+        cores.push((cg1.cpu_seconds_since(&cg0) / secs * 100.0).round() / 100.0);
+        eprintln!(
+            "         run {}: {:.0} MB/s, tunnel {:.2} cores",
+            run + 1,
+            bytes as f64 / 1e6 / secs,
+            cores[run]
+        );
+    }
+    Ok(ScenarioResult {
+        name: "egress-tcp".into(),
+        rungs: Vec::new(),
+        summary: json!({ "mb_per_s": mbps, "tunnel_cores": cores, "bytes_per_run": bytes }),
+        notes: vec!["one TCP connection from actor-0's sandbox to the sink's discard port, through the tunnel's HTTP/2 CONNECT path".into()],
+    })
+}
+
+/// One request over a persistent egress connection to the sink's HTTP port.
+async fn http_exchange(s: &mut TcpStream) -> Result<(), String> {
+    s.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = [0u8; HTTP_ANSWER_LEN];
+    s.read_exact(&mut answer).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Requests over reused egress connections, ladder up to 8,000 req/s and beyond.
+async fn egress_http(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
+    let actors = Actors::of(bench);
+    let conns = 64;
+    let (tx, rx) = async_channel_pair(conns);
+    for i in 0..conns as u64 {
+        tx.send(actors.dial(i, HTTP).await?)
+            .await
+            .map_err(|_| "pool closed")?;
+    }
+    let (rates, duration) = ladder(
+        bench,
+        &[1000.0, 4000.0, 8000.0],
+        &[1000.0, 2000.0, 4000.0, 8000.0, 12000.0, 16000.0],
+    );
+    let mut rungs = Vec::new();
+    for rate in rates {
+        let window = Window::open(bench, bench.sink_pid());
+        let (tx2, rx2) = (tx.clone(), rx.clone());
+        let outcome = run_rung(
+            &Rung {
+                rate,
+                duration,
+                max_in_flight: 4096,
+            },
+            move |_| {
+                let (tx, rx) = (tx2.clone(), rx2.clone());
+                async move {
+                    let mut s = rx.recv().await.map_err(|_| "pool closed".to_string())?;
+                    let r = http_exchange(&mut s).await;
+                    if r.is_ok() {
+                        let _ = tx.send(s).await;
+                    }
+                    r
+                }
+            },
+        )
+        .await;
+        rungs.push(window.close(bench, &outcome).await);
+    }
+    let cores_at_8000 = rungs
+        .iter()
+        .find(|r| r.offered == 8000.0)
+        .map(|r| r.tunnel_cpu_cores);
+    Ok(ScenarioResult {
+        name: "egress-http".into(),
+        summary: json!({
+            "cores_at_8000_rps": cores_at_8000.map(|c| (c * 1000.0).round() / 1000.0),
+            "connections": conns,
+            "sustainable_rps": sustainable(&rungs),
+        }),
+        rungs,
+        notes: vec!["HTTP/1.1 keep-alive requests from the actors' sandboxes to the sink's port 80 over 64 reused tunnels".into()],
+    })
+}
+
+/// New egress connections per second: connect, one byte there and back, close.
+async fn egress_new(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
+    let actors = Actors::of(bench);
+    let (rates, duration) = ladder(
+        bench,
+        &[200.0, 500.0, 1000.0],
+        &[200.0, 500.0, 1000.0, 2000.0, 3000.0],
+    );
+    let mut rungs = Vec::new();
+    let mut cpu_per_conn = Vec::new();
+    for rate in rates {
+        let window = Window::open(bench, bench.sink_pid());
+        let a = actors.clone();
+        let outcome = run_rung(
+            &Rung {
+                rate,
+                duration,
+                max_in_flight: 4096,
+            },
+            move |i| {
+                let a = a.clone();
+                async move {
+                    let mut s = a.dial(i, ECHO).await.map_err(|e| e.to_string())?;
+                    ping(&mut s).await
+                }
+            },
+        )
+        .await;
+        let r = window.close(bench, &outcome).await;
+        if r.achieved > 0.0 {
+            cpu_per_conn.push(json!({"rate": rate, "tunnel_cpu_ms_per_conn": (r.tunnel_cpu_cores / r.achieved * 1e3 * 1000.0).round() / 1000.0}));
+        }
+        rungs.push(r);
+    }
+    Ok(ScenarioResult {
+        name: "egress-new".into(),
+        summary: json!({ "sustainable_rate": sustainable(&rungs), "cpu_per_conn": cpu_per_conn }),
+        rungs,
+        notes: Vec::new(),
+    })
+}
+
+fn sustainable(rungs: &[RungResult]) -> Option<f64> {
+    let list: Vec<(f64, f64, Verdict)> = rungs
+        .iter()
+        .map(|r| (r.offered, r.achieved, r.verdict))
+        .collect();
+    sustainable_rate(&list)
+}
+
+/// A router-side HTTP/2 connection to the tunnel's ingress.
+async fn router_h2(
+    bench: &Bench,
+    port: u16,
+) -> Result<hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>, atunnel::BoxError>
+{
+    let tls = router_tls(bench, port).await?;
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await?;
+    tokio::spawn(conn);
+    Ok(send)
+}
+
+async fn router_tls(
+    bench: &Bench,
+    port: u16,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, atunnel::BoxError> {
+    let p = &bench.pki;
+    let roots = atunnel::config::load_roots(&p.pod_ca())?;
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_client_auth_cert(
+        atunnel::config::load_certs(&p.router_cert())?,
+        atunnel::config::load_key(&p.router_key())?,
+    )?;
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = bench
+        .topo
+        .connect_in(&bench.topo.load, SocketAddr::from((WORKER_LOAD_SIDE, port)))
+        .await?;
+    let name = rustls::pki_types::ServerName::try_from(crate::pki::WORKER_NAME)?;
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await?)
+}
+
+/// Requests through the router-facing HTTPS listener to the ingress actors.
+async fn ingress_https(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
+    let mut senders = Vec::new();
+    for _ in 0..4 {
+        senders.push(router_h2(bench, 443).await?);
+    }
+    let senders = Arc::new(senders);
+    let actors = bench.sandboxes.len().max(1) as u64;
+    let (rates, duration) = ladder(
+        bench,
+        &[1000.0, 2000.0, 4000.0],
+        &[1000.0, 2000.0, 4000.0, 8000.0, 12000.0],
+    );
+    let mut rungs = Vec::new();
+    let mut new_conns = Vec::new();
+    for rate in rates {
+        let before = num(
+            &bench.stats(false).await?,
+            &["ingress", "new_upstream_connections"],
+        );
+        let window = Window::open(bench, bench.actors_pid());
+        let s = senders.clone();
+        let outcome = run_rung(
+            &Rung {
+                rate,
+                duration,
+                max_in_flight: 4096,
+            },
+            move |i| {
+                let mut send = s[i as usize % s.len()].clone();
+                async move {
+                    let req = http::Request::builder()
+                        .uri("https://worker.bench/")
+                        .header("ate-target-actor", format!("bench/actor-{}", i % actors))
+                        .body(http_body_util::Empty::<Bytes>::new())
+                        .map_err(|e| e.to_string())?;
+                    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+                    if !resp.status().is_success() {
+                        return Err(format!("status {}", resp.status()));
+                    }
+                    http_body_util::BodyExt::collect(resp.into_body())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(())
+                }
+            },
+        )
+        .await;
+        let r = window.close(bench, &outcome).await;
+        let after = num(
+            &bench.stats(false).await?,
+            &["ingress", "new_upstream_connections"],
+        );
+        new_conns.push((after - before, outcome.completed));
+        rungs.push(r);
+    }
+    // After warm-up: every rung but the first.
+    let (conns, reqs) = new_conns
+        .iter()
+        .skip(1)
+        .fold((0.0, 0u64), |(c, r), (dc, dr)| (c + dc, r + dr));
+    let per_1000 = if reqs > 0 {
+        conns * 1000.0 / reqs as f64
+    } else {
+        0.0
+    };
+    Ok(ScenarioResult {
+        name: "ingress-https".into(),
+        summary: json!({
+            "sustainable_rps": sustainable(&rungs),
+            "new_upstream_conns_per_1000": (per_1000 * 100.0).round() / 100.0,
+        }),
+        rungs,
+        notes: vec!["4 router HTTP/2 connections with the router's certificate, GET / to actor-(i mod actors), HTTP/1.1 to the actor".into()],
+    })
+}
+
+/// CONNECT tunnels through the router-facing CONNECT listener: open an h2
+/// CONNECT stream to an actor's port 80, one request and answer, close.
+async fn ingress_connect(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
+    let mut senders = Vec::new();
+    for _ in 0..4 {
+        let tls = router_tls(bench, 8443).await?;
+        let (send, conn) = h2::client::handshake(tls).await?;
+        tokio::spawn(conn);
+        senders.push(send);
+    }
+    let senders = Arc::new(senders);
+    let actors = bench.sandboxes.len().max(1) as u64;
+    let (rates, duration) = ladder(
+        bench,
+        &[500.0, 1000.0, 2000.0],
+        &[500.0, 1000.0, 2000.0, 4000.0, 8000.0],
+    );
+    let mut rungs = Vec::new();
+    for rate in rates {
+        let window = Window::open(bench, bench.actors_pid());
+        let s = senders.clone();
+        let outcome = run_rung(
+            &Rung {
+                rate,
+                duration,
+                max_in_flight: 2048,
+            },
+            move |i| {
+                let send = s[i as usize % s.len()].clone();
+                async move { connect_exchange(send, i % actors).await }
+            },
+        )
+        .await;
+        rungs.push(window.close(bench, &outcome).await);
+    }
+    Ok(ScenarioResult {
+        name: "ingress-connect".into(),
+        summary: json!({ "sustainable_rps": sustainable(&rungs) }),
+        rungs,
+        notes: vec!["each unit: a new HTTP/2 CONNECT stream to actor:80, one HTTP/1.1 request and answer inside it, close".into()],
+    })
+}
+
+async fn connect_exchange(send: h2::client::SendRequest<Bytes>, actor: u64) -> Result<(), String> {
+    let mut send = send.ready().await.map_err(|e| e.to_string())?;
+    let req = http::Request::builder()
+        .method("CONNECT")
+        .uri("actor:80")
+        .header("ate-target-actor", format!("bench/actor-{actor}"))
+        .body(())
+        .map_err(|e| e.to_string())?;
+    let (resp, mut stream) = send.send_request(req, false).map_err(|e| e.to_string())?;
+    let resp = resp.await.map_err(|e| e.to_string())?;
+    if resp.status() != 200 {
+        return Err(format!("CONNECT status {}", resp.status()));
+    }
+    let mut body = resp.into_body();
+    stream
+        .send_data(
+            Bytes::from_static(b"GET / HTTP/1.1\r\nHost: actor\r\nConnection: close\r\n\r\n"),
+            true,
+        )
+        .map_err(|e| e.to_string())?;
+    let mut got = 0usize;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.map_err(|e| e.to_string())?;
+        got += chunk.len();
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    if got == 0 {
+        return Err("empty answer through the tunnel".into());
+    }
+    Ok(())
+}
+
+/// A bounded multi-producer multi-consumer queue of pooled connections.
+fn async_channel_pair(cap: usize) -> (PoolTx, PoolRx) {
+    let (tx, rx) = tokio::sync::mpsc::channel(cap);
+    (PoolTx(tx), PoolRx(Arc::new(tokio::sync::Mutex::new(rx))))
+}
+
+#[derive(Clone)]
+struct PoolTx(tokio::sync::mpsc::Sender<TcpStream>);
+#[derive(Clone)]
+struct PoolRx(Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<TcpStream>>>);
+
+impl PoolTx {
+    async fn send(&self, s: TcpStream) -> Result<(), TcpStream> {
+        self.0.send(s).await.map_err(|e| e.0)
+    }
+}
+
+impl PoolRx {
+    async fn recv(&self) -> Result<TcpStream, ()> {
+        self.0.lock().await.recv().await.ok_or(())
+    }
+}
