@@ -11,7 +11,6 @@ mod run;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
 
 // The tunnel role's /stats reads live heap from this allocator.
 #[global_allocator]
@@ -45,30 +44,8 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("atunnel-bench: starting the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let cancel = CancellationToken::new();
-    let result = runtime.block_on(async {
-        let stop = cancel.clone();
-        tokio::spawn(async move {
-            wait_for_stop_signal().await;
-            stop.cancel();
-        });
+    atunnel::process::run_main("atunnel-bench", "warn", |cancel| async move {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Demo(args) => demo::run(args).await,
@@ -77,27 +54,5 @@ fn main() -> std::process::ExitCode {
             Command::Sink(args) => atunnel::gateway::cli::run(args, cancel).await,
             Command::Pki { out } => pki::write(&out).map(|f| println!("wrote {}", f.dir.display())),
         }
-    });
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("atunnel-bench: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-/// Ctrl-C or SIGTERM (what a supervisor sends) both stop cleanly.
-async fn wait_for_stop_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    })
 }

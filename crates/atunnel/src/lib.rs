@@ -13,6 +13,7 @@ pub mod gateway_client;
 pub mod host;
 pub mod http1;
 pub mod ingress;
+pub mod process;
 pub mod stats;
 pub mod tunnel;
 

@@ -1,7 +1,6 @@
 //! The `atunnel` binary: the tunnel hosting actors, or the egress gateway.
 
 use clap::{Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
 
 #[global_allocator]
 static ALLOC: atunnel_core::alloc::CountingAlloc = atunnel_core::alloc::CountingAlloc;
@@ -25,55 +24,11 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("atunnel: starting the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let cancel = CancellationToken::new();
-    let result = runtime.block_on(async {
-        let stop = cancel.clone();
-        tokio::spawn(async move {
-            wait_for_stop_signal().await;
-            stop.cancel();
-        });
+    atunnel::process::run_main("atunnel", "info", |cancel| async move {
         match cli.command {
             Command::Host(args) => atunnel::host::run(*args, cancel).await,
             Command::Gateway(args) => atunnel::gateway::cli::run(*args, cancel).await,
         }
-    });
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("atunnel: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-/// Ctrl-C or SIGTERM (what a supervisor sends) both stop cleanly.
-async fn wait_for_stop_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    })
 }
