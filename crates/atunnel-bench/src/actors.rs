@@ -25,6 +25,26 @@ pub struct ActorsArgs {
     /// Body bytes of each response.
     #[arg(long, default_value_t = 64)]
     pub body_bytes: usize,
+    /// A port where each connection gets an endless stream of bytes (for
+    /// readers that stop reading).
+    #[arg(long, default_value_t = 9000)]
+    pub flood_port: u16,
+}
+
+static FLOOD: [u8; 64 * 1024] = [b'f'; 64 * 1024];
+
+/// Writes to every connection until it fails.
+async fn flood(listener: tokio::net::TcpListener, cancel: CancellationToken) {
+    loop {
+        let mut tcp = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = listener.accept() => match a { Ok((t, _)) => t, Err(_) => continue },
+        };
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while tcp.write_all(&FLOOD).await.is_ok() {}
+        });
+    }
 }
 
 pub async fn run(args: ActorsArgs, cancel: CancellationToken) -> Result<(), atunnel::BoxError> {
@@ -41,6 +61,18 @@ pub async fn run(args: ActorsArgs, cancel: CancellationToken) -> Result<(), atun
             })
             .await??;
         let listener = tokio::net::TcpListener::from_std(listener)?;
+        let flood_addr = SocketAddr::from((ACTOR_ADDR, args.flood_port));
+        let flooder = exec
+            .run_in(&ns, move || {
+                let l = std::net::TcpListener::bind(flood_addr)?;
+                l.set_nonblocking(true)?;
+                Ok::<_, std::io::Error>(l)
+            })
+            .await??;
+        tokio::spawn(flood(
+            tokio::net::TcpListener::from_std(flooder)?,
+            cancel.clone(),
+        ));
         let body = body.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {

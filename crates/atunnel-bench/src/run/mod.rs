@@ -31,6 +31,7 @@ pub const SCENARIOS: &[&str] = &[
     "egress-new",
     "ingress-https",
     "ingress-connect",
+    "socket-memory",
 ];
 
 #[derive(clap::Args, Clone, Debug)]
@@ -71,6 +72,8 @@ pub struct Bench {
     pub idle_conns: usize,
     sink: Option<Role>,
     tunnel: Option<Role>,
+    /// Extra flags the current atunnel runs with (a scenario's setting).
+    tunnel_extra: Vec<String>,
     actors: Option<Role>,
     /// OOM kills and restarts seen, for the report.
     pub events: Vec<String>,
@@ -227,6 +230,7 @@ impl Bench {
             idle_conns,
             sink: Some(sink),
             tunnel: None,
+            tunnel_extra: Vec::new(),
             actors: None,
             events: Vec::new(),
             topo,
@@ -312,6 +316,25 @@ impl Bench {
         let n = self.ready.actors.len().max(1);
         self.start_tunnel(n).await?;
         Ok(false)
+    }
+
+    /// Restarts atunnel (and the actors in its fresh sandboxes) with `extra`
+    /// flags; an empty list returns to the defaults.
+    pub async fn restart_tunnel(&mut self, extra: Vec<String>) -> Result<(), atunnel::BoxError> {
+        if let Some(actors) = self.actors.take() {
+            actors.stop().await;
+        }
+        if let Some(tunnel) = self.tunnel.take() {
+            tunnel.stop().await;
+        }
+        role::sweep_namespaces(&format!("{}s-", self.topo.prefix)).await;
+        self.tunnel_extra = extra;
+        let n = self.ready.actors.len().max(1);
+        self.start_tunnel(n).await
+    }
+
+    pub fn tunnel_pid(&self) -> Option<u32> {
+        self.tunnel.as_ref().and_then(|t| t.pid())
     }
 
     pub fn sink_pid(&self) -> Option<u32> {

@@ -31,6 +31,10 @@ fn about(name: &str) -> (&'static str, &'static str) {
             "Requests from the router (HTTP/2 with the router's certificate) through the HTTPS listener to the actors, open loop, rising rate; and how many new connections to actors each 1,000 requests cost after warm-up.",
             "The reference kept two spare connections per actor and opened a new one for many requests under load. Target: < 5 new per 1,000.",
         ),
+        "socket-memory" => (
+            "Kernel socket memory per stalled connection, from SO_MEMINFO on atunnel's own sockets (duplicated with pidfd_getfd), 100 connections, with TCP_NOTSENT_LOWAT off and at 16 KiB: an actor that stops reading from a destination; a router that stops reading a CONNECT tunnel from an actor. Also atunnel's heap per stalled connection (HTTP/2 windows), and bulk throughput with each setting.",
+            "Reference: 48-201 KiB per stalled connection with lowat, up to 1.4 MiB without. Target: <= 32 KiB at the same throughput.",
+        ),
         "ingress-connect" => (
             "CONNECT tunnels from the router through the CONNECT listener to actor:80, one request and answer inside each.",
             "",

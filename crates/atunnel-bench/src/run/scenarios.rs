@@ -26,6 +26,7 @@ use crate::role::process_cpu_seconds;
 const ECHO: &str = "192.0.2.10:7";
 const DISCARD: &str = "192.0.2.10:9";
 const HTTP: &str = "192.0.2.10:80";
+const SOURCE: &str = "192.0.2.10:19";
 /// The sink's answer to each request on port 80 (64-byte body).
 const HTTP_ANSWER_LEN: usize = "HTTP/1.1 200 OK\r\nContent-Length: 64\r\n\r\n".len() + 64;
 
@@ -38,6 +39,7 @@ pub async fn run(bench: &mut Bench, name: &str) -> Result<ScenarioResult, atunne
         "egress-new" => egress_new(bench).await,
         "ingress-https" => ingress_https(bench).await,
         "ingress-connect" => ingress_connect(bench).await,
+        "socket-memory" => socket_memory(bench).await,
         other => Err(format!("unknown scenario {other}").into()),
     }
 }
@@ -633,4 +635,178 @@ impl PoolRx {
     async fn recv(&self) -> Result<TcpStream, ()> {
         self.0.lock().await.recv().await.ok_or(())
     }
+}
+
+/// Waits until atunnel's socket memory stops growing (the stalled
+/// connections' queues are full), then returns it.
+async fn settled_socket_memory(
+    pid: u32,
+) -> Result<atunnel_bench::sockmem::SocketMemory, atunnel::BoxError> {
+    let mut last = atunnel_bench::sockmem::of_process(pid)?;
+    let mut steady = 0;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = atunnel_bench::sockmem::of_process(pid)?;
+        let grew = now.total().abs_diff(last.total()) > last.total() / 100 + 4096;
+        steady = if grew { 0 } else { steady + 1 };
+        last = now;
+        if steady >= 4 {
+            break;
+        }
+    }
+    Ok(last)
+}
+
+/// A TLS CONNECT tunnel from the router to an actor's flood port; the first
+/// answer bytes are read, then nothing more.
+async fn stalled_connect(
+    bench: &Bench,
+    actor: u64,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, atunnel::BoxError> {
+    let p = &bench.pki;
+    let roots = atunnel::config::load_roots(&p.pod_ca())?;
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_client_auth_cert(
+        atunnel::config::load_certs(&p.router_cert())?,
+        atunnel::config::load_key(&p.router_key())?,
+    )?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = bench
+        .topo
+        .connect_in(&bench.topo.load, SocketAddr::from((WORKER_LOAD_SIDE, 8443)))
+        .await?;
+    let name = rustls::pki_types::ServerName::try_from(crate::pki::WORKER_NAME)?;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await?;
+    tls.write_all(
+        format!("CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: bench/actor-{actor}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await?;
+    let head = atunnel::http1::read_head(&mut tls).await?;
+    if !head.starts_with(b"HTTP/1.1 200") {
+        return Err(format!("CONNECT refused: {}", String::from_utf8_lossy(&head)).into());
+    }
+    Ok(tls)
+}
+
+/// One measurement: atunnel's socket memory and heap per stalled connection.
+async fn stalled_case(
+    bench: &mut Bench,
+    case: &str,
+    conns: usize,
+) -> Result<(f64, f64), atunnel::BoxError> {
+    let pid = bench.tunnel_pid().ok_or("atunnel is not running")?;
+    let actors = Actors::of(bench);
+    let heap0 = num(&bench.stats(true).await?, &["process", "heap_bytes"]);
+    let base = atunnel_bench::sockmem::of_process(pid)?;
+    let mut egress = Vec::new();
+    let mut ingress = Vec::new();
+    for i in 0..conns as u64 {
+        match case {
+            "actor-stops-reading" => egress.push(actors.dial(i, SOURCE).await?),
+            _ => ingress.push(stalled_connect(bench, i % actors.sandboxes.len() as u64).await?),
+        }
+    }
+    let settled = settled_socket_memory(pid).await?;
+    let heap1 = num(&bench.stats(false).await?, &["process", "heap_bytes"]);
+    drop(egress);
+    drop(ingress);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let s = bench.stats(false).await?;
+        if num(&s, &["egress", "tunnels_open"]) == 0.0
+            && settled_socket_memory(pid).await?.total() <= base.total() + 65536
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let kib = settled.total().saturating_sub(base.total()) as f64 / conns as f64 / 1024.0;
+    let heap_kib = (heap1 - heap0).max(0.0) / conns as f64 / 1024.0;
+    eprintln!(
+        "         {case}: {kib:.1} KiB socket memory, {heap_kib:.1} KiB heap per stalled connection"
+    );
+    Ok((kib, heap_kib))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Kernel socket memory per stalled connection with TCP_NOTSENT_LOWAT off
+/// and at 16 KiB, and bulk throughput with each.
+async fn socket_memory(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
+    let conns = 100;
+    let reps = if bench.quick { 1 } else { 3 };
+    let cases = ["actor-stops-reading", "router-stops-reading"];
+    let mut table: Vec<(String, f64, f64, f64, f64)> = cases
+        .iter()
+        .map(|c| (c.to_string(), 0.0, 0.0, 0.0, 0.0))
+        .collect();
+    let mut throughput = serde_json::Map::new();
+    for (setting, lowat) in [("off", -1i64), ("lowat", 16384)] {
+        eprintln!("         TCP_NOTSENT_LOWAT {setting}: restarting atunnel");
+        bench
+            .restart_tunnel(vec![format!("--tcp-notsent-lowat={lowat}")])
+            .await?;
+        for (row, case) in cases.iter().enumerate() {
+            let mut kib = Vec::new();
+            let mut heap = Vec::new();
+            for _ in 0..reps {
+                let (k, h) = stalled_case(bench, case, conns).await?;
+                kib.push(k);
+                heap.push(h);
+            }
+            let (k, h) = (median(kib), median(heap));
+            if setting == "off" {
+                (table[row].1, table[row].3) = (k, h);
+            } else {
+                (table[row].2, table[row].4) = (k, h);
+            }
+        }
+        // Bulk throughput with this setting (one run).
+        let actors = Actors::of(bench);
+        let bytes: u64 = if bench.quick { 128 << 20 } else { 512 << 20 };
+        let t0 = Instant::now();
+        let mut s = actors.dial(0, DISCARD).await?;
+        let chunk = vec![0x5a_u8; 256 * 1024];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            s.write_all(&chunk[..n]).await?;
+            left -= n as u64;
+        }
+        s.shutdown().await?;
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).await?;
+        throughput.insert(
+            setting.into(),
+            json!((bytes as f64 / 1e6 / t0.elapsed().as_secs_f64()).round()),
+        );
+    }
+    bench.restart_tunnel(Vec::new()).await?;
+    let round = |x: f64| (x * 10.0).round() / 10.0;
+    let cases_json: Vec<_> = table
+        .iter()
+        .map(|(case, off, on, heap_off, heap_on)| {
+            json!({"case": case, "off_kib": round(*off), "lowat_kib": round(*on), "heap_off_kib": round(*heap_off), "heap_lowat_kib": round(*heap_on)})
+        })
+        .collect();
+    Ok(ScenarioResult {
+        name: "socket-memory".into(),
+        rungs: Vec::new(),
+        summary: json!({ "cases": cases_json, "conns": conns, "repeats": reps, "throughput_mb_per_s": throughput }),
+        notes: vec![
+            format!("median of {reps} at {conns} stalled connections per case; socket memory is SO_MEMINFO receive + send queues + forward allocation over all of atunnel's sockets, minus the idle baseline"),
+            "destination-stops-reading-through-the-gateway: not run yet (the bench gateway runs in sink mode and dials no destination)".into(),
+            "5 ms added round trip: not run (this kernel has no netem; the TUN delay line is not built yet)".into(),
+        ],
+    })
 }
