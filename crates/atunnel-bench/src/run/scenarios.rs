@@ -292,13 +292,18 @@ async fn egress_tcp(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxErr
         s.read_to_end(&mut rest).await?;
         let secs = t0.elapsed().as_secs_f64();
         let cg1 = bench.cgroup_sample();
+        let two = |x: f64| (x * 100.0).round() / 100.0;
         mbps.push((bytes as f64 / 1e6 / secs).round());
-        cores.push((cg1.cpu_seconds_since(&cg0) / secs * 100.0).round() / 100.0);
+        cores.push(two(cg1.cpu_seconds_since(&cg0) / secs));
+        sink_cores.push(two((sink.map_or(0.0, process_cpu_seconds) - sink0) / secs));
+        generator_cores.push(two((process_cpu_seconds(std::process::id()) - gen0) / secs));
         eprintln!(
-            "         run {}: {:.0} MB/s, tunnel {:.2} cores",
+            "         run {}: {:.0} MB/s, tunnel {:.2} cores, sink {:.2}, generator {:.2}",
             run + 1,
             bytes as f64 / 1e6 / secs,
-            cores[run]
+            cores[run],
+            sink_cores[run],
+            generator_cores[run]
         );
     }
     Ok(ScenarioResult {
