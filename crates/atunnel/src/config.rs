@@ -21,15 +21,38 @@ pub struct SocketArgs {
     /// Fixed SO_RCVBUF in bytes (0: kernel autotuning, the default).
     #[arg(long, default_value_t = 0)]
     pub tcp_receive_buffer: usize,
+    /// Fixed SO_SNDBUF in bytes on sandbox-side sockets (to the actors, over
+    /// veth: microseconds of round trip, so small buffers cost little
+    /// throughput); 0 keeps autotuning.
+    #[arg(long, default_value_t = 0)]
+    pub sandbox_send_buffer: usize,
+    /// Fixed SO_RCVBUF in bytes on sandbox-side sockets: bounds what an actor
+    /// can queue in the kernel behind a stalled reader; 0 keeps autotuning
+    /// (which grows to net.ipv4.tcp_rmem's maximum).
+    #[arg(long, default_value_t = 0)]
+    pub sandbox_receive_buffer: usize,
 }
 
 impl SocketArgs {
+    /// Options for network-side sockets (router, gateway, destinations).
     pub fn options(&self) -> SocketOptions {
         SocketOptions::from_flags(
             self.tcp_notsent_lowat,
             self.tcp_send_buffer,
             self.tcp_receive_buffer,
         )
+    }
+
+    /// Options for sandbox-side sockets (to and from the actors).
+    pub fn sandbox_options(&self) -> SocketOptions {
+        let mut o = self.options();
+        if self.sandbox_send_buffer > 0 {
+            o.send_buffer = Some(self.sandbox_send_buffer);
+        }
+        if self.sandbox_receive_buffer > 0 {
+            o.recv_buffer = Some(self.sandbox_receive_buffer);
+        }
+        o
     }
 }
 

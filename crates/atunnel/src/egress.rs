@@ -135,7 +135,10 @@ impl Binding {
 
 #[derive(Clone, Copy, Debug)]
 pub struct EgressConfig {
+    /// Network side: the gateway connections.
     pub socket: SocketOptions,
+    /// Sandbox side: the actors' accepted connections.
+    pub sandbox_socket: SocketOptions,
     pub drain_timeout: Duration,
 }
 
@@ -143,6 +146,7 @@ impl Default for EgressConfig {
     fn default() -> Self {
         Self {
             socket: SocketOptions::default(),
+            sandbox_socket: SocketOptions::default(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
@@ -297,7 +301,7 @@ impl Egress {
         dest: Destination,
     ) {
         let _open = OpenTunnel::new(&self.counters);
-        if let Err(e) = self.cfg.socket.apply(&actor) {
+        if let Err(e) = self.cfg.sandbox_socket.apply(&actor) {
             tracing::warn!(error = %e, "egress socket options");
             return;
         }

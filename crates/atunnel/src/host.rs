@@ -171,6 +171,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
     cfg.pool = args.pool.pool();
     cfg.egress = EgressConfig {
         socket: args.socket.options(),
+        sandbox_socket: args.socket.sandbox_options(),
         ..EgressConfig::default()
     };
     cfg.egress_port = args.egress_port;
@@ -188,6 +189,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
                 allowed_client_id: args.client_identity.clone(),
                 pools: PoolSettings::default(),
                 socket: args.socket.options(),
+                sandbox_socket: args.socket.sandbox_options(),
                 drain_timeout: crate::egress::DEFAULT_DRAIN_TIMEOUT,
             },
             https,

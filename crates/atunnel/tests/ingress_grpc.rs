@@ -78,6 +78,7 @@ async fn fixture(test: &str) -> Fixture {
             allowed_client_id: ROUTER_SPIFFE_ID.to_string(),
             pools: PoolSettings::default(),
             socket: SocketOptions::default(),
+            sandbox_socket: SocketOptions::default(),
             // Long, so a deactivation that returns promptly shows that the
             // in-flight streams were cancelled rather than waited out.
             drain_timeout: Duration::from_secs(60),

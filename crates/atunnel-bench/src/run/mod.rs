@@ -57,6 +57,10 @@ pub struct RunArgs {
     /// Idle egress connections held by egress-idle (default 15,000; 1,000 with --quick).
     #[arg(long)]
     pub idle_conns: Option<usize>,
+    /// An extra flag for atunnel for the whole run (repeatable), e.g.
+    /// `--tunnel-arg=--sandbox-receive-buffer=65536`, to compare settings.
+    #[arg(long, allow_hyphen_values = true)]
+    pub tunnel_arg: Vec<String>,
 }
 
 /// The running bench: its processes, namespaces and the tunnel's cgroup.
@@ -72,6 +76,8 @@ pub struct Bench {
     pub idle_conns: usize,
     sink: Option<Role>,
     tunnel: Option<Role>,
+    /// Flags atunnel runs with for the whole run (`--tunnel-arg`).
+    tunnel_base: Vec<String>,
     /// Extra flags the current atunnel runs with (a scenario's setting).
     tunnel_extra: Vec<String>,
     actors: Option<Role>,
@@ -230,6 +236,7 @@ impl Bench {
             idle_conns,
             sink: Some(sink),
             tunnel: None,
+            tunnel_base: args.tunnel_arg.clone(),
             tunnel_extra: Vec::new(),
             actors: None,
             events: Vec::new(),
@@ -266,13 +273,10 @@ impl Bench {
     /// is accounted from its first allocation) and the ingress actors.
     async fn start_tunnel(&mut self, actors: usize) -> Result<(), atunnel::BoxError> {
         let hook: role::PreExec = Box::new(self.cgroup.pre_exec_hook());
-        let tunnel = role::start_in(
-            &self.topo.exec,
-            &self.topo.worker,
-            &self.tunnel_args(actors),
-            Some(hook),
-        )
-        .await?;
+        let mut args = self.tunnel_args(actors);
+        args.extend(self.tunnel_base.iter().cloned());
+        args.extend(self.tunnel_extra.iter().cloned());
+        let tunnel = role::start_in(&self.topo.exec, &self.topo.worker, &args, Some(hook)).await?;
         self.ready = serde_json::from_str(&tunnel.first_line)?;
         self.tunnel = Some(tunnel);
         self.sandboxes = self

@@ -66,8 +66,12 @@ pub fn write(
     );
     let _ = writeln!(
         md,
-        "Reproduce: `cargo run --release -p atunnel-bench -- run{}`. This machine: {} cores; figures from one noisy shared machine, so compare ratios within a run.\n",
+        "Reproduce: `cargo run --release -p atunnel-bench -- run{}{}`. This machine: {} cores; figures from one noisy shared machine, so compare ratios within a run.\n",
         if args.quick { " --quick" } else { "" },
+        args.tunnel_arg
+            .iter()
+            .map(|a| format!(" --tunnel-arg={a}"))
+            .collect::<String>(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     for s in &results.scenarios {

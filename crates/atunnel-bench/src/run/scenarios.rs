@@ -748,8 +748,12 @@ async fn stalled_case(
     }
     let kib = settled.total().saturating_sub(base.total()) as f64 / conns as f64 / 1024.0;
     let heap_kib = (heap1 - heap0).max(0.0) / conns as f64 / 1024.0;
+    let per = |now: u64, then: u64| now.saturating_sub(then) as f64 / conns as f64 / 1024.0;
     eprintln!(
-        "         {case}: {kib:.1} KiB socket memory, {heap_kib:.1} KiB heap per stalled connection"
+        "         {case}: {kib:.1} KiB socket memory (receive {:.1}, send {:.1}, reserved {:.1}), {heap_kib:.1} KiB heap per stalled connection",
+        per(settled.receive_queued, base.receive_queued),
+        per(settled.send_queued, base.send_queued),
+        per(settled.forward_alloc, base.forward_alloc),
     );
     Ok((kib, heap_kib))
 }

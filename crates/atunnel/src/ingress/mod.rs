@@ -37,7 +37,10 @@ pub struct IngressConfig {
     /// The only client identity admitted.
     pub allowed_client_id: String,
     pub pools: PoolSettings,
+    /// Network side: the router's connections.
     pub socket: SocketOptions,
+    /// Sandbox side: connections dialed to the actors.
+    pub sandbox_socket: SocketOptions,
     /// How long deactivation waits for in-flight requests and tunnels.
     pub drain_timeout: Duration,
 }
@@ -64,7 +67,7 @@ impl Ingress {
     pub fn new(cfg: IngressConfig, pool: BufferPool) -> Result<Arc<Self>, IngressError> {
         let trust = crate::config::load_certs(&cfg.trust_bundle)?;
         let tls = tls::server_config(&cfg.credential_bundle, &trust, &cfg.allowed_client_id)?;
-        let routes = Arc::new(Routes::new(cfg.pools, cfg.socket));
+        let routes = Arc::new(Routes::new(cfg.pools, cfg.sandbox_socket));
         let connect = ConnectServer::new(
             Arc::new(connect::IngressConnect {
                 routes: routes.clone(),

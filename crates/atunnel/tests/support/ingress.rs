@@ -119,6 +119,7 @@ pub async fn ingress(pki: &IngressPki) -> RunningIngress {
         allowed_client_id: ROUTER_SPIFFE_ID.to_string(),
         pools: PoolSettings::default(),
         socket: SocketOptions::default(),
+        sandbox_socket: SocketOptions::default(),
         drain_timeout: Duration::from_secs(5),
     };
     let pool = BufferPool::default();
