@@ -455,9 +455,12 @@ async fn router_h2(
     Ok(send)
 }
 
-async fn router_tls(
+/// TLS to the tunnel's ingress `port` from the load namespace, as the router
+/// (its certificate), offering `alpn`.
+async fn router_tls_with(
     bench: &Bench,
     port: u16,
+    alpn: &[u8],
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, atunnel::BoxError> {
     let p = &bench.pki;
     let roots = atunnel::config::load_roots(&p.pod_ca())?;
@@ -470,7 +473,7 @@ async fn router_tls(
         atunnel::config::load_certs(&p.router_cert())?,
         atunnel::config::load_key(&p.router_key())?,
     )?;
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    cfg.alpn_protocols = vec![alpn.to_vec()];
     let tcp = bench
         .topo
         .connect_in(&bench.topo.load, SocketAddr::from((WORKER_LOAD_SIDE, port)))
@@ -479,6 +482,13 @@ async fn router_tls(
     Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg))
         .connect(name, tcp)
         .await?)
+}
+
+async fn router_tls(
+    bench: &Bench,
+    port: u16,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, atunnel::BoxError> {
+    router_tls_with(bench, port, b"h2").await
 }
 
 /// Requests through the router-facing HTTPS listener to the ingress actors.
@@ -682,26 +692,7 @@ async fn stalled_connect(
     bench: &Bench,
     actor: u64,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, atunnel::BoxError> {
-    let p = &bench.pki;
-    let roots = atunnel::config::load_roots(&p.pod_ca())?;
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_client_auth_cert(
-        atunnel::config::load_certs(&p.router_cert())?,
-        atunnel::config::load_key(&p.router_key())?,
-    )?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tcp = bench
-        .topo
-        .connect_in(&bench.topo.load, SocketAddr::from((WORKER_LOAD_SIDE, 8443)))
-        .await?;
-    let name = rustls::pki_types::ServerName::try_from(crate::pki::WORKER_NAME)?;
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(name, tcp)
-        .await?;
+    let mut tls = router_tls_with(bench, 8443, b"http/1.1").await?;
     tls.write_all(
         format!("CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: bench/actor-{actor}\r\n\r\n")
             .as_bytes(),
