@@ -46,6 +46,13 @@ impl PkiFiles {
     pub fn router_key(&self) -> PathBuf {
         self.path("router.key")
     }
+    /// The node agent's (atelet's) serving certificate and key.
+    pub fn atelet_cert(&self) -> PathBuf {
+        self.path("atelet.pem")
+    }
+    pub fn atelet_key(&self) -> PathBuf {
+        self.path("atelet.key")
+    }
 }
 
 /// The name the bench worker's serving certificate carries.
@@ -96,6 +103,15 @@ pub fn write(dir: &Path) -> Result<PkiFiles, atunnel::BoxError> {
     )?;
     std::fs::write(files.router_cert(), &router.cert_pem)?;
     write_private(&files.router_key(), &router.key_pem)?;
+    let atelet = pod_ca.issue(
+        Some(pki::ATELET_SPIFFE_ID),
+        &[],
+        &[],
+        Usage::Server,
+        Duration::from_secs(7 * 24 * 3600),
+    )?;
+    std::fs::write(files.atelet_cert(), &atelet.cert_pem)?;
+    write_private(&files.atelet_key(), &atelet.key_pem)?;
     Ok(files)
 }
 

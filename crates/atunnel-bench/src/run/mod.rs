@@ -75,6 +75,8 @@ pub struct Bench {
     pub tunnel_cpus: f64,
     pub idle_conns: usize,
     sink: Option<Role>,
+    /// The fake node agent atunnel mints actor certificates from.
+    node_agent: Option<atunnel_nodeagent::FakeNodeAgentHandle>,
     tunnel: Option<Role>,
     /// Flags atunnel runs with for the whole run (`--tunnel-arg`).
     tunnel_base: Vec<String>,
@@ -162,6 +164,26 @@ pub async fn run(args: RunArgs) -> Result<(), atunnel::BoxError> {
     Ok(())
 }
 
+/// Serves actor certificates on `socket` as atelet would: mutual TLS with
+/// the worker's pod certificate, signed with the actor CA.
+async fn start_node_agent(
+    pki: &PkiFiles,
+    socket: &std::path::Path,
+) -> Result<atunnel_nodeagent::FakeNodeAgentHandle, atunnel::BoxError> {
+    use atunnel::config::{load_certs, load_key};
+    let ca = atunnel_identity::pki::CertificateAuthority::from_pem(
+        &std::fs::read_to_string(pki.actor_ca_cert())?,
+        &std::fs::read_to_string(pki.actor_ca_key())?,
+    )?;
+    let tls = atunnel_nodeagent::FakeAgentTls {
+        server_chain: load_certs(&pki.atelet_cert())?,
+        server_key: load_key(&pki.atelet_key())?,
+        client_roots: load_certs(&pki.pod_ca())?,
+        allowed_client_id: atunnel_identity::pki::WORKER_SPIFFE_ID.to_string(),
+    };
+    Ok(atunnel_nodeagent::FakeNodeAgent::spawn(socket, tls, std::sync::Arc::new(ca)).await?)
+}
+
 fn timestamp() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -235,6 +257,7 @@ impl Bench {
             tunnel_cpus: args.tunnel_cpus,
             idle_conns,
             sink: Some(sink),
+            node_agent: None,
             tunnel: None,
             tunnel_base: args.tunnel_arg.clone(),
             tunnel_extra: Vec::new(),
@@ -242,6 +265,8 @@ impl Bench {
             events: Vec::new(),
             topo,
         };
+        bench.node_agent =
+            Some(start_node_agent(&bench.pki, &out.join("ateom-support.sock")).await?);
         bench.start_tunnel(actors).await?;
         Ok(bench)
     }
@@ -255,8 +280,12 @@ impl Bench {
             arg("gateway", SocketAddr::from((SINK_ADDR, 443))),
             arg("gateway-name", pki::GATEWAY_NAME),
             arg("gateway-ca", p.gateway_ca().display()),
-            arg("actor-ca-cert", p.actor_ca_cert().display()),
-            arg("actor-ca-key", p.actor_ca_key().display()),
+            arg(
+                "node-agent-socket",
+                self.pki.dir.join("..").join("ateom-support.sock").display(),
+            ),
+            arg("worker-cert", p.worker_bundle().display()),
+            arg("worker-key", p.worker_bundle().display()),
             arg("netns-prefix", format!("{}s-", self.topo.prefix)),
             arg("ingress-https", SocketAddr::from((WORKER_LOAD_SIDE, 443))),
             arg(
@@ -366,6 +395,9 @@ impl Bench {
             .flatten()
         {
             role.stop().await;
+        }
+        if let Some(agent) = self.node_agent.take() {
+            agent.shutdown().await;
         }
         // Leave the tunnel's sandboxes and our namespaces to the sweep.
         self.topo.destroy().await;

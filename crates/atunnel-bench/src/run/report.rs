@@ -61,7 +61,7 @@ pub fn write(
     let _ = writeln!(md, "# atunnel-bench run\n");
     let _ = writeln!(
         md,
-        "atunnel ran in a cgroup of its own with {} CPU and {} MiB of memory (no swap); the gateway sink and the load generator each in a network namespace of their own, the actors in real sandboxes. Load is open loop: each unit is due on a fixed schedule and latency counts from when it was due. Each rung's verdict separates atunnel out of CPU (`tunnel-cpu`) from the generator (`generator`) or the far end (`far-end`) being the bottleneck.\n",
+        "atunnel ran in a cgroup of its own with {} CPU and {} MiB of memory (no swap); the gateway sink and the load generator each in a network namespace of their own, the actors in real sandboxes with certificates minted through a fake node agent over mutual TLS on a Unix socket. Load is open loop: each unit is due on a fixed schedule and latency counts from when it was due. Each rung's verdict separates atunnel out of CPU (`tunnel-cpu`) from the generator (`generator`) or the far end (`far-end`) being the bottleneck.\n",
         args.tunnel_cpus, args.tunnel_memory_mib
     );
     let _ = writeln!(
