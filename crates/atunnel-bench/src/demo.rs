@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 
 use crate::pki;
 use crate::role::{self, Role};
+use crate::traffic::upload;
 use atunnel::stats::{fetch, num};
 
 const ECHO: &str = "192.0.2.10:7";
@@ -189,7 +190,7 @@ async fn run_with(
     for _ in 0..args.runs {
         up.push(
             measure(ready.stats, || async {
-                upload(dialer.dial(0, DISCARD).await?, bulk).await
+                Ok(upload(dialer.dial(0, DISCARD).await?, bulk).await?)
             })
             .await?,
         );
@@ -305,21 +306,6 @@ where
     })
 }
 
-async fn upload(mut s: TcpStream, bytes: u64) -> Result<u64, atunnel::BoxError> {
-    let chunk = vec![0x5a_u8; 256 * 1024];
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(chunk.len() as u64) as usize;
-        s.write_all(&chunk[..n]).await?;
-        left -= n as u64;
-    }
-    s.shutdown().await?;
-    // The discard service half-closes after reading everything.
-    let mut rest = Vec::new();
-    s.read_to_end(&mut rest).await?;
-    Ok(bytes)
-}
-
 async fn download(mut s: TcpStream, bytes: u64) -> Result<u64, atunnel::BoxError> {
     s.shutdown().await?;
     let mut buf = vec![0u8; 256 * 1024];
@@ -355,7 +341,7 @@ async fn hold_idle(
     // which is shared by all its tunnels and is not a per-tunnel cost.
     for i in 0..dialer.count() {
         let mut s = dialer.dial(i, ECHO).await?;
-        ping(&mut s).await?;
+        crate::traffic::ping(&mut s).await?;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = fetch(ready.stats, true).await?;
@@ -365,7 +351,7 @@ async fn hold_idle(
             let dialer = dialer.clone();
             async move {
                 let mut s = dialer.dial(i, ECHO).await?;
-                ping(&mut s).await?;
+                crate::traffic::ping(&mut s).await?;
                 Ok::<_, atunnel::BoxError>(s)
             }
         });
@@ -399,17 +385,6 @@ async fn hold_idle(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// One byte there and back: the tunnel is open end to end.
-async fn ping(s: &mut TcpStream) -> Result<(), atunnel::BoxError> {
-    s.write_all(b"p").await?;
-    let mut b = [0u8; 1];
-    s.read_exact(&mut b).await?;
-    if &b != b"p" {
-        return Err("echo returned the wrong byte".into());
-    }
-    Ok(())
 }
 
 async fn join_all<F>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output>

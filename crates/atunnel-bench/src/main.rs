@@ -7,6 +7,7 @@ mod demo;
 mod pki;
 mod role;
 mod run;
+mod traffic;
 
 use std::path::PathBuf;
 

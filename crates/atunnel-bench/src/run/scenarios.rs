@@ -80,10 +80,7 @@ impl Actors {
 }
 
 async fn ping(s: &mut TcpStream) -> Result<(), String> {
-    s.write_all(b"p").await.map_err(|e| e.to_string())?;
-    let mut b = [0u8; 1];
-    s.read_exact(&mut b).await.map_err(|e| e.to_string())?;
-    Ok(())
+    crate::traffic::ping(s).await.map_err(|e| e.to_string())
 }
 
 /// CPU and memory around one rung.
@@ -268,7 +265,6 @@ async fn egress_idle(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxEr
 async fn egress_tcp(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
     let actors = Actors::of(bench);
     let bytes: u64 = if bench.quick { 256 << 20 } else { 1 << 30 };
-    let chunk = vec![0x5a_u8; 256 * 1024];
     let mut mbps = Vec::new();
     let mut cores = Vec::new();
     let mut sink_cores: Vec<f64> = Vec::new();
@@ -279,17 +275,7 @@ async fn egress_tcp(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxErr
         let sink0 = sink.map_or(0.0, process_cpu_seconds);
         let gen0 = process_cpu_seconds(std::process::id());
         let t0 = Instant::now();
-        let mut s = actors.dial(0, DISCARD).await?;
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(chunk.len() as u64) as usize;
-            s.write_all(&chunk[..n]).await?;
-            left -= n as u64;
-        }
-        s.shutdown().await?;
-        // The discard service half-closes once it has read everything.
-        let mut rest = Vec::new();
-        s.read_to_end(&mut rest).await?;
+        crate::traffic::upload(actors.dial(0, DISCARD).await?, bytes).await?;
         let secs = t0.elapsed().as_secs_f64();
         let cg1 = bench.cgroup_sample();
         let two = |x: f64| (x * 100.0).round() / 100.0;
@@ -789,17 +775,7 @@ async fn socket_memory(bench: &mut Bench) -> Result<ScenarioResult, atunnel::Box
         let actors = Actors::of(bench);
         let bytes: u64 = if bench.quick { 128 << 20 } else { 512 << 20 };
         let t0 = Instant::now();
-        let mut s = actors.dial(0, DISCARD).await?;
-        let chunk = vec![0x5a_u8; 256 * 1024];
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(chunk.len() as u64) as usize;
-            s.write_all(&chunk[..n]).await?;
-            left -= n as u64;
-        }
-        s.shutdown().await?;
-        let mut rest = Vec::new();
-        s.read_to_end(&mut rest).await?;
+        crate::traffic::upload(actors.dial(0, DISCARD).await?, bytes).await?;
         throughput.insert(
             setting.into(),
             json!((bytes as f64 / 1e6 / t0.elapsed().as_secs_f64()).round()),

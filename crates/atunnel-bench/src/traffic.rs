@@ -1,0 +1,33 @@
+//! The few byte patterns the bench drives through tunnels.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+static ZEROS: [u8; 256 * 1024] = [0x5a; 256 * 1024];
+
+/// Sends `bytes` and half-closes, then waits for the far end's close (the
+/// sink's discard service closes once it has read everything), so the time
+/// taken covers delivery, not just the local socket buffer.
+pub async fn upload(mut s: TcpStream, bytes: u64) -> std::io::Result<u64> {
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(ZEROS.len() as u64) as usize;
+        s.write_all(&ZEROS[..n]).await?;
+        left -= n as u64;
+    }
+    s.shutdown().await?;
+    let mut rest = [0u8; 1024];
+    while s.read(&mut rest).await? > 0 {}
+    Ok(bytes)
+}
+
+/// One byte there and back: the tunnel is open end to end.
+pub async fn ping(s: &mut TcpStream) -> std::io::Result<()> {
+    s.write_all(b"p").await?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).await?;
+    if &b != b"p" {
+        return Err(std::io::Error::other("echo returned the wrong byte"));
+    }
+    Ok(())
+}
