@@ -121,3 +121,37 @@ pub fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ConfigError> {
     }
     Ok(roots)
 }
+
+/// A duration flag: "15s", "100ms", "2m", or "0" (plain numbers are seconds).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number with ms, s or m"))?;
+    match unit {
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "ms" => Ok(Duration::from_millis(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("{s:?}: unknown unit {unit:?} (ms, s or m)")),
+    }
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_with_units_and_reject_garbage() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("100ms"), Ok(Duration::from_millis(100)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("5h").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

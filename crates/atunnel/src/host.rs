@@ -98,6 +98,10 @@ pub struct HostArgs {
     /// Loopback network: destinations, comma separated (one listener each per actor).
     #[arg(long, value_delimiter = ',')]
     pub destinations: Vec<SocketAddr>,
+    /// Idle time after which an ingress HTTP/1.1 connection drops its
+    /// buffers until its next byte ("15s", "100ms"; 0 never).
+    #[arg(long, default_value = "15s", value_parser = crate::config::parse_duration)]
+    pub hibernate_after: std::time::Duration,
     /// Where /stats is served.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub stats: SocketAddr,
@@ -191,6 +195,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
                 socket: args.socket.options(),
                 sandbox_socket: args.socket.sandbox_options(),
                 drain_timeout: crate::egress::DEFAULT_DRAIN_TIMEOUT,
+                hibernate_after: args.hibernate_after,
             },
             https,
             connect,

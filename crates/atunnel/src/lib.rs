@@ -10,6 +10,7 @@ pub mod credential;
 pub mod egress;
 pub mod gateway;
 pub mod gateway_client;
+pub mod hibernate;
 pub mod host;
 pub mod http1;
 pub mod ingress;

@@ -38,6 +38,8 @@ pub struct Stats {
     pub pool: PoolStatsJson,
     pub egress: Option<EgressStats>,
     pub ingress: Option<crate::ingress::routes::RouteStats>,
+    /// HTTP/1.1 ingress connections hibernated now, and counts so far.
+    pub hibernation: Option<crate::hibernate::HibernationStats>,
 }
 
 #[derive(Debug, Serialize)]
@@ -114,6 +116,7 @@ impl StatsSource {
             pool: self.pool.stats().into(),
             egress: self.egress.as_ref().map(|e| e.stats()),
             ingress: self.ingress.as_ref().map(|i| i.stats()),
+            hibernation: self.ingress.as_ref().map(|i| i.hibernation().stats()),
         }
     }
 }

@@ -82,6 +82,7 @@ async fn fixture(test: &str) -> Fixture {
             // Long, so a deactivation that returns promptly shows that the
             // in-flight streams were cancelled rather than waited out.
             drain_timeout: Duration::from_secs(60),
+            hibernate_after: atunnel::hibernate::DEFAULT_AFTER,
         },
         https: local,
         connect: local,

@@ -5,6 +5,7 @@
 
 pub mod connect;
 pub mod https;
+pub mod router_conn;
 pub mod routes;
 pub mod tls;
 
@@ -15,14 +16,13 @@ use std::time::Duration;
 
 use atunnel_core::BufferPool;
 use atunnel_core::sockopt::SocketOptions;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::connect_server::{ConnectServer, H2Settings};
+use crate::hibernate::Hibernation;
 use routes::{ActorDialer, PoolSettings, RouteError, RouteStats, Routes};
 
 /// The router's default SPIFFE ID, the only client ingress admits.
@@ -43,6 +43,9 @@ pub struct IngressConfig {
     pub sandbox_socket: SocketOptions,
     /// How long deactivation waits for in-flight requests and tunnels.
     pub drain_timeout: Duration,
+    /// Idle time after which an HTTP/1.1 connection drops its buffers
+    /// (zero: never).
+    pub hibernate_after: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +64,7 @@ pub struct Ingress {
     tls: Arc<rustls::ServerConfig>,
     connect: Arc<ConnectServer<connect::IngressConnect>>,
     connections: TaskTracker,
+    hibernation: Arc<Hibernation>,
 }
 
 impl Ingress {
@@ -78,6 +82,7 @@ impl Ingress {
             H2Settings::default(),
         );
         Ok(Arc::new(Self {
+            hibernation: Hibernation::new(cfg.hibernate_after),
             cfg,
             routes,
             tls,
@@ -92,6 +97,10 @@ impl Ingress {
 
     pub fn stats(&self) -> RouteStats {
         self.routes.stats()
+    }
+
+    pub fn hibernation(&self) -> &Arc<Hibernation> {
+        &self.hibernation
     }
 
     pub fn activate(
@@ -135,38 +144,14 @@ impl Ingress {
             let routes = self.routes.clone();
             let socket = self.cfg.socket;
             let cancel = cancel.clone();
+            let hibernation = self.hibernation.clone();
             self.connections.spawn(async move {
                 if socket.apply(&tcp).is_err() {
                     return;
                 }
-                let tls =
-                    match tokio::time::timeout(https::HEADER_READ_TIMEOUT, acceptor.accept(tcp))
-                        .await
-                    {
-                        Ok(Ok(tls)) => tls,
-                        _ => return,
-                    };
-                let service = service_fn(move |req| https::proxy(routes.clone(), client, req));
-                let mut builder =
-                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                builder
-                    .http1()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(https::HEADER_READ_TIMEOUT)
-                    .max_buf_size(https::MAX_H1_BUFFER);
-                builder
-                    .http2()
-                    .timer(TokioTimer::new())
-                    .initial_stream_window_size(256 * 1024)
-                    .initial_connection_window_size(1024 * 1024);
-                let conn = builder.serve_connection(TokioIo::new(tls), service);
-                tokio::pin!(conn);
-                tokio::select! {
-                    _ = conn.as_mut() => {}
-                    _ = cancel.cancelled() => {
-                        conn.as_mut().graceful_shutdown();
-                        let _ = conn.await;
-                    }
+                let accept = tokio::time::timeout(https::HEADER_READ_TIMEOUT, acceptor.accept(tcp));
+                if let Ok(Ok(tls)) = accept.await {
+                    router_conn::serve(tls, routes, client, hibernation, cancel).await;
                 }
             });
         }
@@ -182,6 +167,7 @@ impl Ingress {
         cancel: CancellationToken,
     ) -> std::io::Result<(SocketAddr, SocketAddr)> {
         let https = TcpListener::bind(https).await?;
+        tokio::spawn(self.hibernation.clone().trim_until(cancel.clone()));
         let connect = TcpListener::bind(connect).await?;
         let addrs = (https.local_addr()?, connect.local_addr()?);
         let (a, c) = (self.clone(), cancel.clone());

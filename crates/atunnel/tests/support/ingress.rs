@@ -113,6 +113,11 @@ impl Drop for RunningIngress {
 }
 
 pub async fn ingress(pki: &IngressPki) -> RunningIngress {
+    ingress_with(pki, atunnel::hibernate::DEFAULT_AFTER).await
+}
+
+/// An ingress whose HTTP/1.1 connections hibernate after `hibernate_after`.
+pub async fn ingress_with(pki: &IngressPki, hibernate_after: Duration) -> RunningIngress {
     let cfg = IngressConfig {
         credential_bundle: pki.bundle_path(),
         trust_bundle: pki.trust_path(),
@@ -121,6 +126,7 @@ pub async fn ingress(pki: &IngressPki) -> RunningIngress {
         socket: SocketOptions::default(),
         sandbox_socket: SocketOptions::default(),
         drain_timeout: Duration::from_secs(5),
+        hibernate_after,
     };
     let pool = BufferPool::default();
     let ingress = Ingress::new(cfg, pool.clone()).expect("ingress");

@@ -1,0 +1,267 @@
+//! Hibernation: a connection with no traffic for `hibernate_after` drops
+//! whatever per-connection state it can rebuild on the next byte (the HTTP/1
+//! connection's read and write buffers, parsed request state), and the
+//! allocator is asked to hand freed memory back to the system.
+//!
+//! Idleness is read cheaply: the connection's I/O bumps a counter
+//! ([`ActivityIo`]), requests in flight hold a guard ([`InFlight`]), and a
+//! single timer per connection looks at both once per period. A connection
+//! under load never sees a whole quiet period, so it never hibernates; one
+//! that went quiet hibernates between one and two periods after its last byte.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// The default `--hibernate-after`.
+pub const DEFAULT_AFTER: Duration = Duration::from_secs(15);
+
+/// Process-wide hibernation settings and counters, shared by every listener.
+#[derive(Debug)]
+pub struct Hibernation {
+    after: Option<Duration>,
+    /// Connections hibernated right now.
+    sleeping: AtomicUsize,
+    /// Times any connection hibernated, and woke.
+    hibernations: AtomicU64,
+    wakes: AtomicU64,
+    /// Set when memory was freed since the allocator last trimmed.
+    trim_wanted: AtomicBool,
+    changed: Notify,
+}
+
+/// What /stats reports.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct HibernationStats {
+    pub hibernating: usize,
+    pub hibernations: u64,
+    pub wakes: u64,
+}
+
+impl Hibernation {
+    /// `after` of zero disables hibernation.
+    pub fn new(after: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            after: (!after.is_zero()).then_some(after),
+            sleeping: AtomicUsize::new(0),
+            hibernations: AtomicU64::new(0),
+            wakes: AtomicU64::new(0),
+            trim_wanted: AtomicBool::new(false),
+            changed: Notify::new(),
+        })
+    }
+
+    pub fn disabled() -> Arc<Self> {
+        Self::new(Duration::ZERO)
+    }
+
+    pub fn after(&self) -> Option<Duration> {
+        self.after
+    }
+
+    pub fn stats(&self) -> HibernationStats {
+        HibernationStats {
+            hibernating: self.sleeping.load(Ordering::Relaxed),
+            hibernations: self.hibernations.load(Ordering::Relaxed),
+            wakes: self.wakes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Waits until `done` holds for the stats (checked on every change).
+    pub async fn wait_until(&self, done: impl Fn(HibernationStats) -> bool) -> HibernationStats {
+        loop {
+            let changed = self.changed.notified();
+            let s = self.stats();
+            if done(s) {
+                return s;
+            }
+            changed.await;
+        }
+    }
+
+    /// Marks one connection hibernated until the guard drops (it woke or
+    /// closed).
+    pub fn enter(self: &Arc<Self>) -> Sleeping {
+        self.sleeping.fetch_add(1, Ordering::Relaxed);
+        self.hibernations.fetch_add(1, Ordering::Relaxed);
+        self.trim_wanted.store(true, Ordering::Relaxed);
+        self.changed.notify_waiters();
+        Sleeping(self.clone())
+    }
+
+    /// Returns freed memory to the system, at most once per period and only
+    /// after something hibernated: malloc_trim walks the whole heap, so it
+    /// is batched rather than run per connection.
+    pub async fn trim_until(self: Arc<Self>, cancel: CancellationToken) {
+        let Some(after) = self.after else { return };
+        let period = after.clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if self.trim_wanted.swap(false, Ordering::Relaxed) {
+                atunnel_core::alloc::release_free_memory();
+            }
+        }
+    }
+}
+
+/// A hibernated connection; dropping it counts the wake.
+pub struct Sleeping(Arc<Hibernation>);
+
+impl Drop for Sleeping {
+    fn drop(&mut self) {
+        self.0.sleeping.fetch_sub(1, Ordering::Relaxed);
+        self.0.wakes.fetch_add(1, Ordering::Relaxed);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// One connection's traffic, as seen by its idle timer.
+#[derive(Debug, Default)]
+pub struct Activity {
+    io_events: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    fn touch(&self) {
+        self.io_events.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Held by a request until its response has been handed over entirely.
+    pub fn request(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        InFlight(self.clone())
+    }
+
+    /// Resolves once a whole `period` passed with no I/O and no request in
+    /// flight (checked once per period, so between one and two periods).
+    pub async fn idle_for(&self, period: Duration) {
+        let mut seen = self.io_events.load(Ordering::Relaxed);
+        loop {
+            tokio::time::sleep(period).await;
+            let now = self.io_events.load(Ordering::Relaxed);
+            if now == seen && self.in_flight.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            seen = now;
+        }
+    }
+}
+
+pub struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A stream that records each read and write in its [`Activity`], and can
+/// replay bytes an earlier HTTP parser had read but not used.
+pub struct ActivityIo<T> {
+    inner: T,
+    activity: Arc<Activity>,
+    /// Read before hibernating and not yet consumed; empty almost always.
+    replay: Bytes,
+}
+
+impl<T> ActivityIo<T> {
+    pub fn new(inner: T, activity: Arc<Activity>) -> Self {
+        Self {
+            inner,
+            activity,
+            replay: Bytes::new(),
+        }
+    }
+
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
+
+    pub fn activity(&self) -> &Arc<Activity> {
+        &self.activity
+    }
+
+    /// Bytes to hand out before reading from the stream again.
+    pub fn set_replay(&mut self, bytes: Bytes) {
+        self.replay = bytes;
+    }
+
+    pub fn has_replay(&self) -> bool {
+        !self.replay.is_empty()
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for ActivityIo<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.replay.is_empty() {
+            let n = self.replay.len().min(buf.remaining());
+            buf.put_slice(&self.replay[..n]);
+            self.replay.advance(n);
+            self.activity.touch();
+            return Poll::Ready(Ok(()));
+        }
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if r.is_ready() {
+            self.activity.touch();
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for ActivityIo<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if r.is_ready() {
+            self.activity.touch();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if r.is_ready() {
+            self.activity.touch();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
