@@ -203,6 +203,10 @@ impl H2Stream {
     pub fn new(send: h2::SendStream<Bytes>, recv: h2::RecvStream) -> Self {
         Self { send, recv }
     }
+
+    pub fn into_parts(self) -> (h2::SendStream<Bytes>, h2::RecvStream) {
+        (self.send, self.recv)
+    }
 }
 
 fn h2_to_io(e: h2::Error) -> io::Error {

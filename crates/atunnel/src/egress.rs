@@ -140,6 +140,8 @@ pub struct EgressConfig {
     /// Sandbox side: the actors' accepted connections.
     pub sandbox_socket: SocketOptions,
     pub drain_timeout: Duration,
+    /// Lean unless benchmarking the reference's design (`--copy-mode naive`).
+    pub copy_mode: crate::naive_copy::CopyMode,
 }
 
 impl Default for EgressConfig {
@@ -148,6 +150,7 @@ impl Default for EgressConfig {
             socket: SocketOptions::default(),
             sandbox_socket: SocketOptions::default(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            copy_mode: crate::naive_copy::CopyMode::Lean,
         }
     }
 }
@@ -331,6 +334,15 @@ impl Egress {
                 return;
             }
         };
+        if self.cfg.copy_mode == crate::naive_copy::CopyMode::Naive {
+            tokio::select! {
+                _ = activation.cancel.cancelled() => {}
+                r = crate::naive_copy::relay(actor, tunnel) => if let Err(e) = r {
+                    tracing::debug!(%dest, error = %e, "egress tunnel (naive copy) ended with an error");
+                }
+            }
+            return;
+        }
         tokio::select! {
             _ = activation.cancel.cancelled() => tunnel.abort(),
             r = relay(&mut actor, &mut tunnel, &self.pool) => if let Err(e) = r {

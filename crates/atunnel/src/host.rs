@@ -98,6 +98,9 @@ pub struct HostArgs {
     /// Loopback network: destinations, comma separated (one listener each per actor).
     #[arg(long, value_delimiter = ',')]
     pub destinations: Vec<SocketAddr>,
+    /// How egress tunnels copy bytes (naive: the reference's design, for comparison).
+    #[arg(long, value_enum, default_value = "lean")]
+    pub copy_mode: crate::naive_copy::CopyMode,
     /// Idle time after which an ingress HTTP/1.1 connection drops its
     /// buffers until its next byte ("15s", "100ms"; 0 never).
     #[arg(long, default_value = "15s", value_parser = crate::config::parse_duration)]
@@ -176,6 +179,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
     cfg.egress = EgressConfig {
         socket: args.socket.options(),
         sandbox_socket: args.socket.sandbox_options(),
+        copy_mode: args.copy_mode,
         ..EgressConfig::default()
     };
     cfg.egress_port = args.egress_port;

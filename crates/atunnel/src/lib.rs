@@ -14,6 +14,7 @@ pub mod hibernate;
 pub mod host;
 pub mod http1;
 pub mod ingress;
+pub mod naive_copy;
 pub mod process;
 pub mod stats;
 pub mod tunnel;

@@ -193,9 +193,14 @@ pub async fn listen(
 }
 
 pub fn egress() -> Arc<Egress> {
+    egress_with(atunnel::naive_copy::CopyMode::Lean)
+}
+
+pub fn egress_with(copy_mode: atunnel::naive_copy::CopyMode) -> Arc<Egress> {
     Egress::new(
         EgressConfig {
             drain_timeout: Duration::from_secs(5),
+            copy_mode,
             ..EgressConfig::default()
         },
         BufferPool::default(),
