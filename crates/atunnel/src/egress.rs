@@ -164,7 +164,12 @@ pub struct EgressStats {
     pub rejected_total: u64,
     /// Tunnels whose CONNECT failed or was refused.
     pub open_failed_total: u64,
+    /// Size of one tunnel's task future (its state lives in the task's one
+    /// heap allocation), for the memory accounting in docs/memory.md.
+    pub tunnel_future_bytes: usize,
 }
+
+static TUNNEL_FUTURE_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 #[derive(Default)]
 struct Counters {
@@ -222,6 +227,7 @@ impl Egress {
             tunnels_total: c.total.load(Ordering::Relaxed),
             rejected_total: c.rejected.load(Ordering::Relaxed),
             open_failed_total: c.open_failed.load(Ordering::Relaxed),
+            tunnel_future_bytes: TUNNEL_FUTURE_BYTES.load(Ordering::Relaxed),
         }
     }
 
@@ -286,7 +292,9 @@ impl Egress {
             match binding.current().filter(|a| a.admits()) {
                 Some(activation) => {
                     let tasks = activation.tasks.clone();
-                    tasks.spawn(self.clone().tunnel(tcp, activation, dest));
+                    let tunnel = self.clone().tunnel(tcp, activation, dest);
+                    TUNNEL_FUTURE_BYTES.store(std::mem::size_of_val(&tunnel), Ordering::Relaxed);
+                    tasks.spawn(tunnel);
                 }
                 None => {
                     // Closed with no bytes: inactive, deactivated or expired.

@@ -87,6 +87,14 @@ async fn bytes_reach_the_destination_and_come_back(proto: Proto) {
     let stats = egress.stats();
     assert_eq!(stats.tunnels_total, 1);
     assert_eq!(stats.rejected_total, 0);
+    println!("tunnel task future: {} B", stats.tunnel_future_bytes);
+    // The tunnel's state is one task allocation; a larger future is paid by
+    // every idle tunnel (the budget is 2 KiB of heap in all).
+    assert!(
+        (1..=1024).contains(&stats.tunnel_future_bytes),
+        "tunnel future is {} B",
+        stats.tunnel_future_bytes
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
