@@ -181,15 +181,27 @@ impl Drop for PooledBuf {
         let inner = &self.pool;
         let mut free = inner.free.lock().expect("pool lock poisoned");
         inner.in_use.fetch_sub(1, Ordering::Relaxed);
-        let waiters = std::mem::take(&mut free.waiters);
-        let keep = free.buffers.len() < inner.max_idle;
-        if keep {
+        let surplus = if free.buffers.len() < inner.max_idle {
             free.buffers.push(buf);
-        }
+            None
+        } else {
+            Some(buf)
+        };
+        // Taken only when someone waits, so the common return locks once.
+        let waiters = (!free.waiters.is_empty()).then(|| std::mem::take(&mut free.waiters));
         drop(free);
-        // `buf` (if not kept) is freed here, outside the lock.
-        for w in waiters {
+        // Freed and woken outside the lock.
+        drop(surplus);
+        let Some(mut waiters) = waiters else { return };
+        for w in waiters.drain(..) {
             w.wake();
+        }
+        // Hand the emptied list back: while the pool is exhausted every
+        // return wakes the waiters and the losers register again, which
+        // would otherwise allocate a fresh list each time.
+        let mut free = inner.free.lock().expect("pool lock poisoned");
+        if free.waiters.is_empty() {
+            std::mem::swap(&mut free.waiters, &mut waiters);
         }
     }
 }
@@ -224,6 +236,111 @@ mod tests {
         assert_eq!(waiter.await.expect("waiter"), 64);
         assert!(pool.stats().waited_total >= 1);
         assert_eq!(pool.stats().in_use, 0);
+    }
+
+    /// Counts its wake-ups, so a test can see exactly when a waiter is woken.
+    struct CountingWaker(AtomicUsize);
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn the_bound_holds_and_one_return_wakes_the_waiter() {
+        let pool = BufferPool::new(64, 2, 2);
+        let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(counter.clone());
+        let mut cx = Context::from_waker(&waker);
+        let Poll::Ready(first) = pool.poll_acquire(&mut cx) else {
+            panic!("a free pool lends at once")
+        };
+        let Poll::Ready(second) = pool.poll_acquire(&mut cx) else {
+            panic!("the bound is two")
+        };
+        // Past the bound: the borrower waits, registered once however often
+        // it polls, and no buffer is allocated for it.
+        assert!(pool.poll_acquire(&mut cx).is_pending());
+        assert!(pool.poll_acquire(&mut cx).is_pending());
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.allocated_total), (2, 2));
+        assert_eq!(counter.0.load(Ordering::Relaxed), 0);
+        drop(first);
+        assert_eq!(counter.0.load(Ordering::Relaxed), 1, "woken exactly once");
+        let Poll::Ready(third) = pool.poll_acquire(&mut cx) else {
+            panic!("the returned buffer is lent to the waiter")
+        };
+        assert_eq!(pool.stats().allocated_total, 2, "and reused, not allocated");
+        drop(second);
+        drop(third);
+        assert_eq!(counter.0.load(Ordering::Relaxed), 1, "no waiter, no wake");
+        assert_eq!(pool.stats().in_use, 0);
+    }
+
+    #[tokio::test]
+    async fn contended_borrowers_stay_within_the_bound_and_all_get_served() {
+        let pool = BufferPool::new(64, 3, 1);
+        let peak = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..12)
+            .map(|_| {
+                let (pool, peak) = (pool.clone(), peak.clone());
+                tokio::spawn(async move {
+                    for _ in 0..5 {
+                        let buf = pool.acquire().await;
+                        peak.fetch_max(pool.stats().in_use, Ordering::Relaxed);
+                        // Hold it across a yield so the others pile up.
+                        tokio::task::yield_now().await;
+                        drop(buf);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("borrower");
+        }
+        let s = pool.stats();
+        assert_eq!(peak.load(Ordering::Relaxed), 3, "{s:?}");
+        assert_eq!((s.in_use, s.idle, s.acquired_total), (0, 1, 60));
+        assert!(s.waited_total > 0, "{s:?}");
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_waiter_does_not_strand_the_next() {
+        let pool = BufferPool::new(64, 1, 1);
+        let held = pool.acquire().await;
+        let p = pool.clone();
+        let cancelled = tokio::spawn(async move { drop(p.acquire().await) });
+        tokio::task::yield_now().await;
+        cancelled.abort();
+        assert!(cancelled.await.expect_err("aborted").is_cancelled());
+        let p = pool.clone();
+        let next = tokio::spawn(async move { p.acquire().await.as_ref().len() });
+        tokio::task::yield_now().await;
+        drop(held);
+        assert_eq!(next.await.expect("next"), 64);
+        assert_eq!(pool.stats().in_use, 0);
+    }
+
+    #[tokio::test]
+    async fn a_burst_shrinks_back_to_max_idle_and_trim_keeps_what_it_is_told() {
+        let pool = BufferPool::new(1024, 16, 4);
+        let burst = futures_join(&pool, 16).await;
+        assert_eq!(pool.stats().in_use, 16);
+        drop(burst);
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.idle, s.allocated_total), (0, 4, 16));
+        pool.trim(2);
+        assert_eq!(pool.stats().idle, 2);
+        pool.trim(10);
+        assert_eq!(pool.stats().idle, 2, "trim never adds");
+        let again = futures_join(&pool, 3).await;
+        assert_eq!(pool.stats().allocated_total, 17, "two reused, one fresh");
+        drop(again);
+        assert_eq!(pool.stats().idle, 3);
     }
 
     async fn futures_join(pool: &BufferPool, n: usize) -> Vec<PooledBuf> {

@@ -346,3 +346,98 @@ async fn tcp_to_http2_stream_both_ways_with_half_close() {
     // The h2 side read without pool buffers; the TCP side returned its own.
     assert_eq!(pool.stats().in_use, 0);
 }
+
+/// Polls `cond` until it holds; the condition is a pool counter another
+/// thread changes, which we cannot await directly.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Pooled buffers handed to h2 sit in its send queue while the connection
+/// cannot write; when the peer vanishes h2 drops them, and each one comes
+/// back to the pool. Meanwhile the pool's bound is what stops the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffers_queued_in_http2_return_when_the_peer_vanishes() {
+    const MAX_BUFFERS: usize = 8;
+    let pool = BufferPool::new(32 * 1024, MAX_BUFFERS, 2);
+    let (h2_client_io, h2_server_io) = tcp_pair().await;
+    // RST rather than FIN when the peer goes.
+    h2_server_io.set_zero_linger().expect("linger");
+
+    // The peer answers the CONNECT, then stops reading its socket (so the
+    // kernel queues fill and h2 holds what the relay sent it), then vanishes.
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (vanish_tx, vanish_rx) = tokio::sync::oneshot::channel::<()>();
+    let peer = tokio::spawn(async move {
+        // Windows far above what the kernel queues hold, so h2 is left
+        // holding data rather than waiting for window.
+        let mut conn = h2::server::Builder::new()
+            .initial_window_size(64 << 20)
+            .initial_connection_window_size(64 << 20)
+            .handshake::<_, bytes::Bytes>(h2_server_io)
+            .await
+            .expect("server handshake");
+        let (req, mut respond) = conn.accept().await.expect("a stream").expect("stream ok");
+        let _send = respond
+            .send_response(http::Response::new(()), false)
+            .expect("200");
+        let _recv = req.into_body();
+        tokio::select! {
+            e = async { loop { match conn.accept().await { Some(Ok(_)) => {}, Some(Err(e)) => break format!("{e:?}"), None => break "none".to_string() } } } => panic!("connection ended: {e}"),
+            _ = stop_rx => {}
+        }
+        vanish_rx.await.expect("vanish signal");
+        drop(conn);
+    });
+
+    let (mut send_req, conn) = h2::client::handshake(h2_client_io)
+        .await
+        .expect("client handshake");
+    let client_conn = tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri("192.0.2.10:443")
+        .body(())
+        .expect("request");
+    let (resp, send) = send_req.send_request(req, false).expect("send");
+    let resp = resp.await.expect("response");
+    stop_tx.send(()).expect("peer running");
+    let mut stream = H2Stream::new(send, resp.into_body());
+
+    let (actor, mut inner) = tcp_pair().await;
+    let relay_pool = pool.clone();
+    let tunnel = tokio::spawn(async move { relay(&mut inner, &mut stream, &relay_pool).await });
+    let (_actor_r, mut actor_w) = actor.into_split();
+    // Writes until everything in the way is full; fails once the tunnel is gone.
+    let writer = tokio::spawn(async move {
+        let block = vec![5u8; 1 << 20];
+        while actor_w.write_all(&block).await.is_ok() {}
+    });
+
+    until(
+        "h2 and the relay hold every buffer the pool may lend",
+        || {
+            let s = pool.stats();
+            s.in_use == MAX_BUFFERS && s.waited_total > 0
+        },
+    )
+    .await;
+    assert_eq!(pool.stats().in_use, MAX_BUFFERS, "the bound holds");
+
+    vanish_tx.send(()).expect("peer waiting");
+    peer.await.expect("peer");
+    let err = tunnel
+        .await
+        .expect("join")
+        .expect_err("the tunnel fails with its peer");
+    let _ = client_conn.await;
+    writer.await.expect("writer");
+    assert_eq!(pool.stats().in_use, 0, "after {err}: {:?}", pool.stats());
+}
