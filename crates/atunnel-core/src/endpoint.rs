@@ -309,3 +309,90 @@ pub async fn write_chunk<E: Endpoint + ?Sized>(ep: &mut E, mut chunk: Chunk) -> 
 pub async fn close_write<E: Endpoint + ?Sized>(ep: &mut E) -> io::Result<()> {
     std::future::poll_fn(|cx| ep.poll_close_write(cx)).await
 }
+
+/// A socket that waits for data by reading into a small buffer of its own,
+/// held for the connection's whole life, instead of waiting for readiness.
+/// This is the reference's fix (a 512 B wait buffer); atunnel keeps it only
+/// so the benchmark can sweep its size against readiness (no buffer at all).
+pub struct WaitBuffered<T> {
+    inner: T,
+    wait: Box<[u8]>,
+    /// Bytes in `wait` not yet handed out (the pool made us wait).
+    held: usize,
+    /// An error met after some bytes were read, reported on the next read.
+    deferred: Option<io::Error>,
+}
+
+impl<T> WaitBuffered<T> {
+    pub fn new(inner: T, wait_buffer: usize) -> Self {
+        Self {
+            inner,
+            wait: vec![0u8; wait_buffer.max(1)].into_boxed_slice(),
+            held: 0,
+            deferred: None,
+        }
+    }
+}
+
+impl<T: ReadReady> Endpoint for WaitBuffered<T> {
+    fn poll_read_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        pool: &BufferPool,
+    ) -> Poll<io::Result<Option<Chunk>>> {
+        if let Some(e) = self.deferred.take() {
+            return Poll::Ready(Err(e));
+        }
+        if self.held == 0 {
+            let mut rb = ReadBuf::new(&mut self.wait);
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut rb))?;
+            self.held = rb.filled().len();
+            if self.held == 0 {
+                return Poll::Ready(Ok(None));
+            }
+        }
+        // Data is moving: borrow a pooled buffer for it and whatever else
+        // is already readable.
+        let mut buf = ready!(pool.poll_acquire(cx));
+        let held = std::mem::take(&mut self.held);
+        buf.as_mut_slice()[..held].copy_from_slice(&self.wait[..held]);
+        let mut rest = ReadBuf::new(&mut buf.as_mut_slice()[held..]);
+        let more = match Pin::new(&mut self.inner).poll_read(cx, &mut rest) {
+            Poll::Ready(Ok(())) => rest.filled().len(),
+            Poll::Ready(Err(e)) => {
+                self.deferred = Some(e);
+                0
+            }
+            Poll::Pending => 0,
+        };
+        Poll::Ready(Ok(Some(Chunk::Pooled {
+            buf,
+            start: 0,
+            end: held + more,
+        })))
+    }
+
+    fn consumed(&mut self, n: usize) {
+        self.inner.consumed(n)
+    }
+
+    fn poll_write_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunk: &mut Chunk,
+    ) -> Poll<io::Result<()>> {
+        self.inner.poll_write_chunk(cx, chunk)
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Endpoint::poll_flush(&mut self.inner, cx)
+    }
+
+    fn poll_close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.inner.poll_close_write(cx)
+    }
+
+    fn abort(&mut self) {
+        self.inner.abort()
+    }
+}

@@ -142,6 +142,10 @@ pub struct EgressConfig {
     pub drain_timeout: Duration,
     /// Lean unless benchmarking the reference's design (`--copy-mode naive`).
     pub copy_mode: crate::naive_copy::CopyMode,
+    /// 0: wait for the actor's data by readiness, holding nothing. N: wait
+    /// by reading into an N-byte buffer held for the tunnel's life (the
+    /// reference's 512 B fix; kept for the benchmark's sweep).
+    pub wait_buffer: usize,
 }
 
 impl Default for EgressConfig {
@@ -151,6 +155,7 @@ impl Default for EgressConfig {
             sandbox_socket: SocketOptions::default(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             copy_mode: crate::naive_copy::CopyMode::Lean,
+            wait_buffer: 0,
         }
     }
 }
@@ -347,6 +352,16 @@ impl Egress {
                 _ = activation.cancel.cancelled() => {}
                 r = crate::naive_copy::relay(actor, tunnel) => if let Err(e) = r {
                     tracing::debug!(%dest, error = %e, "egress tunnel (naive copy) ended with an error");
+                }
+            }
+            return;
+        }
+        if self.cfg.wait_buffer > 0 {
+            let mut actor = atunnel_core::endpoint::WaitBuffered::new(actor, self.cfg.wait_buffer);
+            tokio::select! {
+                _ = activation.cancel.cancelled() => tunnel.abort(),
+                r = relay(&mut actor, &mut tunnel, &self.pool) => if let Err(e) = r {
+                    tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
                 }
             }
             return;

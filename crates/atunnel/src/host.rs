@@ -101,6 +101,10 @@ pub struct HostArgs {
     /// How egress tunnels copy bytes (naive: the reference's design, for comparison).
     #[arg(long, value_enum, default_value = "lean")]
     pub copy_mode: crate::naive_copy::CopyMode,
+    /// Egress: wait for an actor's data with a buffer this size held per
+    /// tunnel (0: readiness, no buffer; the reference used 512).
+    #[arg(long, default_value_t = 0)]
+    pub wait_buffer: usize,
     /// Idle time after which an ingress HTTP/1.1 connection drops its
     /// buffers until its next byte ("15s", "100ms"; 0 never).
     #[arg(long, default_value = "15s", value_parser = crate::config::parse_duration)]
@@ -180,6 +184,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
         socket: args.socket.options(),
         sandbox_socket: args.socket.sandbox_options(),
         copy_mode: args.copy_mode,
+        wait_buffer: args.wait_buffer,
         ..EgressConfig::default()
     };
     cfg.egress_port = args.egress_port;

@@ -566,3 +566,27 @@ async fn naive_copy_mode_carries_bytes_and_half_close_over_h2_and_h1() {
         cancel.cancel();
     }
 }
+
+/// `--wait-buffer` (the reference's 512 B wait) carries the same bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_buffer_carries_bytes_and_half_close() {
+    let echo = echo_server().await;
+    let pki = Pki::new();
+    let gw = gateway(&pki, forward_loopback(), |_| {}).await;
+    let a = actor("alpha");
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
+    let egress = egress_config(atunnel::egress::EgressConfig {
+        wait_buffer: 512,
+        ..Default::default()
+    });
+    let cancel = CancellationToken::new();
+    let addr = listen(&egress, &a.uid, echo, &cancel).await;
+    egress.activate(&a.uid, prepared).expect("activate");
+    let up = random(2 << 20, 11);
+    assert!(round_trip(addr, up.clone()).await == up, "echo corrupted");
+    let counter = counting_server().await;
+    let addr = listen(&egress, &a.uid, counter, &cancel).await;
+    let got = round_trip(addr, vec![5u8; 300_000]).await;
+    assert_eq!(String::from_utf8_lossy(&got), "got 300000 bytes");
+}

@@ -197,11 +197,17 @@ pub fn egress() -> Arc<Egress> {
 }
 
 pub fn egress_with(copy_mode: atunnel::naive_copy::CopyMode) -> Arc<Egress> {
+    egress_config(EgressConfig {
+        copy_mode,
+        ..EgressConfig::default()
+    })
+}
+
+pub fn egress_config(cfg: EgressConfig) -> Arc<Egress> {
     Egress::new(
         EgressConfig {
             drain_timeout: Duration::from_secs(5),
-            copy_mode,
-            ..EgressConfig::default()
+            ..cfg
         },
         BufferPool::default(),
     )
