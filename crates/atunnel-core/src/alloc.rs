@@ -8,15 +8,44 @@ use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
-/// Install with `#[global_allocator] static A: CountingAlloc = CountingAlloc;`.
+/// Install with `#[global_allocator] static A: CountingAlloc = CountingAlloc;`
+/// (the system allocator), or [`CountingWith`] around another allocator.
 pub struct CountingAlloc;
 
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged and only updates counters besides.
+/// Counts allocations made through another global allocator (jemalloc or
+/// mimalloc, say), into the same counters as [`CountingAlloc`].
+pub struct CountingWith<A>(pub A);
+
+// SAFETY: every method forwards to `System` through `CountingWith`, which
+// forwards unchanged.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded unchanged.
+        unsafe { CountingWith(System).alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded unchanged.
+        unsafe { CountingWith(System).alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged; `ptr` came from this allocator.
+        unsafe { CountingWith(System).dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded unchanged.
+        unsafe { CountingWith(System).realloc(ptr, layout, new_size) }
+    }
+}
+
+// SAFETY: every method forwards to the inner allocator with the caller's
+// arguments unchanged and only updates counters besides.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for CountingWith<A> {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
-        let p = unsafe { System.alloc(layout) };
+        let p = unsafe { self.0.alloc(layout) };
         if !p.is_null() {
             LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
             ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
@@ -26,7 +55,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded unchanged.
-        let p = unsafe { System.alloc_zeroed(layout) };
+        let p = unsafe { self.0.alloc_zeroed(layout) };
         if !p.is_null() {
             LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
             ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
@@ -36,13 +65,13 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded unchanged; `ptr` came from this allocator.
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { self.0.dealloc(ptr, layout) };
         LIVE_BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded unchanged.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        let p = unsafe { self.0.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             LIVE_BYTES.fetch_add(
                 new_size as isize - layout.size() as isize,
@@ -65,9 +94,21 @@ pub fn allocations() -> u64 {
     ALLOCATIONS.load(Ordering::Relaxed)
 }
 
-/// Asks glibc to return free heap to the system, as the memory figures are
-/// taken "after the allocator has been asked to release free memory".
+static RELEASE: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Makes [`release_free_memory`] call `release` instead of glibc's
+/// malloc_trim: a process built on another allocator installs its purge here.
+pub fn set_release(release: fn()) {
+    let _ = RELEASE.set(release);
+}
+
+/// Asks the allocator to return free heap to the system, as the memory
+/// figures are taken "after the allocator has been asked to release free
+/// memory".
 pub fn release_free_memory() {
+    if let Some(release) = RELEASE.get() {
+        return release();
+    }
     // SAFETY: malloc_trim has no preconditions; it only walks glibc's arenas.
     #[cfg(target_env = "gnu")]
     unsafe {
