@@ -41,7 +41,7 @@ const REMOVE_RETRY_FOR: Duration = Duration::from_secs(3);
 const REMOVE_RETRY_STEP: Duration = Duration::from_millis(20);
 
 /// Which cgroup hierarchy a [`Cgroup`] lives in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CgroupVersion {
     V1,
@@ -921,61 +921,17 @@ impl Cgroup {
 
     /// Reads the group's counters.
     pub fn sample(&self) -> Result<CgroupSample, CgroupError> {
-        match self.version {
-            CgroupVersion::V1 => self.sample_v1(),
-            CgroupVersion::V2 => self.sample_v2(),
+        self.dirs().sample()
+    }
+
+    /// Where the group's counters are, for another process to sample.
+    pub fn dirs(&self) -> CgroupDirs {
+        CgroupDirs {
+            version: self.version,
+            memory: self.memory_dir.clone(),
+            cpu: self.cpu_dir.clone(),
+            cpuacct: self.cpuacct_dir.clone(),
         }
-    }
-
-    fn sample_v1(&self) -> Result<CgroupSample, CgroupError> {
-        let memory = |file: &str| self.memory_dir.join(file);
-        let cpuacct_usage = read_file(&self.cpuacct_dir.join("cpuacct.usage"))?;
-        let cpu_stat = read_file(&self.cpu_dir.join("cpu.stat"))?;
-        let memory_usage = read_file(&memory("memory.usage_in_bytes"))?;
-        let memory_max_usage = read_file(&memory("memory.max_usage_in_bytes"))?;
-        let memory_stat = read_file(&memory("memory.stat"))?;
-        let oom_control = read_file(&memory("memory.oom_control"))?;
-        let kmem = read_optional(&memory("memory.kmem.usage_in_bytes"))?;
-        let kmem_tcp = read_optional(&memory("memory.kmem.tcp.usage_in_bytes"))?;
-        sample_from_v1(&V1Files {
-            cpuacct_usage: &cpuacct_usage,
-            cpu_stat: &cpu_stat,
-            memory_usage_in_bytes: &memory_usage,
-            memory_max_usage_in_bytes: &memory_max_usage,
-            memory_stat: &memory_stat,
-            memory_oom_control: &oom_control,
-            memory_kmem_usage_in_bytes: kmem.as_deref(),
-            memory_kmem_tcp_usage_in_bytes: kmem_tcp.as_deref(),
-        })
-        .map_err(|e| {
-            e.located(|file| {
-                let name = file.to_string_lossy();
-                if name.starts_with("cpuacct.") {
-                    self.cpuacct_dir.join(file)
-                } else if name.starts_with("cpu.") {
-                    self.cpu_dir.join(file)
-                } else {
-                    self.memory_dir.join(file)
-                }
-            })
-        })
-    }
-
-    fn sample_v2(&self) -> Result<CgroupSample, CgroupError> {
-        let dir = &self.memory_dir;
-        let cpu_stat = read_file(&dir.join("cpu.stat"))?;
-        let memory_current = read_file(&dir.join("memory.current"))?;
-        let memory_stat = read_file(&dir.join("memory.stat"))?;
-        let memory_events = read_file(&dir.join("memory.events"))?;
-        let memory_peak = read_optional(&dir.join("memory.peak"))?;
-        sample_from_v2(&V2Files {
-            cpu_stat: &cpu_stat,
-            memory_current: &memory_current,
-            memory_stat: &memory_stat,
-            memory_events: &memory_events,
-            memory_peak: memory_peak.as_deref(),
-        })
-        .map_err(|e| e.located(|file| dir.join(file)))
     }
 
     /// Kills nothing: moves any processes still in the group to the caller's
@@ -1009,6 +965,113 @@ impl Drop for Cgroup {
         if let Err(e) = self.remove() {
             tracing::warn!(name = %self.name, error = %e, "could not remove cgroup");
         }
+    }
+}
+
+/// A group's directories, enough to read its counters: what the process
+/// that created it hands to one that only measures it (the bench's worker
+/// creates atunnel's group, its load generator samples it).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CgroupDirs {
+    pub version: CgroupVersion,
+    pub memory: PathBuf,
+    pub cpu: PathBuf,
+    pub cpuacct: PathBuf,
+}
+
+impl CgroupDirs {
+    /// Reads the group's counters.
+    pub fn sample(&self) -> Result<CgroupSample, CgroupError> {
+        match self.version {
+            CgroupVersion::V1 => self.sample_v1(),
+            CgroupVersion::V2 => self.sample_v2(),
+        }
+    }
+
+    fn sample_v1(&self) -> Result<CgroupSample, CgroupError> {
+        let memory = |file: &str| self.memory.join(file);
+        let cpuacct_usage = read_file(&self.cpuacct.join("cpuacct.usage"))?;
+        let cpu_stat = read_file(&self.cpu.join("cpu.stat"))?;
+        let memory_usage = read_file(&memory("memory.usage_in_bytes"))?;
+        let memory_max_usage = read_file(&memory("memory.max_usage_in_bytes"))?;
+        let memory_stat = read_file(&memory("memory.stat"))?;
+        let oom_control = read_file(&memory("memory.oom_control"))?;
+        let kmem = read_optional(&memory("memory.kmem.usage_in_bytes"))?;
+        let kmem_tcp = read_optional(&memory("memory.kmem.tcp.usage_in_bytes"))?;
+        sample_from_v1(&V1Files {
+            cpuacct_usage: &cpuacct_usage,
+            cpu_stat: &cpu_stat,
+            memory_usage_in_bytes: &memory_usage,
+            memory_max_usage_in_bytes: &memory_max_usage,
+            memory_stat: &memory_stat,
+            memory_oom_control: &oom_control,
+            memory_kmem_usage_in_bytes: kmem.as_deref(),
+            memory_kmem_tcp_usage_in_bytes: kmem_tcp.as_deref(),
+        })
+        .map_err(|e| {
+            e.located(|file| {
+                let name = file.to_string_lossy();
+                if name.starts_with("cpuacct.") {
+                    self.cpuacct.join(file)
+                } else if name.starts_with("cpu.") {
+                    self.cpu.join(file)
+                } else {
+                    self.memory.join(file)
+                }
+            })
+        })
+    }
+
+    fn sample_v2(&self) -> Result<CgroupSample, CgroupError> {
+        let dir = &self.memory;
+        let cpu_stat = read_file(&dir.join("cpu.stat"))?;
+        let memory_current = read_file(&dir.join("memory.current"))?;
+        let memory_stat = read_file(&dir.join("memory.stat"))?;
+        let memory_events = read_file(&dir.join("memory.events"))?;
+        let memory_peak = read_optional(&dir.join("memory.peak"))?;
+        sample_from_v2(&V2Files {
+            cpu_stat: &cpu_stat,
+            memory_current: &memory_current,
+            memory_stat: &memory_stat,
+            memory_events: &memory_events,
+            memory_peak: memory_peak.as_deref(),
+        })
+        .map_err(|e| e.located(|file| dir.join(file)))
+    }
+}
+
+/// Removes a group that `create` made under `name` and whose owner is gone
+/// (killed before it could remove it): in every hierarchy, the group below
+/// the caller's own cgroup or below the root, as `create` may have placed
+/// it. Processes still in it are moved out, not killed. Returns whether
+/// anything was found.
+pub fn remove_leftover(name: &str) -> Result<bool, CgroupError> {
+    let components = validate_name(name)?;
+    let layout = detect_layout()?;
+    let relative: PathBuf = components.iter().collect();
+    let mut found: Vec<Hierarchy> = Vec::new();
+    for place in [&layout.memory, &layout.cpu, &layout.cpuacct] {
+        let home = own_dir(place);
+        for base in [home.clone(), place.mount.clone()] {
+            let leaf = base.join(&relative);
+            if leaf.is_dir() && !found.iter().any(|h| h.leaf == leaf) {
+                found.push(Hierarchy {
+                    base,
+                    leaf,
+                    home: home.clone(),
+                });
+            }
+        }
+    }
+    let mut first_error = None;
+    for h in &found {
+        if let Err(e) = remove_hierarchy(h) {
+            first_error.get_or_insert(e);
+        }
+    }
+    match first_error {
+        None => Ok(!found.is_empty()),
+        Some(e) => Err(e),
     }
 }
 

@@ -8,6 +8,7 @@ mod pki;
 mod role;
 mod run;
 mod traffic;
+mod worker;
 
 use std::path::PathBuf;
 
@@ -28,6 +29,10 @@ struct Cli {
 enum Command {
     /// Everything on one machine: roles in namespaces, atunnel in a cgroup, every scenario, a run folder.
     Run(run::RunArgs),
+    /// Fake node agent, atunnel in a cgroup (restarted when it dies), actors; a control socket.
+    Worker(worker::WorkerArgs),
+    /// Runs the scenarios against a worker and writes the run folder.
+    Load(run::load::LoadArgs),
     /// Egress end to end on this machine: integrity, throughput, idle memory.
     Demo(demo::DemoArgs),
     /// atunnel hosting N actors (nothing else runs in this process).
@@ -48,7 +53,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     atunnel::process::run_main("atunnel-bench", "warn", |cancel| async move {
         match cli.command {
-            Command::Run(args) => run::run(args).await,
+            Command::Run(args) => run::run(args, cancel).await,
+            Command::Worker(args) => worker::run(args, cancel).await,
+            Command::Load(args) => run::load::run(args, cancel).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Actors(args) => actors::run(args, cancel).await,
             Command::Tunnel(args) => atunnel::host::run(*args, cancel).await,

@@ -14,13 +14,18 @@ pub struct Role {
     pub first_line: String,
 }
 
-fn command(args: &[String]) -> Result<Command, atunnel::BoxError> {
+fn command(args: &[String], pre_exec: Option<PreExec>) -> Result<Command, atunnel::BoxError> {
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true);
+    if let Some(hook) = pre_exec {
+        // SAFETY: the hooks passed here only make async-signal-safe syscalls
+        // (open, write, close, setpgid), as pre_exec requires after fork.
+        unsafe { cmd.pre_exec(hook) };
+    }
     Ok(cmd)
 }
 
@@ -38,12 +43,42 @@ async fn ready(name: String, mut child: Child) -> Result<Role, atunnel::BoxError
 
 /// Starts `args[0]` in this process's namespace.
 pub async fn start(args: &[String]) -> Result<Role, atunnel::BoxError> {
-    let child = command(args)?.spawn()?;
-    ready(args[0].clone(), child).await
+    start_with(args, None).await
 }
 
 /// Runs in the child between fork and exec (a cgroup move, say).
 pub type PreExec = Box<dyn FnMut() -> std::io::Result<()> + Send + Sync + 'static>;
+
+/// Starts `args[0]` in this process's namespace; `pre_exec` runs in the
+/// child before it execs.
+pub async fn start_with(
+    args: &[String],
+    pre_exec: Option<PreExec>,
+) -> Result<Role, atunnel::BoxError> {
+    let child = command(args, pre_exec)?.spawn()?;
+    ready(args[0].clone(), child).await
+}
+
+/// A pre-exec hook that puts the child in a process group of its own, so a
+/// Ctrl-C at the terminal reaches only its parent, which stops it in order
+/// (a supervisor must not mistake the signal for a crash and restart it).
+pub fn own_process_group() -> PreExec {
+    Box::new(|| {
+        // SAFETY: setpgid(2) is async-signal-safe and takes no memory.
+        if unsafe { libc::setpgid(0, 0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    })
+}
+
+/// Runs `first`, then `second`, in the child.
+pub fn both(mut first: PreExec, mut second: PreExec) -> PreExec {
+    Box::new(move || {
+        first()?;
+        second()
+    })
+}
 
 /// Starts `args[0]` inside `ns`: forked from the namespace thread while it is
 /// there, so the child lives in `ns` from its first instruction. `pre_exec`
@@ -54,12 +89,7 @@ pub async fn start_in(
     args: &[String],
     pre_exec: Option<PreExec>,
 ) -> Result<Role, atunnel::BoxError> {
-    let mut cmd = command(args)?;
-    if let Some(hook) = pre_exec {
-        // SAFETY: the hooks passed here only make async-signal-safe syscalls
-        // (open, write, close), as pre_exec requires after fork.
-        unsafe { cmd.pre_exec(hook) };
-    }
+    let mut cmd = command(args, pre_exec)?;
     let runtime = tokio::runtime::Handle::current();
     let child = exec
         .run_in(ns, move || {
@@ -75,26 +105,83 @@ impl Role {
         self.child.id()
     }
 
-    /// Whether the process has exited (and how), without waiting.
-    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
+    /// SIGTERM, then up to 10 s to exit cleanly, then SIGKILL.
+    pub async fn stop(self) {
+        self.stop_within(Duration::from_secs(10)).await;
     }
 
-    /// SIGTERM, then up to 10 s to exit cleanly, then SIGKILL.
-    pub async fn stop(mut self) {
+    /// SIGTERM, then up to `grace` to exit cleanly, then SIGKILL; how it
+    /// exited, when it did.
+    pub async fn stop_within(mut self, grace: Duration) -> Option<std::process::ExitStatus> {
         if let Some(pid) = self.child.id() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
                 nix::sys::signal::Signal::SIGTERM,
             );
         }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                None
+            }
         }
     }
+}
+
+/// Kills (SIGKILL) every process left in a network namespace named
+/// `prefix*`: what remains of the roles after they were asked to stop, such
+/// as the children of a worker that was itself killed. Namespaces are
+/// compared as `ip netns identify` does, by the device and inode of
+/// `/run/netns/<name>` and `/proc/<pid>/ns/net`. Returns how many.
+pub fn kill_processes_in_namespaces(prefix: &str) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(atunnel_sandbox::netns::NETNS_DIR) else {
+        return 0;
+    };
+    let ours: std::collections::HashSet<(u64, u64)> = entries
+        .filter_map(|e| {
+            let e = e.ok()?;
+            if !e.file_name().to_string_lossy().starts_with(prefix) {
+                return None;
+            }
+            let m = std::fs::metadata(e.path()).ok()?;
+            Some((m.dev(), m.ino()))
+        })
+        .collect();
+    if ours.is_empty() {
+        return 0;
+    }
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let me = std::process::id();
+    let mut killed = 0;
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(m) = std::fs::metadata(entry.path().join("ns/net")) else {
+            continue;
+        };
+        if ours.contains(&(m.dev(), m.ino()))
+            && nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
 }
 
 /// Removes namespaces under `prefix` that a killed role left behind.

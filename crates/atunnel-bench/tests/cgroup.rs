@@ -366,3 +366,32 @@ fn drop_removes_and_bad_input_is_refused() {
         Err(CgroupError::InvalidLimits(_))
     ));
 }
+
+#[test]
+fn another_process_samples_by_dirs_and_removes_a_leftover() {
+    require_root();
+    let name = name("leftover", "tunnel");
+    let cgroup = Cgroup::create(
+        &name,
+        &Limits {
+            cpus: 1.0,
+            memory_bytes: 64 * MIB,
+        },
+    )
+    .expect("create");
+    // What the worker hands to the load generator reads the same counters.
+    let dirs = cgroup.dirs();
+    assert_eq!(dirs.version, cgroup.version());
+    let by_dirs = dirs.sample().expect("sample by dirs");
+    let own = cgroup.sample().expect("sample");
+    assert_eq!(by_dirs.oom_kills, own.oom_kills);
+    assert!(by_dirs.cpu_usage_ns <= own.cpu_usage_ns);
+    let paths = cgroup.paths();
+    // The owner is killed before it can remove the group.
+    std::mem::forget(cgroup);
+    assert!(paths.iter().all(|p| p.exists()));
+    assert!(atunnel_bench::cgroup::remove_leftover(&name).expect("remove leftover"));
+    assert_gone(&paths);
+    assert!(!atunnel_bench::cgroup::remove_leftover(&name).expect("nothing left"));
+    assert!(atunnel_bench::cgroup::remove_leftover("../etc").is_err());
+}

@@ -6,7 +6,16 @@ use std::path::{Path, PathBuf};
 
 use atunnel_bench::load::results::{Results, ScenarioResult};
 
-use super::RunArgs;
+/// How the run was set up, for the report's opening lines.
+pub struct RunInfo {
+    pub quick: bool,
+    pub tunnel_cpus: f64,
+    pub tunnel_memory_mib: u64,
+    /// `--tunnel-arg` flags of the run.
+    pub tunnel_arg: Vec<String>,
+    /// The scenarios run, when not all of them.
+    pub scenarios: Option<Vec<String>>,
+}
 
 /// What a scenario measures, and the reference's figure where there is one.
 fn about(name: &str) -> (&'static str, &'static str) {
@@ -32,7 +41,7 @@ fn about(name: &str) -> (&'static str, &'static str) {
             "The reference kept two spare connections per actor and opened a new one for many requests under load. Target: < 5 new per 1,000.",
         ),
         "socket-memory" => (
-            "Kernel socket memory per stalled connection, from SO_MEMINFO on atunnel's own sockets (duplicated with pidfd_getfd), 100 connections, with TCP_NOTSENT_LOWAT off and at 16 KiB: an actor that stops reading from a destination; a router that stops reading a CONNECT tunnel from an actor. Also atunnel's heap per stalled connection (HTTP/2 windows), and bulk throughput with each setting.",
+            "Kernel socket memory per stalled connection, from SO_MEMINFO on the proxy's own sockets (duplicated with pidfd_getfd), 100 connections, with TCP_NOTSENT_LOWAT off and at 16 KiB: an actor that stops reading from a destination and a router that stops reading a CONNECT tunnel from an actor (atunnel's sockets); a destination that stops reading while an actor keeps writing through a forwarding gateway (the gateway's sockets). Also atunnel's heap per stalled connection (HTTP/2 windows), and bulk throughput with each setting. The notes say what each figure includes, and whether the 5 ms added round trip case ran.",
             "Reference: 48-201 KiB per stalled connection with lowat, up to 1.4 MiB without. Target: <= 32 KiB at the same throughput.",
         ),
         "ingress-connect" => (
@@ -52,7 +61,7 @@ pub fn summary_lines(s: &ScenarioResult) -> Vec<String> {
 
 pub fn write(
     dir: &Path,
-    args: &RunArgs,
+    args: &RunInfo,
     results: &Results,
     plots: &[PathBuf],
     events: &[String],
@@ -61,13 +70,17 @@ pub fn write(
     let _ = writeln!(md, "# atunnel-bench run\n");
     let _ = writeln!(
         md,
-        "atunnel ran in a cgroup of its own with {} CPU and {} MiB of memory (no swap); the gateway sink and the load generator each in a network namespace of their own, the actors in real sandboxes with certificates minted through a fake node agent over mutual TLS on a Unix socket. Load is open loop: each unit is due on a fixed schedule and latency counts from when it was due. Each rung's verdict separates atunnel out of CPU (`tunnel-cpu`) from the generator (`generator`) or the far end (`far-end`) being the bottleneck.\n",
+        "atunnel ran in a cgroup of its own with {} CPU and {} MiB of memory (no swap); the worker (which restarts atunnel when it dies), the gateway sink and the load generator each in a network namespace of their own, the actors in real sandboxes with certificates minted through a fake node agent over mutual TLS on a Unix socket. Load is open loop: each unit is due on a fixed schedule and latency counts from when it was due. Each rung's verdict separates atunnel out of CPU (`tunnel-cpu`) from the generator (`generator`) or the far end (`far-end`) being the bottleneck.\n",
         args.tunnel_cpus, args.tunnel_memory_mib
     );
     let _ = writeln!(
         md,
-        "Reproduce: `cargo run --release -p atunnel-bench -- run{}{}`. This machine: {} cores; figures from one noisy shared machine, so compare ratios within a run.\n",
+        "Reproduce: `cargo run --release -p atunnel-bench -- run{}{}{}`. This machine: {} cores; figures from one noisy shared machine, so compare ratios within a run.\n",
         if args.quick { " --quick" } else { "" },
+        args.scenarios
+            .as_ref()
+            .map(|s| format!(" --scenarios {}", s.join(",")))
+            .unwrap_or_default(),
         args.tunnel_arg
             .iter()
             .map(|a| format!(" --tunnel-arg={a}"))

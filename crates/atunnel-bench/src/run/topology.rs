@@ -18,9 +18,14 @@ pub const SINK_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 pub const WORKER_LOAD_SIDE: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 1);
 pub const LOAD_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
 
+/// The worker's sandboxes are named `<prefix>s-...`, so sweeping `<prefix>`
+/// removes them with the rest.
+pub fn sandbox_prefix(prefix: &str) -> String {
+    format!("{prefix}s-")
+}
+
 pub struct Topology {
     pub exec: NsExecutor,
-    pub prefix: String,
     pub worker: NetNs,
     pub sink: NetNs,
     pub load: NetNs,
@@ -34,13 +39,23 @@ impl Topology {
         let load = exec.create(&format!("{prefix}load")).await?;
         let topology = Self {
             exec,
-            prefix: prefix.to_string(),
             worker,
             sink,
             load,
         };
         topology.link().await?;
         Ok(topology)
+    }
+
+    /// Opens the namespaces `create` made under `prefix` (by another
+    /// process: `run` creates them, `load` dials from them).
+    pub fn open(prefix: &str) -> Result<Self, atunnel::BoxError> {
+        Ok(Self {
+            exec: NsExecutor::start()?,
+            worker: NetNs::open(&format!("{prefix}worker"))?,
+            sink: NetNs::open(&format!("{prefix}sink"))?,
+            load: NetNs::open(&format!("{prefix}load"))?,
+        })
     }
 
     async fn link(&self) -> Result<(), atunnel::BoxError> {

@@ -1,0 +1,781 @@
+//! `atunnel-bench worker`: what a worker node runs around atunnel. It gives
+//! atunnel a cgroup of its own (CPU quota, memory limit, no swap), serves
+//! actor certificates as the node agent does, starts atunnel (the `tunnel`
+//! role) inside the cgroup and the actors' programs (the `actors` role) in
+//! its sandboxes, and starts fresh ones by itself whenever atunnel dies,
+//! logging how it died (exit status and the cgroup's OOM-kill counter).
+//!
+//! The load generator drives it over a Unix socket: one JSON request line
+//! in, one JSON reply line out, any number per connection.
+//!
+//! ```text
+//! {"op":"status"}                          -> {"ok":true,"status":{...}}
+//! {"op":"status","wait_generation":0}      -> once no restart is in progress
+//! {"op":"status","wait_generation":3}      -> once the 3rd atunnel runs
+//! {"op":"restart","tunnel_args":["--tcp-notsent-lowat=-1"]}
+//!                                          -> once the fresh atunnel is ready
+//! anything else                            -> {"ok":false,"error":"..."}
+//! ```
+//!
+//! `status` is [`WorkerStatus`]: atunnel's ready line, the pids, the
+//! cgroup's directories (the load generator samples them itself), and the
+//! deaths and restarts so far.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use atunnel::host::HostReady;
+use atunnel_bench::cgroup::{Cgroup, CgroupDirs, Limits};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::pki::{self, PkiFiles};
+use crate::role::{self, Role};
+use crate::run::topology::{SINK_ADDR, WORKER_LOAD_SIDE};
+
+/// Longest request line the control socket reads.
+const MAX_REQUEST: u64 = 64 * 1024;
+
+/// How long a client waits for a reply that needs a fresh atunnel (each
+/// role gets 60 s to become ready; atunnel and the actors are two).
+pub const START_TIMEOUT: Duration = Duration::from_secs(150);
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkerArgs {
+    /// Unix socket the control interface listens on.
+    #[arg(long)]
+    pub control: PathBuf,
+    /// PKI folder (as `atunnel-bench pki` writes it).
+    #[arg(long)]
+    pub pki: PathBuf,
+    /// Unix socket the fake node agent serves actor certificates on.
+    #[arg(long)]
+    pub node_agent_socket: PathBuf,
+    /// Actors hosted (each with a sandbox, an ingress actor and egress).
+    #[arg(long, default_value_t = 4)]
+    pub actors: usize,
+    /// atunnel's CPU quota, in cores.
+    #[arg(long, default_value_t = 1.0)]
+    pub tunnel_cpus: f64,
+    /// atunnel's memory limit, in MiB (no swap).
+    #[arg(long, default_value_t = 1024)]
+    pub tunnel_memory_mib: u64,
+    /// atunnel's cgroup, below this process's own (default:
+    /// atunnel-bench-<pid>/tunnel).
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// Prefix of the sandboxes' namespace names.
+    #[arg(long, default_value = "atb-s-")]
+    pub netns_prefix: String,
+    /// Egress gateway atunnel uses (a restart's `--gateway=` replaces it).
+    #[arg(long, default_value_t = SocketAddr::from((SINK_ADDR, 443)))]
+    pub gateway: SocketAddr,
+    /// Where atunnel serves /stats.
+    #[arg(long, default_value_t = SocketAddr::from((WORKER_LOAD_SIDE, 9100)))]
+    pub stats: SocketAddr,
+    /// atunnel's router-facing HTTPS listener.
+    #[arg(long, default_value_t = SocketAddr::from((WORKER_LOAD_SIDE, 443)))]
+    pub ingress_https: SocketAddr,
+    /// atunnel's router-facing CONNECT listener.
+    #[arg(long, default_value_t = SocketAddr::from((WORKER_LOAD_SIDE, 8443)))]
+    pub ingress_connect: SocketAddr,
+    /// An extra flag for every atunnel, `--name=value` (repeatable); it
+    /// replaces the worker's own flag of that name.
+    #[arg(long, allow_hyphen_values = true)]
+    pub tunnel_arg: Vec<String>,
+}
+
+/// A request on the control socket.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Request {
+    /// The status now; with `wait_generation`, once an atunnel of at least
+    /// that generation is running or the worker failed to start one (`0`
+    /// waits out a restart in progress).
+    Status {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_generation: Option<u64>,
+    },
+    /// Stops atunnel and the actors and starts fresh ones with
+    /// `tunnel_args` on top of the worker's flags (a flag named here
+    /// replaces the worker's: `--gateway=...` points atunnel elsewhere);
+    /// replies once they are ready. An empty list returns to the defaults.
+    Restart {
+        #[serde(default)]
+        tunnel_args: Vec<String>,
+    },
+}
+
+/// The reply to one request.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<WorkerStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Reply {
+    fn status(status: WorkerStatus) -> Self {
+        Self {
+            ok: true,
+            status: Some(status),
+            error: None,
+        }
+    }
+
+    fn error(error: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            status: None,
+            error: Some(error.into()),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TunnelState {
+    /// A fresh atunnel (and actors) are being started.
+    Starting,
+    Running,
+    /// The last start failed (see `error`); a restart request tries again.
+    Failed,
+}
+
+/// What the worker is running, as the control socket reports it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub state: TunnelState,
+    /// Why the last start failed.
+    pub error: Option<String>,
+    /// atunnel's ready line ([`HostReady`]) while it runs.
+    pub ready: Option<serde_json::Value>,
+    pub tunnel_pid: Option<u32>,
+    pub actors_pid: Option<u32>,
+    /// atunnel's cgroup, for whoever samples it.
+    pub cgroup: CgroupDirs,
+    /// The cgroup's CPU quota, in cores.
+    pub cpus: f64,
+    /// The cgroup's memory limit, in bytes.
+    pub memory_bytes: u64,
+    /// Flags every atunnel runs with (`--tunnel-arg`).
+    pub base_args: Vec<String>,
+    /// Flags the current atunnel runs with on top (the last restart's).
+    pub extra_args: Vec<String>,
+    /// atunnels started so far (1 once the first is running).
+    pub generation: u64,
+    /// Times atunnel died without being asked to (each replaced at once).
+    pub deaths: u64,
+    /// Restarts asked for over the control socket.
+    pub restarts: u64,
+    /// How each death happened, in order.
+    pub events: Vec<String>,
+}
+
+impl WorkerStatus {
+    /// atunnel's ready line, parsed.
+    pub fn host_ready(&self) -> Result<HostReady, atunnel::BoxError> {
+        let ready = self.ready.clone().ok_or("atunnel is not running")?;
+        Ok(serde_json::from_value(ready)?)
+    }
+}
+
+/// Talks to a worker's control socket: one connection per request.
+#[derive(Clone, Debug)]
+pub struct WorkerClient {
+    socket: PathBuf,
+}
+
+impl WorkerClient {
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+        }
+    }
+
+    /// Sends `request`; its status, or the worker's error.
+    pub async fn call(
+        &self,
+        request: &Request,
+        timeout: Duration,
+    ) -> Result<WorkerStatus, atunnel::BoxError> {
+        let exchange = async {
+            let mut conn = UnixStream::connect(&self.socket)
+                .await
+                .map_err(|e| format!("worker control socket {}: {e}", self.socket.display()))?;
+            let mut line = serde_json::to_vec(request)?;
+            line.push(b'\n');
+            conn.write_all(&line).await?;
+            let mut reply = String::new();
+            BufReader::new(conn).read_line(&mut reply).await?;
+            if reply.is_empty() {
+                return Err("the worker closed the control connection".into());
+            }
+            let reply: Reply = serde_json::from_str(&reply)?;
+            match (reply.ok, reply.status, reply.error) {
+                (true, Some(status), _) => Ok(status),
+                (_, _, Some(error)) => Err(format!("worker: {error}").into()),
+                _ => Err("worker: reply without a status".into()),
+            }
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| format!("the worker did not answer {request:?} within {timeout:?}"))?
+    }
+
+    /// The status now.
+    pub async fn status(&self) -> Result<WorkerStatus, atunnel::BoxError> {
+        self.call(
+            &Request::Status {
+                wait_generation: None,
+            },
+            Duration::from_secs(10),
+        )
+        .await
+    }
+
+    /// The status once no restart is in progress (a dead atunnel replaced).
+    pub async fn settled(&self) -> Result<WorkerStatus, atunnel::BoxError> {
+        self.wait_generation(0).await
+    }
+
+    /// The status once the `generation`th atunnel runs (or starting failed).
+    pub async fn wait_generation(
+        &self,
+        generation: u64,
+    ) -> Result<WorkerStatus, atunnel::BoxError> {
+        self.call(
+            &Request::Status {
+                wait_generation: Some(generation),
+            },
+            START_TIMEOUT,
+        )
+        .await
+    }
+
+    /// A fresh atunnel with `tunnel_args`; the status once it is ready.
+    pub async fn restart(
+        &self,
+        tunnel_args: Vec<String>,
+    ) -> Result<WorkerStatus, atunnel::BoxError> {
+        self.call(&Request::Restart { tunnel_args }, START_TIMEOUT)
+            .await
+    }
+}
+
+fn arg(name: &str, value: impl std::fmt::Display) -> String {
+    format!("--{name}={value}")
+}
+
+/// `--name` of `--name=value`.
+fn flag_name(arg: &str) -> &str {
+    arg.split_once('=').map_or(arg, |(name, _)| name)
+}
+
+/// The flags of `layers` in order, a flag in a later layer replacing every
+/// earlier one of the same name (clap refuses most flags given twice).
+pub fn layered(layers: &[&[String]]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for layer in layers {
+        let names: HashSet<&str> = layer.iter().map(|a| flag_name(a)).collect();
+        out.retain(|a| !names.contains(flag_name(a)));
+        out.extend(layer.iter().cloned());
+    }
+    out
+}
+
+/// Serves actor certificates on `socket` as atelet would: mutual TLS with
+/// the worker's pod certificate, signed with the actor CA.
+async fn start_node_agent(
+    pki: &PkiFiles,
+    socket: &Path,
+) -> Result<atunnel_nodeagent::FakeNodeAgentHandle, atunnel::BoxError> {
+    use atunnel::config::{load_certs, load_key};
+    let ca = atunnel_identity::pki::CertificateAuthority::from_pem(
+        &std::fs::read_to_string(pki.actor_ca_cert())?,
+        &std::fs::read_to_string(pki.actor_ca_key())?,
+    )?;
+    let tls = atunnel_nodeagent::FakeAgentTls {
+        server_chain: load_certs(&pki.atelet_cert())?,
+        server_key: load_key(&pki.atelet_key())?,
+        client_roots: load_certs(&pki.pod_ca())?,
+        allowed_client_id: atunnel_identity::pki::WORKER_SPIFFE_ID.to_string(),
+    };
+    Ok(atunnel_nodeagent::FakeNodeAgent::spawn(socket, tls, std::sync::Arc::new(ca)).await?)
+}
+
+/// Runs the worker until `cancel`, then stops atunnel, the actors and the
+/// node agent and removes the cgroup.
+pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> Result<(), atunnel::BoxError> {
+    let name = args
+        .cgroup
+        .clone()
+        .unwrap_or_else(|| format!("atunnel-bench-{}/tunnel", std::process::id()));
+    let limits = Limits {
+        cpus: args.tunnel_cpus,
+        memory_bytes: args.tunnel_memory_mib << 20,
+    };
+    let cgroup = Cgroup::create(&name, &limits)?;
+    let pki = PkiFiles {
+        dir: args.pki.clone(),
+    };
+    let agent = start_node_agent(&pki, &args.node_agent_socket).await?;
+    let result = serve(args, pki, cgroup, limits, &cancel).await;
+    agent.shutdown().await;
+    result
+}
+
+async fn serve(
+    args: WorkerArgs,
+    pki: PkiFiles,
+    cgroup: Cgroup,
+    limits: Limits,
+    cancel: &CancellationToken,
+) -> Result<(), atunnel::BoxError> {
+    let listener = bind_control(&args.control)?;
+    let status = WorkerStatus {
+        state: TunnelState::Starting,
+        error: None,
+        ready: None,
+        tunnel_pid: None,
+        actors_pid: None,
+        cgroup: cgroup.dirs(),
+        cpus: limits.cpus,
+        memory_bytes: limits.memory_bytes,
+        base_args: args.tunnel_arg.clone(),
+        extra_args: Vec::new(),
+        generation: 0,
+        deaths: 0,
+        restarts: 0,
+        events: Vec::new(),
+    };
+    let (publish, watch) = watch::channel(status.clone());
+    let control = args.control.clone();
+    let mut sup = Supervisor {
+        args,
+        pki,
+        cgroup,
+        tunnel: None,
+        actors: None,
+        ready: None,
+        status,
+        publish,
+    };
+    // The first atunnel must start; later failures are reported, not fatal.
+    let first = tokio::select! {
+        _ = cancel.cancelled() => Ok(()),
+        r = sup.start() => r,
+    };
+    let result = match first {
+        Err(e) => Err(e),
+        Ok(()) if cancel.is_cancelled() => Ok(()),
+        Ok(()) => {
+            sup.publish();
+            println!("{}", serde_json::to_string(&sup.status)?);
+            let (commands, rx) = mpsc::channel(8);
+            tokio::spawn(serve_control(listener, watch, commands, cancel.clone()));
+            sup.supervise(rx, cancel).await;
+            Ok(())
+        }
+    };
+    sup.stop_children().await;
+    let _ = std::fs::remove_file(&control);
+    if let Err(e) = sup.cgroup.remove() {
+        eprintln!("atunnel-bench worker: removing the cgroup: {e}");
+    }
+    result
+}
+
+/// Binds the control socket (replacing a stale one), readable by root only.
+fn bind_control(path: &Path) -> Result<UnixListener, atunnel::BoxError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(format!("{} exists and is not a socket", path.display()).into());
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)
+        .map_err(|e| format!("binding the control socket {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// A restart asked for over the control socket.
+struct RestartCommand {
+    tunnel_args: Vec<String>,
+    reply: oneshot::Sender<Result<WorkerStatus, String>>,
+}
+
+/// Owns atunnel, the actors and the cgroup; the only writer of the status.
+struct Supervisor {
+    args: WorkerArgs,
+    pki: PkiFiles,
+    cgroup: Cgroup,
+    tunnel: Option<Role>,
+    actors: Option<Role>,
+    ready: Option<HostReady>,
+    status: WorkerStatus,
+    publish: watch::Sender<WorkerStatus>,
+}
+
+/// What woke the supervisor.
+enum Wake {
+    Stop,
+    TunnelExited(std::io::Result<std::process::ExitStatus>),
+    ActorsExited(std::io::Result<std::process::ExitStatus>),
+    Restart(RestartCommand),
+}
+
+/// Waits for `role` to exit; forever if there is none.
+async fn exited(role: &mut Option<Role>) -> std::io::Result<std::process::ExitStatus> {
+    match role {
+        Some(r) => r.child.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Supervisor {
+    async fn supervise(
+        &mut self,
+        mut commands: mpsc::Receiver<RestartCommand>,
+        cancel: &CancellationToken,
+    ) {
+        loop {
+            let wake = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => Wake::Stop,
+                s = exited(&mut self.tunnel) => Wake::TunnelExited(s),
+                s = exited(&mut self.actors) => Wake::ActorsExited(s),
+                Some(c) = commands.recv() => Wake::Restart(c),
+            };
+            let restart = match wake {
+                Wake::Stop => return,
+                Wake::TunnelExited(status) => {
+                    self.tunnel = None;
+                    let ooms = self.cgroup.sample().map(|s| s.oom_kills).unwrap_or(0);
+                    self.record(format!(
+                        "atunnel exited ({}); cgroup OOM kills so far: {ooms}; restarting",
+                        describe(&status)
+                    ));
+                    self.status.deaths += 1;
+                    None
+                }
+                Wake::ActorsExited(status) => {
+                    // The actors' programs are the far end: replace them
+                    // with atunnel so every sandbox serves again.
+                    self.actors = None;
+                    self.record(format!(
+                        "actors exited ({}); restarting atunnel and the actors",
+                        describe(&status)
+                    ));
+                    None
+                }
+                Wake::Restart(command) => {
+                    self.status.restarts += 1;
+                    self.status.extra_args = command.tunnel_args.clone();
+                    Some(command)
+                }
+            };
+            let done = tokio::select! {
+                _ = cancel.cancelled() => None,
+                r = self.replace() => Some(r),
+            };
+            let Some(result) = done else {
+                if let Some(command) = restart {
+                    let _ = command.reply.send(Err("the worker is stopping".into()));
+                }
+                return;
+            };
+            if let Some(command) = restart {
+                let _ = command.reply.send(
+                    result
+                        .map(|()| self.status.clone())
+                        .map_err(|e| e.to_string()),
+                );
+            }
+        }
+    }
+
+    fn record(&mut self, event: String) {
+        // Shown with the load generator's progress (stderr is shared).
+        eprintln!("         {event}");
+        self.status.events.push(event);
+    }
+
+    fn publish(&mut self) {
+        self.status.tunnel_pid = self.tunnel.as_ref().and_then(|t| t.pid());
+        self.status.actors_pid = self.actors.as_ref().and_then(|t| t.pid());
+        self.status.ready = self
+            .ready
+            .as_ref()
+            .and_then(|r| serde_json::to_value(r).ok());
+        self.publish.send_replace(self.status.clone());
+    }
+
+    /// Stops what runs and starts a fresh atunnel and actors.
+    async fn replace(&mut self) -> Result<(), atunnel::BoxError> {
+        self.status.state = TunnelState::Starting;
+        self.publish();
+        self.stop_children().await;
+        let result = self.start().await;
+        self.publish();
+        result
+    }
+
+    /// Starts atunnel inside its cgroup (moved there before it execs, so it
+    /// is accounted from its first allocation), then the actors in its
+    /// sandboxes. Sets the state either way.
+    async fn start(&mut self) -> Result<(), atunnel::BoxError> {
+        let result = self.start_roles().await;
+        match &result {
+            Ok(()) => {
+                self.status.state = TunnelState::Running;
+                self.status.error = None;
+            }
+            Err(e) => {
+                self.status.state = TunnelState::Failed;
+                self.status.error = Some(e.to_string());
+                eprintln!("atunnel-bench worker: starting atunnel: {e}");
+                self.stop_children().await;
+            }
+        }
+        result
+    }
+
+    async fn start_roles(&mut self) -> Result<(), atunnel::BoxError> {
+        let hook = role::both(
+            Box::new(self.cgroup.pre_exec_hook()),
+            role::own_process_group(),
+        );
+        let tunnel = role::start_with(&self.tunnel_command(), Some(hook)).await?;
+        let ready: HostReady = serde_json::from_str(&tunnel.first_line)?;
+        self.status.generation += 1;
+        self.tunnel = Some(tunnel);
+        let names: Vec<&str> = ready
+            .actors
+            .iter()
+            .filter_map(|a| a.runtime_netns.as_deref())
+            .collect();
+        let actors = role::start_with(
+            &["actors".into(), arg("netns", names.join(","))],
+            Some(role::own_process_group()),
+        )
+        .await?;
+        self.ready = Some(ready);
+        self.actors = Some(actors);
+        Ok(())
+    }
+
+    /// The `tunnel` role's command line: the worker's flags, then
+    /// `--tunnel-arg`s, then the last restart's, later ones replacing
+    /// earlier ones of the same name.
+    fn tunnel_command(&self) -> Vec<String> {
+        let (a, p) = (&self.args, &self.pki);
+        let own = vec![
+            arg("actors", a.actors),
+            "--network=sandbox".into(),
+            arg("gateway", a.gateway),
+            arg("gateway-name", pki::GATEWAY_NAME),
+            arg("gateway-ca", p.gateway_ca().display()),
+            arg("node-agent-socket", a.node_agent_socket.display()),
+            arg("worker-cert", p.worker_bundle().display()),
+            arg("worker-key", p.worker_bundle().display()),
+            arg("netns-prefix", &a.netns_prefix),
+            arg("ingress-https", a.ingress_https),
+            arg("ingress-connect", a.ingress_connect),
+            arg("credential-bundle", p.worker_bundle().display()),
+            arg("trust-bundle", p.pod_ca().display()),
+            arg("stats", a.stats),
+        ];
+        let mut command = vec!["tunnel".to_string()];
+        command.extend(layered(&[
+            &own,
+            &self.args.tunnel_arg,
+            &self.status.extra_args,
+        ]));
+        command
+    }
+
+    /// Stops the actors and atunnel, and removes sandboxes a killed atunnel
+    /// left behind.
+    async fn stop_children(&mut self) {
+        if let Some(actors) = self.actors.take() {
+            actors.stop().await;
+        }
+        if let Some(tunnel) = self.tunnel.take() {
+            tunnel.stop().await;
+        }
+        self.ready = None;
+        role::sweep_namespaces(&self.args.netns_prefix).await;
+    }
+}
+
+fn describe(status: &std::io::Result<std::process::ExitStatus>) -> String {
+    match status {
+        Ok(s) => s.to_string(),
+        Err(e) => format!("exit status unknown: {e}"),
+    }
+}
+
+async fn serve_control(
+    listener: UnixListener,
+    status: watch::Receiver<WorkerStatus>,
+    commands: mpsc::Sender<RestartCommand>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let conn = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = listener.accept() => match a {
+                Ok((conn, _)) => conn,
+                Err(e) => {
+                    tracing::warn!(error = %e, "control socket accept");
+                    continue;
+                }
+            },
+        };
+        tokio::spawn(serve_connection(
+            conn,
+            status.clone(),
+            commands.clone(),
+            cancel.clone(),
+        ));
+    }
+}
+
+async fn serve_connection(
+    conn: UnixStream,
+    status: watch::Receiver<WorkerStatus>,
+    commands: mpsc::Sender<RestartCommand>,
+    cancel: CancellationToken,
+) {
+    let (read, mut write) = conn.into_split();
+    let mut read = BufReader::new(read);
+    loop {
+        let mut line = String::new();
+        // Bounded, so a client cannot make the worker buffer without end;
+        // a line that is not UTF-8 ends the connection.
+        let n = match (&mut read).take(MAX_REQUEST).read_line(&mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let too_long = !line.ends_with('\n') && n as u64 >= MAX_REQUEST;
+        let reply = if too_long {
+            Reply::error(format!("request line longer than {MAX_REQUEST} bytes"))
+        } else {
+            answer(&line, &status, &commands, &cancel).await
+        };
+        let Ok(mut out) = serde_json::to_vec(&reply) else {
+            return;
+        };
+        out.push(b'\n');
+        if write.write_all(&out).await.is_err() || too_long {
+            return;
+        }
+    }
+}
+
+async fn answer(
+    line: &str,
+    status: &watch::Receiver<WorkerStatus>,
+    commands: &mpsc::Sender<RestartCommand>,
+    cancel: &CancellationToken,
+) -> Reply {
+    let request: Request = match serde_json::from_str(line.trim()) {
+        Ok(r) => r,
+        Err(e) => return Reply::error(format!("bad request: {e}")),
+    };
+    match request {
+        Request::Status {
+            wait_generation: None,
+        } => Reply::status(status.borrow().clone()),
+        Request::Status {
+            wait_generation: Some(generation),
+        } => {
+            let mut status = status.clone();
+            let settled = |s: &WorkerStatus| {
+                s.state == TunnelState::Failed
+                    || (s.state == TunnelState::Running && s.generation >= generation)
+            };
+            tokio::select! {
+                _ = cancel.cancelled() => Reply::error("the worker is stopping"),
+                s = status.wait_for(settled) => match s {
+                    Ok(s) => Reply::status(s.clone()),
+                    Err(_) => Reply::error("the worker is stopping"),
+                },
+            }
+        }
+        Request::Restart { tunnel_args } => {
+            let (reply, answer) = oneshot::channel();
+            let command = RestartCommand { tunnel_args, reply };
+            if commands.send(command).await.is_err() {
+                return Reply::error("the worker is stopping");
+            }
+            match answer.await {
+                Ok(Ok(status)) => Reply::status(status),
+                Ok(Err(e)) => Reply::error(e),
+                Err(_) => Reply::error("the worker is stopping"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn later_flags_replace_earlier_ones_of_the_same_name() {
+        let own = strings(&["--gateway=a:443", "--gateway-name=g", "--network=sandbox"]);
+        let base = strings(&["--tcp-notsent-lowat=1"]);
+        let extra = strings(&["--gateway=b:4443", "--tcp-notsent-lowat=-1"]);
+        assert_eq!(
+            layered(&[&own, &base, &extra]),
+            strings(&[
+                "--gateway-name=g",
+                "--network=sandbox",
+                "--gateway=b:4443",
+                "--tcp-notsent-lowat=-1",
+            ])
+        );
+        assert_eq!(layered(&[&own, &[], &[]]), own);
+    }
+
+    #[test]
+    fn requests_parse_and_bad_ones_are_refused() {
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"status"}"#).expect("status"),
+            Request::Status {
+                wait_generation: None
+            }
+        );
+        assert_eq!(
+            serde_json::from_str::<Request>(
+                r#"{"op":"restart","tunnel_args":["--tcp-notsent-lowat=-1"]}"#
+            )
+            .expect("restart"),
+            Request::Restart {
+                tunnel_args: strings(&["--tcp-notsent-lowat=-1"])
+            }
+        );
+        for bad in [
+            r#"{"op":"reboot"}"#,
+            "status",
+            r#"{"op":"status","wait_generation":-1}"#,
+        ] {
+            assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
+        }
+    }
+}
