@@ -3,6 +3,8 @@
 //! binary; orchestrating commands re-run it for each role.
 
 mod actors;
+// The global allocator; the tunnel role's /stats reads live heap from it.
+mod allocator;
 mod demo;
 mod pki;
 mod role;
@@ -13,10 +15,6 @@ mod worker;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-
-// The tunnel role's /stats reads live heap from this allocator.
-#[global_allocator]
-static ALLOC: atunnel_core::alloc::CountingAlloc = atunnel_core::alloc::CountingAlloc;
 
 #[derive(Parser)]
 #[command(version, about = "Measures atunnel on one machine")]
@@ -51,6 +49,7 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    allocator::install();
     atunnel::process::run_main("atunnel-bench", "warn", |cancel| async move {
         match cli.command {
             Command::Run(args) => run::run(args, cancel).await,

@@ -45,6 +45,7 @@ async fn short_rung_on_the_real_clock_keeps_its_rate_and_reports() {
     assert_eq!(v, Verdict::Ok);
 
     let results = Results {
+        comparisons: Vec::new(),
         scenarios: vec![ScenarioResult {
             name: "smoke".to_string(),
             rungs: vec![RungResult {

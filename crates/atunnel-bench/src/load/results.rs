@@ -30,6 +30,72 @@ const MIB: f64 = 1024.0 * 1024.0;
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Results {
     pub scenarios: Vec<ScenarioResult>,
+    /// Ablations: the same egress scenarios under each variant of one
+    /// setting, run against fresh atunnels in the same run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub comparisons: Vec<Comparison>,
+}
+
+/// One setting swept in one run (e.g. `copy-mode`: lean vs naive).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Comparison {
+    pub name: String,
+    pub variants: Vec<Variant>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Variant {
+    pub label: String,
+    /// atunnel's flags for this variant.
+    pub flags: Vec<String>,
+    pub scenarios: Vec<ScenarioResult>,
+}
+
+impl Variant {
+    fn summary(&self, scenario: &str, key: &str) -> Option<&Value> {
+        self.scenarios
+            .iter()
+            .find(|s| s.name == scenario)
+            .and_then(|s| s.summary.get(key))
+    }
+}
+
+/// The side-by-side table of a comparison (text; report.md embeds it too).
+pub fn comparison_table(c: &Comparison) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<14} {:>12} {:>14} {:>10} {:>16} {:>22}",
+        "variant", "idle heap B", "idle cgroup B", "tasks", "http cores@8000", "tcp MB/s (3 runs)"
+    );
+    for v in &c.variants {
+        let num = |s: &str, k: &str| {
+            v.summary(s, k)
+                .and_then(Value::as_f64)
+                .map_or("-".to_string(), |x| format!("{x}"))
+        };
+        let tcp = v
+            .summary("egress-tcp", "mb_per_s")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .map(|x| x.as_f64().map_or("-".into(), |x| format!("{x:.0}")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "{:<14} {:>12} {:>14} {:>10} {:>16} {:>22}",
+            v.label,
+            num("egress-idle", "heap_bytes_per_conn"),
+            num("egress-idle", "cgroup_bytes_per_conn"),
+            num("egress-idle", "tasks_per_conn"),
+            num("egress-http", "cores_at_8000_rps"),
+            tcp
+        );
+    }
+    out
 }
 
 /// One scenario: its ladder of rungs (possibly none) and a free-form summary
@@ -150,6 +216,17 @@ pub fn render_txt(r: &Results) -> String {
         for note in &s.notes {
             let _ = writeln!(out, "note: {note}");
         }
+    }
+    for c in &r.comparisons {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        let _ = writeln!(
+            out,
+            "== compare {} (egress, per idle connection) ==",
+            c.name
+        );
+        out.push_str(&comparison_table(c));
     }
     out
 }
@@ -588,7 +665,64 @@ mod tests {
                     notes: vec!["run as root for SO_RCVLOWAT".to_string()],
                 },
             ],
+            comparisons: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_comparison_prints_one_row_per_variant_side_by_side() {
+        let variant = |label: &str, heap: f64, cores: f64| Variant {
+            label: label.to_string(),
+            flags: vec![format!("--copy-mode={label}")],
+            scenarios: vec![
+                ScenarioResult {
+                    name: "egress-idle".into(),
+                    summary: json!({"heap_bytes_per_conn": heap, "cgroup_bytes_per_conn": 5600.0, "tasks_per_conn": 1.0}),
+                    ..ScenarioResult::default()
+                },
+                ScenarioResult {
+                    name: "egress-http".into(),
+                    summary: json!({"cores_at_8000_rps": cores}),
+                    ..ScenarioResult::default()
+                },
+                ScenarioResult {
+                    name: "egress-tcp".into(),
+                    summary: json!({"mb_per_s": [500.0, 510.0, 490.0]}),
+                    ..ScenarioResult::default()
+                },
+            ],
+        };
+        let r = Results {
+            scenarios: Vec::new(),
+            comparisons: vec![Comparison {
+                name: "copy-mode".into(),
+                variants: vec![
+                    variant("lean", 1500.0, 0.24),
+                    variant("naive", 69561.0, 0.3),
+                ],
+            }],
+        };
+        let txt = render_txt(&r);
+        assert!(txt.contains("== compare copy-mode"), "{txt}");
+        let rows: Vec<&str> = txt
+            .lines()
+            .filter(|l| l.starts_with("lean") || l.starts_with("naive"))
+            .collect();
+        assert_eq!(rows.len(), 2, "{txt}");
+        assert!(
+            rows[0].contains("1500")
+                && rows[0].contains("0.24")
+                && rows[0].contains("500, 510, 490"),
+            "{txt}"
+        );
+        assert!(rows[1].contains("69561"), "{txt}");
+        // And it survives results.json.
+        let dir = tempfile::tempdir().unwrap();
+        write_results_json(dir.path(), &r).unwrap();
+        let back: Results =
+            serde_json::from_str(&fs::read_to_string(dir.path().join("results.json")).unwrap())
+                .unwrap();
+        assert_eq!(back, r);
     }
 
     fn keys(v: &Value) -> BTreeSet<&str> {

@@ -47,6 +47,50 @@ pub struct LoadArgs {
     /// Run folder to write.
     #[arg(long)]
     pub out: PathBuf,
+    /// A setting to compare across variants (see `run --compare`).
+    #[arg(long, value_enum)]
+    pub compare: Option<Compare>,
+}
+
+/// Settings `--compare` sweeps, each variant on a fresh atunnel.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compare {
+    /// The lean relay vs the reference's design before its fix.
+    CopyMode,
+    /// Waiting for data by readiness vs with a 512 B to 4 KiB wait buffer.
+    WaitBuffer,
+}
+
+/// The scenarios a comparison runs under each variant.
+const COMPARED: [&str; 3] = ["egress-idle", "egress-http", "egress-tcp"];
+
+impl Compare {
+    pub fn name(self) -> &'static str {
+        match self {
+            Compare::CopyMode => "copy-mode",
+            Compare::WaitBuffer => "wait-buffer",
+        }
+    }
+
+    fn variants(self) -> Vec<(String, Vec<String>)> {
+        match self {
+            Compare::CopyMode => vec![
+                ("lean".into(), vec!["--copy-mode=lean".into()]),
+                ("naive".into(), vec!["--copy-mode=naive".into()]),
+            ],
+            Compare::WaitBuffer => [0usize, 512, 1024, 2048, 4096]
+                .into_iter()
+                .map(|n| {
+                    let label = if n == 0 {
+                        "0 (readiness)".into()
+                    } else {
+                        format!("{n} B")
+                    };
+                    (label, vec![format!("--wait-buffer={n}")])
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The chosen scenarios, checked against the known ones.
@@ -63,7 +107,11 @@ pub fn chosen_scenarios(names: &[String]) -> Result<Vec<String>, atunnel::BoxErr
 }
 
 pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunnel::BoxError> {
-    let chosen = chosen_scenarios(&args.scenarios)?;
+    let chosen = if args.compare.is_some() && args.scenarios.is_empty() {
+        Vec::new()
+    } else {
+        chosen_scenarios(&args.scenarios)?
+    };
     std::fs::create_dir_all(&args.out)?;
     let mut bench = Bench::open(&args).await?;
     println!(
@@ -95,6 +143,45 @@ pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunne
         results.scenarios.push(result);
         // Keep what is done even if a later scenario fails hard.
         results::write_results_json(&args.out, &results)?;
+    }
+    if let Some(compare) = args.compare {
+        let mut comparison = results::Comparison {
+            name: compare.name().into(),
+            variants: Vec::new(),
+        };
+        'variants: for (label, flags) in compare.variants() {
+            eprintln!(
+                "[{:>5.0}s] compare {}: {label}",
+                started.elapsed().as_secs_f64(),
+                compare.name()
+            );
+            bench.restart_tunnel(flags.clone()).await?;
+            let mut variant = results::Variant {
+                label,
+                flags,
+                scenarios: Vec::new(),
+            };
+            for name in COMPARED {
+                let result = tokio::select! {
+                    _ = cancel.cancelled() => break 'variants,
+                    r = scenarios::run(&mut bench, name) => r,
+                };
+                let result = result.unwrap_or_else(|e| ScenarioResult {
+                    name: name.into(),
+                    notes: vec![format!("scenario failed: {e}")],
+                    ..ScenarioResult::default()
+                });
+                for line in report::summary_lines(&result) {
+                    eprintln!("         {line}");
+                }
+                variant.scenarios.push(result);
+            }
+            comparison.variants.push(variant);
+        }
+        eprint!("{}", results::comparison_table(&comparison));
+        results.comparisons.push(comparison);
+        results::write_results_json(&args.out, &results)?;
+        bench.restart_tunnel(Vec::new()).await?;
     }
     // The deaths the worker saw, for the report (the last status if it is
     // already gone).

@@ -45,6 +45,10 @@ pub struct RunArgs {
     /// The short run (under 3 minutes): small ladders, 1,000 idle connections.
     #[arg(long)]
     pub quick: bool,
+    /// Also run egress-idle, egress-http and egress-tcp under each variant of
+    /// one setting and print them side by side (alone unless --scenarios).
+    #[arg(long, value_enum)]
+    pub compare: Option<load::Compare>,
     /// Run folder (default: runs/<timestamp>).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -97,7 +101,12 @@ pub async fn run(args: RunArgs, cancel: CancellationToken) -> Result<(), atunnel
         Some(dir) => dir.clone(),
         None => PathBuf::from("runs").join(timestamp()),
     };
-    let chosen = load::chosen_scenarios(&args.scenarios)?;
+    // A comparison alone runs only its own scenarios.
+    let chosen = if args.compare.is_some() && args.scenarios.is_empty() {
+        Vec::new()
+    } else {
+        load::chosen_scenarios(&args.scenarios)?
+    };
     std::fs::create_dir_all(&out)?;
     let pid = std::process::id();
     let names = Names {
@@ -183,9 +192,14 @@ async fn perform(
         arg("control", control.display()),
         arg("pki", pki.dir.display()),
         arg("netns-prefix", &names.prefix),
-        arg("scenarios", chosen.join(",")),
         arg("out", out.display()),
     ];
+    if !chosen.is_empty() {
+        load_args.push(arg("scenarios", chosen.join(",")));
+    }
+    if let Some(c) = args.compare {
+        load_args.push(arg("compare", c.name()));
+    }
     if let Some(pid) = sink_pid {
         load_args.push(arg("sink-pid", pid));
     }

@@ -244,6 +244,13 @@ async fn egress_idle(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxEr
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // What the allocator keeps once they are all gone (fragmentation): the
+    // cgroup and RSS above the baseline, after asking it to release memory.
+    let closed = bench.stats(true).await?;
+    let cg4 = bench.cgroup_sample();
+    let retained_cgroup = cg4.memory_bytes as f64 - cg0.memory_bytes as f64;
+    let retained_rss =
+        num(&closed, &["process", "rss_bytes"]) - num(&before, &["process", "rss_bytes"]);
     Ok(ScenarioResult {
         name: "egress-idle".into(),
         rungs: vec![result],
@@ -256,6 +263,9 @@ async fn egress_idle(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxEr
             "open_cpu_ms_per_conn": (per(open_cpu) * 1e3 * 1000.0).round() / 1000.0,
             "hold_cpu_cores": (hold_cores * 1000.0).round() / 1000.0,
             "actors": actors.sandboxes.len(),
+            "retained_cgroup_bytes_after_close": retained_cgroup.round(),
+            "retained_rss_bytes_after_close": retained_rss.round(),
+            "allocator": crate::allocator::NAME,
         }),
         notes,
     })
