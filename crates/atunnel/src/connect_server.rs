@@ -190,20 +190,25 @@ impl<H: ConnectHandler> ConnectServer<H> {
             let this = self.clone();
             let peer = peer.clone();
             streams.spawn(async move {
-                let (parts, body) = request.into_parts();
-                let authority = parts
-                    .uri
-                    .authority()
-                    .map(|a| a.to_string())
-                    .unwrap_or_default();
-                let req = ConnectRequest {
-                    protocol: "h2",
-                    method: parts.method.as_str(),
-                    authority: &authority,
-                    headers: &parts.headers,
-                    client,
+                // The request head lives only in this block, not for the
+                // tunnel's whole life.
+                let (answer, body) = {
+                    let (parts, body) = request.into_parts();
+                    let authority = parts
+                        .uri
+                        .authority()
+                        .map(|a| a.to_string())
+                        .unwrap_or_default();
+                    let req = ConnectRequest {
+                        protocol: "h2",
+                        method: parts.method.as_str(),
+                        authority: &authority,
+                        headers: &parts.headers,
+                        client,
+                    };
+                    (this.handler.open(&peer, req).await, body)
                 };
-                match this.handler.open(&peer, req).await {
+                match answer {
                     Answer::Refuse {
                         status,
                         body,
@@ -233,30 +238,37 @@ impl<H: ConnectHandler> ConnectServer<H> {
         peer: H::Peer,
         client: SocketAddr,
     ) -> io::Result<()> {
-        let head = tokio::time::timeout(HANDSHAKE_TIMEOUT, http1::read_head(&mut tls))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "CONNECT head timed out"))??;
-        let request = match http1::parse_request(&head) {
-            Ok(r) => r,
-            Err(e) => return respond_h1(&mut tls, 400, "Bad Request", &[], &e.to_string()).await,
-        };
-        let mut headers = http::HeaderMap::new();
-        for (name, value) in &request.headers {
-            if let (Ok(n), Ok(v)) = (
-                http::HeaderName::from_bytes(name.as_bytes()),
-                http::HeaderValue::from_str(value),
-            ) {
-                headers.append(n, v);
+        // The request head and its parsed form live only in this block, not
+        // for the tunnel's whole life.
+        let answer = {
+            let head = tokio::time::timeout(HANDSHAKE_TIMEOUT, http1::read_head(&mut tls))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "CONNECT head timed out"))??;
+            let request = match http1::parse_request(&head) {
+                Ok(r) => r,
+                Err(e) => {
+                    return respond_h1(&mut tls, 400, "Bad Request", &[], &e.to_string()).await;
+                }
+            };
+            let mut headers = http::HeaderMap::new();
+            for (name, value) in &request.headers {
+                if let (Ok(n), Ok(v)) = (
+                    http::HeaderName::from_bytes(name.as_bytes()),
+                    http::HeaderValue::from_str(value),
+                ) {
+                    headers.append(n, v);
+                }
             }
-        }
-        let req = ConnectRequest {
-            protocol: "http/1.1",
-            method: &request.method,
-            authority: &request.target,
-            headers: &headers,
-            client,
+            let req = ConnectRequest {
+                protocol: "http/1.1",
+                method: &request.method,
+                authority: &request.target,
+                headers: &headers,
+                client,
+            };
+            self.handler.open(&peer, req).await
         };
-        match self.handler.open(&peer, req).await {
+        match answer {
             Answer::Refuse {
                 status,
                 reason,

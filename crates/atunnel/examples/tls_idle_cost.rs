@@ -1,0 +1,89 @@
+//! Heap one idle TLS server connection holds (rustls through tokio-rustls)
+//! after its handshake and one small exchange, for docs/memory.md. Both ends
+//! live in this process, so the server side is measured as what is freed
+//! when only the server ends are dropped.
+//! Run: `cargo run --release -p atunnel --example tls_idle_cost`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use atunnel_core::alloc::{CountingAlloc, live_bytes};
+use atunnel_identity::pki::{CertificateAuthority, Usage};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+const N: usize = 500;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let ca = CertificateAuthority::new("tls idle cost CA").expect("CA");
+    let hour = Duration::from_secs(3600);
+    let server_cert = ca
+        .issue(None, &["worker.bench"], &[], Usage::Server, hour)
+        .expect("server cert");
+    let client_cert = ca
+        .issue(
+            Some("spiffe://cluster.local/ns/x/sa/router"),
+            &[],
+            &[],
+            Usage::Client,
+            hour,
+        )
+        .expect("client cert");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert_der()).expect("root");
+    let roots = Arc::new(roots);
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        roots.clone(),
+        provider.clone(),
+    )
+    .build()
+    .expect("verifier");
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(server_cert.chain.clone(), server_cert.key.clone_key())
+        .expect("server config");
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(client_cert.chain.clone(), client_cert.key.clone_key())
+        .expect("client config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let name = rustls::pki_types::ServerName::try_from("worker.bench").expect("name");
+
+    let mut servers = Vec::with_capacity(N);
+    let mut clients = Vec::with_capacity(N);
+    for _ in 0..N {
+        let (c, s) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (c, (s, _)) = (c.expect("connect"), s.expect("accept"));
+        let (c, s) = tokio::join!(connector.connect(name.clone(), c), acceptor.accept(s));
+        let (mut c, mut s) = (c.expect("client tls"), s.expect("server tls"));
+        // One small request and answer, as a keep-alive connection has had.
+        c.write_all(&[b'q'; 200]).await.expect("write");
+        let mut buf = [0u8; 200];
+        s.read_exact(&mut buf).await.expect("read");
+        s.write_all(&[b'a'; 200]).await.expect("write");
+        s.flush().await.expect("flush");
+        c.read_exact(&mut buf).await.expect("read");
+        servers.push(s);
+        clients.push(c);
+    }
+    let with_servers = live_bytes();
+    let stream = std::mem::size_of::<tokio_rustls::server::TlsStream<TcpStream>>();
+    drop(servers);
+    let per = (with_servers - live_bytes()) as f64 / N as f64;
+    println!(
+        "idle TLS server connection: {per:.0} B of heap per connection (the TlsStream struct itself {stream} B of it; the rest rustls's buffers, keys and the peer's certificates, and tokio's socket registration)"
+    );
+    drop(clients);
+}
