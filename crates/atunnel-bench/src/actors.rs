@@ -47,6 +47,8 @@ async fn flood(listener: tokio::net::TcpListener, cancel: CancellationToken) {
     }
 }
 
+static PAGE: [u8; 60_000] = [b'p'; 60_000];
+
 pub async fn run(args: ActorsArgs, cancel: CancellationToken) -> Result<(), atunnel::BoxError> {
     let exec = NsExecutor::start()?;
     let body = Bytes::from(vec![b'a'; args.body_bytes]);
@@ -83,8 +85,14 @@ pub async fn run(args: ActorsArgs, cancel: CancellationToken) -> Result<(), atun
                 };
                 let body = body.clone();
                 tokio::spawn(async move {
-                    let svc = service_fn(move |_req| {
-                        let body = body.clone();
+                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        // `/page`: a 60 KB answer (a rendered page, for the
+                        // hibernation table); anything else the short body.
+                        let body = if req.uri().path() == "/page" {
+                            Bytes::from_static(&PAGE)
+                        } else {
+                            body.clone()
+                        };
                         async move { Ok::<_, Infallible>(hyper::Response::new(Full::new(body))) }
                     });
                     let mut builder =

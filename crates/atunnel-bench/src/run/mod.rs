@@ -10,6 +10,7 @@
 //! - [`load`]: the `load` role; [`scenarios`] and [`report`] are its parts.
 //! - `crate::worker`: the `worker` role and its control socket.
 
+mod ingress_idle;
 pub mod load;
 mod report;
 mod scenarios;
@@ -33,6 +34,7 @@ pub const SCENARIOS: &[&str] = &[
     "ingress-https",
     "ingress-connect",
     "socket-memory",
+    "ingress-idle",
 ];
 
 /// How long the load generator gets to write what it has after SIGTERM.

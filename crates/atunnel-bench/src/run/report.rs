@@ -44,6 +44,10 @@ fn about(name: &str) -> (&'static str, &'static str) {
             "Kernel socket memory per stalled connection, from SO_MEMINFO on the proxy's own sockets (duplicated with pidfd_getfd), 100 connections, with TCP_NOTSENT_LOWAT off and at 16 KiB: an actor that stops reading from a destination and a router that stops reading a CONNECT tunnel from an actor (atunnel's sockets); a destination that stops reading while an actor keeps writing through a forwarding gateway (the gateway's sockets). Also atunnel's heap per stalled connection (HTTP/2 windows), and bulk throughput with each setting. The notes say what each figure includes, and whether the 5 ms added round trip case ran.",
             "Reference: 48-201 KiB per stalled connection with lowat, up to 1.4 MiB without. Target: <= 32 KiB at the same throughput.",
         ),
+        "ingress-idle" => (
+            "Idle router connections into atunnel, per connection, with hibernation off and on: HTTP/1.1 keep-alive after a short answer and after a 60 KB one, HTTP/2 after one request, and a CONNECT tunnel after one exchange. Heap and cgroup bytes once idle (and hibernated), atunnel's CPU while they went idle, the next request on each (the first after waking when hibernated: CPU and latency), and keep-alive throughput with hibernation off and on.",
+            "Reference (seed 003, Bandit): 8.6 KB -> 2.1 KB for a short HTTP/1 answer, 587.7 KB -> 2.1 KB after a 60 KB page, 21.1 KB -> 3.3 KB for HTTP/2; 8-10 us to hibernate; keep-alive throughput within noise. Peers: nginx 15.6 KB, HAProxy 17.3 KB per idle TLS keep-alive connection. Target: <= 4 KiB hibernated.",
+        ),
         "ingress-connect" => (
             "CONNECT tunnels from the router through the CONNECT listener to actor:80, one request and answer inside each.",
             "",

@@ -40,6 +40,7 @@ pub async fn run(bench: &mut Bench, name: &str) -> Result<ScenarioResult, atunne
         "ingress-https" => ingress_https(bench).await,
         "ingress-connect" => ingress_connect(bench).await,
         "socket-memory" => socket_memory(bench).await,
+        "ingress-idle" => super::ingress_idle::ingress_idle(bench).await,
         other => Err(format!("unknown scenario {other}").into()),
     }
 }
@@ -84,7 +85,7 @@ async fn ping(s: &mut TcpStream) -> Result<(), String> {
 }
 
 /// CPU and memory around one rung.
-struct Window {
+pub(super) struct Window {
     t0: Instant,
     cg: CgroupSample,
     generator: f64,
@@ -93,7 +94,7 @@ struct Window {
 }
 
 impl Window {
-    fn open(bench: &Bench, far_pid: Option<u32>) -> Self {
+    pub(super) fn open(bench: &Bench, far_pid: Option<u32>) -> Self {
         Self {
             t0: Instant::now(),
             cg: bench.cgroup_sample(),
@@ -104,7 +105,7 @@ impl Window {
     }
 
     /// Closes the window: the rung's result with its verdict.
-    async fn close(self, bench: &mut Bench, out: &RungOutcome) -> RungResult {
+    pub(super) async fn close(self, bench: &mut Bench, out: &RungOutcome) -> RungResult {
         let secs = self.t0.elapsed().as_secs_f64().max(1e-3);
         let cg = bench.cgroup_sample();
         let alive = bench.check_tunnel().await.unwrap_or(false);
@@ -453,7 +454,7 @@ async fn router_h2(
 
 /// TLS to the tunnel's ingress `port` from the load namespace, as the router
 /// (its certificate), offering `alpn`.
-async fn router_tls_with(
+pub(super) async fn router_tls_with(
     bench: &Bench,
     port: u16,
     alpn: &[u8],
