@@ -104,6 +104,10 @@ impl Default for H2Settings {
     }
 }
 
+/// Size of the last connection task future spawned (for memory accounting).
+pub static CONNECTION_FUTURE_BYTES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 pub struct ConnectServer<H: ConnectHandler> {
     handler: Arc<H>,
     acceptor: TlsAcceptor,
@@ -147,14 +151,19 @@ impl<H: ConnectHandler> ConnectServer<H> {
             };
             let this = self.clone();
             let cancel = cancel.clone();
-            self.tasks.spawn(async move {
+            let fut = async move {
                 tokio::select! {
                     _ = cancel.cancelled() => {}
                     r = this.connection(tcp, client) => if let Err(e) = r {
                         tracing::debug!(%client, error = %e, "CONNECT connection ended");
                     }
                 }
-            });
+            };
+            CONNECTION_FUTURE_BYTES.store(
+                std::mem::size_of_val(&fut),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            self.tasks.spawn(fut);
         }
         self.tasks.close();
         self.tasks.wait().await;
@@ -162,10 +171,14 @@ impl<H: ConnectHandler> ConnectServer<H> {
 
     async fn connection(self: &Arc<Self>, tcp: TcpStream, client: SocketAddr) -> io::Result<()> {
         self.socket.apply(&tcp)?;
-        let tls = accept_tls(&self.acceptor, tcp).await?;
+        // The handshake's state, the TLS stream (over a kilobyte, copied
+        // into each future it moves through) and h2's connection state are
+        // boxed: a future keeps room for its largest state for the whole
+        // connection, idle or not.
+        let tls = Box::new(Box::pin(accept_tls(&self.acceptor, tcp)).await?);
         let peer = self.handler.peer(tls.get_ref().1)?;
         if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-            self.serve_h2(tls, peer, client).await
+            Box::pin(self.serve_h2(tls, peer, client)).await
         } else {
             self.serve_h1(tls, peer, client).await
         }
@@ -173,7 +186,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
 
     async fn serve_h2(
         self: &Arc<Self>,
-        tls: TlsStream<TcpStream>,
+        tls: Box<TlsStream<TcpStream>>,
         peer: H::Peer,
         client: SocketAddr,
     ) -> io::Result<()> {
@@ -234,7 +247,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
 
     async fn serve_h1(
         &self,
-        mut tls: TlsStream<TcpStream>,
+        mut tls: Box<TlsStream<TcpStream>>,
         peer: H::Peer,
         client: SocketAddr,
     ) -> io::Result<()> {

@@ -2,8 +2,8 @@
 //! an idle HTTP/1.1 keep-alive connection drops hyper's buffers and parsed
 //! state and still serves its next request; HTTP/2 connections and CONNECT
 //! tunnels keep serving after the same idle time. The heap is read from the
-//! counting allocator; client and actor live in this process too, so each
-//! figure compares two ingresses that differ only in the setting.
+//! counting allocator, on the same connections before and after they
+//! hibernate, so client and actor (in this process too) cancel out.
 
 mod support;
 
@@ -84,60 +84,44 @@ fn expected(path: &str) -> usize {
     if path == "/page" { 60_000 } else { 5 }
 }
 
-/// Heap per connection of `CONNS` idle connections that served one request
-/// to `path`, once `settled` says they are as small as they will get.
-async fn idle_heap_per_conn(
-    running: &RunningIngress,
-    pki: &IngressPki,
-    h2: bool,
-    path: &str,
-    settled: impl AsyncFnOnce(&RunningIngress),
-) -> (Vec<RouterConn>, f64) {
-    // One connection first, so one-time costs (the actor connection, lazy
-    // statics) fall outside the measurement.
-    let mut conns = vec![RouterConn::open(pki, running.https, h2).await];
-    assert_eq!(request(&mut conns[0], path).await.len(), expected(path));
-    let before = live_bytes();
-    for _ in 1..CONNS {
-        let mut c = RouterConn::open(pki, running.https, h2).await;
-        assert_eq!(request(&mut c, path).await.len(), expected(path));
-        conns.push(c);
-    }
-    settled(running).await;
-    let per = (live_bytes() as f64 - before as f64) / (CONNS - 1) as f64;
-    (conns, per)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http1_connections_shrink_when_hibernated_and_serve_the_next_request() {
     for path in ["/short", "/page"] {
-        // The same connections without hibernation: what they hold awake.
-        let (pki, awake) = running(Duration::ZERO).await;
-        // Kept open (and idle, never hibernating) while the others are
-        // measured, so nothing of theirs is freed during that measurement.
-        let (_awake_conns, awake_per) =
-            idle_heap_per_conn(&awake, &pki, false, path, async |_| {}).await;
-
-        let (pki_sleepy, sleepy) = running(FAST).await;
-        let h = sleepy.ingress.hibernation().clone();
-        let (mut conns, asleep_per) =
-            idle_heap_per_conn(&sleepy, &pki_sleepy, false, path, async |_| {
-                h.wait_until(|s| s.hibernating == CONNS).await;
-            })
-            .await;
-        println!(
-            "HTTP/1.1 keep-alive after {path}: {awake_per:.0} B per idle connection awake, {asleep_per:.0} B hibernated (client and server together)"
-        );
+        let (pki, running) = running(FAST).await;
+        let h = running.ingress.hibernation().clone();
+        let mut conns = Vec::new();
+        for _ in 0..CONNS {
+            conns.push(RouterConn::open(&pki, running.https, false).await);
+        }
+        // One request on every connection at once, then the heap while they
+        // are awake and again once every one has hibernated: the same
+        // connections, in the same process, so the difference is what
+        // hibernating freed.
+        let served =
+            futures_util::future::join_all(conns.iter_mut().map(|c| request(c, path))).await;
+        assert!(served.iter().all(|b| b.len() == expected(path)));
+        let awake = live_bytes();
+        let already = h.stats().hibernating;
+        h.wait_until(|s| s.hibernating == CONNS).await;
+        let asleep = live_bytes();
+        let measured = CONNS - already;
         assert!(
-            asleep_per + 4096.0 < awake_per,
-            "hibernating saves at least 4 KiB per connection: awake {awake_per:.0} B, hibernated {asleep_per:.0} B"
+            measured >= CONNS / 2,
+            "{already} of {CONNS} connections hibernated before they could be measured awake"
+        );
+        let freed = (awake as f64 - asleep as f64) / measured as f64;
+        println!("HTTP/1.1 keep-alive after {path}: hibernating freed {freed:.0} B per connection");
+        assert!(
+            freed >= 4096.0,
+            "hibernating freed only {freed:.0} B per connection"
         );
         // Each wakes on its next request, which it serves as usual.
+        let before = h.stats().wakes;
         for c in &mut conns {
             assert_eq!(request(c, path).await.len(), expected(path));
         }
         let s = h.stats();
-        assert_eq!(s.wakes, CONNS as u64, "{s:?}");
+        assert_eq!(s.wakes - before, CONNS as u64, "{s:?}");
         // And it goes back to sleep when idle again.
         h.wait_until(|s| s.hibernating == CONNS).await;
         assert_eq!(request(&mut conns[0], path).await.len(), expected(path));
@@ -183,5 +167,29 @@ async fn http2_connections_and_connect_tunnels_serve_after_idling() {
         h.stats().hibernating,
         1,
         "HTTP/2 connections do not hibernate"
+    );
+    // What stays per connection while hibernated includes its task's future:
+    // the TLS stream and hyper's state are boxed so that it stays small.
+    let mut tunnel = router_tls(&pki, running.connect, None, None, &[b"http/1.1"])
+        .await
+        .expect("tls");
+    tunnel
+        .write_all(b"GET / HTTP/1.1\r\nhost: w\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = [0u8; 12];
+    tunnel
+        .read_exact(&mut answer)
+        .await
+        .expect("an answer (405)");
+    let (https, connect) = running.ingress.connection_future_bytes();
+    println!("connection task futures: HTTPS {https} B, CONNECT {connect} B");
+    assert!(
+        (1..=3072).contains(&https),
+        "HTTPS connection future {https} B"
+    );
+    assert!(
+        (1..=1536).contains(&connect),
+        "CONNECT connection future {connect} B"
     );
 }

@@ -12,6 +12,7 @@ pub mod tls;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use atunnel_core::BufferPool;
@@ -58,6 +59,8 @@ pub enum IngressError {
     Route(#[from] RouteError),
 }
 
+static HTTPS_FUTURE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
 pub struct Ingress {
     cfg: IngressConfig,
     routes: Arc<Routes>,
@@ -103,6 +106,15 @@ impl Ingress {
         &self.hibernation
     }
 
+    /// Sizes of one HTTPS and one CONNECT connection's task future: part of
+    /// every idle connection's heap, hibernated or not (docs/memory.md).
+    pub fn connection_future_bytes(&self) -> (usize, usize) {
+        (
+            HTTPS_FUTURE_BYTES.load(Ordering::Relaxed),
+            crate::connect_server::CONNECTION_FUTURE_BYTES.load(Ordering::Relaxed),
+        )
+    }
+
     pub fn activate(
         &self,
         atespace: &str,
@@ -145,15 +157,21 @@ impl Ingress {
             let socket = self.cfg.socket;
             let cancel = cancel.clone();
             let hibernation = self.hibernation.clone();
-            self.connections.spawn(async move {
+            let fut = async move {
                 if socket.apply(&tcp).is_err() {
                     return;
                 }
-                let accept = tokio::time::timeout(https::HEADER_READ_TIMEOUT, acceptor.accept(tcp));
+                // Boxed: the handshake's state is needed only until it ends.
+                let accept = tokio::time::timeout(
+                    https::HEADER_READ_TIMEOUT,
+                    Box::pin(acceptor.accept(tcp)),
+                );
                 if let Ok(Ok(tls)) = accept.await {
-                    router_conn::serve(tls, routes, client, hibernation, cancel).await;
+                    router_conn::serve(Box::new(tls), routes, client, hibernation, cancel).await;
                 }
-            });
+            };
+            HTTPS_FUTURE_BYTES.store(std::mem::size_of_val(&fut), Ordering::Relaxed);
+            self.connections.spawn(fut);
         }
         self.connections.close();
         self.connections.wait().await;

@@ -34,25 +34,23 @@ use crate::hibernate::{Activity, ActivityIo, Hibernation, InFlight};
 
 /// Serves `tls` until the router closes it or `cancel` (then gracefully).
 pub async fn serve(
-    tls: TlsStream<TcpStream>,
+    tls: Tls,
     routes: Arc<Routes>,
     client: SocketAddr,
     hibernation: Arc<Hibernation>,
     cancel: CancellationToken,
 ) {
+    // Boxed: hyper's connection state is large, and a future holds room
+    // for its largest state for as long as the connection lives; on the heap
+    // it exists only while in use (and not while hibernated).
     if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-        serve_h2(tls, routes, client, cancel).await
+        Box::pin(serve_h2(tls, routes, client, cancel)).await
     } else {
         serve_h1(tls, routes, client, &hibernation, cancel).await
     }
 }
 
-async fn serve_h2(
-    tls: TlsStream<TcpStream>,
-    routes: Arc<Routes>,
-    client: SocketAddr,
-    cancel: CancellationToken,
-) {
+async fn serve_h2(tls: Tls, routes: Arc<Routes>, client: SocketAddr, cancel: CancellationToken) {
     let service = hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req));
     let conn = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
@@ -69,7 +67,11 @@ async fn serve_h2(
     }
 }
 
-type Io = ActivityIo<TlsStream<TcpStream>>;
+/// Boxed: a TLS stream is over a kilobyte, and each future it moves
+/// through would otherwise keep a copy's worth of room for the connection's
+/// whole life.
+pub type Tls = Box<TlsStream<TcpStream>>;
+type Io = ActivityIo<Tls>;
 type ServiceFuture =
     Pin<Box<dyn Future<Output = Result<Response<Tracked>, std::convert::Infallible>> + Send>>;
 
@@ -81,7 +83,7 @@ enum Stopped {
 }
 
 async fn serve_h1(
-    tls: TlsStream<TcpStream>,
+    tls: Tls,
     routes: Arc<Routes>,
     client: SocketAddr,
     hibernation: &Arc<Hibernation>,
@@ -109,7 +111,9 @@ async fn serve_h1(
         .header_read_timeout(https::HEADER_READ_TIMEOUT)
         .max_buf_size(https::MAX_H1_BUFFER);
     loop {
-        let mut conn = builder.serve_connection(TokioIo::new(io), service);
+        // Boxed so that hibernating frees hyper's state itself, not only
+        // the buffers it points to.
+        let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), service));
         let stopped = tokio::select! {
             _ = poll_fn(|cx| conn.poll_without_shutdown(cx)) => Stopped::Ended,
             _ = cancel.cancelled() => Stopped::Cancelled,
@@ -117,12 +121,12 @@ async fn serve_h1(
         };
         if !matches!(stopped, Stopped::Ended) {
             // Idle, or finishing the request in flight before closing.
-            Pin::new(&mut conn).graceful_shutdown();
+            Pin::new(&mut *conn).graceful_shutdown();
             if poll_fn(|cx| conn.poll_without_shutdown(cx)).await.is_err() {
                 return;
             }
         }
-        let parts = conn.into_parts();
+        let parts = (*conn).into_parts();
         io = parts.io.into_inner();
         service = parts.service;
         if !matches!(stopped, Stopped::Idle) {
