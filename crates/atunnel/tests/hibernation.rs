@@ -111,8 +111,9 @@ async fn idle_http1_connections_shrink_when_hibernated_and_serve_the_next_reques
         );
         let freed = (awake as f64 - asleep as f64) / measured as f64;
         println!("HTTP/1.1 keep-alive after {path}: hibernating freed {freed:.0} B per connection");
+        // hyper's 8 KiB read buffer, its write buffer and parsed state.
         assert!(
-            freed >= 4096.0,
+            freed >= 12288.0,
             "hibernating freed only {freed:.0} B per connection"
         );
         // Each wakes on its next request, which it serves as usual.

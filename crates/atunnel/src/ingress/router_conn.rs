@@ -129,15 +129,19 @@ async fn serve_h1(
         let parts = (*conn).into_parts();
         io = parts.io.into_inner();
         service = parts.service;
+        // Even empty, this `Bytes` shares hyper's whole read buffer: it must
+        // not outlive this point unless it has bytes to replay.
+        let read_buf = parts.read_buf;
         if !matches!(stopped, Stopped::Idle) {
             let _ = io.shutdown().await;
             return;
         }
-        if !parts.read_buf.is_empty() {
+        if !read_buf.is_empty() {
             // Bytes of a next request were already read: serve them now.
-            io.set_replay(parts.read_buf);
+            io.set_replay(read_buf);
             continue;
         }
+        drop(read_buf);
         let _sleeping = hibernation.enter();
         tokio::select! {
             r = io.get_ref().get_ref().0.readable() => if r.is_err() { return },
