@@ -22,14 +22,17 @@ pub struct SocketArgs {
     #[arg(long, default_value_t = 0)]
     pub tcp_receive_buffer: usize,
     /// Fixed SO_SNDBUF in bytes on sandbox-side sockets (to the actors, over
-    /// veth: microseconds of round trip, so small buffers cost little
-    /// throughput); 0 keeps autotuning.
-    #[arg(long, default_value_t = 0)]
+    /// veth: microseconds of round trip, so small buffers cost no
+    /// throughput); 0 keeps autotuning. 64 KiB measured: egress-tcp
+    /// 600-636 MB/s vs 472-630 with autotuning, and an actor that stops
+    /// reading pins 160 KiB of kernel memory instead of 641 KiB (lowat off).
+    #[arg(long, default_value_t = 65536)]
     pub sandbox_send_buffer: usize,
     /// Fixed SO_RCVBUF in bytes on sandbox-side sockets: bounds what an actor
-    /// can queue in the kernel behind a stalled reader; 0 keeps autotuning
-    /// (which grows to net.ipv4.tcp_rmem's maximum).
-    #[arg(long, default_value_t = 0)]
+    /// can queue in the kernel behind a stalled reader (a router that stops
+    /// reading: 166 KiB per connection instead of 1.4 MiB with lowat);
+    /// 0 keeps autotuning (which grows to net.ipv4.tcp_rmem's maximum).
+    #[arg(long, default_value_t = 65536)]
     pub sandbox_receive_buffer: usize,
 }
 
