@@ -235,13 +235,17 @@ async fn hold(
     drop(conns);
     // atunnel closes its side asynchronously: the next case's baseline must
     // not include these connections being torn down.
+    // Done when back to the starting count, or when the count stops falling
+    // (connections to the actors that the case opened stay pooled).
     let deadline = Instant::now() + Duration::from_secs(15);
+    let mut last = f64::MAX;
     while Instant::now() < deadline {
-        let s = bench.stats(false).await?;
-        if num(&s, &["process", "open_fds"]) <= fds0 + 2.0 {
+        let fds = num(&bench.stats(false).await?, &["process", "open_fds"]);
+        if fds <= fds0 + 2.0 || fds >= last {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        last = fds;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(held)
 }
@@ -279,7 +283,7 @@ async fn keepalive(bench: &mut Bench, rate: f64) -> Result<RungResult, atunnel::
 }
 
 pub async fn ingress_idle(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
-    let n = if bench.quick { 200 } else { 1000 };
+    let n = if bench.quick { 150 } else { 1000 };
     let rate = if bench.quick { 1000.0 } else { 2000.0 };
     let mut passes: Vec<Vec<Held>> = Vec::new();
     let mut rungs = Vec::new();
