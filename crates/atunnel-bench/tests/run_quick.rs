@@ -51,6 +51,8 @@ fn quick_run_of_egress_idle_writes_sane_results() {
     );
     let cgroup = s["cgroup_bytes_per_conn"].as_f64().expect("cgroup");
     assert!(cgroup > 0.0, "cgroup bytes per connection {cgroup}");
+    // atunnel runs one runtime worker per core of its cgroup's quota (1).
+    assert_eq!(s["tunnel_worker_threads"], 1.0, "{s}");
     let tasks = s["tasks_per_conn"].as_f64().expect("tasks");
     assert!((0.9..=1.1).contains(&tasks), "tasks per connection {tasks}");
     let rung = &scenario["rungs"][0];

@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod config;
 pub mod connect_server;
+pub mod cpu_quota;
 pub mod credential;
 pub mod egress;
 pub mod gateway;

@@ -1,5 +1,5 @@
 //! What every atunnel process entry point does: logging to stderr, a
-//! multi-threaded runtime, a stop token cancelled by Ctrl-C or SIGTERM (what
+//! multi-threaded runtime with as many workers as the cgroup's CPU quota, a stop token cancelled by Ctrl-C or SIGTERM (what
 //! a supervisor sends), and the error as the exit message.
 
 use std::future::Future;
@@ -21,10 +21,11 @@ where
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = crate::cpu_quota::worker_threads() {
+        builder.worker_threads(n);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("{name}: starting the runtime: {e}");

@@ -30,6 +30,8 @@ pub struct ProcessStats {
     pub open_fds: usize,
     /// Tasks alive on this runtime (includes the stats server's own).
     pub tasks: usize,
+    /// The runtime's worker threads (the cgroup's CPU quota, rounded up).
+    pub worker_threads: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -90,6 +92,9 @@ pub fn process_stats() -> ProcessStats {
             .unwrap_or(0),
         tasks: tokio::runtime::Handle::try_current()
             .map(|h| h.metrics().num_alive_tasks())
+            .unwrap_or(0),
+        worker_threads: tokio::runtime::Handle::try_current()
+            .map(|h| h.metrics().num_workers())
             .unwrap_or(0),
     }
 }

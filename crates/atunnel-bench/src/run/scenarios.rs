@@ -267,6 +267,7 @@ async fn egress_idle(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxEr
             "retained_cgroup_bytes_after_close": retained_cgroup.round(),
             "retained_rss_bytes_after_close": retained_rss.round(),
             "allocator": crate::allocator::NAME,
+            "tunnel_worker_threads": num(&after, &["process", "worker_threads"]),
         }),
         notes,
     })
