@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::credential::{ActorCredential, CredentialError, renew_until_cancelled};
-use crate::gateway_client::{GatewayClient, GatewayClientConfig};
+use crate::gateway_client::{GatewayClient, GatewayClientConfig, Tunnel};
 
 /// How long deactivation waits for an actor's tunnels to finish.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -347,29 +347,29 @@ impl Egress {
                 return;
             }
         };
-        if self.cfg.copy_mode == crate::naive_copy::CopyMode::Naive {
-            tokio::select! {
-                _ = activation.cancel.cancelled() => {}
-                r = crate::naive_copy::relay(actor, tunnel) => if let Err(e) = r {
+        let cancel = &activation.cancel;
+        // The ablations' states are boxed so that the default tunnel's task
+        // (held by every idle connection) does not keep room for them.
+        match (self.cfg.copy_mode, self.cfg.wait_buffer) {
+            (crate::naive_copy::CopyMode::Naive, _) => tokio::select! {
+                _ = cancel.cancelled() => {}
+                r = Box::pin(crate::naive_copy::relay(actor, tunnel)) => if let Err(e) = r {
                     tracing::debug!(%dest, error = %e, "egress tunnel (naive copy) ended with an error");
                 }
+            },
+            (_, 0) => {
+                relay_until_cancelled(&mut actor, &mut tunnel, &self.pool, cancel, dest).await
             }
-            return;
-        }
-        if self.cfg.wait_buffer > 0 {
-            let mut actor = atunnel_core::endpoint::WaitBuffered::new(actor, self.cfg.wait_buffer);
-            tokio::select! {
-                _ = activation.cancel.cancelled() => tunnel.abort(),
-                r = relay(&mut actor, &mut tunnel, &self.pool) => if let Err(e) = r {
-                    tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
-                }
-            }
-            return;
-        }
-        tokio::select! {
-            _ = activation.cancel.cancelled() => tunnel.abort(),
-            r = relay(&mut actor, &mut tunnel, &self.pool) => if let Err(e) = r {
-                tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
+            (_, n) => {
+                let mut actor = Box::new(atunnel_core::endpoint::WaitBuffered::new(actor, n));
+                Box::pin(relay_until_cancelled(
+                    &mut *actor,
+                    &mut tunnel,
+                    &self.pool,
+                    cancel,
+                    dest,
+                ))
+                .await
             }
         }
     }
@@ -460,5 +460,22 @@ impl Egress {
         }
         self.listeners.close();
         self.listeners.wait().await;
+    }
+}
+
+/// Relays until both directions end, or resets the tunnel when the actor's
+/// activation is cancelled.
+async fn relay_until_cancelled<A: Endpoint + ?Sized>(
+    actor: &mut A,
+    tunnel: &mut Tunnel,
+    pool: &BufferPool,
+    cancel: &CancellationToken,
+    dest: SocketAddr,
+) {
+    tokio::select! {
+        _ = cancel.cancelled() => tunnel.abort(),
+        r = relay(actor, tunnel, pool) => if let Err(e) = r {
+            tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
+        }
     }
 }
