@@ -139,13 +139,7 @@ async fn a_router_closing_a_hibernated_connection_is_seen() {
     tls.write_all(b"GET /short HTTP/1.1\r\nhost: w\r\nate-target-actor: team-a/alpha\r\n\r\n")
         .await
         .expect("write");
-    let mut got = Vec::new();
-    while !got.ends_with(b"short") {
-        let mut buf = [0u8; 1024];
-        let n = tls.read(&mut buf).await.expect("read");
-        assert!(n > 0, "response before EOF");
-        got.extend_from_slice(&buf[..n]);
-    }
+    read_until(&mut tls, b"short").await;
     h.wait_until(|s| s.hibernating == 1).await;
     tls.shutdown().await.expect("close_notify");
     drop(tls);
@@ -159,30 +153,33 @@ async fn http2_connections_and_connect_tunnels_serve_after_idling() {
     let h = running.ingress.hibernation().clone();
     let mut conn = RouterConn::open(&pki, running.https, true).await;
     assert_eq!(request(&mut conn, "/short").await.len(), 5);
+    let mut tunnel = router_tls(&pki, running.connect, None, None, &[b"http/1.1"])
+        .await
+        .expect("tls");
+    tunnel
+        .write_all(b"CONNECT actor:80 HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n")
+        .await
+        .expect("write");
+    let head = read_until(&mut tunnel, b"\r\n\r\n").await;
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    exchange_in_tunnel(&mut tunnel).await;
     // Let an HTTP/1.1 connection hibernate to know a period has passed.
     let mut h1 = RouterConn::open(&pki, running.https, false).await;
     assert_eq!(request(&mut h1, "/short").await.len(), 5);
     h.wait_until(|s| s.hibernating == 1).await;
     assert_eq!(request(&mut conn, "/page").await.len(), 60_000);
+    exchange_in_tunnel(&mut tunnel).await;
     assert_eq!(
         h.stats().hibernating,
         1,
-        "HTTP/2 connections do not hibernate"
+        "HTTP/2 connections and CONNECT tunnels do not hibernate"
     );
-    // What stays per connection while hibernated includes its task's future:
-    // the TLS stream and hyper's state are boxed so that it stays small.
-    let mut tunnel = router_tls(&pki, running.connect, None, None, &[b"http/1.1"])
-        .await
-        .expect("tls");
-    tunnel
-        .write_all(b"GET / HTTP/1.1\r\nhost: w\r\n\r\n")
-        .await
-        .expect("write");
-    let mut answer = [0u8; 12];
-    tunnel
-        .read_exact(&mut answer)
-        .await
-        .expect("an answer (405)");
+    // What stays per connection while idle includes its task's future: the
+    // TLS stream and hyper's state are boxed so that it stays small.
     let (https, connect) = running.ingress.connection_future_bytes();
     println!("connection task futures: HTTPS {https} B, CONNECT {connect} B");
     assert!(
@@ -192,5 +189,34 @@ async fn http2_connections_and_connect_tunnels_serve_after_idling() {
     assert!(
         (1..=1536).contains(&connect),
         "CONNECT connection future {connect} B"
+    );
+}
+
+/// Reads from `tls` until what was read ends with `end`.
+async fn read_until(
+    tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    end: &[u8],
+) -> Vec<u8> {
+    let mut got = Vec::new();
+    while !got.ends_with(end) {
+        let mut buf = [0u8; 1024];
+        let n = tls.read(&mut buf).await.expect("read");
+        assert!(n > 0, "EOF before {:?}", String::from_utf8_lossy(end));
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+/// One HTTP/1.1 request to the actor through an open CONNECT tunnel.
+async fn exchange_in_tunnel(tunnel: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>) {
+    tunnel
+        .write_all(b"GET /short HTTP/1.1\r\nhost: actor\r\n\r\n")
+        .await
+        .expect("write");
+    let answer = read_until(tunnel, b"short").await;
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
     );
 }
