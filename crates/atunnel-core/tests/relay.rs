@@ -67,6 +67,32 @@ async fn send_and_collect(
     )
 }
 
+/// Sends `ab` from `a` and `ba` from `b` at once, each followed by a FIN,
+/// and returns what arrived at `b` and at `a`. The first byte goes alone, so
+/// a side may see a tiny read before a large one.
+async fn both_ways(a: TcpStream, b: TcpStream, ab: &[u8], ba: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let send = |mut w: tokio::net::tcp::OwnedWriteHalf, data: Vec<u8>| async move {
+        let split = data.len().min(1);
+        w.write_all(&data[..split]).await.expect("write");
+        w.write_all(&data[split..]).await.expect("write");
+        w.shutdown().await.expect("shutdown");
+        w
+    };
+    let read_all = |mut r: tokio::net::tcp::OwnedReadHalf| async move {
+        let mut v = Vec::new();
+        r.read_to_end(&mut v).await.expect("read");
+        v
+    };
+    let (a_r, a_w) = a.into_split();
+    let (b_r, b_w) = b.into_split();
+    let send_a = tokio::spawn(send(a_w, ab.to_vec()));
+    let send_b = tokio::spawn(send(b_w, ba.to_vec()));
+    let (got_at_b, got_at_a) = tokio::join!(read_all(b_r), read_all(a_r));
+    send_a.await.expect("a");
+    send_b.await.expect("b");
+    (got_at_b, got_at_a)
+}
+
 /// Waits until the pool has no buffer out (a relay returns it when it next
 /// polls, which is an event we cannot await directly).
 async fn until_no_buffer_in_use(pool: &BufferPool) {
@@ -93,27 +119,7 @@ async fn random_payloads_arrive_intact_both_ways_at_once() {
         let ab = random_bytes(&mut rng, len_ab);
         let ba = random_bytes(&mut rng, len_ba);
         let (outer_a, outer_b, task) = relayed(&pool).await;
-        let (a_r, mut a_w) = outer_a.into_split();
-        let (b_r, mut b_w) = outer_b.into_split();
-        let (ab2, ba2) = (ab.clone(), ba.clone());
-        let send_a = tokio::spawn(async move {
-            a_w.write_all(&ab2).await.expect("a write");
-            a_w.shutdown().await.expect("a shutdown");
-            a_w
-        });
-        let send_b = tokio::spawn(async move {
-            b_w.write_all(&ba2).await.expect("b write");
-            b_w.shutdown().await.expect("b shutdown");
-            b_w
-        });
-        let read_all = |mut r: tokio::net::tcp::OwnedReadHalf| async move {
-            let mut v = Vec::new();
-            r.read_to_end(&mut v).await.expect("read");
-            v
-        };
-        let (got_at_b, got_at_a) = tokio::join!(read_all(b_r), read_all(a_r));
-        send_a.await.expect("a");
-        send_b.await.expect("b");
+        let (got_at_b, got_at_a) = both_ways(outer_a, outer_b, &ab, &ba).await;
         assert!(
             got_at_b == ab,
             "round {round}: a->b payload of {len_ab} bytes corrupted"
@@ -464,29 +470,7 @@ async fn wait_buffered_sides_carry_payloads_both_ways_at_every_size() {
         let len_ba = rng.random_range(1..=3 << 20);
         let ab = random_bytes(&mut rng, len_ab);
         let ba = random_bytes(&mut rng, len_ba);
-        let (a_r, mut a_w) = outer_a.into_split();
-        let (b_r, mut b_w) = outer_b.into_split();
-        let (ab2, ba2) = (ab.clone(), ba.clone());
-        let send_a = tokio::spawn(async move {
-            // A first small write: it fits the wait buffer alone.
-            a_w.write_all(&ab2[..1]).await.expect("a write");
-            a_w.write_all(&ab2[1..]).await.expect("a write");
-            a_w.shutdown().await.expect("a shutdown");
-            a_w
-        });
-        let send_b = tokio::spawn(async move {
-            b_w.write_all(&ba2).await.expect("b write");
-            b_w.shutdown().await.expect("b shutdown");
-            b_w
-        });
-        let read_all = |mut r: tokio::net::tcp::OwnedReadHalf| async move {
-            let mut v = Vec::new();
-            r.read_to_end(&mut v).await.expect("read");
-            v
-        };
-        let (got_at_b, got_at_a) = tokio::join!(read_all(b_r), read_all(a_r));
-        send_a.await.expect("a");
-        send_b.await.expect("b");
+        let (got_at_b, got_at_a) = both_ways(outer_a, outer_b, &ab, &ba).await;
         assert!(got_at_b == ab, "wait {wait}: a->b corrupted");
         assert!(got_at_a == ba, "wait {wait}: b->a corrupted");
         let stats = task.await.expect("join").expect("relay");
