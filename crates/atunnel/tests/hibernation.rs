@@ -8,7 +8,6 @@
 mod support;
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -16,11 +15,8 @@ use atunnel_core::alloc::{CountingAlloc, live_bytes};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use support::ingress::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -30,26 +26,15 @@ const FAST: Duration = Duration::from_millis(100);
 
 /// The actor: `/page` answers 60 KB, anything else a short body.
 async fn actor() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let svc = service_fn(|req: http::Request<Incoming>| async move {
-                    let body = if req.uri().path() == "/page" {
-                        Bytes::from(vec![b'p'; 60_000])
-                    } else {
-                        Bytes::from_static(b"short")
-                    };
-                    Ok::<_, Infallible>(http::Response::new(Full::new(body)))
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
-    addr
+    http1_actor(|req: http::Request<Incoming>| async move {
+        let body = if req.uri().path() == "/page" {
+            Bytes::from(vec![b'p'; 60_000])
+        } else {
+            Bytes::from_static(b"short")
+        };
+        http::Response::new(Full::new(body))
+    })
+    .await
 }
 
 async fn running(hibernate_after: Duration) -> (IngressPki, RunningIngress) {

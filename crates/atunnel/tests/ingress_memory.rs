@@ -17,7 +17,6 @@ use atunnel_core::alloc::{CountingAlloc, live_bytes};
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use support::ingress::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -55,38 +54,21 @@ fn static_body(
 /// An actor: `/endless` streams forever, `/download/N` streams N bytes,
 /// anything else counts the request body.
 async fn actor(sent: Arc<AtomicU64>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let sent = sent.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: http::Request<Incoming>| {
-                    let sent = sent.clone();
-                    async move {
-                        let path = req.uri().path().to_string();
-                        let body = if path == "/endless" {
-                            static_body(None, sent).boxed()
-                        } else if let Some(n) = path.strip_prefix("/download/") {
-                            static_body(Some(n.parse().expect("size")), sent).boxed()
-                        } else {
-                            let mut body = req.into_body();
-                            let mut n = 0u64;
-                            while let Some(Ok(frame)) = body.frame().await {
-                                n += frame.data_ref().map_or(0, |d| d.len() as u64);
-                            }
-                            http_body_util::Full::new(Bytes::from(n.to_string())).boxed()
-                        };
-                        Ok::<_, Infallible>(http::Response::new(body))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
+    http1_actor(move |req: http::Request<Incoming>| {
+        let sent = sent.clone();
+        async move {
+            let path = req.uri().path().to_string();
+            let body = if path == "/endless" {
+                static_body(None, sent).boxed()
+            } else if let Some(n) = path.strip_prefix("/download/") {
+                static_body(Some(n.parse().expect("size")), sent).boxed()
+            } else {
+                count_body(req).await.boxed()
+            };
+            http::Response::new(body)
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// Waits until `counter` has not moved for 300 ms (the writer is blocked).

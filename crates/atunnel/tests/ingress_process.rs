@@ -15,11 +15,9 @@ use atunnel::stats::{fetch, num};
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use support::ingress::*;
 use tokio::io::AsyncBufReadExt;
-use tokio::net::TcpListener;
 
 static CHUNK: [u8; 64 * 1024] = [b'z'; 64 * 1024];
 const N: u64 = 100 << 20;
@@ -41,32 +39,14 @@ fn sized_body(
 
 /// `/download/N` streams N bytes; anything else counts the request body.
 async fn actor() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let svc = service_fn(|req: http::Request<Incoming>| async move {
-                    let body = match req.uri().path().strip_prefix("/download/") {
-                        Some(n) => sized_body(n.parse().expect("size")).boxed(),
-                        None => {
-                            let mut body = req.into_body();
-                            let mut n = 0u64;
-                            while let Some(Ok(frame)) = body.frame().await {
-                                n += frame.data_ref().map_or(0, |d| d.len() as u64);
-                            }
-                            http_body_util::Full::new(Bytes::from(n.to_string())).boxed()
-                        }
-                    };
-                    Ok::<_, Infallible>(http::Response::new(body))
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
-    addr
+    http1_actor(|req: http::Request<Incoming>| async move {
+        let body = match req.uri().path().strip_prefix("/download/") {
+            Some(n) => sized_body(n.parse().expect("size")).boxed(),
+            None => count_body(req).await.boxed(),
+        };
+        http::Response::new(body)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -234,3 +234,43 @@ pub async fn body_text(resp: http::Response<hyper::body::Incoming>) -> String {
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
     String::from_utf8_lossy(&bytes).into_owned()
 }
+
+/// An actor on loopback: HTTP/1.1, each request answered by `answer`.
+pub async fn http1_actor<F, Fut, B>(answer: F) -> SocketAddr
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = http::Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let answer = answer.clone();
+                    async move { Ok::<_, std::convert::Infallible>(answer(req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Reads a request body to its end and answers with its length.
+pub async fn count_body(req: http::Request<hyper::body::Incoming>) -> Full<Bytes> {
+    let mut body = req.into_body();
+    let mut n = 0u64;
+    while let Some(Ok(frame)) = body.frame().await {
+        n += frame.data_ref().map_or(0, |d| d.len() as u64);
+    }
+    Full::new(Bytes::from(n.to_string()))
+}
