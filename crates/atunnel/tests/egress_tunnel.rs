@@ -532,61 +532,53 @@ async fn sink_services_answer_by_port() {
     );
 }
 
+/// Through an egress with `cfg`, over `proto`: 3 MiB echoed intact, then a
+/// half-close that reaches the destination (it answers after our FIN).
+async fn carries_bytes_and_half_close(proto: Proto, cfg: atunnel::egress::EgressConfig) {
+    let echo = echo_server().await;
+    let pki = Pki::new();
+    let gw = gateway(&pki, forward_loopback(), proto.tune()).await;
+    let a = actor("alpha");
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
+    let egress = egress_config(cfg);
+    let cancel = CancellationToken::new();
+    let addr = listen(&egress, &a.uid, echo, &cancel).await;
+    egress.activate(&a.uid, prepared).expect("activate");
+    let up = random(3 << 20, 7);
+    let back = round_trip(addr, up.clone()).await;
+    assert!(back == up, "{}: the echo came back corrupted", proto.name());
+    let counter = counting_server().await;
+    let addr = listen(&egress, &a.uid, counter, &cancel).await;
+    let got = round_trip(addr, vec![5u8; 300_000]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "got 300000 bytes",
+        "{}",
+        proto.name()
+    );
+    cancel.cancel();
+}
+
 /// The `--copy-mode naive` ablation moves the same bytes (both ways, with
 /// half-close) as the lean relay; only its memory differs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn naive_copy_mode_carries_bytes_and_half_close_over_h2_and_h1() {
     for proto in [Proto::H2, Proto::H1] {
-        let echo = echo_server().await;
-        let pki = Pki::new();
-        let gw = gateway(&pki, forward_loopback(), proto.tune()).await;
-        let a = actor("alpha");
-        let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-        let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
-        let egress = egress_with(atunnel::naive_copy::CopyMode::Naive);
-        let cancel = CancellationToken::new();
-        let addr = listen(&egress, &a.uid, echo, &cancel).await;
-        egress.activate(&a.uid, prepared).expect("activate");
-        let up = random(3 << 20, 7);
-        let back = round_trip(addr, up.clone()).await;
-        assert!(
-            back == up,
-            "{}: naive copy corrupted the echo",
-            proto.name()
-        );
-        let counter = counting_server().await;
-        let addr = listen(&egress, &a.uid, counter, &cancel).await;
-        let got = round_trip(addr, vec![5u8; 300_000]).await;
-        assert_eq!(
-            String::from_utf8_lossy(&got),
-            "got 300000 bytes",
-            "{}",
-            proto.name()
-        );
-        cancel.cancel();
+        let cfg = atunnel::egress::EgressConfig {
+            copy_mode: atunnel::naive_copy::CopyMode::Naive,
+            ..Default::default()
+        };
+        carries_bytes_and_half_close(proto, cfg).await;
     }
 }
 
 /// `--wait-buffer` (the reference's 512 B wait) carries the same bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_buffer_carries_bytes_and_half_close() {
-    let echo = echo_server().await;
-    let pki = Pki::new();
-    let gw = gateway(&pki, forward_loopback(), |_| {}).await;
-    let a = actor("alpha");
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
-    let egress = egress_config(atunnel::egress::EgressConfig {
+    let cfg = atunnel::egress::EgressConfig {
         wait_buffer: 512,
         ..Default::default()
-    });
-    let cancel = CancellationToken::new();
-    let addr = listen(&egress, &a.uid, echo, &cancel).await;
-    egress.activate(&a.uid, prepared).expect("activate");
-    let up = random(2 << 20, 11);
-    assert!(round_trip(addr, up.clone()).await == up, "echo corrupted");
-    let counter = counting_server().await;
-    let addr = listen(&egress, &a.uid, counter, &cancel).await;
-    let got = round_trip(addr, vec![5u8; 300_000]).await;
-    assert_eq!(String::from_utf8_lossy(&got), "got 300000 bytes");
+    };
+    carries_bytes_and_half_close(Proto::H2, cfg).await;
 }

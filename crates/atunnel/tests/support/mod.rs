@@ -193,14 +193,7 @@ pub async fn listen(
 }
 
 pub fn egress() -> Arc<Egress> {
-    egress_with(atunnel::naive_copy::CopyMode::Lean)
-}
-
-pub fn egress_with(copy_mode: atunnel::naive_copy::CopyMode) -> Arc<Egress> {
-    egress_config(EgressConfig {
-        copy_mode,
-        ..EgressConfig::default()
-    })
+    egress_config(EgressConfig::default())
 }
 
 pub fn egress_config(cfg: EgressConfig) -> Arc<Egress> {
