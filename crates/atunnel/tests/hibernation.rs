@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -41,15 +40,7 @@ async fn running(hibernate_after: Duration) -> (IngressPki, RunningIngress) {
     let pki = IngressPki::new();
     let running = ingress_with(&pki, hibernate_after).await;
     let port = actor().await.port();
-    running
-        .ingress
-        .activate(
-            "team-a",
-            "alpha",
-            "uid-1",
-            Box::new(LoopbackDialer(HashMap::from([(80, port)]))),
-        )
-        .expect("activate");
+    running.activate_alpha(&[(80, port)]);
     (pki, running)
 }
 

@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -52,11 +51,7 @@ async fn fixture() -> Fixture {
     let pki = IngressPki::new();
     let running = ingress(&pki).await;
     let actor = counting_echo_actor().await;
-    let dialer = LoopbackDialer(HashMap::from([(8080, actor.port())]));
-    running
-        .ingress
-        .activate("team-a", "alpha", "uid-1", Box::new(dialer))
-        .expect("activate");
+    running.activate_alpha(&[(8080, actor.port())]);
     Fixture { pki, running }
 }
 

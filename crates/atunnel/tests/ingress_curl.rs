@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -81,14 +80,7 @@ async fn fixture() -> Fixture {
     let pki = IngressPki::new();
     let running = ingress(&pki).await;
     let (actor, seen) = describing_actor().await;
-    let dialer = LoopbackDialer(HashMap::from([
-        (80, actor.port()),
-        (ACTOR_PORT, actor.port()),
-    ]));
-    running
-        .ingress
-        .activate("team-a", "alpha", "uid-1", Box::new(dialer))
-        .expect("activate");
+    running.activate_alpha(&[(80, actor.port()), (ACTOR_PORT, actor.port())]);
     Fixture { pki, running, seen }
 }
 

@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -122,11 +121,7 @@ async fn fixture() -> Fixture {
     let running = ingress(&pki).await;
     let release = Arc::new(Notify::new());
     let actor = actor_server(release.clone()).await;
-    let dialer = LoopbackDialer(HashMap::from([(80, actor.port())]));
-    running
-        .ingress
-        .activate("team-a", "alpha", "uid-1", Box::new(dialer))
-        .expect("activate");
+    running.activate_alpha(&[(80, actor.port())]);
     Fixture {
         pki,
         running,

@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -91,15 +90,7 @@ async fn fixture(sent: Arc<AtomicU64>) -> (IngressPki, RunningIngress) {
     let pki = IngressPki::new();
     let running = ingress(&pki).await;
     let actor = actor(sent).await;
-    running
-        .ingress
-        .activate(
-            "team-a",
-            "alpha",
-            "uid-1",
-            Box::new(LoopbackDialer(HashMap::from([(80, actor.port())]))),
-        )
-        .expect("activate");
+    running.activate_alpha(&[(80, actor.port())]);
     (pki, running)
 }
 
@@ -154,15 +145,7 @@ async fn a_router_that_stops_reading_a_tunnel_leaves_the_heap_bounded() {
             });
         }
     });
-    running
-        .ingress
-        .activate(
-            "team-a",
-            "alpha",
-            "uid-1",
-            Box::new(LoopbackDialer(HashMap::from([(9000, port)]))),
-        )
-        .expect("activate");
+    running.activate_alpha(&[(9000, port)]);
     let baseline = live_bytes();
     let mut tls = router_tls(&pki, running.connect, None, None, &[b"http/1.1"])
         .await

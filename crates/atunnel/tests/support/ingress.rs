@@ -106,6 +106,20 @@ pub struct RunningIngress {
     pub cancel: CancellationToken,
 }
 
+impl RunningIngress {
+    /// Activates `team-a/alpha` (uid-1), its ports mapped to loopback ports.
+    pub fn activate_alpha(&self, ports: &[(u16, u16)]) {
+        self.ingress
+            .activate(
+                "team-a",
+                "alpha",
+                "uid-1",
+                Box::new(LoopbackDialer(ports.iter().copied().collect())),
+            )
+            .expect("activate");
+    }
+}
+
 impl Drop for RunningIngress {
     fn drop(&mut self) {
         self.cancel.cancel();
