@@ -4,7 +4,9 @@
 //!
 //! HTTP/2 CONNECT streams are read and written in place (h2 crate, no
 //! upgrade layer), HTTP/1.1 heads are read without over-reading, so the relay
-//! gets bare streams it can wait on without a buffer.
+//! gets bare streams it can wait on without a buffer. A connection that
+//! idles for the hibernation period drops its rustls session for its
+//! traffic keys (crate::server_tls), tunnels open or not.
 
 use std::future::Future;
 use std::io;
@@ -19,11 +21,14 @@ use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::hibernate::{Activity, ActivityIo, Hibernation, with_hibernation};
 use crate::http1;
+use crate::server_tls::{RecordTracking, RustlsStream, ServerTls};
+
+type Io = ActivityIo<ServerTls>;
 
 /// How long a client has to finish TLS and send its CONNECT.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -113,6 +118,7 @@ pub struct ConnectServer<H: ConnectHandler> {
     acceptor: TlsAcceptor,
     socket: SocketOptions,
     h2: H2Settings,
+    hibernation: Arc<Hibernation>,
     tasks: TaskTracker,
 }
 
@@ -122,12 +128,14 @@ impl<H: ConnectHandler> ConnectServer<H> {
         tls: Arc<rustls::ServerConfig>,
         socket: SocketOptions,
         h2: H2Settings,
+        hibernation: Arc<Hibernation>,
     ) -> Arc<Self> {
         Arc::new(Self {
             handler,
             acceptor: TlsAcceptor::from(tls),
             socket,
             h2,
+            hibernation,
             tasks: TaskTracker::new(),
         })
     }
@@ -177,16 +185,24 @@ impl<H: ConnectHandler> ConnectServer<H> {
         // connection, idle or not.
         let tls = Box::new(Box::pin(accept_tls(&self.acceptor, tcp)).await?);
         let peer = self.handler.peer(tls.get_ref().1)?;
-        if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-            Box::pin(self.serve_h2(tls, peer, client)).await
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        let activity = Arc::new(Activity::default());
+        let io = ActivityIo::new(
+            ServerTls::Rustls(tls),
+            activity.clone(),
+            self.hibernation.clone(),
+        );
+        if h2 {
+            Box::pin(self.serve_h2(io, &activity, peer, client)).await
         } else {
-            self.serve_h1(tls, peer, client).await
+            self.serve_h1(io, &activity, peer, client).await
         }
     }
 
     async fn serve_h2(
         self: &Arc<Self>,
-        tls: Box<TlsStream<TcpStream>>,
+        io: Io,
+        activity: &Activity,
         peer: H::Peer,
         client: SocketAddr,
     ) -> io::Result<()> {
@@ -194,11 +210,14 @@ impl<H: ConnectHandler> ConnectServer<H> {
             .max_concurrent_streams(self.h2.max_concurrent_streams)
             .initial_window_size(self.h2.stream_window)
             .initial_connection_window_size(self.h2.connection_window)
-            .handshake::<_, Bytes>(tls)
+            .handshake::<_, Bytes>(io)
             .await
             .map_err(io::Error::other)?;
         let streams = TaskTracker::new();
-        while let Some(accepted) = conn.accept().await {
+        // Accepting drives the whole connection, open streams included.
+        while let Some(accepted) =
+            with_hibernation(conn.accept(), activity, &self.hibernation).await
+        {
             let (request, mut respond) = accepted.map_err(io::Error::other)?;
             let this = self.clone();
             let peer = peer.clone();
@@ -247,7 +266,8 @@ impl<H: ConnectHandler> ConnectServer<H> {
 
     async fn serve_h1(
         &self,
-        mut tls: Box<TlsStream<TcpStream>>,
+        mut tls: Io,
+        activity: &Activity,
         peer: H::Peer,
         client: SocketAddr,
     ) -> io::Result<()> {
@@ -292,7 +312,8 @@ impl<H: ConnectHandler> ConnectServer<H> {
                 tls.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                     .await?;
                 tls.flush().await?;
-                self.handler.run(target, &mut tls).await;
+                let run = self.handler.run(target, &mut tls);
+                with_hibernation(run, activity, &self.hibernation).await;
                 Ok(())
             }
         }
@@ -303,11 +324,11 @@ impl<H: ConnectHandler> ConnectServer<H> {
 /// refused client certificate, say), the alert has been written; closing at
 /// once would turn the client's in-flight Finished into a reset that can
 /// destroy the alert before it is read, so half-close and drain briefly first.
-pub async fn accept_tls(
-    acceptor: &TlsAcceptor,
-    tcp: TcpStream,
-) -> io::Result<TlsStream<TcpStream>> {
-    let accept = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp).into_fallible());
+pub async fn accept_tls(acceptor: &TlsAcceptor, tcp: TcpStream) -> io::Result<RustlsStream> {
+    let accept = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        acceptor.accept(RecordTracking::new(tcp)).into_fallible(),
+    );
     match accept.await {
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
@@ -345,7 +366,7 @@ fn respond_h2(
 }
 
 async fn respond_h1(
-    tls: &mut TlsStream<TcpStream>,
+    tls: &mut (impl tokio::io::AsyncWrite + Unpin),
     status: u16,
     reason: &str,
     headers: ExtraHeaders,

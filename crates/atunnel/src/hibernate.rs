@@ -1,6 +1,7 @@
 //! Hibernation: a connection with no traffic for `hibernate_after` drops
 //! whatever per-connection state it can rebuild on the next byte (the HTTP/1
-//! connection's read and write buffers, parsed request state), and the
+//! connection's read and write buffers, parsed request state, and the TLS
+//! session down to its traffic keys, see [`crate::server_tls`]), and the
 //! allocator is asked to hand freed memory back to the system.
 //!
 //! Idleness is read cheaply: the connection's I/O bumps a counter
@@ -10,12 +11,13 @@
 //! that went quiet hibernates between one and two periods after its last byte.
 
 use std::io;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use atunnel_core::endpoint::ReadReady;
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
@@ -128,11 +130,49 @@ impl Drop for Sleeping {
     }
 }
 
+/// Drives `fut`, a connection whose I/O goes through an [`ActivityIo`] on
+/// `activity`, and each time the connection has been idle for a whole
+/// period asks that stream to hibernate. The stream does it from inside its
+/// next read (the only place that owns it), so `fut` is polled once more
+/// right after asking; protocols that keep a read pending while idle (h2,
+/// hyper's HTTP/1, the relay) get there at once.
+pub async fn with_hibernation<F: Future>(
+    fut: F,
+    activity: &Activity,
+    hibernation: &Hibernation,
+) -> F::Output {
+    let Some(period) = hibernation.after() else {
+        return fut.await;
+    };
+    let mut fut = pin!(fut);
+    loop {
+        tokio::select! {
+            biased;
+            out = fut.as_mut() => return out,
+            _ = activity.idle_for(period) => activity.sleep_requested.store(true, Ordering::Relaxed),
+        }
+    }
+}
+
+/// Something that can free what it holds while its connection is idle.
+pub trait Hibernate {
+    /// Returns true when it did (and is now hibernated until its next I/O).
+    fn hibernate(&mut self) -> bool;
+}
+
+impl Hibernate for crate::server_tls::ServerTls {
+    fn hibernate(&mut self) -> bool {
+        crate::server_tls::ServerTls::hibernate(self)
+    }
+}
+
 /// One connection's traffic, as seen by its idle timer.
 #[derive(Debug, Default)]
 pub struct Activity {
     io_events: AtomicU64,
     in_flight: AtomicUsize,
+    /// Set by [`with_hibernation`], taken by the stream's next idle read.
+    sleep_requested: AtomicBool,
 }
 
 impl Activity {
@@ -171,26 +211,37 @@ impl Drop for InFlight {
     }
 }
 
-/// A stream that records each read and write in its [`Activity`], and can
-/// replay bytes an earlier HTTP parser had read but not used.
+/// A stream that records each read and write in its [`Activity`], can
+/// replay bytes an earlier HTTP parser had read but not used, and
+/// hibernates its inner stream when [`with_hibernation`] asks.
 pub struct ActivityIo<T> {
     inner: T,
     activity: Arc<Activity>,
     /// Read before hibernating and not yet consumed; empty almost always.
     replay: Bytes,
+    hibernation: Arc<Hibernation>,
+    /// Held while the inner stream is hibernated at [`with_hibernation`]'s
+    /// request, until its next I/O.
+    sleeping: Option<Sleeping>,
 }
 
 impl<T> ActivityIo<T> {
-    pub fn new(inner: T, activity: Arc<Activity>) -> Self {
+    pub fn new(inner: T, activity: Arc<Activity>, hibernation: Arc<Hibernation>) -> Self {
         Self {
             inner,
             activity,
             replay: Bytes::new(),
+            hibernation,
+            sleeping: None,
         }
     }
 
     pub fn get_ref(&self) -> &T {
         &self.inner
+    }
+
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.inner
     }
 
     pub fn activity(&self) -> &Arc<Activity> {
@@ -207,7 +258,27 @@ impl<T> ActivityIo<T> {
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for ActivityIo<T> {
+impl<T: Hibernate> ActivityIo<T> {
+    fn touched(&mut self) {
+        self.activity.touch();
+        self.sleeping = None;
+    }
+
+    /// After a read found nothing: hibernates the inner stream if asked.
+    /// True when it did, so the caller polls again to wait on the new state.
+    fn hibernate_if_asked(&mut self) -> bool {
+        if self.activity.sleep_requested.swap(false, Ordering::Relaxed)
+            && self.sleeping.is_none()
+            && self.inner.hibernate()
+        {
+            self.sleeping = Some(self.hibernation.enter());
+            return true;
+        }
+        false
+    }
+}
+
+impl<T: AsyncRead + Hibernate + Unpin> AsyncRead for ActivityIo<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -217,18 +288,34 @@ impl<T: AsyncRead + Unpin> AsyncRead for ActivityIo<T> {
             let n = self.replay.len().min(buf.remaining());
             buf.put_slice(&self.replay[..n]);
             self.replay.advance(n);
-            self.activity.touch();
+            self.touched();
             return Poll::Ready(Ok(()));
         }
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let mut r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if r.is_pending() && self.hibernate_if_asked() {
+            r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
         if r.is_ready() {
-            self.activity.touch();
+            self.touched();
         }
         r
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for ActivityIo<T> {
+impl<T: ReadReady + Hibernate> ReadReady for ActivityIo<T> {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.replay.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        let r = self.inner.poll_read_ready(cx);
+        if r.is_pending() && self.hibernate_if_asked() {
+            return self.inner.poll_read_ready(cx);
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Hibernate + Unpin> AsyncWrite for ActivityIo<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -236,7 +323,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ActivityIo<T> {
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if r.is_ready() {
-            self.activity.touch();
+            self.touched();
         }
         r
     }
@@ -248,7 +335,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ActivityIo<T> {
     ) -> Poll<io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if r.is_ready() {
-            self.activity.touch();
+            self.touched();
         }
         r
     }

@@ -17,7 +17,9 @@ pub mod http1;
 pub mod ingress;
 pub mod naive_copy;
 pub mod process;
+pub mod server_tls;
 pub mod stats;
+pub mod tls_records;
 pub mod tunnel;
 
 /// Errors at process entry points, where the message is all that is left.

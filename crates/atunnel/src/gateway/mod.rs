@@ -217,7 +217,16 @@ pub fn new(cfg: GatewayConfig, pool: BufferPool) -> Result<Arc<Gateway>, Gateway
         pool,
         observer: cfg.observer,
     });
-    Ok(ConnectServer::new(handler, Arc::new(tls), cfg.socket, h2))
+    // The gateway stands for a remote service; its connections do not
+    // hibernate.
+    let hibernation = crate::hibernate::Hibernation::disabled();
+    Ok(ConnectServer::new(
+        handler,
+        Arc::new(tls),
+        cfg.socket,
+        h2,
+        hibernation,
+    ))
 }
 
 /// Binds and serves a gateway on `addr` in the background; returns the bound

@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::connect_server::{ConnectServer, H2Settings};
 use crate::hibernate::Hibernation;
+use crate::server_tls::RecordTracking;
 use routes::{ActorDialer, PoolSettings, RouteError, RouteStats, Routes};
 
 /// The router's default SPIFFE ID, the only client ingress admits.
@@ -75,6 +76,7 @@ impl Ingress {
         let trust = crate::config::load_certs(&cfg.trust_bundle)?;
         let tls = tls::server_config(&cfg.credential_bundle, &trust, &cfg.allowed_client_id)?;
         let routes = Arc::new(Routes::new(cfg.pools, cfg.sandbox_socket));
+        let hibernation = Hibernation::new(cfg.hibernate_after);
         let connect = ConnectServer::new(
             Arc::new(connect::IngressConnect {
                 routes: routes.clone(),
@@ -83,9 +85,10 @@ impl Ingress {
             tls.clone(),
             cfg.socket,
             H2Settings::default(),
+            hibernation.clone(),
         );
         Ok(Arc::new(Self {
-            hibernation: Hibernation::new(cfg.hibernate_after),
+            hibernation,
             cfg,
             routes,
             tls,
@@ -164,7 +167,7 @@ impl Ingress {
                 // Boxed: the handshake's state is needed only until it ends.
                 let accept = tokio::time::timeout(
                     https::HEADER_READ_TIMEOUT,
-                    Box::pin(acceptor.accept(tcp)),
+                    Box::pin(acceptor.accept(RecordTracking::new(tcp))),
                 );
                 if let Ok(Ok(tls)) = accept.await {
                     router_conn::serve(Box::new(tls), routes, client, hibernation, cancel).await;

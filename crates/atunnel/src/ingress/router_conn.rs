@@ -4,13 +4,15 @@
 //! An HTTP/1.1 keep-alive connection hibernates: once it has been idle for
 //! `hibernate_after`, hyper is stopped between requests (it is idle then, so
 //! nothing is sent and the peer sees no change), which frees its read and
-//! write buffers and parsed state; only the TLS stream is kept, waiting for
+//! write buffers and parsed state, and the TLS stream drops its rustls
+//! session for its traffic keys; only that is kept, waiting for
 //! readability, and the next byte starts a fresh hyper connection on it.
 //!
-//! HTTP/2 connections do not hibernate: h2 keeps its codec buffers and HPACK
-//! tables for the connection's life and cannot hand them back without a
-//! GOAWAY, which the router would see. Routers multiplex many requests over
-//! few HTTP/2 connections, so there are few of them to idle.
+//! An HTTP/2 connection hibernates its TLS stream the same way, but h2 keeps
+//! its codec buffers and HPACK tables for the connection's life and cannot
+//! hand them back without a GOAWAY, which the router would see. Routers
+//! multiplex many requests over few HTTP/2 connections, so there are few of
+//! them to idle.
 
 use std::future::poll_fn;
 use std::net::SocketAddr;
@@ -18,45 +20,53 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use atunnel_core::endpoint::ReadReady;
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 use super::https::{self, ProxyBody};
 use super::routes::Routes;
-use crate::hibernate::{Activity, ActivityIo, Hibernation, InFlight};
+use crate::hibernate::{Activity, ActivityIo, Hibernation, InFlight, with_hibernation};
+use crate::server_tls::{RustlsStream, ServerTls};
 
 /// Serves `tls` until the router closes it or `cancel` (then gracefully).
 pub async fn serve(
-    tls: Tls,
+    tls: Box<RustlsStream>,
     routes: Arc<Routes>,
     client: SocketAddr,
     hibernation: Arc<Hibernation>,
     cancel: CancellationToken,
 ) {
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let activity = Arc::new(Activity::default());
+    let io = ActivityIo::new(
+        ServerTls::Rustls(tls),
+        activity.clone(),
+        hibernation.clone(),
+    );
     // Boxed: hyper's connection state is large, and a future holds room
     // for its largest state for as long as the connection lives; on the heap
     // it exists only while in use (and not while hibernated).
-    if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
-        Box::pin(serve_h2(tls, routes, client, cancel)).await
+    if h2 {
+        let conn = Box::pin(serve_h2(io, routes, client, cancel));
+        with_hibernation(conn, &activity, &hibernation).await
     } else {
-        serve_h1(tls, routes, client, &hibernation, cancel).await
+        serve_h1(io, activity, routes, client, &hibernation, cancel).await
     }
 }
 
-async fn serve_h2(tls: Tls, routes: Arc<Routes>, client: SocketAddr, cancel: CancellationToken) {
+async fn serve_h2(io: Io, routes: Arc<Routes>, client: SocketAddr, cancel: CancellationToken) {
     let service = hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req));
     let conn = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .initial_stream_window_size(256 * 1024)
         .initial_connection_window_size(1024 * 1024)
-        .serve_connection(TokioIo::new(tls), service);
+        .serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => {}
@@ -67,11 +77,7 @@ async fn serve_h2(tls: Tls, routes: Arc<Routes>, client: SocketAddr, cancel: Can
     }
 }
 
-/// Boxed: a TLS stream is over a kilobyte, and each future it moves
-/// through would otherwise keep a copy's worth of room for the connection's
-/// whole life.
-pub type Tls = Box<TlsStream<TcpStream>>;
-type Io = ActivityIo<Tls>;
+type Io = ActivityIo<ServerTls>;
 type ServiceFuture =
     Pin<Box<dyn Future<Output = Result<Response<Tracked>, std::convert::Infallible>> + Send>>;
 
@@ -83,14 +89,13 @@ enum Stopped {
 }
 
 async fn serve_h1(
-    tls: Tls,
+    mut io: Io,
+    activity: Arc<Activity>,
     routes: Arc<Routes>,
     client: SocketAddr,
     hibernation: &Arc<Hibernation>,
     cancel: CancellationToken,
 ) {
-    let activity = Arc::new(Activity::default());
-    let mut io: Io = ActivityIo::new(tls, activity.clone());
     let mut service = {
         let activity = activity.clone();
         hyper::service::service_fn(move |req: Request<Incoming>| -> ServiceFuture {
@@ -142,9 +147,11 @@ async fn serve_h1(
             continue;
         }
         drop(read_buf);
+        // The TLS session too, when nothing of the connection is inside it.
+        io.get_mut().hibernate();
         let _sleeping = hibernation.enter();
         tokio::select! {
-            r = io.get_ref().get_ref().0.readable() => if r.is_err() { return },
+            r = poll_fn(|cx| io.poll_read_ready(cx)) => if r.is_err() { return },
             _ = cancel.cancelled() => {
                 let _ = io.shutdown().await;
                 return;
