@@ -11,6 +11,7 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -183,7 +184,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
         // into each future it moves through) and h2's connection state are
         // boxed: a future keeps room for its largest state for the whole
         // connection, idle or not.
-        let tls = Box::new(Box::pin(accept_tls(&self.acceptor, tcp)).await?);
+        let tls = Box::pin(accept_tls(&self.acceptor, tcp)).await?;
         let peer = self.handler.peer(tls.get_ref().1)?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let activity = Arc::new(Activity::default());
@@ -216,7 +217,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
         let streams = TaskTracker::new();
         // Accepting drives the whole connection, open streams included.
         while let Some(accepted) =
-            with_hibernation(conn.accept(), activity, &self.hibernation).await
+            with_hibernation(pin!(conn.accept()), activity, &self.hibernation).await
         {
             let (request, mut respond) = accepted.map_err(io::Error::other)?;
             let this = self.clone();
@@ -238,7 +239,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
                         headers: &parts.headers,
                         client,
                     };
-                    (this.handler.open(&peer, req).await, body)
+                    (Box::pin(this.handler.open(&peer, req)).await, body)
                 };
                 match answer {
                     Answer::Refuse {
@@ -272,16 +273,15 @@ impl<H: ConnectHandler> ConnectServer<H> {
         client: SocketAddr,
     ) -> io::Result<()> {
         // The request head and its parsed form live only in this block, not
-        // for the tunnel's whole life.
-        let answer = {
+        // for the tunnel's whole life; boxed, so that neither does room for
+        // reading the head and opening the target (a dial and its timers).
+        let answer = Box::pin(async {
             let head = tokio::time::timeout(HANDSHAKE_TIMEOUT, http1::read_head(&mut tls))
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "CONNECT head timed out"))??;
             let request = match http1::parse_request(&head) {
                 Ok(r) => r,
-                Err(e) => {
-                    return respond_h1(&mut tls, 400, "Bad Request", &[], &e.to_string()).await;
-                }
+                Err(e) => return Ok(Answer::refuse(400, "Bad Request", e.to_string())),
             };
             let mut headers = http::HeaderMap::new();
             for (name, value) in &request.headers {
@@ -299,8 +299,9 @@ impl<H: ConnectHandler> ConnectServer<H> {
                 headers: &headers,
                 client,
             };
-            self.handler.open(&peer, req).await
-        };
+            io::Result::Ok(self.handler.open(&peer, req).await)
+        })
+        .await?;
         match answer {
             Answer::Refuse {
                 status,
@@ -312,7 +313,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
                 tls.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                     .await?;
                 tls.flush().await?;
-                let run = self.handler.run(target, &mut tls);
+                let run = pin!(self.handler.run(target, &mut tls));
                 with_hibernation(run, activity, &self.hibernation).await;
                 Ok(())
             }
@@ -324,7 +325,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
 /// refused client certificate, say), the alert has been written; closing at
 /// once would turn the client's in-flight Finished into a reset that can
 /// destroy the alert before it is read, so half-close and drain briefly first.
-pub async fn accept_tls(acceptor: &TlsAcceptor, tcp: TcpStream) -> io::Result<RustlsStream> {
+pub async fn accept_tls(acceptor: &TlsAcceptor, tcp: TcpStream) -> io::Result<Box<RustlsStream>> {
     let accept = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
         acceptor.accept(RecordTracking::new(tcp)).into_fallible(),
@@ -334,7 +335,7 @@ pub async fn accept_tls(acceptor: &TlsAcceptor, tcp: TcpStream) -> io::Result<Ru
             io::ErrorKind::TimedOut,
             "TLS handshake timed out",
         )),
-        Ok(Ok(tls)) => Ok(tls),
+        Ok(Ok(tls)) => Ok(Box::new(tls)),
         Ok(Err((e, mut tcp))) => {
             use tokio::io::AsyncReadExt;
             let _ = tcp.shutdown().await;

@@ -11,7 +11,7 @@
 //! that went quiet hibernates between one and two periods after its last byte.
 
 use std::io;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
@@ -135,16 +135,17 @@ impl Drop for Sleeping {
 /// period asks that stream to hibernate. The stream does it from inside its
 /// next read (the only place that owns it), so `fut` is polled once more
 /// right after asking; protocols that keep a read pending while idle (h2,
-/// hyper's HTTP/1, the relay) get there at once.
+/// hyper's HTTP/1, the relay) get there at once. `fut` is pinned by the
+/// caller: taken by value, it would be stored twice in this future (as the
+/// argument and pinned), for the connection's whole life.
 pub async fn with_hibernation<F: Future>(
-    fut: F,
+    mut fut: Pin<&mut F>,
     activity: &Activity,
     hibernation: &Hibernation,
 ) -> F::Output {
     let Some(period) = hibernation.after() else {
         return fut.await;
     };
-    let mut fut = pin!(fut);
     loop {
         tokio::select! {
             biased;

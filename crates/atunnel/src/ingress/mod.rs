@@ -164,13 +164,17 @@ impl Ingress {
                 if socket.apply(&tcp).is_err() {
                     return;
                 }
-                // Boxed: the handshake's state is needed only until it ends.
-                let accept = tokio::time::timeout(
-                    https::HEADER_READ_TIMEOUT,
-                    Box::pin(acceptor.accept(RecordTracking::new(tcp))),
-                );
-                if let Ok(Ok(tls)) = accept.await {
-                    router_conn::serve(Box::new(tls), routes, client, hibernation, cancel).await;
+                // Boxed: the handshake's state is needed only until it ends,
+                // and the TLS stream it yields is over a kilobyte, which this
+                // future would keep room for all its life if it came out
+                // unboxed.
+                let accept = Box::pin(async move {
+                    let tls = acceptor.accept(RecordTracking::new(tcp)).await?;
+                    std::io::Result::Ok(Box::new(tls))
+                });
+                if let Ok(Ok(tls)) = tokio::time::timeout(https::HEADER_READ_TIMEOUT, accept).await
+                {
+                    router_conn::serve(tls, routes, client, hibernation, cancel).await;
                 }
             };
             HTTPS_FUTURE_BYTES.store(std::mem::size_of_val(&fut), Ordering::Relaxed);

@@ -53,8 +53,8 @@ pub async fn serve(
     // for its largest state for as long as the connection lives; on the heap
     // it exists only while in use (and not while hibernated).
     if h2 {
-        let conn = Box::pin(serve_h2(io, routes, client, cancel));
-        with_hibernation(conn, &activity, &hibernation).await
+        let mut conn = Box::pin(serve_h2(io, routes, client, cancel));
+        with_hibernation(conn.as_mut(), &activity, &hibernation).await
     } else {
         serve_h1(io, activity, routes, client, &hibernation, cancel).await
     }
