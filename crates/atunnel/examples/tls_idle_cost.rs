@@ -1,5 +1,6 @@
-//! Heap one idle TLS server connection holds (rustls through tokio-rustls)
-//! after its handshake and one small exchange, for docs/memory.md. Both ends
+//! Heap one idle TLS server connection holds after its handshake and one
+//! small exchange, awake (rustls through tokio-rustls) and hibernated (its
+//! traffic keys alone, atunnel::server_tls), for docs/memory.md. Both ends
 //! live in this process, so the server side is measured as what is freed
 //! when only the server ends are dropped.
 //! Run: `cargo run --release -p atunnel --example tls_idle_cost`.
@@ -7,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use atunnel::server_tls::{RecordStream, RecordTracking, ServerTls};
 use atunnel_core::alloc::{CountingAlloc, live_bytes};
 use atunnel_identity::pki::{CertificateAuthority, Usage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,12 +45,15 @@ async fn main() {
     )
     .build()
     .expect("verifier");
-    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+    let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .expect("versions")
         .with_client_cert_verifier(verifier)
         .with_single_cert(server_cert.chain.clone(), server_cert.key.clone_key())
         .expect("server config");
+    // As atunnel's ingress (crate::ingress::tls).
+    server.enable_secret_extraction = true;
+    server.ticketer = rustls::crypto::ring::Ticketer::new().expect("ticketer");
     let client = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("versions")
@@ -67,8 +72,9 @@ async fn main() {
     for _ in 0..N {
         let (c, s) = tokio::join!(TcpStream::connect(addr), listener.accept());
         let (c, (s, _)) = (c.expect("connect"), s.expect("accept"));
+        let s = RecordTracking::new(s);
         let (c, s) = tokio::join!(connector.connect(name.clone(), c), acceptor.accept(s));
-        let (mut c, mut s) = (c.expect("client tls"), s.expect("server tls"));
+        let (mut c, mut s) = (c.expect("client tls"), ServerTls::new(s.expect("server tls")));
         // One small request and answer, as a keep-alive connection has had.
         c.write_all(&[b'q'; 200]).await.expect("write");
         let mut buf = [0u8; 200];
@@ -79,19 +85,29 @@ async fn main() {
         servers.push(s);
         clients.push(c);
     }
-    let with_servers = live_bytes();
-    let stream = std::mem::size_of::<tokio_rustls::server::TlsStream<TcpStream>>();
+    let awake = live_bytes();
+    for s in &mut servers {
+        assert!(s.hibernate(), "an idle TLS 1.3 connection hibernates");
+    }
+    let hibernated = live_bytes();
     drop(servers);
-    let per = (with_servers - live_bytes()) as f64 / N as f64;
+    let gone = live_bytes();
+    let per = |bytes: usize| (bytes - gone) as f64 / N as f64;
+    let stream = std::mem::size_of::<tokio_rustls::server::TlsStream<RecordTracking>>();
     println!(
-        "idle TLS server connection: {per:.0} B of heap per connection (the TlsStream struct itself {stream} B of it; the rest rustls's buffers, keys and the peer's certificates, and tokio's socket registration)"
+        "idle TLS server connection, awake: {:.0} B of heap per connection (the boxed TlsStream {stream} B of it; the rest rustls's buffers, keys and the peer's certificates, and tokio's socket registration)",
+        per(awake)
+    );
+    println!(
+        "hibernated: {:.0} B per connection (the boxed RecordStream {} B: socket, two traffic keys and IVs with their sequence numbers, empty buffers)",
+        per(hibernated),
+        std::mem::size_of::<RecordStream>()
     );
     drop(clients);
-    // What outlives every connection: the server's session cache (256
-    // entries by default, two TLS 1.3 tickets per connection, each holding
-    // the client's certificate chain) and the client's.
+    // What outlives every connection: the client's session cache (the
+    // server's tickets are stateless).
     println!(
-        "kept after all {N} connections closed (both ends' session caches, bounded): {} B",
+        "kept after all {N} connections closed (the client's session cache, bounded): {} B",
         live_bytes() - start
     );
 }
