@@ -74,7 +74,10 @@ async fn main() {
         let (c, (s, _)) = (c.expect("connect"), s.expect("accept"));
         let s = RecordTracking::new(s);
         let (c, s) = tokio::join!(connector.connect(name.clone(), c), acceptor.accept(s));
-        let (mut c, mut s) = (c.expect("client tls"), ServerTls::new(s.expect("server tls")));
+        let (mut c, mut s) = (
+            c.expect("client tls"),
+            ServerTls::new(s.expect("server tls")),
+        );
         // One small request and answer, as a keep-alive connection has had.
         c.write_all(&[b'q'; 200]).await.expect("write");
         let mut buf = [0u8; 200];

@@ -182,7 +182,11 @@ async fn hold(
     // size to each actor on a connection of its own, closed after; hyper
     // keeps a pooled connection's grown read buffer) so that the
     // per-connection figures do not carry them.
-    let warm = if case == Case::H1Page { Case::H1Page } else { Case::H1Short };
+    let warm = if case == Case::H1Page {
+        Case::H1Page
+    } else {
+        Case::H1Short
+    };
     for i in 0..actors {
         let mut c = open(bench, warm, i).await?;
         request(&mut c, warm, i).await?;
