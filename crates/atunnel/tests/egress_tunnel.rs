@@ -97,6 +97,58 @@ async fn bytes_reach_the_destination_and_come_back(proto: Proto) {
     );
 }
 
+/// An egress tunnel has nothing to hibernate: once its bytes stop, it holds
+/// no buffer (they return to the pool as each chunk is written), and the
+/// next bytes flow as before.
+async fn an_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes(proto: Proto) {
+    let echo = echo_server().await;
+    let (addr, _gw, _cancel, egress) = one_actor_through(proto, echo).await;
+    let (mut r, mut w) = TcpStream::connect(addr)
+        .await
+        .expect("connect")
+        .into_split();
+    for (round, len) in [(1u64, 1usize << 20), (2, 100_000), (3, 1)] {
+        let data = random(len, round);
+        let (writes, mut got) = (data.clone(), vec![0u8; len]);
+        let (_, read) = tokio::join!(
+            async { w.write_all(&writes).await.expect("write") },
+            r.read_exact(&mut got)
+        );
+        read.expect("read");
+        assert!(
+            got == data,
+            "{}: round {round} came back altered",
+            proto.name()
+        );
+        // The pool's counter is changed by the tunnel's task; poll it.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while egress.pool().stats().in_use > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: an idle tunnel holds {:?}",
+                proto.name(),
+                egress.pool().stats()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    assert_eq!(
+        egress.stats().tunnels_total,
+        1,
+        "one tunnel carried every round"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes() {
+    an_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes(Proto::H2).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h1_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes() {
+    an_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes(Proto::H1).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2_bytes_reach_the_destination_and_come_back() {
     bytes_reach_the_destination_and_come_back(Proto::H2).await;
