@@ -27,9 +27,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::hibernate::{Activity, ActivityIo, Hibernation, with_hibernation};
 use crate::http1;
-use crate::server_tls::{RecordTracking, RustlsStream, ServerTls};
+use crate::server_tls::{self, ServerTls};
 
-type Io = ActivityIo<ServerTls>;
+type Io = ActivityIo;
 
 /// How long a client has to finish TLS and send its CONNECT.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -184,7 +184,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
         // into each future it moves through) and h2's connection state are
         // boxed: a future keeps room for its largest state for the whole
         // connection, idle or not.
-        let tls = Box::pin(accept_tls(&self.acceptor, tcp)).await?;
+        let tls = Box::pin(server_tls::accept(&self.acceptor, tcp, HANDSHAKE_TIMEOUT)).await?;
         let peer = self.handler.peer(tls.get_ref().1)?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let activity = Arc::new(Activity::default());
@@ -317,32 +317,6 @@ impl<H: ConnectHandler> ConnectServer<H> {
                 with_hibernation(run, activity, &self.hibernation).await;
                 Ok(())
             }
-        }
-    }
-}
-
-/// Accepts TLS within [`HANDSHAKE_TIMEOUT`]. When the handshake fails (a
-/// refused client certificate, say), the alert has been written; closing at
-/// once would turn the client's in-flight Finished into a reset that can
-/// destroy the alert before it is read, so half-close and drain briefly first.
-pub async fn accept_tls(acceptor: &TlsAcceptor, tcp: TcpStream) -> io::Result<Box<RustlsStream>> {
-    let accept = tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
-        acceptor.accept(RecordTracking::new(tcp)).into_fallible(),
-    );
-    match accept.await {
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "TLS handshake timed out",
-        )),
-        Ok(Ok(tls)) => Ok(Box::new(tls)),
-        Ok(Err((e, mut tcp))) => {
-            use tokio::io::AsyncReadExt;
-            let _ = tcp.shutdown().await;
-            let mut sink = [0u8; 1024];
-            let drain = async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} };
-            let _ = tokio::time::timeout(Duration::from_millis(250), drain).await;
-            Err(e)
         }
     }
 }

@@ -23,6 +23,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::server_tls::ServerTls;
+
 /// The default `--hibernate-after`.
 pub const DEFAULT_AFTER: Duration = Duration::from_secs(15);
 
@@ -155,18 +157,6 @@ pub async fn with_hibernation<F: Future>(
     }
 }
 
-/// Something that can free what it holds while its connection is idle.
-pub trait Hibernate {
-    /// Returns true when it did (and is now hibernated until its next I/O).
-    fn hibernate(&mut self) -> bool;
-}
-
-impl Hibernate for crate::server_tls::ServerTls {
-    fn hibernate(&mut self) -> bool {
-        crate::server_tls::ServerTls::hibernate(self)
-    }
-}
-
 /// One connection's traffic, as seen by its idle timer.
 #[derive(Debug, Default)]
 pub struct Activity {
@@ -212,22 +202,21 @@ impl Drop for InFlight {
     }
 }
 
-/// A stream that records each read and write in its [`Activity`], can
-/// replay bytes an earlier HTTP parser had read but not used, and
-/// hibernates its inner stream when [`with_hibernation`] asks.
-pub struct ActivityIo<T> {
-    inner: T,
+/// A connection's TLS stream, which records each read and write in its
+/// [`Activity`], can replay bytes an earlier HTTP parser had read but not
+/// used, and hibernates when [`with_hibernation`] asks.
+pub struct ActivityIo {
+    inner: ServerTls,
     activity: Arc<Activity>,
     /// Read before hibernating and not yet consumed; empty almost always.
     replay: Bytes,
     hibernation: Arc<Hibernation>,
-    /// Held while the inner stream is hibernated at [`with_hibernation`]'s
-    /// request, until its next I/O.
+    /// Held while the connection is hibernated, until its next I/O.
     sleeping: Option<Sleeping>,
 }
 
-impl<T> ActivityIo<T> {
-    pub fn new(inner: T, activity: Arc<Activity>, hibernation: Arc<Hibernation>) -> Self {
+impl ActivityIo {
+    pub fn new(inner: ServerTls, activity: Arc<Activity>, hibernation: Arc<Hibernation>) -> Self {
         Self {
             inner,
             activity,
@@ -237,16 +226,8 @@ impl<T> ActivityIo<T> {
         }
     }
 
-    pub fn get_ref(&self) -> &T {
+    pub fn get_ref(&self) -> &ServerTls {
         &self.inner
-    }
-
-    pub fn get_mut(&mut self) -> &mut T {
-        &mut self.inner
-    }
-
-    pub fn activity(&self) -> &Arc<Activity> {
-        &self.activity
     }
 
     /// Bytes to hand out before reading from the stream again.
@@ -254,12 +235,14 @@ impl<T> ActivityIo<T> {
         self.replay = bytes;
     }
 
-    pub fn has_replay(&self) -> bool {
-        !self.replay.is_empty()
+    /// Hibernates now (the caller has dropped what it held above the
+    /// stream): the TLS session goes if it can, and the connection counts
+    /// as hibernated until its next I/O.
+    pub fn sleep(&mut self) {
+        self.inner.hibernate();
+        self.sleeping = Some(self.hibernation.enter());
     }
-}
 
-impl<T: Hibernate> ActivityIo<T> {
     fn touched(&mut self) {
         self.activity.touch();
         self.sleeping = None;
@@ -279,7 +262,7 @@ impl<T: Hibernate> ActivityIo<T> {
     }
 }
 
-impl<T: AsyncRead + Hibernate + Unpin> AsyncRead for ActivityIo<T> {
+impl AsyncRead for ActivityIo {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -303,7 +286,7 @@ impl<T: AsyncRead + Hibernate + Unpin> AsyncRead for ActivityIo<T> {
     }
 }
 
-impl<T: ReadReady + Hibernate> ReadReady for ActivityIo<T> {
+impl ReadReady for ActivityIo {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.replay.is_empty() {
             return Poll::Ready(Ok(()));
@@ -316,7 +299,7 @@ impl<T: ReadReady + Hibernate> ReadReady for ActivityIo<T> {
     }
 }
 
-impl<T: AsyncWrite + Hibernate + Unpin> AsyncWrite for ActivityIo<T> {
+impl AsyncWrite for ActivityIo {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

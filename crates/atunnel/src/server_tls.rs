@@ -15,10 +15,12 @@
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use atunnel_core::endpoint::ReadReady;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use crate::tls_records::{self, CLOSE_NOTIFY, Direction, MAX_PLAINTEXT, MAX_RECORD, Opened};
@@ -126,6 +128,37 @@ impl ReadReady for RecordTracking {
 }
 
 pub type RustlsStream = TlsStream<RecordTracking>;
+
+/// Accepts TLS on `tcp` within `timeout`. The stream comes boxed: it is
+/// over a kilobyte, and a future it came out of unboxed would keep room for
+/// it for the connection's life. When the handshake fails (a refused client
+/// certificate, say), the alert has been written; closing at once would turn
+/// the client's in-flight Finished into a reset that can destroy the alert
+/// before it is read, so half-close and drain briefly first.
+pub async fn accept(
+    acceptor: &TlsAcceptor,
+    tcp: TcpStream,
+    timeout: Duration,
+) -> io::Result<Box<RustlsStream>> {
+    let accept = tokio::time::timeout(
+        timeout,
+        acceptor.accept(RecordTracking::new(tcp)).into_fallible(),
+    );
+    match accept.await {
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "TLS handshake timed out",
+        )),
+        Ok(Ok(tls)) => Ok(Box::new(tls)),
+        Ok(Err((e, mut tcp))) => {
+            let _ = tcp.shutdown().await;
+            let mut sink = [0u8; 1024];
+            let drain = async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} };
+            let _ = tokio::time::timeout(Duration::from_millis(250), drain).await;
+            Err(e)
+        }
+    }
+}
 
 /// An accepted TLS connection, with rustls or, once it has hibernated, with
 /// its traffic keys alone.
@@ -257,17 +290,15 @@ impl RecordStream {
     fn sleep(&mut self) {
         self.rx.sleep();
         self.tx.sleep();
-        self.release_buffers();
+        self.release_incoming();
     }
 
-    fn release_buffers(&mut self) {
+    /// Drops the read buffer once everything in it was handed out (the
+    /// write buffer goes as soon as it is sent, in `poll_send_outgoing`).
+    fn release_incoming(&mut self) {
         if self.plain.is_empty() && self.start == self.filled {
             self.incoming = Vec::new();
             (self.filled, self.start, self.plain) = (0, 0, 0..0);
-        }
-        if self.written == self.outgoing.len() {
-            self.outgoing = Vec::new();
-            self.written = 0;
         }
     }
 
@@ -304,7 +335,7 @@ impl AsyncRead for RecordStream {
                 let n = this.plain.len().min(buf.remaining());
                 buf.put_slice(&this.incoming[this.plain.start..this.plain.start + n]);
                 this.plain.start += n;
-                this.release_buffers();
+                this.release_incoming();
                 return Poll::Ready(Ok(()));
             }
             if this.read_closed {
@@ -331,7 +362,7 @@ impl AsyncRead for RecordStream {
             let mut read = ReadBuf::new(&mut this.incoming[this.filled..]);
             match Pin::new(&mut this.tcp).poll_read(cx, &mut read) {
                 Poll::Pending => {
-                    this.release_buffers();
+                    this.release_incoming();
                     return Poll::Pending;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),

@@ -119,10 +119,6 @@ impl Direction {
         self.expanded = None;
     }
 
-    pub fn seq(&self) -> u64 {
-        self.seq
-    }
-
     fn key(&mut self) -> &LessSafeKey {
         let (algorithm, key) = (self.algorithm, &self.key);
         self.expanded.get_or_insert_with(|| {

@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::connect_server::{ConnectServer, H2Settings};
 use crate::hibernate::Hibernation;
-use crate::server_tls::RecordTracking;
+use crate::server_tls;
 use routes::{ActorDialer, PoolSettings, RouteError, RouteStats, Routes};
 
 /// The router's default SPIFFE ID, the only client ingress admits.
@@ -164,16 +164,9 @@ impl Ingress {
                 if socket.apply(&tcp).is_err() {
                     return;
                 }
-                // Boxed: the handshake's state is needed only until it ends,
-                // and the TLS stream it yields is over a kilobyte, which this
-                // future would keep room for all its life if it came out
-                // unboxed.
-                let accept = Box::pin(async move {
-                    let tls = acceptor.accept(RecordTracking::new(tcp)).await?;
-                    std::io::Result::Ok(Box::new(tls))
-                });
-                if let Ok(Ok(tls)) = tokio::time::timeout(https::HEADER_READ_TIMEOUT, accept).await
-                {
+                // Boxed: the handshake's state is needed only until it ends.
+                let accept = server_tls::accept(&acceptor, tcp, https::HEADER_READ_TIMEOUT);
+                if let Ok(tls) = Box::pin(accept).await {
                     router_conn::serve(tls, routes, client, hibernation, cancel).await;
                 }
             };

@@ -77,7 +77,7 @@ async fn serve_h2(io: Io, routes: Arc<Routes>, client: SocketAddr, cancel: Cance
     }
 }
 
-type Io = ActivityIo<ServerTls>;
+type Io = ActivityIo;
 type ServiceFuture =
     Pin<Box<dyn Future<Output = Result<Response<Tracked>, std::convert::Infallible>> + Send>>;
 
@@ -148,8 +148,7 @@ async fn serve_h1(
         }
         drop(read_buf);
         // The TLS session too, when nothing of the connection is inside it.
-        io.get_mut().hibernate();
-        let _sleeping = hibernation.enter();
+        io.sleep();
         tokio::select! {
             r = poll_fn(|cx| io.poll_read_ready(cx)) => if r.is_err() { return },
             _ = cancel.cancelled() => {
