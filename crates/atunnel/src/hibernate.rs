@@ -71,6 +71,15 @@ impl Hibernation {
         self.after
     }
 
+    /// Resolves once `activity` has been idle for a whole period; never
+    /// when hibernation is off.
+    pub async fn idle(&self, activity: &Activity) {
+        match self.after {
+            Some(after) => activity.idle_for(after).await,
+            None => std::future::pending().await,
+        }
+    }
+
     pub fn stats(&self) -> HibernationStats {
         HibernationStats {
             hibernating: self.sleeping.load(Ordering::Relaxed),
@@ -180,7 +189,7 @@ impl Activity {
 
     /// Resolves once a whole `period` passed with no I/O and no request in
     /// flight (checked once per period, so between one and two periods).
-    pub async fn idle_for(&self, period: Duration) {
+    async fn idle_for(&self, period: Duration) {
         let mut seen = self.io_events.load(Ordering::Relaxed);
         loop {
             tokio::time::sleep(period).await;

@@ -105,8 +105,9 @@ pub struct HostArgs {
     /// tunnel (0: readiness, no buffer; the reference used 512).
     #[arg(long, default_value_t = 0)]
     pub wait_buffer: usize,
-    /// Idle time after which an ingress HTTP/1.1 connection drops its
-    /// buffers until its next byte ("15s", "100ms"; 0 never).
+    /// Idle time after which an ingress connection drops its rustls session
+    /// for its traffic keys and, over HTTP/1.1, hyper's buffers until its
+    /// next byte ("15s", "100ms"; 0 never).
     #[arg(long, default_value = "15s", value_parser = crate::config::parse_duration)]
     pub hibernate_after: std::time::Duration,
     /// Where /stats is served.
@@ -119,7 +120,7 @@ pub struct HostArgs {
 }
 
 /// One hosted actor, as printed when ready.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostedActor {
     pub name: String,
     /// Sandbox network: the runtime namespace the actor's programs run in.
@@ -129,7 +130,7 @@ pub struct HostedActor {
 }
 
 /// Printed as one JSON line once every actor is active.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostReady {
     pub stats: SocketAddr,
     /// Ingress HTTPS and CONNECT addresses, when ingress is on.

@@ -1,6 +1,7 @@
 //! What every atunnel process entry point does: logging to stderr, a
-//! multi-threaded runtime with as many workers as the cgroup's CPU quota, a stop token cancelled by Ctrl-C or SIGTERM (what
-//! a supervisor sends), and the error as the exit message.
+//! multi-threaded runtime with as many workers as the cgroup's CPU quota, a
+//! stop token cancelled by Ctrl-C or SIGTERM (what a supervisor sends), and
+//! the error as the exit message.
 
 use std::future::Future;
 use std::process::ExitCode;

@@ -40,7 +40,7 @@ pub struct Stats {
     pub pool: PoolStatsJson,
     pub egress: Option<EgressStats>,
     pub ingress: Option<crate::ingress::routes::RouteStats>,
-    /// HTTP/1.1 ingress connections hibernated now, and counts so far.
+    /// Ingress connections hibernated now, and counts so far.
     pub hibernation: Option<crate::hibernate::HibernationStats>,
 }
 
@@ -68,6 +68,9 @@ impl From<PoolStats> for PoolStatsJson {
 }
 
 pub fn process_stats() -> ProcessStats {
+    let runtime = tokio::runtime::Handle::try_current()
+        .ok()
+        .map(|h| h.metrics());
     let (user, system) =
         match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
             Ok(u) => (timeval_s(u.user_time()), timeval_s(u.system_time())),
@@ -90,12 +93,8 @@ pub fn process_stats() -> ProcessStats {
         open_fds: std::fs::read_dir("/proc/self/fd")
             .map(|d| d.count())
             .unwrap_or(0),
-        tasks: tokio::runtime::Handle::try_current()
-            .map(|h| h.metrics().num_alive_tasks())
-            .unwrap_or(0),
-        worker_threads: tokio::runtime::Handle::try_current()
-            .map(|h| h.metrics().num_workers())
-            .unwrap_or(0),
+        tasks: runtime.as_ref().map_or(0, |m| m.num_alive_tasks()),
+        worker_threads: runtime.as_ref().map_or(0, |m| m.num_workers()),
     }
 }
 

@@ -45,8 +45,8 @@ pub struct IngressConfig {
     pub sandbox_socket: SocketOptions,
     /// How long deactivation waits for in-flight requests and tunnels.
     pub drain_timeout: Duration,
-    /// Idle time after which an HTTP/1.1 connection drops its buffers
-    /// (zero: never).
+    /// Idle time after which a connection drops its rustls session for its
+    /// traffic keys and, over HTTP/1.1, hyper's buffers (zero: never).
     pub hibernate_after: Duration,
 }
 

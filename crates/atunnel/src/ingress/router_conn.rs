@@ -122,7 +122,7 @@ async fn serve_h1(
         let stopped = tokio::select! {
             _ = poll_fn(|cx| conn.poll_without_shutdown(cx)) => Stopped::Ended,
             _ = cancel.cancelled() => Stopped::Cancelled,
-            _ = idle(hibernation, &activity) => Stopped::Idle,
+            _ = hibernation.idle(&activity) => Stopped::Idle,
         };
         if !matches!(stopped, Stopped::Ended) {
             // Idle, or finishing the request in flight before closing.
@@ -156,13 +156,6 @@ async fn serve_h1(
                 return;
             }
         }
-    }
-}
-
-async fn idle(hibernation: &Hibernation, activity: &Activity) {
-    match hibernation.after() {
-        Some(after) => activity.idle_for(after).await,
-        None => std::future::pending().await,
     }
 }
 
