@@ -66,13 +66,9 @@ fn check_body(body: &[u8], path: &str) {
     }
 }
 
-/// Tests that read the process's heap take turns: another test's
-/// allocations would land in their difference.
-static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http1_connections_shrink_when_hibernated_and_serve_the_next_request() {
-    let _alone = MEASURING.lock().await;
+    let _alone = HEAP_MEASURING.lock().await;
     for path in ["/short", "/page"] {
         let (pki, running) = running(FAST).await;
         let h = running.ingress.hibernation().clone();
@@ -179,7 +175,7 @@ async fn freed_per_connection<C>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http2_connections_shrink_when_hibernated_and_serve_the_next_stream() {
-    let _alone = MEASURING.lock().await;
+    let _alone = HEAP_MEASURING.lock().await;
     let (pki, running) = running(FAST).await;
     let h = running.ingress.hibernation().clone();
     let mut conns = Vec::new();
@@ -200,7 +196,7 @@ async fn idle_http2_connections_shrink_when_hibernated_and_serve_the_next_stream
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connect_tunnels_shrink_when_hibernated_and_carry_the_next_bytes() {
-    let _alone = MEASURING.lock().await;
+    let _alone = HEAP_MEASURING.lock().await;
     let (pki, running) = running(FAST).await;
     let h = running.ingress.hibernation().clone();
     let mut tunnels = Vec::new();

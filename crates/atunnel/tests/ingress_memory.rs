@@ -100,6 +100,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_that_stops_reading_a_response_leaves_the_heap_bounded() {
+    let _alone = HEAP_MEASURING.lock().await;
     let _serial = SERIAL.lock().await;
     for h2 in [false, true] {
         let sent = Arc::new(AtomicU64::new(0));
@@ -127,6 +128,7 @@ async fn a_router_that_stops_reading_a_response_leaves_the_heap_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_that_stops_reading_a_tunnel_leaves_the_heap_bounded() {
+    let _alone = HEAP_MEASURING.lock().await;
     let _serial = SERIAL.lock().await;
     let flooded = Arc::new(AtomicU64::new(0));
     let pki = IngressPki::new();
@@ -174,6 +176,7 @@ async fn a_router_that_stops_reading_a_tunnel_leaves_the_heap_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_mib_up_and_down_stream_with_bounded_heap() {
+    let _alone = HEAP_MEASURING.lock().await;
     let _serial = SERIAL.lock().await;
     const N: u64 = 100 << 20;
     let sent = Arc::new(AtomicU64::new(0));

@@ -22,6 +22,10 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
+/// Tests that read the process's heap take turns: another test's
+/// allocations would land in their difference.
+pub static HEAP_MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The name the worker's serving certificate carries.
 pub const WORKER_NAME: &str = "worker.test";
 
