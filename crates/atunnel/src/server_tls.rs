@@ -235,7 +235,7 @@ fn can_leave_rustls(tls: &mut RustlsStream) -> Option<u64> {
     if conn.protocol_version() != Some(rustls::ProtocolVersion::TLSv1_3) {
         return None;
     }
-    let limit = tls_records::supports(conn.negotiated_cipher_suite()?)?;
+    let limit = tls_records::record_limit(conn.negotiated_cipher_suite()?)?;
     // Decrypts whatever whole records rustls has, so the check sees them.
     let state = conn.process_new_packets().ok()?;
     let idle = state.plaintext_bytes_to_read() == 0

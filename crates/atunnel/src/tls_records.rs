@@ -96,7 +96,7 @@ impl Direction {
             ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => {
                 (Algorithm::Chacha20Poly1305, key, iv)
             }
-            // Non-exhaustive; `supports` refuses other suites before
+            // Non-exhaustive; `record_limit` refuses other suites before
             // secrets are extracted.
             _ => return Err(io::Error::other("unsupported TLS cipher suite")),
         };
@@ -249,9 +249,10 @@ pub fn record_len(buf: &[u8]) -> io::Result<Option<usize>> {
     Ok((buf.len() >= len).then_some(len))
 }
 
-/// Whether this module can carry a connection with `suite`: TLS 1.3 only
-/// (TLS 1.2 records differ and stay with rustls).
-pub fn supports(suite: rustls::SupportedCipherSuite) -> Option<u64> {
+/// How many records one key may protect under `suite` (its confidentiality
+/// limit), when this module can carry it: TLS 1.3 only (TLS 1.2 records
+/// differ and stay with rustls).
+pub fn record_limit(suite: rustls::SupportedCipherSuite) -> Option<u64> {
     match suite {
         rustls::SupportedCipherSuite::Tls13(s) => {
             use rustls::CipherSuite::*;
