@@ -692,13 +692,11 @@ struct Hierarchy {
 /// One cgroup with CPU and memory limits; removed on drop.
 #[derive(Debug)]
 pub struct Cgroup {
-    version: CgroupVersion,
     name: String,
     /// One entry per distinct mount (v1: up to three; v2: one).
     hierarchies: Vec<Hierarchy>,
-    memory_dir: PathBuf,
-    cpu_dir: PathBuf,
-    cpuacct_dir: PathBuf,
+    /// The hierarchy and the group's memory, cpu and cpuacct directories.
+    dirs: CgroupDirs,
     removed: AtomicBool,
 }
 
@@ -723,13 +721,13 @@ impl Cgroup {
             CgroupVersion::V2 => Self::create_v2(name, &components, &layout)?,
         };
         // From here on, `cgroup` is removed on drop if a limit cannot be set.
-        match cgroup.version {
+        match cgroup.version() {
             CgroupVersion::V1 => cgroup.apply_v1_limits(limits)?,
             CgroupVersion::V2 => cgroup.apply_v2_limits(limits)?,
         }
         tracing::debug!(
             name,
-            version = ?cgroup.version,
+            version = ?cgroup.version(),
             paths = ?cgroup.paths(),
             cpus = limits.cpus,
             memory_bytes = limits.memory_bytes,
@@ -740,12 +738,14 @@ impl Cgroup {
 
     fn create_v1(name: &str, components: &[&str], layout: &Layout) -> Result<Self, CgroupError> {
         let mut cgroup = Cgroup {
-            version: CgroupVersion::V1,
             name: name.to_string(),
             hierarchies: Vec::new(),
-            memory_dir: PathBuf::new(),
-            cpu_dir: PathBuf::new(),
-            cpuacct_dir: PathBuf::new(),
+            dirs: CgroupDirs {
+                version: CgroupVersion::V1,
+                memory: PathBuf::new(),
+                cpu: PathBuf::new(),
+                cpuacct: PathBuf::new(),
+            },
             removed: AtomicBool::new(false),
         };
         // On error, dropping `cgroup` removes what was created so far.
@@ -769,10 +769,10 @@ impl Cgroup {
                 home,
             });
         }
-        if let [memory, cpu, cpuacct] = &leaves[..] {
-            cgroup.memory_dir = memory.clone();
-            cgroup.cpu_dir = cpu.clone();
-            cgroup.cpuacct_dir = cpuacct.clone();
+        if let Ok([memory, cpu, cpuacct]) = <[PathBuf; 3]>::try_from(leaves) {
+            cgroup.dirs.memory = memory;
+            cgroup.dirs.cpu = cpu;
+            cgroup.dirs.cpuacct = cpuacct;
         }
         Ok(cgroup)
     }
@@ -792,41 +792,43 @@ impl Cgroup {
         };
         let leaf = create_leaf(&base, components, enable_v2_controllers)?;
         Ok(Cgroup {
-            version: CgroupVersion::V2,
             name: name.to_string(),
             hierarchies: vec![Hierarchy {
                 base,
                 leaf: leaf.clone(),
                 home,
             }],
-            memory_dir: leaf.clone(),
-            cpu_dir: leaf.clone(),
-            cpuacct_dir: leaf,
+            dirs: CgroupDirs {
+                version: CgroupVersion::V2,
+                memory: leaf.clone(),
+                cpu: leaf.clone(),
+                cpuacct: leaf,
+            },
             removed: AtomicBool::new(false),
         })
     }
 
     fn apply_v1_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
         write_file(
-            &self.cpu_dir.join("cpu.cfs_period_us"),
+            &self.dirs.cpu.join("cpu.cfs_period_us"),
             &CPU_PERIOD_US.to_string(),
         )?;
         write_file(
-            &self.cpu_dir.join("cpu.cfs_quota_us"),
+            &self.dirs.cpu.join("cpu.cfs_quota_us"),
             &cpu_quota_us(limits.cpus).to_string(),
         )?;
         let memory = limits.memory_bytes.to_string();
         // memory.limit_in_bytes must not exceed memsw: set it first.
-        write_file(&self.memory_dir.join("memory.limit_in_bytes"), &memory)?;
-        let memsw = self.memory_dir.join("memory.memsw.limit_in_bytes");
+        write_file(&self.dirs.memory.join("memory.limit_in_bytes"), &memory)?;
+        let memsw = self.dirs.memory.join("memory.memsw.limit_in_bytes");
         if memsw.exists() {
             write_file(&memsw, &memory)?;
         }
-        let swappiness = self.memory_dir.join("memory.swappiness");
+        let swappiness = self.dirs.memory.join("memory.swappiness");
         if swappiness.exists() {
             write_file(&swappiness, "0")?;
         }
-        let tcp = self.memory_dir.join("memory.kmem.tcp.limit_in_bytes");
+        let tcp = self.dirs.memory.join("memory.kmem.tcp.limit_in_bytes");
         if tcp.exists() {
             write_file(&tcp, V1_UNLIMITED)?;
         }
@@ -834,7 +836,7 @@ impl Cgroup {
     }
 
     fn apply_v2_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
-        let dir = &self.memory_dir;
+        let dir = &self.dirs.memory;
         write_file(&dir.join("cpu.max"), &format_cpu_max(limits.cpus))?;
         write_file(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
         let swap = dir.join("memory.swap.max");
@@ -846,7 +848,7 @@ impl Cgroup {
 
     /// The hierarchy the group lives in.
     pub fn version(&self) -> CgroupVersion {
-        self.version
+        self.dirs.version
     }
 
     /// The name the group was created with.
@@ -915,7 +917,7 @@ impl Cgroup {
 
     /// The pids in the group (`cgroup.procs` of the memory hierarchy).
     pub fn processes(&self) -> Result<Vec<u32>, CgroupError> {
-        let path = self.memory_dir.join("cgroup.procs");
+        let path = self.dirs.memory.join("cgroup.procs");
         parse_pids(&path, &read_file(&path)?)
     }
 
@@ -925,13 +927,8 @@ impl Cgroup {
     }
 
     /// Where the group's counters are, for another process to sample.
-    pub fn dirs(&self) -> CgroupDirs {
-        CgroupDirs {
-            version: self.version,
-            memory: self.memory_dir.clone(),
-            cpu: self.cpu_dir.clone(),
-            cpuacct: self.cpuacct_dir.clone(),
-        }
+    pub fn dirs(&self) -> &CgroupDirs {
+        &self.dirs
     }
 
     /// Kills nothing: moves any processes still in the group to the caller's
@@ -943,20 +940,9 @@ impl Cgroup {
         if self.removed.load(Ordering::Acquire) {
             return Ok(());
         }
-        let mut first_error = None;
-        for h in &self.hierarchies {
-            if let Err(e) = remove_hierarchy(h) {
-                tracing::debug!(error = %e, "cgroup removal failed");
-                first_error.get_or_insert(e);
-            }
-        }
-        match first_error {
-            None => {
-                self.removed.store(true, Ordering::Release);
-                Ok(())
-            }
-            Some(e) => Err(e),
-        }
+        remove_hierarchies(&self.hierarchies)?;
+        self.removed.store(true, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -1063,16 +1049,8 @@ pub fn remove_leftover(name: &str) -> Result<bool, CgroupError> {
             }
         }
     }
-    let mut first_error = None;
-    for h in &found {
-        if let Err(e) = remove_hierarchy(h) {
-            first_error.get_or_insert(e);
-        }
-    }
-    match first_error {
-        None => Ok(!found.is_empty()),
-        Some(e) => Err(e),
-    }
+    remove_hierarchies(&found)?;
+    Ok(!found.is_empty())
 }
 
 fn detect_layout() -> Result<Layout, CgroupError> {
@@ -1151,6 +1129,19 @@ fn evacuate(leaf: &Path, home: &Path) -> Result<(), CgroupError> {
         }
     }
     Ok(())
+}
+
+/// Removes the group from every hierarchy, going on past failures; the
+/// first error, if any.
+fn remove_hierarchies(hierarchies: &[Hierarchy]) -> Result<(), CgroupError> {
+    let mut first_error = None;
+    for h in hierarchies {
+        if let Err(e) = remove_hierarchy(h) {
+            tracing::debug!(error = %e, "cgroup removal failed");
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
 fn remove_hierarchy(h: &Hierarchy) -> Result<(), CgroupError> {

@@ -8,6 +8,11 @@ use atunnel_sandbox::{NetNs, NsExecutor};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+/// `--name=value`, one flag of a role's command line.
+pub fn arg(name: &str, value: impl std::fmt::Display) -> String {
+    format!("--{name}={value}")
+}
+
 pub struct Role {
     pub child: Child,
     /// The line the role printed when ready.

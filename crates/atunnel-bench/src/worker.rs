@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::pki::{self, PkiFiles};
-use crate::role::{self, Role};
+use crate::role::{self, Role, arg};
 use crate::run::topology::{SINK_ADDR, WORKER_LOAD_SIDE};
 
 /// Longest request line the control socket reads.
@@ -155,8 +155,8 @@ pub struct WorkerStatus {
     pub state: TunnelState,
     /// Why the last start failed.
     pub error: Option<String>,
-    /// atunnel's ready line ([`HostReady`]) while it runs.
-    pub ready: Option<serde_json::Value>,
+    /// atunnel's ready line while it runs.
+    pub ready: Option<HostReady>,
     pub tunnel_pid: Option<u32>,
     pub actors_pid: Option<u32>,
     /// atunnel's cgroup, for whoever samples it.
@@ -180,10 +180,9 @@ pub struct WorkerStatus {
 }
 
 impl WorkerStatus {
-    /// atunnel's ready line, parsed.
-    pub fn host_ready(&self) -> Result<HostReady, atunnel::BoxError> {
-        let ready = self.ready.clone().ok_or("atunnel is not running")?;
-        Ok(serde_json::from_value(ready)?)
+    /// atunnel's ready line.
+    pub fn host_ready(&self) -> Result<&HostReady, atunnel::BoxError> {
+        Ok(self.ready.as_ref().ok_or("atunnel is not running")?)
     }
 }
 
@@ -270,10 +269,6 @@ impl WorkerClient {
     }
 }
 
-fn arg(name: &str, value: impl std::fmt::Display) -> String {
-    format!("--{name}={value}")
-}
-
 /// `--name` of `--name=value`.
 fn flag_name(arg: &str) -> &str {
     arg.split_once('=').map_or(arg, |(name, _)| name)
@@ -346,7 +341,7 @@ async fn serve(
         ready: None,
         tunnel_pid: None,
         actors_pid: None,
-        cgroup: cgroup.dirs(),
+        cgroup: cgroup.dirs().clone(),
         cpus: limits.cpus,
         memory_bytes: limits.memory_bytes,
         base_args: args.tunnel_arg.clone(),
@@ -364,7 +359,6 @@ async fn serve(
         cgroup,
         tunnel: None,
         actors: None,
-        ready: None,
         status,
         publish,
     };
@@ -421,7 +415,6 @@ struct Supervisor {
     cgroup: Cgroup,
     tunnel: Option<Role>,
     actors: Option<Role>,
-    ready: Option<HostReady>,
     status: WorkerStatus,
     publish: watch::Sender<WorkerStatus>,
 }
@@ -460,7 +453,10 @@ impl Supervisor {
                 Wake::Stop => return,
                 Wake::TunnelExited(status) => {
                     self.tunnel = None;
-                    let ooms = self.cgroup.sample().map(|s| s.oom_kills).unwrap_or(0);
+                    let ooms = match self.cgroup.sample() {
+                        Ok(s) => s.oom_kills.to_string(),
+                        Err(e) => format!("unknown ({e})"),
+                    };
                     self.record(format!(
                         "atunnel exited ({}); cgroup OOM kills so far: {ooms}; restarting",
                         describe(&status)
@@ -513,10 +509,6 @@ impl Supervisor {
     fn publish(&mut self) {
         self.status.tunnel_pid = self.tunnel.as_ref().and_then(|t| t.pid());
         self.status.actors_pid = self.actors.as_ref().and_then(|t| t.pid());
-        self.status.ready = self
-            .ready
-            .as_ref()
-            .and_then(|r| serde_json::to_value(r).ok());
         self.publish.send_replace(self.status.clone());
     }
 
@@ -569,7 +561,7 @@ impl Supervisor {
             Some(role::own_process_group()),
         )
         .await?;
-        self.ready = Some(ready);
+        self.status.ready = Some(ready);
         self.actors = Some(actors);
         Ok(())
     }
@@ -613,7 +605,7 @@ impl Supervisor {
         if let Some(tunnel) = self.tunnel.take() {
             tunnel.stop().await;
         }
-        self.ready = None;
+        self.status.ready = None;
         role::sweep_namespaces(&self.args.netns_prefix).await;
     }
 }

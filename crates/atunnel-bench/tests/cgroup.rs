@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use atunnel_bench::cgroup::{Cgroup, CgroupError, CgroupVersion, Limits};
+use atunnel_bench::cgroup::{Cgroup, CgroupDirs, CgroupError, CgroupVersion, Limits};
 
 const MIB: u64 = 1 << 20;
 
@@ -379,10 +379,22 @@ fn another_process_samples_by_dirs_and_removes_a_leftover() {
         },
     )
     .expect("create");
-    // What the worker hands to the load generator reads the same counters.
+    // What the worker hands to the load generator names the group's own
+    // directories...
     let dirs = cgroup.dirs();
     assert_eq!(dirs.version, cgroup.version());
-    let by_dirs = dirs.sample().expect("sample by dirs");
+    let mut named = vec![dirs.memory.clone(), dirs.cpu.clone(), dirs.cpuacct.clone()];
+    named.sort();
+    named.dedup();
+    let mut own_paths = cgroup.paths();
+    own_paths.sort();
+    assert_eq!(named, own_paths);
+    // ...survives the trip over the control socket as JSON...
+    let json = serde_json::to_string(dirs).expect("serialise dirs");
+    let received: CgroupDirs = serde_json::from_str(&json).expect("parse dirs");
+    assert_eq!(&received, dirs);
+    // ...and reads the same counters there.
+    let by_dirs = received.sample().expect("sample by dirs");
     let own = cgroup.sample().expect("sample");
     assert_eq!(by_dirs.oom_kills, own.oom_kills);
     assert!(by_dirs.cpu_usage_ns <= own.cpu_usage_ns);

@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::load::Bench;
-use super::scenarios::{Window, router_tls_with};
+use super::scenarios::{Alpn, Window, connect_tunnel, router_tls_with};
 
 /// The bench's hibernation period: short so the scenario stays quick. What
 /// a hibernation frees and costs does not depend on it (default 15 s).
@@ -65,7 +65,7 @@ async fn open(bench: &Bench, case: Case, actor: u64) -> Result<Conn, String> {
     let e = |e: atunnel::BoxError| e.to_string();
     Ok(match case {
         Case::H1Short | Case::H1Page => {
-            let tls = router_tls_with(bench, 443, b"http/1.1").await.map_err(e)?;
+            let tls = router_tls_with(bench, 443, Alpn::Http1).await.map_err(e)?;
             let (send, conn) = http1::handshake(hyper_util::rt::TokioIo::new(tls))
                 .await
                 .map_err(|e| e.to_string())?;
@@ -73,7 +73,7 @@ async fn open(bench: &Bench, case: Case, actor: u64) -> Result<Conn, String> {
             Conn::H1(send)
         }
         Case::H2 => {
-            let tls = router_tls_with(bench, 443, b"h2").await.map_err(e)?;
+            let tls = router_tls_with(bench, 443, Alpn::H2).await.map_err(e)?;
             let (send, conn) = http2::handshake(
                 hyper_util::rt::TokioExecutor::new(),
                 hyper_util::rt::TokioIo::new(tls),
@@ -84,23 +84,7 @@ async fn open(bench: &Bench, case: Case, actor: u64) -> Result<Conn, String> {
             Conn::H2(send)
         }
         Case::Connect => {
-            let mut tls = router_tls_with(bench, 8443, b"http/1.1").await.map_err(e)?;
-            let head = format!(
-                "CONNECT actor:80 HTTP/1.1\r\nate-target-actor: bench/actor-{actor}\r\n\r\n"
-            );
-            tls.write_all(head.as_bytes())
-                .await
-                .map_err(|e| e.to_string())?;
-            let answer = atunnel::http1::read_head(&mut tls)
-                .await
-                .map_err(|e| e.to_string())?;
-            if !answer.starts_with(b"HTTP/1.1 200") {
-                return Err(format!(
-                    "CONNECT refused: {}",
-                    String::from_utf8_lossy(&answer)
-                ));
-            }
-            Conn::Connect(Box::new(tls))
+            Conn::Connect(Box::new(connect_tunnel(bench, actor, 80).await.map_err(e)?))
         }
     })
 }
@@ -146,11 +130,12 @@ async fn exchange_in_tunnel(tls: &mut TlsStream<TcpStream>) -> Result<(), String
     let head = atunnel::http1::read_head(tls)
         .await
         .map_err(|e| e.to_string())?;
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
+    let answer = atunnel::http1::parse_response(&head).map_err(|e| e.to_string())?;
+    if !(200..300).contains(&answer.status) {
+        return Err(format!("status {}", answer.status));
+    }
+    let len = answer
+        .content_length
         .ok_or("answer without content-length")?;
     let mut body = vec![0u8; len];
     tls.read_exact(&mut body).await.map_err(|e| e.to_string())?;
@@ -297,10 +282,11 @@ pub async fn ingress_idle(bench: &mut Bench) -> Result<ScenarioResult, atunnel::
     let rate = if bench.quick { 1000.0 } else { 2000.0 };
     let mut passes: Vec<Vec<Held>> = Vec::new();
     let mut rungs = Vec::new();
+    let period_s = PERIOD.as_secs_f64();
     for hibernating in [false, true] {
-        let period = if hibernating { "2s" } else { "0" };
+        let period = if hibernating { PERIOD } else { Duration::ZERO };
         bench
-            .restart_tunnel(vec![format!("--hibernate-after={period}")])
+            .restart_tunnel(vec![format!("--hibernate-after={}ms", period.as_millis())])
             .await?;
         let mut pass = Vec::new();
         for case in CASES {
@@ -315,11 +301,14 @@ pub async fn ingress_idle(bench: &mut Bench) -> Result<ScenarioResult, atunnel::
         let mut rung = keepalive(bench, rate).await?;
         rung.notes = format!(
             "keep-alive over 50 HTTP/1.1 connections, hibernation {}",
-            if hibernating { "on (2 s)" } else { "off" }
+            if hibernating {
+                format!("on ({period_s} s)")
+            } else {
+                "off".into()
+            }
         );
         rungs.push(rung);
     }
-    bench.restart_tunnel(Vec::new()).await?;
     let round = |x: f64| x.round();
     let cases: Vec<Value> = CASES
         .iter()
@@ -361,7 +350,7 @@ pub async fn ingress_idle(bench: &mut Bench) -> Result<ScenarioResult, atunnel::
         }),
         rungs,
         notes: vec![
-            format!("{n} router connections per case, each served one request, then idle; heap and cgroup bytes per connection read after asking the allocator to release free memory; the hibernation period is 2 s here (default 15 s), which changes when, not what, it frees"),
+            format!("{n} router connections per case, each served one request, then idle; heap and cgroup bytes per connection read after asking the allocator to release free memory; the hibernation period is {period_s} s here (default 15 s), which changes when, not what, it frees"),
             "every case hibernates its TLS session down to its traffic keys; HTTP/1.1 also drops hyper's buffers and state, while HTTP/2 keeps h2's buffers and HPACK tables for the connection's life (only a GOAWAY, which the router sees, would free them)".into(),
             "idle CPU is atunnel's CPU from the last request until all had hibernated (or the same wait), per connection; the next-request figures are one request at a time on each idle connection".into(),
         ],

@@ -5,19 +5,18 @@
 //! worker over its control socket for atunnel's pids, cgroup and restarts,
 //! runs the scenarios and writes the run folder.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use atunnel::host::HostReady;
 use atunnel_bench::cgroup::CgroupSample;
 use atunnel_bench::load::results::{self, Results, ScenarioResult};
 use atunnel_sandbox::NetNs;
 use tokio_util::sync::CancellationToken;
 
+use super::SCENARIOS;
 use super::report::{self, RunInfo};
+use super::scenarios::{self, RouterTls};
 use super::topology::Topology;
-use super::{SCENARIOS, scenarios};
 use crate::pki::PkiFiles;
 use crate::worker::{TunnelState, WorkerClient, WorkerStatus};
 
@@ -93,10 +92,18 @@ impl Compare {
     }
 }
 
-/// The chosen scenarios, checked against the known ones.
-pub fn chosen_scenarios(names: &[String]) -> Result<Vec<String>, atunnel::BoxError> {
+/// The scenarios to run, in order: the ones named (checked against the
+/// known ones), else all of them; but a comparison with none named runs
+/// only its own.
+pub fn scenarios_to_run(
+    names: &[String],
+    compare: Option<Compare>,
+) -> Result<Vec<String>, atunnel::BoxError> {
     if names.is_empty() {
-        return Ok(SCENARIOS.iter().map(|s| s.to_string()).collect());
+        return Ok(match compare {
+            Some(_) => Vec::new(),
+            None => SCENARIOS.iter().map(|s| s.to_string()).collect(),
+        });
     }
     for s in names {
         if !SCENARIOS.contains(&s.as_str()) {
@@ -107,11 +114,7 @@ pub fn chosen_scenarios(names: &[String]) -> Result<Vec<String>, atunnel::BoxErr
 }
 
 pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunnel::BoxError> {
-    let chosen = if args.compare.is_some() && args.scenarios.is_empty() {
-        Vec::new()
-    } else {
-        chosen_scenarios(&args.scenarios)?
-    };
+    let chosen = scenarios_to_run(&args.scenarios, args.compare)?;
     std::fs::create_dir_all(&args.out)?;
     let mut bench = Bench::open(&args).await?;
     println!(
@@ -194,7 +197,10 @@ pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunne
         tunnel_cpus: status.cpus,
         tunnel_memory_mib: status.memory_bytes >> 20,
         tunnel_arg: status.base_args.clone(),
-        scenarios: (chosen.len() < SCENARIOS.len()).then(|| chosen.clone()),
+        compare: args.compare.map(Compare::name),
+        // Named when they are not what the same command without
+        // --scenarios would run.
+        scenarios: (chosen != scenarios_to_run(&[], args.compare)?).then(|| chosen.clone()),
     };
     results::write_results_json(&args.out, &results)?;
     results::write_results_txt(&args.out, &results)?;
@@ -208,17 +214,18 @@ pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunne
 pub struct Bench {
     pub topo: Topology,
     pub pki: PkiFiles,
-    pub ready: HostReady,
+    /// The router's TLS settings, built once.
+    pub(super) router_tls: RouterTls,
     /// The actors' runtime namespaces (where their programs dial from).
     pub sandboxes: Vec<NetNs>,
-    /// atunnel's /stats.
-    pub stats: SocketAddr,
     pub quick: bool,
-    pub tunnel_cpus: f64,
     pub idle_conns: usize,
     pub worker: WorkerClient,
-    /// The worker's status as last seen.
+    /// The worker's status as last seen (atunnel's ready line among it).
     status: WorkerStatus,
+    /// The flags last asked for on top of the worker's (a restart that
+    /// failed included).
+    tunnel_args: Vec<String>,
     sink_pid: Option<u32>,
 }
 
@@ -227,21 +234,21 @@ impl Bench {
         let worker = WorkerClient::new(&args.control);
         let status = worker.settled().await?;
         let topo = Topology::open(&args.netns_prefix)?;
-        let (ready, sandboxes) = running(&status)?;
+        let sandboxes = running(&status)?;
+        let pki = PkiFiles {
+            dir: args.pki.clone(),
+        };
         Ok(Self {
             topo,
-            pki: PkiFiles {
-                dir: args.pki.clone(),
-            },
-            stats: ready.stats,
-            ready,
+            router_tls: RouterTls::new(&pki)?,
+            pki,
             sandboxes,
             quick: args.quick,
-            tunnel_cpus: status.cpus,
             idle_conns: args
                 .idle_conns
                 .unwrap_or(if args.quick { 1000 } else { 15_000 }),
             worker,
+            tunnel_args: status.extra_args.clone(),
             status,
             sink_pid: args.sink_pid,
         })
@@ -250,10 +257,7 @@ impl Bench {
     /// Takes a status from the worker: a fresh atunnel has other sandboxes.
     fn adopt(&mut self, status: WorkerStatus) -> Result<(), atunnel::BoxError> {
         if status.generation != self.status.generation || status.tunnel_pid != self.tunnel_pid() {
-            let (ready, sandboxes) = running(&status)?;
-            self.stats = ready.stats;
-            self.ready = ready;
-            self.sandboxes = sandboxes;
+            self.sandboxes = running(&status)?;
         }
         self.status = status;
         Ok(())
@@ -280,8 +284,19 @@ impl Bench {
     /// Restarts atunnel (and the actors in its fresh sandboxes) with `extra`
     /// flags; an empty list returns to the defaults.
     pub async fn restart_tunnel(&mut self, extra: Vec<String>) -> Result<(), atunnel::BoxError> {
+        self.tunnel_args = extra.clone();
         let status = self.worker.restart(extra).await?;
         self.adopt(status)
+    }
+
+    /// The flags atunnel was last asked to run with on top of the worker's.
+    pub fn tunnel_args(&self) -> &[String] {
+        &self.tunnel_args
+    }
+
+    /// atunnel's CPU quota, in cores.
+    pub fn tunnel_cpus(&self) -> f64 {
+        self.status.cpus
     }
 
     pub fn tunnel_pid(&self) -> Option<u32> {
@@ -303,13 +318,14 @@ impl Bench {
     /// atunnel's /stats, read from the load namespace (after releasing free
     /// memory when `release`).
     pub async fn stats(&self, release: bool) -> Result<serde_json::Value, atunnel::BoxError> {
-        let s = self.topo.connect_in(&self.topo.load, self.stats).await?;
+        let addr = self.status.host_ready()?.stats;
+        let s = self.topo.connect_in(&self.topo.load, addr).await?;
         atunnel::stats::fetch_over(s, release).await
     }
 }
 
-/// The running atunnel's ready line and its sandboxes, opened.
-fn running(status: &WorkerStatus) -> Result<(HostReady, Vec<NetNs>), atunnel::BoxError> {
+/// The running atunnel's sandboxes, opened.
+fn running(status: &WorkerStatus) -> Result<Vec<NetNs>, atunnel::BoxError> {
     if status.state != TunnelState::Running {
         return Err(format!(
             "atunnel is not running ({:?}): {}",
@@ -318,12 +334,32 @@ fn running(status: &WorkerStatus) -> Result<(HostReady, Vec<NetNs>), atunnel::Bo
         )
         .into());
     }
-    let ready = status.host_ready()?;
-    let sandboxes = ready
+    let sandboxes = status
+        .host_ready()?
         .actors
         .iter()
         .filter_map(|a| a.runtime_netns.as_deref())
         .map(NetNs::open)
         .collect::<Result<_, _>>()?;
-    Ok((ready, sandboxes))
+    Ok(sandboxes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_comparison_alone_runs_only_its_own_scenarios() {
+        let compare = Some(Compare::CopyMode);
+        assert_eq!(scenarios_to_run(&[], None).expect("all"), names(SCENARIOS));
+        assert!(scenarios_to_run(&[], compare).expect("none").is_empty());
+        let tcp = names(&["egress-tcp"]);
+        assert_eq!(scenarios_to_run(&tcp, compare).expect("named"), tcp);
+        assert_eq!(scenarios_to_run(&tcp, None).expect("named"), tcp);
+        assert!(scenarios_to_run(&names(&["egress-nope"]), compare).is_err());
+    }
 }

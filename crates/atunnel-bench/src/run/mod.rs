@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::pki;
-use crate::role::{self, Role};
+use crate::role::{self, Role, arg};
 use topology::{SINK_ADDR, Topology};
 
 /// Scenario names, in the order they run (names are part of the results schema).
@@ -75,10 +75,6 @@ pub struct RunArgs {
     pub tunnel_arg: Vec<String>,
 }
 
-fn arg(name: &str, value: impl std::fmt::Display) -> String {
-    format!("--{name}={value}")
-}
-
 /// What `run` started, so that it can all be stopped whatever happened.
 #[derive(Default)]
 struct Stage {
@@ -103,12 +99,7 @@ pub async fn run(args: RunArgs, cancel: CancellationToken) -> Result<(), atunnel
         Some(dir) => dir.clone(),
         None => PathBuf::from("runs").join(timestamp()),
     };
-    // A comparison alone runs only its own scenarios.
-    let chosen = if args.compare.is_some() && args.scenarios.is_empty() {
-        Vec::new()
-    } else {
-        load::chosen_scenarios(&args.scenarios)?
-    };
+    let chosen = load::scenarios_to_run(&args.scenarios, args.compare)?;
     std::fs::create_dir_all(&out)?;
     let pid = std::process::id();
     let names = Names {

@@ -13,7 +13,9 @@ pub struct RunInfo {
     pub tunnel_memory_mib: u64,
     /// `--tunnel-arg` flags of the run.
     pub tunnel_arg: Vec<String>,
-    /// The scenarios run, when not all of them.
+    /// The `--compare` setting, if any.
+    pub compare: Option<&'static str>,
+    /// The scenarios run, when not the ones run without `--scenarios`.
     pub scenarios: Option<Vec<String>>,
 }
 
@@ -63,6 +65,29 @@ pub fn summary_lines(s: &ScenarioResult) -> Vec<String> {
     lines
 }
 
+/// The command that runs the same scenarios with the same settings.
+fn reproduce(args: &RunInfo, allocator: &str) -> String {
+    format!(
+        "cargo run --release -p atunnel-bench{} -- run{}{}{}{}",
+        match allocator {
+            "system" => String::new(),
+            other => format!(" --features {other}"),
+        },
+        if args.quick { " --quick" } else { "" },
+        args.compare
+            .map(|c| format!(" --compare {c}"))
+            .unwrap_or_default(),
+        args.scenarios
+            .as_ref()
+            .map(|s| format!(" --scenarios {}", s.join(",")))
+            .unwrap_or_default(),
+        args.tunnel_arg
+            .iter()
+            .map(|a| format!(" --tunnel-arg={a}"))
+            .collect::<String>(),
+    )
+}
+
 pub fn write(
     dir: &Path,
     args: &RunInfo,
@@ -79,20 +104,8 @@ pub fn write(
     );
     let _ = writeln!(
         md,
-        "Reproduce: `cargo run --release -p atunnel-bench{} -- run{}{}{}`. Allocator: {}. This machine: {} cores; figures from one noisy shared machine, so compare ratios within a run.\n",
-        match crate::allocator::NAME {
-            "system" => String::new(),
-            other => format!(" --features {other}"),
-        },
-        if args.quick { " --quick" } else { "" },
-        args.scenarios
-            .as_ref()
-            .map(|s| format!(" --scenarios {}", s.join(",")))
-            .unwrap_or_default(),
-        args.tunnel_arg
-            .iter()
-            .map(|a| format!(" --tunnel-arg={a}"))
-            .collect::<String>(),
+        "Reproduce: `{}`. Allocator: {}. This machine: {} cores; figures from one noisy shared machine, so compare ratios within a run.\n",
+        reproduce(args, crate::allocator::NAME),
         crate::allocator::NAME,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
@@ -167,4 +180,32 @@ pub fn write(
         }
     }
     std::fs::write(dir.join("report.md"), md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(compare: Option<&'static str>, scenarios: Option<&[&str]>) -> RunInfo {
+        RunInfo {
+            quick: true,
+            tunnel_cpus: 1.0,
+            tunnel_memory_mib: 1024,
+            tunnel_arg: vec!["--wait-buffer=512".into()],
+            compare,
+            scenarios: scenarios.map(|s| s.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn the_reproduce_command_names_the_comparison_and_only_real_scenarios() {
+        assert_eq!(
+            reproduce(&info(Some("copy-mode"), None), "system"),
+            "cargo run --release -p atunnel-bench -- run --quick --compare copy-mode --tunnel-arg=--wait-buffer=512"
+        );
+        assert_eq!(
+            reproduce(&info(None, Some(&["egress-tcp", "egress-new"])), "jemalloc"),
+            "cargo run --release -p atunnel-bench --features jemalloc -- run --quick --scenarios egress-tcp,egress-new --tunnel-arg=--wait-buffer=512"
+        );
+    }
 }

@@ -30,8 +30,22 @@ const SOURCE: &str = "192.0.2.10:19";
 /// The sink's answer to each request on port 80 (64-byte body).
 const HTTP_ANSWER_LEN: usize = "HTTP/1.1 200 OK\r\nContent-Length: 64\r\n\r\n".len() + 64;
 
+/// Runs scenario `name`. One that restarts atunnel with other flags gets
+/// it back with the ones it started with afterwards, even when it failed.
 pub async fn run(bench: &mut Bench, name: &str) -> Result<ScenarioResult, atunnel::BoxError> {
     bench.check_tunnel().await?;
+    let flags = bench.tunnel_args().to_vec();
+    let result = run_scenario(bench, name).await;
+    if bench.tunnel_args() == flags {
+        return result;
+    }
+    let restored = bench.restart_tunnel(flags).await;
+    let result = result?;
+    restored?;
+    Ok(result)
+}
+
+async fn run_scenario(bench: &mut Bench, name: &str) -> Result<ScenarioResult, atunnel::BoxError> {
     match name {
         "egress-idle" => egress_idle(bench).await,
         "egress-tcp" => egress_tcp(bench).await,
@@ -112,7 +126,7 @@ impl Window {
         let stats = bench.stats(false).await.unwrap_or_default();
         // The machine's cores not given to the tunnel are shared by the
         // generator and the far end.
-        let others = (cores() - bench.tunnel_cpus).max(0.5);
+        let others = (cores() - bench.tunnel_cpus()).max(0.5);
         let evidence = RungEvidence {
             offered: out.offered,
             achieved: out.achieved,
@@ -121,7 +135,7 @@ impl Window {
             shed: out.shed,
             dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
             tunnel_cpu_cores: cg.cpu_seconds_since(&self.cg) / secs,
-            tunnel_cpu_quota: bench.tunnel_cpus,
+            tunnel_cpu_quota: bench.tunnel_cpus(),
             tunnel_throttled: cg.throttled_since(&self.cg),
             generator_cpu_cores: (process_cpu_seconds(std::process::id()) - self.generator) / secs,
             generator_cpu_available: others,
@@ -453,40 +467,75 @@ async fn router_h2(
     Ok(send)
 }
 
+/// The protocol the router offers (ALPN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Alpn {
+    H2,
+    Http1,
+}
+
+/// The router's TLS client settings (its certificate, trusting the pod CA),
+/// one per ALPN offer, built once for the run. Session resumption is off:
+/// every connection makes a full handshake, as a router's first one does.
+pub(super) struct RouterTls {
+    h2: Arc<rustls::ClientConfig>,
+    http1: Arc<rustls::ClientConfig>,
+}
+
+impl RouterTls {
+    pub(super) fn new(pki: &crate::pki::PkiFiles) -> Result<Self, atunnel::BoxError> {
+        let roots = atunnel::config::load_roots(&pki.pod_ca())?;
+        let certs = atunnel::config::load_certs(&pki.router_cert())?;
+        let key = atunnel::config::load_key(&pki.router_key())?;
+        let config = |alpn: &[u8]| -> Result<_, atunnel::BoxError> {
+            let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots.clone())
+            .with_client_auth_cert(certs.clone(), key.clone_key())?;
+            cfg.alpn_protocols = vec![alpn.to_vec()];
+            cfg.resumption = rustls::client::Resumption::disabled();
+            Ok(Arc::new(cfg))
+        };
+        Ok(Self {
+            h2: config(b"h2")?,
+            http1: config(b"http/1.1")?,
+        })
+    }
+
+    fn config(&self, alpn: Alpn) -> Arc<rustls::ClientConfig> {
+        match alpn {
+            Alpn::H2 => self.h2.clone(),
+            Alpn::Http1 => self.http1.clone(),
+        }
+    }
+}
+
 /// TLS to the tunnel's ingress `port` from the load namespace, as the router
 /// (its certificate), offering `alpn`.
 pub(super) async fn router_tls_with(
     bench: &Bench,
     port: u16,
-    alpn: &[u8],
+    alpn: Alpn,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, atunnel::BoxError> {
-    let p = &bench.pki;
-    let roots = atunnel::config::load_roots(&p.pod_ca())?;
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_client_auth_cert(
-        atunnel::config::load_certs(&p.router_cert())?,
-        atunnel::config::load_key(&p.router_key())?,
-    )?;
-    cfg.alpn_protocols = vec![alpn.to_vec()];
     let tcp = bench
         .topo
         .connect_in(&bench.topo.load, SocketAddr::from((WORKER_LOAD_SIDE, port)))
         .await?;
     let name = rustls::pki_types::ServerName::try_from(crate::pki::WORKER_NAME)?;
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(name, tcp)
-        .await?)
+    Ok(
+        tokio_rustls::TlsConnector::from(bench.router_tls.config(alpn))
+            .connect(name, tcp)
+            .await?,
+    )
 }
 
 async fn router_tls(
     bench: &Bench,
     port: u16,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, atunnel::BoxError> {
-    router_tls_with(bench, port, b"h2").await
+    router_tls_with(bench, port, Alpn::H2).await
 }
 
 /// Requests through the router-facing HTTPS listener to the ingress actors.
@@ -684,20 +733,22 @@ async fn settled_socket_memory(
     Ok(last)
 }
 
-/// A TLS CONNECT tunnel from the router to an actor's flood port; the first
-/// answer bytes are read, then nothing more.
-async fn stalled_connect(
+/// An HTTP/1.1 CONNECT tunnel over TLS from the router, through the
+/// CONNECT listener, to `actor:port`, once atunnel answered 200; nothing
+/// after the answer's head is read.
+pub(super) async fn connect_tunnel(
     bench: &Bench,
     actor: u64,
+    port: u16,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, atunnel::BoxError> {
-    let mut tls = router_tls_with(bench, 8443, b"http/1.1").await?;
+    let mut tls = router_tls_with(bench, 8443, Alpn::Http1).await?;
     tls.write_all(
-        format!("CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: bench/actor-{actor}\r\n\r\n")
+        format!("CONNECT actor:{port} HTTP/1.1\r\nate-target-actor: bench/actor-{actor}\r\n\r\n")
             .as_bytes(),
     )
     .await?;
     let head = atunnel::http1::read_head(&mut tls).await?;
-    if !head.starts_with(b"HTTP/1.1 200") {
+    if atunnel::http1::parse_response(&head)?.status != 200 {
         return Err(format!("CONNECT refused: {}", String::from_utf8_lossy(&head)).into());
     }
     Ok(tls)
@@ -871,7 +922,10 @@ async fn stalled_case(
                 let s = actors.dial(i, &destination).await?;
                 writers.push(tokio::spawn(keep_writing(s)));
             }
-            _ => ingress.push(stalled_connect(bench, i % actors.sandboxes.len() as u64).await?),
+            // The actor's flood port: its answer never ends.
+            _ => {
+                ingress.push(connect_tunnel(bench, i % actors.sandboxes.len() as u64, 9000).await?)
+            }
         }
     }
     let settled = settled_socket_memory(pid).await?;
@@ -963,17 +1017,9 @@ const STALL_CASES: [(&str, &str, &str); 3] = [
 ];
 
 /// Kernel socket memory per stalled connection with TCP_NOTSENT_LOWAT off
-/// and at 16 KiB, and bulk throughput with each; atunnel back at its
-/// defaults afterwards, even when a case failed.
+/// and at 16 KiB, and bulk throughput with each (`run` restores atunnel's
+/// flags afterwards).
 async fn socket_memory(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
-    let result = socket_memory_cases(bench).await;
-    let restored = bench.restart_tunnel(Vec::new()).await;
-    let result = result?;
-    restored?;
-    Ok(result)
-}
-
-async fn socket_memory_cases(bench: &mut Bench) -> Result<ScenarioResult, atunnel::BoxError> {
     let conns = 100;
     let reps = if bench.quick { 1 } else { 3 };
     // Per case: (off, lowat).
