@@ -9,7 +9,8 @@ compile_error!("choose one allocator feature: jemalloc or mimalloc");
 
 #[cfg(not(any(feature = "jemalloc", feature = "mimalloc")))]
 #[global_allocator]
-static ALLOC: atunnel_core::alloc::CountingAlloc = atunnel_core::alloc::CountingAlloc;
+static ALLOC: atunnel_core::alloc::CountingAlloc =
+    atunnel_core::alloc::CountingWith(std::alloc::System);
 
 #[cfg(feature = "jemalloc")]
 #[global_allocator]

@@ -19,16 +19,16 @@
 //! Run: `cargo bench -p atunnel-core --bench relay` (append a name, e.g.
 //! `-- relay_tcp_tcp`, for some cases only).
 
-use std::future::poll_fn;
+use std::alloc::System;
 use std::net::{TcpListener as StdListener, TcpStream as StdStream};
 use std::os::unix::thread::JoinHandleExt;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use atunnel_core::alloc::{self, CountingAlloc};
-use atunnel_core::endpoint::write_chunk;
+use atunnel_core::alloc::{self, CountingAlloc, CountingWith};
+use atunnel_core::endpoint::{read_chunk, write_chunk};
 use atunnel_core::sockopt::SocketOptions;
-use atunnel_core::{BufferPool, Chunk, H2Stream, relay};
+use atunnel_core::{BufferPool, Chunk, Endpoint, H2Stream, relay};
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -37,7 +37,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Runtime;
 
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: CountingAlloc = CountingWith(System);
 
 const CHUNK: usize = 32 * 1024;
 /// Bytes per outer socket write or read: large, so the driver thread is not
@@ -78,8 +78,9 @@ fn tunnel_socket(s: StdStream) -> TcpStream {
 /// Where the driver puts bytes in.
 enum Source {
     Tcp(OwnedWriteHalf),
-    /// The HTTP/2 peer sending on its side of the CONNECT stream.
-    H2(h2::SendStream<Bytes>),
+    /// The HTTP/2 peer sending on its side of the CONNECT stream, written as
+    /// the tunnel writes one.
+    H2(H2Stream),
 }
 
 impl Source {
@@ -87,27 +88,12 @@ impl Source {
         while n > 0 {
             let k = n.min(IO);
             match self {
-                Source::Tcp(w) => {
-                    w.write_all(&ZEROS[..k]).await.expect("write");
-                    n -= k;
-                }
-                // As H2Stream writes: use what capacity there is, else ask.
-                Source::H2(s) => {
-                    let capacity = s.capacity();
-                    if capacity > 0 {
-                        let k = k.min(capacity);
-                        s.send_data(Bytes::from_static(&ZEROS[..k]), false)
-                            .expect("send");
-                        n -= k;
-                        continue;
-                    }
-                    s.reserve_capacity(k);
-                    poll_fn(|cx| s.poll_capacity(cx))
-                        .await
-                        .expect("stream open")
-                        .expect("capacity");
-                }
+                Source::Tcp(w) => w.write_all(&ZEROS[..k]).await.expect("write"),
+                Source::H2(s) => write_chunk(s, Chunk::Shared(Bytes::from_static(&ZEROS[..k])))
+                    .await
+                    .expect("send"),
             }
+            n -= k;
         }
     }
 }
@@ -115,10 +101,13 @@ impl Source {
 /// Where the driver takes bytes out.
 enum Sink {
     Tcp(OwnedReadHalf, Vec<u8>),
-    /// The HTTP/2 peer draining its side of the CONNECT stream; `surplus` is
-    /// what a DATA frame brought beyond the last request.
+    /// The HTTP/2 peer draining its side of the CONNECT stream, read as the
+    /// tunnel reads one (`pool` goes unused: an `H2Stream` reads h2's own
+    /// `Bytes`); `surplus` is what a DATA frame brought beyond the last
+    /// request.
     H2 {
-        recv: h2::RecvStream,
+        stream: H2Stream,
+        pool: BufferPool,
         surplus: usize,
     },
 }
@@ -134,11 +123,15 @@ impl Sink {
                     n -= got;
                 }
             }
-            Sink::H2 { recv, surplus } => {
+            Sink::H2 {
+                stream,
+                pool,
+                surplus,
+            } => {
                 while n > *surplus {
                     n -= *surplus;
-                    let data = recv.data().await.expect("open").expect("data");
-                    let _ = recv.flow_control().release_capacity(data.len());
+                    let data = read_chunk(stream, pool).await.expect("open").expect("data");
+                    stream.consumed(data.len());
                     *surplus = data.len();
                 }
                 *surplus -= n;
@@ -361,13 +354,17 @@ fn h2_rig(case: H2Case) -> Rig {
         let send = respond
             .send_response(http::Response::new(()), false)
             .expect("200");
-        let recv = request.into_body();
+        let peer = H2Stream::new(send, request.into_body());
         let (outer_r, outer_w) = TcpStream::from_std(outer).expect("outer").into_split();
-        let peer_sink = Sink::H2 { recv, surplus: 0 };
+        let peer_sink = |stream| Sink::H2 {
+            stream,
+            pool: BufferPool::default(),
+            surplus: 0,
+        };
         match case {
-            H2Case::TcpToH2 => vec![(Some(Source::Tcp(outer_w)), peer_sink)],
-            H2Case::H2ToTcp => vec![(Some(Source::H2(send)), Sink::Tcp(outer_r, vec![0; IO]))],
-            H2Case::StaticToH2 => vec![(None, peer_sink)],
+            H2Case::TcpToH2 => vec![(Some(Source::Tcp(outer_w)), peer_sink(peer))],
+            H2Case::H2ToTcp => vec![(Some(Source::H2(peer)), Sink::Tcp(outer_r, vec![0; IO]))],
+            H2Case::StaticToH2 => vec![(None, peer_sink(peer))],
         }
     });
     Rig {

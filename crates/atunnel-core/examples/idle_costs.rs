@@ -2,10 +2,12 @@
 //! per spawned task beyond its future, and per socket registered with the
 //! reactor. Run: `cargo run --release -p atunnel-core --example idle_costs`.
 
-use atunnel_core::alloc::{CountingAlloc, live_bytes};
+use std::alloc::System;
+
+use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
 
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: CountingAlloc = CountingWith(System);
 
 const N: usize = 10_000;
 

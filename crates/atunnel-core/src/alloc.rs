@@ -8,37 +8,13 @@ use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
-/// Install with `#[global_allocator] static A: CountingAlloc = CountingAlloc;`
-/// (the system allocator), or [`CountingWith`] around another allocator.
-pub struct CountingAlloc;
-
-/// Counts allocations made through another global allocator (jemalloc or
-/// mimalloc, say), into the same counters as [`CountingAlloc`].
+/// Counts allocations made through another global allocator (the system
+/// allocator, jemalloc or mimalloc, say). Install with
+/// `#[global_allocator] static A: CountingAlloc = CountingWith(System);`.
 pub struct CountingWith<A>(pub A);
 
-// SAFETY: every method forwards to `System` through `CountingWith`, which
-// forwards unchanged.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded unchanged.
-        unsafe { CountingWith(System).alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded unchanged.
-        unsafe { CountingWith(System).alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged; `ptr` came from this allocator.
-        unsafe { CountingWith(System).dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: forwarded unchanged.
-        unsafe { CountingWith(System).realloc(ptr, layout, new_size) }
-    }
-}
+/// The counting allocator over the system allocator.
+pub type CountingAlloc = CountingWith<System>;
 
 // SAFETY: every method forwards to the inner allocator with the caller's
 // arguments unchanged and only updates counters besides.
@@ -83,13 +59,13 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for CountingWith<A> {
     }
 }
 
-/// Heap bytes currently allocated through [`CountingAlloc`] (0 when it is
+/// Heap bytes currently allocated through [`CountingWith`] (0 when it is
 /// not the global allocator).
 pub fn live_bytes() -> usize {
     LIVE_BYTES.load(Ordering::Relaxed).max(0) as usize
 }
 
-/// Allocations made through [`CountingAlloc`] since start.
+/// Allocations made through [`CountingWith`] since start.
 pub fn allocations() -> u64 {
     ALLOCATIONS.load(Ordering::Relaxed)
 }

@@ -42,7 +42,9 @@ struct Inner {
 struct Free {
     buffers: Vec<Box<[u8]>>,
     /// Tasks waiting for a buffer while `max_buffers` are out. Woken all at
-    /// once when one comes back: exhaustion is rare and the losers re-register.
+    /// once when one comes back: exhaustion is rare and the losers re-register
+    /// (into a fresh list: the old one is taken whole so that no waker runs
+    /// under the lock).
     waiters: Vec<Waker>,
 }
 
@@ -187,21 +189,14 @@ impl Drop for PooledBuf {
         } else {
             Some(buf)
         };
-        // Taken only when someone waits, so the common return locks once.
-        let waiters = (!free.waiters.is_empty()).then(|| std::mem::take(&mut free.waiters));
+        // Every waiter is woken (see `Free::waiters`). Taking an empty list
+        // costs nothing; a non-empty one is woken, and any surplus freed,
+        // outside the lock.
+        let waiters = std::mem::take(&mut free.waiters);
         drop(free);
-        // Freed and woken outside the lock.
         drop(surplus);
-        let Some(mut waiters) = waiters else { return };
-        for w in waiters.drain(..) {
+        for w in waiters {
             w.wake();
-        }
-        // Hand the emptied list back: while the pool is exhausted every
-        // return wakes the waiters and the losers register again, which
-        // would otherwise allocate a fresh list each time.
-        let mut free = inner.free.lock().expect("pool lock poisoned");
-        if free.waiters.is_empty() {
-            std::mem::swap(&mut free.waiters, &mut waiters);
         }
     }
 }
@@ -209,34 +204,6 @@ impl Drop for PooledBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn buffers_are_reused_and_idle_is_bounded() {
-        let pool = BufferPool::new(1024, 8, 2);
-        let bufs: Vec<_> = futures_join(&pool, 5).await;
-        assert_eq!(pool.stats().in_use, 5);
-        drop(bufs);
-        let s = pool.stats();
-        assert_eq!((s.in_use, s.idle, s.allocated_total), (0, 2, 5));
-        let _again = pool.acquire().await;
-        assert_eq!(pool.stats().allocated_total, 5, "a free buffer is reused");
-        pool.trim(0);
-        assert_eq!(pool.stats().idle, 0);
-    }
-
-    #[tokio::test]
-    async fn borrower_past_the_bound_waits_until_one_returns() {
-        let pool = BufferPool::new(64, 1, 1);
-        let first = pool.acquire().await;
-        let p2 = pool.clone();
-        let waiter = tokio::spawn(async move { p2.acquire().await.as_ref().len() });
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
-        drop(first);
-        assert_eq!(waiter.await.expect("waiter"), 64);
-        assert!(pool.stats().waited_total >= 1);
-        assert_eq!(pool.stats().in_use, 0);
-    }
 
     /// Counts its wake-ups, so a test can see exactly when a waiter is woken.
     struct CountingWaker(AtomicUsize);
@@ -268,12 +235,14 @@ mod tests {
         assert!(pool.poll_acquire(&mut cx).is_pending());
         let s = pool.stats();
         assert_eq!((s.in_use, s.allocated_total), (2, 2));
+        assert!(s.waited_total >= 1, "{s:?}");
         assert_eq!(counter.0.load(Ordering::Relaxed), 0);
         drop(first);
         assert_eq!(counter.0.load(Ordering::Relaxed), 1, "woken exactly once");
         let Poll::Ready(third) = pool.poll_acquire(&mut cx) else {
             panic!("the returned buffer is lent to the waiter")
         };
+        assert_eq!(third.as_ref().len(), 64);
         assert_eq!(pool.stats().allocated_total, 2, "and reused, not allocated");
         drop(second);
         drop(third);
@@ -308,25 +277,41 @@ mod tests {
         assert!(s.waited_total > 0, "{s:?}");
     }
 
+    /// A waiter whose task went away while registered must not swallow the
+    /// wake-up a live waiter needs, whichever of the two registered first (a
+    /// pool waking only its first or only its last waiter fails one order).
     #[tokio::test]
     async fn a_cancelled_waiter_does_not_strand_the_next() {
-        let pool = BufferPool::new(64, 1, 1);
-        let held = pool.acquire().await;
-        let p = pool.clone();
-        let cancelled = tokio::spawn(async move { drop(p.acquire().await) });
-        tokio::task::yield_now().await;
-        cancelled.abort();
-        assert!(cancelled.await.expect_err("aborted").is_cancelled());
-        let p = pool.clone();
-        let next = tokio::spawn(async move { p.acquire().await.as_ref().len() });
-        tokio::task::yield_now().await;
-        drop(held);
-        assert_eq!(next.await.expect("next"), 64);
-        assert_eq!(pool.stats().in_use, 0);
+        /// Spawns a borrower and lets it register as a waiter.
+        async fn waiter(pool: &BufferPool) -> tokio::task::JoinHandle<usize> {
+            let p = pool.clone();
+            let task = tokio::spawn(async move { p.acquire().await.as_ref().len() });
+            tokio::task::yield_now().await;
+            task
+        }
+        for cancelled_first in [true, false] {
+            let pool = BufferPool::new(64, 1, 1);
+            let held = pool.acquire().await;
+            let (first, second) = (waiter(&pool).await, waiter(&pool).await);
+            assert!(pool.stats().waited_total >= 2, "both wait");
+            let (cancelled, next) = if cancelled_first {
+                (first, second)
+            } else {
+                (second, first)
+            };
+            cancelled.abort();
+            assert!(cancelled.await.expect_err("aborted").is_cancelled());
+            drop(held);
+            let got = tokio::time::timeout(std::time::Duration::from_secs(10), next)
+                .await
+                .unwrap_or_else(|_| panic!("cancelled_first={cancelled_first}: next stranded"));
+            assert_eq!(got.expect("next"), 64);
+            assert_eq!(pool.stats().in_use, 0);
+        }
     }
 
     #[tokio::test]
-    async fn a_burst_shrinks_back_to_max_idle_and_trim_keeps_what_it_is_told() {
+    async fn a_burst_shrinks_back_to_max_idle_is_reused_and_trim_keeps_what_it_is_told() {
         let pool = BufferPool::new(1024, 16, 4);
         let burst = futures_join(&pool, 16).await;
         assert_eq!(pool.stats().in_use, 16);
@@ -341,6 +326,10 @@ mod tests {
         assert_eq!(pool.stats().allocated_total, 17, "two reused, one fresh");
         drop(again);
         assert_eq!(pool.stats().idle, 3);
+        let _again = pool.acquire().await;
+        assert_eq!(pool.stats().allocated_total, 17, "a free buffer is reused");
+        pool.trim(0);
+        assert_eq!(pool.stats().idle, 0);
     }
 
     async fn futures_join(pool: &BufferPool, n: usize) -> Vec<PooledBuf> {

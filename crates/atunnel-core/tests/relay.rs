@@ -1,30 +1,37 @@
 //! The relay over real loopback sockets and a real HTTP/2 connection.
 
+mod common;
+
 use std::time::Duration;
 
-use atunnel_core::{BufferPool, H2Stream, RelayStats, relay};
+use atunnel_core::endpoint::WaitBuffered;
+use atunnel_core::{BufferPool, Endpoint, H2Stream, RelayStats, relay};
+use common::tcp_pair;
 use rand::{Rng, RngCore, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
-async fn tcp_pair() -> (TcpStream, TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (c, s) = tokio::join!(TcpStream::connect(addr), listener.accept());
-    (c.expect("connect"), s.expect("accept").0)
-}
-
-/// `outer_a <-> [relay] <-> outer_b`, relay running in its own task.
-async fn relayed(
-    pool: &BufferPool,
-) -> (
+/// The outer ends of a relayed pair and the task running the relay.
+type Relayed = (
     TcpStream,
     TcpStream,
     JoinHandle<std::io::Result<RelayStats>>,
-) {
-    let (outer_a, mut a) = tcp_pair().await;
-    let (mut b, outer_b) = tcp_pair().await;
+);
+
+/// `outer_a <-> [relay] <-> outer_b`, relay running in its own task.
+async fn relayed(pool: &BufferPool) -> Relayed {
+    relayed_via(pool, |s| s).await
+}
+
+/// As [`relayed`], with each of the relay's sockets made a side by `side`.
+async fn relayed_via<E>(pool: &BufferPool, side: impl Fn(TcpStream) -> E) -> Relayed
+where
+    E: Endpoint + Send + 'static,
+{
+    let (outer_a, a) = tcp_pair().await;
+    let (b, outer_b) = tcp_pair().await;
+    let (mut a, mut b) = (side(a), side(b));
     let pool = pool.clone();
     let task = tokio::spawn(async move {
         relay(&mut a, &mut b, &pool)
@@ -93,16 +100,39 @@ async fn both_ways(a: TcpStream, b: TcpStream, ab: &[u8], ba: &[u8]) -> (Vec<u8>
     (got_at_b, got_at_a)
 }
 
-/// Waits until the pool has no buffer out (a relay returns it when it next
-/// polls, which is an event we cannot await directly).
-async fn until_no_buffer_in_use(pool: &BufferPool) {
-    for _ in 0..1000 {
-        if pool.stats().in_use == 0 {
-            return;
-        }
-        tokio::task::yield_now().await;
+/// Polls `cond` until it holds; the condition is a pool counter another
+/// task changes (a relay returns its buffer when it next polls), which we
+/// cannot await directly.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    panic!("buffers still in use: {:?}", pool.stats());
+}
+
+/// Waits until the pool has no buffer out.
+async fn until_no_buffer_in_use(pool: &BufferPool) {
+    until("no buffer is in use", || pool.stats().in_use == 0).await;
+}
+
+/// Opens a CONNECT stream on a new HTTP/2 client connection over `io` and
+/// checks the peer answered 200; the connection runs in its own task.
+async fn connect_stream(io: TcpStream) -> (H2Stream, JoinHandle<Result<(), h2::Error>>) {
+    let (mut send_req, conn) = h2::client::handshake(io).await.expect("client handshake");
+    let conn = tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri("192.0.2.10:443")
+        .body(())
+        .expect("request");
+    let (resp, send) = send_req.send_request(req, false).expect("send");
+    let resp = resp.await.expect("response");
+    assert_eq!(resp.status(), 200);
+    (H2Stream::new(send, resp.into_body()), conn)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,24 +242,16 @@ async fn idle_tunnels_hold_no_buffer() {
 }
 
 /// A tunnel whose reader stopped holds exactly the buffer it could not write.
-async fn stalled(
-    pool: &BufferPool,
-) -> (
-    TcpStream,
-    TcpStream,
-    JoinHandle<std::io::Result<RelayStats>>,
-) {
+async fn stalled(pool: &BufferPool) -> Relayed {
     let (mut a, b, task) = relayed(pool).await;
     let payload = vec![1u8; 64 << 20];
     // b never reads: the kernel queues fill and the relay is left holding a chunk.
     let write = a.write_all(&payload);
     let _ = tokio::time::timeout(Duration::from_millis(500), write).await;
-    for _ in 0..1000 {
-        if pool.stats().in_use == 1 {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
+    until("the relay holds the chunk it cannot write", || {
+        pool.stats().in_use == 1
+    })
+    .await;
     assert_eq!(
         pool.stats().in_use,
         1,
@@ -304,19 +326,7 @@ async fn tcp_to_http2_stream_both_ways_with_half_close() {
             .expect("server relay")
     });
 
-    let (mut send_req, conn) = h2::client::handshake(h2_client_io)
-        .await
-        .expect("client handshake");
-    tokio::spawn(conn);
-    let req = http::Request::builder()
-        .method(http::Method::CONNECT)
-        .uri("192.0.2.10:443")
-        .body(())
-        .expect("request");
-    let (resp, send) = send_req.send_request(req, false).expect("send");
-    let resp = resp.await.expect("response");
-    assert_eq!(resp.status(), 200);
-    let mut stream = H2Stream::new(send, resp.into_body());
+    let (mut stream, _client_conn) = connect_stream(h2_client_io).await;
 
     let (actor, mut inner) = tcp_pair().await;
     let relay_pool = pool.clone();
@@ -351,19 +361,6 @@ async fn tcp_to_http2_stream_both_ways_with_half_close() {
     server.await.expect("server");
     // The h2 side read without pool buffers; the TCP side returned its own.
     assert_eq!(pool.stats().in_use, 0);
-}
-
-/// Polls `cond` until it holds; the condition is a pool counter another
-/// thread changes, which we cannot await directly.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 /// Pooled buffers handed to h2 sit in its send queue while the connection
@@ -403,19 +400,8 @@ async fn buffers_queued_in_http2_return_when_the_peer_vanishes() {
         drop(conn);
     });
 
-    let (mut send_req, conn) = h2::client::handshake(h2_client_io)
-        .await
-        .expect("client handshake");
-    let client_conn = tokio::spawn(conn);
-    let req = http::Request::builder()
-        .method(http::Method::CONNECT)
-        .uri("192.0.2.10:443")
-        .body(())
-        .expect("request");
-    let (resp, send) = send_req.send_request(req, false).expect("send");
-    let resp = resp.await.expect("response");
+    let (mut stream, client_conn) = connect_stream(h2_client_io).await;
     stop_tx.send(()).expect("peer running");
-    let mut stream = H2Stream::new(send, resp.into_body());
 
     let (actor, mut inner) = tcp_pair().await;
     let relay_pool = pool.clone();
@@ -450,22 +436,26 @@ async fn buffers_queued_in_http2_return_when_the_peer_vanishes() {
 
 /// The wait-buffer ablation (`WaitBuffered`) moves the same bytes as the
 /// readiness relay, both ways at once with half-close, at every swept size,
-/// and holds no pooled buffer once idle.
+/// and holds no pooled buffer while idle between bursts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_buffered_sides_carry_payloads_both_ways_at_every_size() {
+    const PING: &[u8] = b"ping";
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x3a17);
     let pool = BufferPool::new(32 * 1024, 64, 8);
     for wait in [512usize, 1024, 2048, 4096] {
-        let (outer_a, a) = tcp_pair().await;
-        let (b, outer_b) = tcp_pair().await;
-        let task_pool = pool.clone();
-        let task = tokio::spawn(async move {
-            let mut a = atunnel_core::endpoint::WaitBuffered::new(a, wait);
-            let mut b = atunnel_core::endpoint::WaitBuffered::new(b, wait);
-            relay(&mut a, &mut b, &task_pool)
-                .await
-                .map_err(std::io::Error::other)
-        });
+        let (mut outer_a, mut outer_b, task) =
+            relayed_via(&pool, |s| WaitBuffered::new(s, wait)).await;
+        // A round trip, then idle: only the wait buffers stay, no pooled one.
+        let acquired = pool.stats().acquired_total;
+        let mut pong = [0u8; PING.len()];
+        outer_a.write_all(PING).await.expect("ping");
+        outer_b.read_exact(&mut pong).await.expect("ping arrives");
+        outer_b.write_all(&pong).await.expect("pong");
+        outer_a.read_exact(&mut pong).await.expect("pong arrives");
+        assert_eq!(&pong, PING, "wait {wait}");
+        assert!(pool.stats().acquired_total >= acquired + 2, "wait {wait}");
+        until_no_buffer_in_use(&pool).await;
+        assert!(!task.is_finished(), "wait {wait}: the relay is still up");
         let len_ab = rng.random_range(1..=3 << 20);
         let len_ba = rng.random_range(1..=3 << 20);
         let ab = random_bytes(&mut rng, len_ab);
@@ -477,8 +467,8 @@ async fn wait_buffered_sides_carry_payloads_both_ways_at_every_size() {
         assert_eq!(
             stats,
             RelayStats {
-                a_to_b: len_ab as u64,
-                b_to_a: len_ba as u64
+                a_to_b: (PING.len() + len_ab) as u64,
+                b_to_a: (PING.len() + len_ba) as u64
             }
         );
         assert_eq!(pool.stats().in_use, 0, "wait {wait}");

@@ -4,15 +4,19 @@
 //! allocator), so it holds a single test: libtest would otherwise run tests
 //! side by side and their allocations would land in each other's window.
 
-use atunnel_core::alloc::{self, CountingAlloc};
+mod common;
+
+use std::alloc::System;
+
+use atunnel_core::alloc::{self, CountingAlloc, CountingWith};
 use atunnel_core::sockopt::SocketOptions;
 use atunnel_core::{BufferPool, RelayStats, relay};
+use common::tcp_pair;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
-use tokio::net::{TcpListener, TcpStream};
 
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: CountingAlloc = CountingWith(System);
 
 const CHUNK: usize = 32 * 1024;
 const WARM_UP: usize = 4 << 20;
@@ -22,13 +26,6 @@ const STEADY: usize = 64 << 20;
 const PERIOD: usize = 251;
 /// Bytes per socket write or read on the outer sides.
 const IO: usize = 256 * 1024;
-
-async fn tcp_pair() -> (TcpStream, TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (c, s) = tokio::join!(TcpStream::connect(addr), listener.accept());
-    (c.expect("connect"), s.expect("accept").0)
-}
 
 /// Writes bytes `from..to` of the patterned stream.
 async fn send(w: &mut WriteHalf<'_>, pattern: &[u8], from: usize, to: usize) {

@@ -5,17 +5,18 @@
 //! when only the server ends are dropped.
 //! Run: `cargo run --release -p atunnel --example tls_idle_cost`.
 
+use std::alloc::System;
 use std::sync::Arc;
 use std::time::Duration;
 
 use atunnel::server_tls::{RecordStream, RecordTracking, ServerTls};
-use atunnel_core::alloc::{CountingAlloc, live_bytes};
+use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
 use atunnel_identity::pki::{CertificateAuthority, Usage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: CountingAlloc = CountingWith(System);
 
 const N: usize = 500;
 

@@ -3,7 +3,8 @@
 use clap::{Parser, Subcommand};
 
 #[global_allocator]
-static ALLOC: atunnel_core::alloc::CountingAlloc = atunnel_core::alloc::CountingAlloc;
+static ALLOC: atunnel_core::alloc::CountingAlloc =
+    atunnel_core::alloc::CountingWith(std::alloc::System);
 
 #[derive(Parser)]
 #[command(

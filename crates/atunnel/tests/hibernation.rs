@@ -8,11 +8,12 @@
 
 mod support;
 
+use std::alloc::System;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use atunnel::hibernate::Hibernation;
-use atunnel_core::alloc::{CountingAlloc, live_bytes};
+use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -20,7 +21,7 @@ use support::ingress::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: CountingAlloc = CountingWith(System);
 
 const CONNS: usize = 50;
 const FAST: Duration = Duration::from_millis(100);

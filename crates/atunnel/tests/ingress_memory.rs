@@ -6,13 +6,14 @@
 
 mod support;
 
+use std::alloc::System;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use atunnel_core::alloc::{CountingAlloc, live_bytes};
+use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -22,7 +23,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: CountingAlloc = CountingWith(System);
 
 static CHUNK: [u8; 64 * 1024] = [b'z'; 64 * 1024];
 
