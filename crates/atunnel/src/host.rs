@@ -65,14 +65,15 @@ pub struct HostArgs {
     /// CAs that sign the router's (ingress) and the node agent's certificates (PEM).
     #[arg(long)]
     pub trust_bundle: Option<PathBuf>,
-    /// Ingress HTTPS listen address (e.g. 0.0.0.0:443); ingress is off without it.
-    #[arg(long, requires_all = ["ingress_connect", "credential_bundle", "trust_bundle"])]
-    pub ingress_https: Option<SocketAddr>,
-    /// Ingress CONNECT listen address (e.g. 0.0.0.0:8443).
-    #[arg(long, requires = "ingress_https")]
-    pub ingress_connect: Option<SocketAddr>,
-    /// The worker's serving certificate chain and key in one PEM, re-read when it changes.
-    #[arg(long)]
+    /// Ingress HTTPS listen address; used when ingress is on (--credential-bundle).
+    #[arg(long, default_value = "0.0.0.0:443")]
+    pub ingress_https: SocketAddr,
+    /// Ingress CONNECT listen address; used when ingress is on (--credential-bundle).
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    pub ingress_connect: SocketAddr,
+    /// The worker's serving certificate chain and key in one PEM, re-read when it
+    /// changes. Ingress is on with it and off without it.
+    #[arg(long, requires = "trust_bundle")]
     pub credential_bundle: Option<PathBuf>,
     /// The only client identity ingress admits.
     #[arg(long, default_value = crate::ingress::ROUTER_SPIFFE_ID)]
@@ -190,12 +191,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
     };
     cfg.egress_port = args.egress_port;
     cfg.netns_prefix = args.netns_prefix.clone();
-    if let (Some(https), Some(connect), Some(bundle), Some(trust)) = (
-        args.ingress_https,
-        args.ingress_connect,
-        &args.credential_bundle,
-        &args.trust_bundle,
-    ) {
+    if let (Some(bundle), Some(trust)) = (&args.credential_bundle, &args.trust_bundle) {
         cfg.ingress = Some(IngressListen {
             config: IngressConfig {
                 credential_bundle: bundle.clone(),
@@ -207,8 +203,8 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
                 drain_timeout: crate::egress::DEFAULT_DRAIN_TIMEOUT,
                 hibernate_after: args.hibernate_after,
             },
-            https,
-            connect,
+            https: args.ingress_https,
+            connect: args.ingress_connect,
         });
     }
     if args.network == Network::Sandbox && !args.resolv_conf.as_os_str().is_empty() {
@@ -289,4 +285,44 @@ async fn host_actors(
     println!("{}", serde_json::to_string(&ready)?);
     cancel.cancelled().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::HostArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        host: HostArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<HostArgs, clap::Error> {
+        let base = ["atunnel", "--gateway=gw:443", "--gateway-ca=ca.pem"];
+        Cli::try_parse_from(base.iter().chain(extra)).map(|c| c.host)
+    }
+
+    #[test]
+    fn ingress_listens_on_443_and_8443_once_it_has_a_credential() {
+        let off = parse(&[]).unwrap();
+        assert!(off.credential_bundle.is_none(), "ingress is off by default");
+        let on = parse(&["--credential-bundle=b.pem", "--trust-bundle=t.pem"]).unwrap();
+        assert!(on.credential_bundle.is_some());
+        assert_eq!(on.ingress_https, "0.0.0.0:443".parse().unwrap());
+        assert_eq!(on.ingress_connect, "0.0.0.0:8443".parse().unwrap());
+        let moved = parse(&[
+            "--credential-bundle=b.pem",
+            "--trust-bundle=t.pem",
+            "--ingress-https=127.0.0.1:9443",
+            "--ingress-connect=127.0.0.1:9444",
+        ])
+        .unwrap();
+        assert_eq!(moved.ingress_https, "127.0.0.1:9443".parse().unwrap());
+        assert_eq!(moved.ingress_connect, "127.0.0.1:9444".parse().unwrap());
+        // The router is trusted through the trust bundle; without it ingress
+        // could not check the router, so the flag alone is refused.
+        assert!(parse(&["--credential-bundle=b.pem"]).is_err());
+    }
 }
