@@ -33,6 +33,12 @@ pub const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes of a refusal's body kept for the error.
 pub const MAX_REFUSAL_BODY: usize = 4 * 1024;
 
+/// How long a refusal's body may take to arrive after its status. A gateway
+/// writes the two back to back; a body without an end (no Content-Length on a
+/// kept-alive HTTP/1.1 connection, no END_STREAM over h2) would otherwise
+/// hold the refusal until the open timeout and turn it into a timeout.
+pub const DEFAULT_REFUSAL_BODY_WAIT: Duration = Duration::from_millis(250);
+
 /// HTTP/2 receive window per stream: what the gateway may send on one tunnel
 /// before the actor reads it. It bounds the heap one stalled tunnel can pin
 /// (this much in h2's receive queue) and the throughput of one tunnel
@@ -81,6 +87,8 @@ pub struct GatewayClientConfig {
     pub roots: Arc<rustls::RootCertStore>,
     pub socket: SocketOptions,
     pub open_timeout: Duration,
+    /// See [`DEFAULT_REFUSAL_BODY_WAIT`].
+    pub refusal_body_wait: Duration,
 }
 
 impl GatewayClientConfig {
@@ -95,6 +103,7 @@ impl GatewayClientConfig {
             roots,
             socket: SocketOptions::default(),
             open_timeout: DEFAULT_OPEN_TIMEOUT,
+            refusal_body_wait: DEFAULT_REFUSAL_BODY_WAIT,
         }
     }
 }
@@ -417,7 +426,7 @@ impl GatewayClient {
         let status = response.status();
         let mut body = response.into_body();
         if !status.is_success() {
-            let body = read_refusal_body_h2(&mut body).await;
+            let body = read_refusal_body_h2(&mut body, self.cfg.refusal_body_wait).await;
             return Err(H2Failure::Tunnel(TunnelError::ConnectRefused {
                 authority: authority.to_string(),
                 status: status.as_u16(),
@@ -463,9 +472,7 @@ impl GatewayClient {
             .content_length
             .unwrap_or(MAX_REFUSAL_BODY)
             .min(MAX_REFUSAL_BODY);
-        let mut body = Vec::with_capacity(limit);
-        // The body is best effort: the status is the answer.
-        let _ = (&mut *tls).take(limit as u64).read_to_end(&mut body).await;
+        let body = read_refusal_body_h1(&mut tls, limit, self.cfg.refusal_body_wait).await;
         Err(TunnelError::ConnectRefused {
             authority: authority.to_string(),
             status: head.status,
@@ -491,11 +498,34 @@ enum H2Failure {
     Tunnel(TunnelError),
 }
 
-async fn read_refusal_body_h2(body: &mut h2::RecvStream) -> String {
+/// Up to `limit` bytes of a refusal's body, or what arrived within `wait`.
+/// The body is best effort: the status is the answer.
+async fn read_refusal_body_h1(
+    tls: &mut TlsStream<TcpStream>,
+    limit: usize,
+    wait: Duration,
+) -> Vec<u8> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut body = vec![0u8; limit];
+    let mut filled = 0;
+    while filled < limit {
+        match tokio::time::timeout_at(deadline, tls.read(&mut body[filled..])).await {
+            Ok(Ok(n)) if n > 0 => filled += n,
+            _ => break,
+        }
+    }
+    body.truncate(filled);
+    body
+}
+
+/// Up to [`MAX_REFUSAL_BODY`] bytes of a refusal's body, or what arrived
+/// within `wait`.
+async fn read_refusal_body_h2(body: &mut h2::RecvStream, wait: Duration) -> String {
+    let deadline = tokio::time::Instant::now() + wait;
     let mut out = Vec::new();
     while out.len() < MAX_REFUSAL_BODY {
-        match body.data().await {
-            Some(Ok(chunk)) => {
+        match tokio::time::timeout_at(deadline, body.data()).await {
+            Ok(Some(Ok(chunk))) => {
                 let _ = body.flow_control().release_capacity(chunk.len());
                 let take = chunk.len().min(MAX_REFUSAL_BODY - out.len());
                 out.extend_from_slice(&chunk[..take]);

@@ -351,46 +351,6 @@ async fn gateway_refuses_certificates_without_the_actor_extension() {
 }
 
 #[tokio::test]
-async fn gateway_hanging_up_before_the_connect_answer_is_a_handshake_error() {
-    // A TLS server with the right certificate that closes after reading the
-    // CONNECT head.
-    let pki = Pki::new();
-    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(pki.gateway_cert.chain.clone(), pki.gateway_cert.key())
-    .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                if let Ok(mut tls) = acceptor.accept(tcp).await {
-                    let _ = atunnel::http1::read_head(&mut tls).await;
-                    drop(tls);
-                }
-            });
-        }
-    });
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let prepared = prepare(&pki, addr, actor("alpha"), source).await;
-    let err = prepared
-        .client()
-        .open_authority("192.0.2.10:443")
-        .await
-        .err()
-        .expect("fails");
-    assert!(matches!(err, TunnelError::GatewayHandshake { .. }), "{err}");
-}
-
-#[tokio::test]
 async fn opening_a_tunnel_is_bounded_in_time() {
     // Accepts TCP and never says a word.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
