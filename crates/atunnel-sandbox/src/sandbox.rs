@@ -7,7 +7,9 @@
 //! | gateway | gateway (`<name>-at`) | `atside` | 169.254.17.1/30 |
 //!
 //! Every sandbox has the same addresses (they are baked into snapshots), so
-//! a socket's namespace, not its address, says whose it is.
+//! a socket's namespace, not its address, says whose it is. The sandbox is
+//! IPv4 only: the veth still gets kernel IPv6 link-local addresses, and the
+//! gateway side drops every IPv6 packet from the actor (see [`crate::nft`]).
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 

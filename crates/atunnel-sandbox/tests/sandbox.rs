@@ -1,15 +1,283 @@
-//! Real sandboxes (root): namespaces, veth, the nftables redirect.
+//! Real sandboxes (root): namespaces, veth, the nftables redirect and filter.
 
-use std::net::SocketAddr;
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::time::{Duration, Instant};
 
 use atunnel_core::original_dst::original_dst;
-use atunnel_sandbox::sandbox::{DEFAULT_EGRESS_PORT, GATEWAY_ADDR, SandboxNetwork};
-use atunnel_sandbox::{NsExecutor, netns, require_root};
+use atunnel_sandbox::link::Netlink;
+use atunnel_sandbox::sandbox::{
+    ACTOR_IFACE, DEFAULT_EGRESS_PORT, GATEWAY_ADDR, GATEWAY_IFACE, SandboxNetwork,
+};
+use atunnel_sandbox::{NetNs, NsExecutor, netns, nft, require_root};
+use futures_util::TryStreamExt;
+use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags};
+use netlink_packet_route::link::{LinkAttribute, LinkFlags};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader};
+use rtnetlink::RouteMessageBuilder;
+use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn name(tag: &str) -> String {
     format!("atnt-{}-{tag}", std::process::id())
+}
+
+/// A netlink view of one namespace, opened here rather than through the
+/// crate's `Netlink`, so the layout is read back by something other than
+/// its builder.
+struct Observer(rtnetlink::Handle);
+
+struct Link {
+    name: String,
+    index: u32,
+    up: bool,
+}
+
+impl Observer {
+    async fn open(exec: &NsExecutor, ns: &NetNs) -> Self {
+        let runtime = tokio::runtime::Handle::current();
+        let (conn, handle, _) = exec
+            .run_in(ns, move || {
+                let _enter = runtime.enter();
+                rtnetlink::new_connection()
+            })
+            .await
+            .expect("executor")
+            .expect("netlink socket in the namespace");
+        tokio::spawn(conn);
+        Self(handle)
+    }
+
+    async fn links(&self) -> Vec<Link> {
+        let links: Vec<_> = self
+            .0
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .expect("dump links");
+        links
+            .into_iter()
+            .map(|l| Link {
+                name: l
+                    .attributes
+                    .iter()
+                    .find_map(|a| match a {
+                        LinkAttribute::IfName(n) => Some(n.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_default(),
+                index: l.header.index,
+                up: l.header.flags.contains(LinkFlags::Up),
+            })
+            .collect()
+    }
+
+    async fn link(&self, name: &str) -> Link {
+        self.links()
+            .await
+            .into_iter()
+            .find(|l| l.name == name)
+            .unwrap_or_else(|| panic!("no link {name}"))
+    }
+
+    /// Addresses on link `index`: address, prefix length, flags.
+    async fn addresses(&self, index: u32) -> Vec<(IpAddr, u8, AddressHeaderFlags)> {
+        let addrs: Vec<_> = self
+            .0
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .expect("dump addresses");
+        addrs
+            .into_iter()
+            .filter_map(|a| {
+                let ip = a.attributes.iter().find_map(|at| match at {
+                    AddressAttribute::Address(ip) => Some(*ip),
+                    _ => None,
+                })?;
+                Some((ip, a.header.prefix_len, a.header.flags))
+            })
+            .collect()
+    }
+
+    /// The main table's IPv4 default routes: gateway and output link.
+    async fn ipv4_default_routes(&self) -> Vec<(Option<Ipv4Addr>, Option<u32>)> {
+        let routes: Vec<_> = self
+            .0
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute()
+            .try_collect()
+            .await
+            .expect("dump routes");
+        routes
+            .into_iter()
+            .filter(|r| {
+                r.header.table == RouteHeader::RT_TABLE_MAIN
+                    && r.header.destination_prefix_length == 0
+            })
+            .map(|r| {
+                let via = r.attributes.iter().find_map(|a| match a {
+                    RouteAttribute::Gateway(RouteAddress::Inet(via)) => Some(*via),
+                    _ => None,
+                });
+                let oif = r.attributes.iter().find_map(|a| match a {
+                    RouteAttribute::Oif(i) => Some(*i),
+                    _ => None,
+                });
+                (via, oif)
+            })
+            .collect()
+    }
+
+    /// Waits (bounded) until `iface` has a link-local IPv6 address past
+    /// duplicate address detection (until then the kernel neither sends
+    /// from it nor accepts packets to it, so probing earlier proves nothing).
+    async fn usable_link_local(&self, iface: &str) -> (Ipv6Addr, u32) {
+        let index = self.link(iface).await.index;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = self
+                .addresses(index)
+                .await
+                .into_iter()
+                .find_map(|a| match a {
+                    (IpAddr::V6(ip), _, flags)
+                        if ip.is_unicast_link_local()
+                            && !flags.intersects(
+                                AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed,
+                            ) =>
+                    {
+                        Some(ip)
+                    }
+                    _ => None,
+                });
+            if let Some(ip) = ready {
+                return (ip, index);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{iface} has no usable link-local IPv6 address"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_namespace_holds_its_end_of_the_veth_addressed_and_routed() {
+    require_root("sandbox layout test");
+    let exec = NsExecutor::start().expect("executor");
+    let sb = SandboxNetwork::create(&exec, &name("layout"), DEFAULT_EGRESS_PORT)
+        .await
+        .expect("sandbox");
+    let gw = Observer::open(&exec, &sb.gateway).await;
+    let rt = Observer::open(&exec, &sb.runtime).await;
+    for (view, iface, addr) in [
+        (&gw, "atside", Ipv4Addr::new(169, 254, 17, 1)),
+        (&rt, "eth0", Ipv4Addr::new(169, 254, 17, 2)),
+    ] {
+        let links = view.links().await;
+        let names: BTreeSet<&str> = links.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            BTreeSet::from(["lo", iface]),
+            "links of {iface}'s side"
+        );
+        for link in &links {
+            assert!(link.up, "{} is down on {iface}'s side", link.name);
+        }
+        let index = view.link(iface).await.index;
+        let v4: Vec<_> = view
+            .addresses(index)
+            .await
+            .into_iter()
+            .filter(|(ip, _, _)| ip.is_ipv4())
+            .map(|(ip, prefix, _)| (ip, prefix))
+            .collect();
+        assert_eq!(v4, vec![(IpAddr::V4(addr), 30)], "addresses of {iface}");
+    }
+    let eth0 = rt.link("eth0").await.index;
+    assert_eq!(
+        rt.ipv4_default_routes().await,
+        vec![(Some(Ipv4Addr::new(169, 254, 17, 1)), Some(eth0))],
+        "the actor's default route goes via the gateway side"
+    );
+    assert!(
+        gw.ipv4_default_routes().await.is_empty(),
+        "the gateway namespace has no way out but atunnel's sockets"
+    );
+    sb.destroy(&exec).await.expect("destroy");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_dstnat_rule_redirects_outside_tcp_to_the_egress_port() {
+    require_root("ruleset test");
+    assert_eq!(DEFAULT_EGRESS_PORT, 15001);
+    // Not the default, so the rule is seen to follow the sandbox's port.
+    let port = 15123;
+    let exec = NsExecutor::start().expect("executor");
+    let sb = SandboxNetwork::create(&exec, &name("rules"), port)
+        .await
+        .expect("sandbox");
+    let listed = exec
+        .run_in(&sb.gateway, nft::list)
+        .await
+        .expect("executor")
+        .expect("nft list ruleset in the gateway namespace");
+    let items = listed["nftables"].as_array().expect("nftables array");
+    let of = |kind: &str| -> Vec<&Value> { items.iter().filter_map(|i| i.get(kind)).collect() };
+    let tables = of("table");
+    assert_eq!(tables.len(), 1, "one table: {listed}");
+    assert_eq!(
+        (&tables[0]["family"], &tables[0]["name"]),
+        (&json!("inet"), &json!(nft::TABLE)),
+        "an inet table, so IPv6 is filtered too"
+    );
+    let prerouting: Vec<_> = of("chain")
+        .into_iter()
+        .filter(|c| c["hook"] == "prerouting")
+        .collect();
+    assert_eq!(prerouting.len(), 1, "one prerouting chain: {listed}");
+    assert_eq!(prerouting[0]["type"], "nat");
+    assert_eq!(prerouting[0]["prio"], -100, "dstnat priority");
+    let rules = of("rule");
+    let in_prerouting: Vec<_> = rules
+        .iter()
+        .filter(|r| r["chain"] == prerouting[0]["name"])
+        .collect();
+    assert_eq!(
+        in_prerouting.len(),
+        1,
+        "exactly one redirect rule: {listed}"
+    );
+    assert_eq!(
+        in_prerouting[0]["expr"],
+        json!([
+            {"match": {"op": "!=",
+                "left": {"payload": {"protocol": "ip", "field": "daddr"}},
+                "right": {"prefix": {"addr": "169.254.17.0", "len": 30}}}},
+            {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+            {"redirect": {"port": port}}
+        ]),
+        "TCP outside the sandbox /30 goes to the egress port"
+    );
+    let nat_rules = rules
+        .iter()
+        .filter(|r| {
+            r["expr"].as_array().is_some_and(|e| {
+                e.iter()
+                    .any(|x| x.get("redirect").is_some() || x.get("dnat").is_some())
+            })
+        })
+        .count();
+    assert_eq!(nat_rules, 1, "no other rule rewrites destinations");
+    sb.destroy(&exec).await.expect("destroy");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,52 +307,231 @@ async fn redirected_connections_keep_their_original_destination() {
     sb.destroy(&exec).await.expect("destroy");
 }
 
+/// An address outside the sandbox that the gateway namespace answers for in
+/// this test, so nothing but the filter stands between a probe and a socket.
+const OUTSIDE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+const PROBE_PORT: u16 = 9;
+/// How long no forbidden probe may show up after the DNS probe, sent after
+/// all of them, has arrived.
+const QUIET: Duration = Duration::from_millis(300);
+const ICMP_ID: u16 = 0x4174;
+
+/// The actor's sockets, made in its runtime namespace.
+struct ActorProbes {
+    /// A raw ICMP socket behind tokio's UDP type: sendto and recv are the
+    /// same calls on a raw socket, and this needs no `unsafe` registration.
+    icmp: tokio::net::UdpSocket,
+    udp4: tokio::net::UdpSocket,
+    udp6: tokio::net::UdpSocket,
+    gateway_v6: SocketAddrV6,
+    all_nodes: SocketAddrV6,
+}
+
+impl ActorProbes {
+    async fn open(exec: &NsExecutor, sb: &SandboxNetwork, gateway_v6: Ipv6Addr, eth0: u32) -> Self {
+        let (icmp, udp4, udp6) = exec
+            .run_in(&sb.runtime, || {
+                // A raw socket, not a ping socket: ping sockets need the
+                // namespace's ping_group_range widened.
+                let icmp = socket2::Socket::new(
+                    socket2::Domain::IPV4,
+                    socket2::Type::RAW,
+                    Some(socket2::Protocol::ICMPV4),
+                )?;
+                icmp.set_nonblocking(true)?;
+                let udp4 = std::net::UdpSocket::bind("0.0.0.0:0")?;
+                udp4.set_nonblocking(true)?;
+                let udp6 = std::net::UdpSocket::bind("[::]:0")?;
+                udp6.set_nonblocking(true)?;
+                Ok::<_, std::io::Error>((icmp, udp4, udp6))
+            })
+            .await
+            .expect("executor")
+            .expect("sockets in the runtime namespace");
+        Self {
+            icmp: tokio::net::UdpSocket::from_std(icmp.into()).expect("register raw socket"),
+            udp4: tokio::net::UdpSocket::from_std(udp4).expect("register"),
+            udp6: tokio::net::UdpSocket::from_std(udp6).expect("register"),
+            gateway_v6: SocketAddrV6::new(gateway_v6, PROBE_PORT, 0, eth0),
+            all_nodes: SocketAddrV6::new(
+                "ff02::1".parse().expect("all-nodes"),
+                PROBE_PORT,
+                0,
+                eth0,
+            ),
+        }
+    }
+
+    /// ICMP echo to the gateway side and outside; UDP (not DNS) to both;
+    /// UDP over IPv6 to the gateway side's link-local and to all nodes.
+    async fn send_forbidden(&self) {
+        for (seq, to) in [GATEWAY_ADDR, OUTSIDE].into_iter().enumerate() {
+            let to = SocketAddr::from((to, 0));
+            self.icmp
+                .send_to(&echo_request(ICMP_ID, seq as u16), to)
+                .await
+                .expect("send echo request");
+        }
+        for (payload, to) in [
+            (&b"v4 gateway"[..], GATEWAY_ADDR),
+            (&b"v4 outside"[..], OUTSIDE),
+        ] {
+            self.udp4
+                .send_to(payload, (to, PROBE_PORT))
+                .await
+                .expect("send UDP");
+        }
+        self.udp6
+            .send_to(b"v6 unicast", self.gateway_v6)
+            .await
+            .expect("send UDP over IPv6");
+        self.udp6
+            .send_to(b"v6 all-nodes", self.all_nodes)
+            .await
+            .expect("send UDP over IPv6 multicast");
+    }
+
+    /// The source of the next echo reply to our requests.
+    async fn echo_reply(&self) -> Ipv4Addr {
+        let mut buf = [0u8; 1500];
+        loop {
+            let n = self.icmp.recv(&mut buf).await.expect("read raw socket");
+            let ihl = usize::from(buf[0] & 0x0f) * 4;
+            let icmp = &buf[ihl.min(n)..n];
+            if icmp.len() >= 8 && icmp[0] == 0 && icmp[4..6] == ICMP_ID.to_be_bytes() {
+                return Ipv4Addr::new(buf[12], buf[13], buf[14], buf[15]);
+            }
+        }
+    }
+}
+
+fn echo_request(id: u16, seq: u16) -> [u8; 16] {
+    let mut p = [0u8; 16];
+    p[0] = 8; // echo request, code 0
+    p[4..6].copy_from_slice(&id.to_be_bytes());
+    p[6..8].copy_from_slice(&seq.to_be_bytes());
+    p[8..].copy_from_slice(b"atunnel!");
+    let mut sum: u32 = p
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    p[2..4].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    p
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_tcp_and_dns_leave_the_actor() {
+async fn only_ipv4_tcp_and_dns_leave_the_actor() {
     require_root("filter test");
     let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("udp"), DEFAULT_EGRESS_PORT)
+    let sb = SandboxNetwork::create(&exec, &name("filter"), DEFAULT_EGRESS_PORT)
         .await
         .expect("sandbox");
+    Netlink::open(&exec, &sb.gateway)
+        .await
+        .expect("netlink")
+        .add_address("lo", OUTSIDE, 32)
+        .await
+        .expect("outside address in the gateway namespace");
+    let (gateway_v6, _) = Observer::open(&exec, &sb.gateway)
+        .await
+        .usable_link_local(GATEWAY_IFACE)
+        .await;
+    let (_, eth0) = Observer::open(&exec, &sb.runtime)
+        .await
+        .usable_link_local(ACTOR_IFACE)
+        .await;
+
+    // Gateway side: DNS, a dual-stack UDP socket every probe would reach,
+    // and a dual-stack TCP listener for the IPv6 dial.
     let dns = sb
         .bind_udp(&exec, SocketAddr::from((GATEWAY_ADDR, 53)))
         .await
         .expect("dns socket");
-    let other = sb
-        .bind_udp(&exec, SocketAddr::from((GATEWAY_ADDR, 5353)))
+    let any_udp = sb
+        .bind_udp(&exec, SocketAddr::from((Ipv6Addr::UNSPECIFIED, PROBE_PORT)))
         .await
-        .expect("other socket");
-    let runtime = sb.runtime.clone();
-    let sender = exec
-        .run_in(&runtime, || {
-            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
-            s.set_nonblocking(true)?;
-            Ok::<_, std::io::Error>(s)
+        .expect("probe socket");
+    let any_tcp = sb
+        .listen_tcp(&exec, SocketAddr::from((Ipv6Addr::UNSPECIFIED, 8080)))
+        .await
+        .expect("probe listener");
+    let actor = ActorProbes::open(&exec, &sb, gateway_v6, eth0).await;
+    let tcp6_dest = SocketAddr::V6(SocketAddrV6::new(gateway_v6, 8080, 0, eth0));
+
+    // Every forbidden probe first, the DNS probe last: once DNS is in, a
+    // probe let through would be in too, or follow within the quiet period.
+    let mut buf = [0u8; 64];
+    {
+        let dial = sb.connect_from_runtime(&exec, tcp6_dest);
+        tokio::pin!(dial);
+        actor.send_forbidden().await;
+        actor
+            .udp4
+            .send_to(b"dns query", (GATEWAY_ADDR, 53))
+            .await
+            .expect("send DNS");
+        let (n, _) = tokio::time::timeout(Duration::from_secs(5), dns.recv_from(&mut buf))
+            .await
+            .expect("DNS arrives")
+            .expect("recv");
+        assert_eq!(&buf[..n], b"dns query");
+        let leaked = tokio::time::timeout(QUIET, async {
+            tokio::select! {
+                from = actor.echo_reply() => format!("ICMP echo answered by {from}"),
+                got = any_udp.recv_from(&mut buf) => {
+                    let (n, _) = got.expect("recv");
+                    format!("UDP {:?} delivered", String::from_utf8_lossy(&buf[..n]))
+                }
+                _ = any_tcp.accept() => "TCP over IPv6 accepted".to_string(),
+                Ok(_) = &mut dial => "TCP over IPv6 connected".to_string(),
+            }
         })
+        .await;
+        assert!(leaked.is_err(), "the filter let through: {leaked:?}");
+    }
+
+    // The same probes with the ruleset gone do arrive: the filter stopped
+    // them, not a probe that could never work.
+    let delete =
+        json!({"nftables": [{"delete": {"table": {"family": nft::FAMILY, "name": nft::TABLE}}}]});
+    exec.run_in(&sb.gateway, move || nft::apply(&delete))
         .await
         .expect("executor")
-        .expect("udp socket in the runtime namespace");
-    let sender = tokio::net::UdpSocket::from_std(sender).expect("register");
-    // Send to the filtered port first: if it were let through, it would be
-    // waiting on `other` by the time DNS arrives on `dns`.
-    sender
-        .send_to(b"not dns", (GATEWAY_ADDR, 5353))
+        .expect("delete the table");
+    actor.send_forbidden().await;
+    let unfiltered = async {
+        let mut answered = BTreeSet::new();
+        while answered.len() < 2 {
+            answered.insert(actor.echo_reply().await);
+        }
+        assert_eq!(answered, BTreeSet::from([GATEWAY_ADDR, OUTSIDE]));
+        let mut delivered = BTreeSet::new();
+        while delivered.len() < 4 {
+            let (n, _) = any_udp.recv_from(&mut buf).await.expect("recv");
+            delivered.insert(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        assert_eq!(
+            delivered,
+            BTreeSet::from(
+                ["v4 gateway", "v4 outside", "v6 unicast", "v6 all-nodes"].map(String::from)
+            )
+        );
+        let (_client, accepted) = tokio::join!(
+            async {
+                sb.connect_from_runtime(&exec, tcp6_dest)
+                    .await
+                    .expect("IPv6 dial")
+            },
+            any_tcp.accept()
+        );
+        accepted.expect("IPv6 accept");
+    };
+    tokio::time::timeout(Duration::from_secs(10), unfiltered)
         .await
-        .expect("send");
-    sender
-        .send_to(b"dns query", (GATEWAY_ADDR, 53))
-        .await
-        .expect("send");
-    let mut buf = [0u8; 64];
-    let (n, _) = tokio::time::timeout(Duration::from_secs(5), dns.recv_from(&mut buf))
-        .await
-        .expect("DNS arrives")
-        .expect("recv");
-    assert_eq!(&buf[..n], b"dns query");
-    assert!(
-        other.try_recv_from(&mut buf).is_err(),
-        "UDP other than DNS got through"
-    );
+        .expect("unfiltered probes arrive");
     sb.destroy(&exec).await.expect("destroy");
 }
 

@@ -1,9 +1,12 @@
 //! Sandboxes served and closed through the worker's calls leave nothing
-//! behind: no namespace, link, descriptor or task (root). Its own test binary,
+//! behind: no namespace (so no link in one), descriptor or task (root). Its own test binary,
 //! so descriptor and task counts are this test's alone.
 
 mod support;
 
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +36,58 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").expect("fds").count()
 }
 
+/// A namespace's identity: its nsfs device and inode, which `/proc/*/ns/net`
+/// shows as `net:[INODE]`.
+fn ns_identity(path: &Path) -> (u64, u64) {
+    let meta = std::fs::metadata(path).expect("stat namespace");
+    (meta.dev(), meta.ino())
+}
+
+/// Who on the host still refers to any of `namespaces`: a task in one, or
+/// an open descriptor on one. Compared by stat, not by link text: a
+/// descriptor opened through `/run/netns/<name>` reads back as that path.
+/// A namespace nobody refers to is freed by the kernel, and with it every
+/// link in it (a leaked veth would mean a namespace kept alive).
+fn holders(namespaces: &HashSet<(u64, u64)>) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for proc in procs.filter_map(Result::ok) {
+        // Numbered entries only: `self` and `thread-self` repeat one of them.
+        if proc.file_name().to_string_lossy().parse::<u32>().is_err() {
+            continue;
+        }
+        let dir = proc.path();
+        // Processes come and go while we look; a vanished one holds nothing.
+        let tasks = std::fs::read_dir(dir.join("task"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|t| t.path().join("ns/net"));
+        let fds = std::fs::read_dir(dir.join("fd"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|f| f.path());
+        for link in std::iter::once(dir.join("ns/net")).chain(tasks).chain(fds) {
+            let Ok(meta) = std::fs::metadata(&link) else {
+                continue;
+            };
+            if namespaces.contains(&(meta.dev(), meta.ino())) {
+                let target = std::fs::read_link(&link).unwrap_or_default();
+                found.push(format!(
+                    "{} -> {} (net:[{}])",
+                    link.display(),
+                    target.display(),
+                    meta.ino()
+                ));
+            }
+        }
+    }
+    found
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_sandboxes_come_and_go_without_a_trace() {
     require_root("sandbox churn test");
@@ -59,6 +114,21 @@ async fn two_hundred_sandboxes_come_and_go_without_a_trace() {
     }
     let create = started.elapsed();
     let kernel_during = kernel_bytes();
+    let namespaces: HashSet<(u64, u64)> = actors
+        .iter()
+        .flat_map(|a| {
+            let sandbox = tunnel.sandbox(a).expect("sandbox being served");
+            [
+                ns_identity(&sandbox.runtime.path()),
+                ns_identity(&sandbox.gateway.path()),
+            ]
+        })
+        .collect();
+    assert_eq!(namespaces.len(), 2 * N, "every namespace is its own");
+    assert!(
+        holders(&namespaces).len() >= 2 * N,
+        "every served sandbox's namespaces are seen held (atunnel keeps a descriptor on each)"
+    );
     // Each sandbox: egress listener, DNS over UDP and TCP, one task each.
     assert_eq!(metrics.num_alive_tasks() - tasks_before, 3 * N);
     let started = Instant::now();
@@ -79,7 +149,16 @@ async fn two_hundred_sandboxes_come_and_go_without_a_trace() {
         .filter(|n| n.starts_with(&prefix))
         .collect();
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    let held = holders(&namespaces);
+    assert!(
+        held.is_empty(),
+        "{} references to closed sandboxes' namespaces, e.g. {:?}",
+        held.len(),
+        &held[..held.len().min(5)]
+    );
     assert_eq!(open_fds(), fds_before, "file descriptors left behind");
+    // The veth pairs were made in the sandboxes' namespaces, never here;
+    // that they left with those namespaces is the check above.
     assert_eq!(
         host_links(),
         links_before,

@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,7 @@ use atunnel_sandbox::sandbox::GATEWAY_ADDR;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::{oneshot, watch};
 
 fn echo_sink() -> Mode {
     Mode::Sink(SinkConfig {
@@ -165,28 +167,101 @@ async fn deactivating_one_actor_mid_transfer_leaves_the_other_untouched() {
         streams.push(s);
     }
     let mut sb = streams.pop().expect("b");
-    let mut sa = streams.pop().expect("a");
-    // Both mid-transfer.
-    echo_check(&mut sa, &random(1 << 20, 1)).await;
-    echo_check(&mut sb, &random(1 << 20, 2)).await;
-    let (_, mut a_w) = sa.into_split();
+    let sa = streams.pop().expect("a");
+
+    // A writes (and drains its echo) until its tunnel is torn down.
+    let (mut a_read, mut a_write) = sa.into_split();
+    let (a_sent_tx, mut a_sent) = watch::channel(0usize);
     let a_writer = tokio::spawn(async move {
-        // Keeps writing until the tunnel is torn down under it.
         let chunk = vec![7u8; 64 * 1024];
         loop {
-            if a_w.write_all(&chunk).await.is_err() {
-                return;
+            if let Err(e) = a_write.write_all(&chunk).await {
+                return e;
+            }
+            a_sent_tx.send_modify(|n| *n += chunk.len());
+        }
+    });
+    let a_reader = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match a_read.read(&mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(_) => {}
+                Err(e) => return Err(e),
             }
         }
     });
+    // B echoes 16 MiB; its second half goes only once A is deactivated, so
+    // B is mid-transfer when that happens.
+    let (b_got_tx, mut b_got) = watch::channel(0usize);
+    let (a_gone_tx, a_gone) = oneshot::channel::<()>();
+    let b_transfer = tokio::spawn(async move {
+        let data = random(16 << 20, 2);
+        let (mut r, mut w) = sb.split();
+        let write = async {
+            let (first, rest) = data.split_at(data.len() / 2);
+            w.write_all(first).await?;
+            let _ = a_gone.await;
+            w.write_all(rest).await
+        };
+        let read = async {
+            let mut got = vec![0u8; data.len()];
+            let mut n = 0;
+            while n < got.len() {
+                match r.read(&mut got[n..]).await? {
+                    0 => return Err(std::io::Error::from(ErrorKind::UnexpectedEof)),
+                    m => n += m,
+                }
+                b_got_tx.send_replace(n);
+            }
+            Ok(got)
+        };
+        let (written, got) = tokio::join!(write, read);
+        written.expect("B writes");
+        let got = got.expect("B reads its echo");
+        assert!(got == data, "B's bytes corrupted");
+        sb
+    });
 
-    tunnel.deactivate(&a).await.expect("deactivate a");
-    tokio::time::timeout(Duration::from_secs(10), a_writer)
+    let both_moving = async {
+        a_sent.wait_for(|n| *n >= 1 << 20).await.expect("A writing");
+        b_got.wait_for(|n| *n >= 1 << 20).await.expect("B echoing");
+    };
+    tokio::time::timeout(Duration::from_secs(30), both_moving)
         .await
-        .expect("a's socket was closed by deactivation")
+        .expect("both actors move a MiB");
+    tunnel.deactivate(&a).await.expect("deactivate a");
+    a_gone_tx.send(()).expect("B is still transferring");
+
+    let write_err = tokio::time::timeout(Duration::from_secs(10), a_writer)
+        .await
+        .expect("A's writes fail once it is deactivated")
         .expect("writer");
-    // b keeps going, intact.
-    echo_check(&mut sb, &random(4 << 20, 3)).await;
+    assert!(
+        matches!(
+            write_err.kind(),
+            ErrorKind::BrokenPipe | ErrorKind::ConnectionReset
+        ),
+        "A's write half: {write_err}"
+    );
+    let read_end = tokio::time::timeout(Duration::from_secs(10), a_reader)
+        .await
+        .expect("A's reads end once it is deactivated")
+        .expect("reader");
+    if let Err(e) = read_end {
+        assert_eq!(e.kind(), ErrorKind::ConnectionReset, "A's read half: {e}");
+    }
+
+    let mut sb = tokio::time::timeout(Duration::from_secs(60), b_transfer)
+        .await
+        .expect("B's transfer completes")
+        .expect("B's transfer intact");
+    echo_check(&mut sb, &random(64 * 1024, 3)).await;
+    tunnel
+        .deactivate(&a)
+        .await
+        .expect("deactivating again is a no-op");
+    echo_check(&mut sb, &random(64 * 1024, 4)).await;
     // a's sandbox admits nothing now.
     let sandbox_a = tunnel.sandbox(&a).expect("a's sandbox still exists");
     let mut late = sandbox_a
