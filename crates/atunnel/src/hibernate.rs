@@ -171,6 +171,8 @@ pub async fn with_hibernation<F: Future>(
 pub struct Activity {
     io_events: AtomicU64,
     in_flight: AtomicUsize,
+    /// Requests begun on the connection so far.
+    requests: AtomicU64,
     /// Set by [`with_hibernation`], taken by the stream's next idle read.
     sleep_requested: AtomicBool,
 }
@@ -183,8 +185,14 @@ impl Activity {
     /// Held by a request until its response has been handed over entirely.
     pub fn request(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
         self.touch();
         InFlight(self.clone())
+    }
+
+    /// Requests begun on the connection so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
     }
 
     /// Resolves once a whole `period` passed with no I/O and no request in

@@ -202,6 +202,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
                 sandbox_socket: args.socket.sandbox_options(),
                 drain_timeout: crate::egress::DEFAULT_DRAIN_TIMEOUT,
                 hibernate_after: args.hibernate_after,
+                header_read_timeout: crate::ingress::https::HEADER_READ_TIMEOUT,
             },
             https: args.ingress_https,
             connect: args.ingress_connect,

@@ -83,6 +83,7 @@ async fn fixture(test: &str) -> Fixture {
             // in-flight streams were cancelled rather than waited out.
             drain_timeout: Duration::from_secs(60),
             hibernate_after: atunnel::hibernate::DEFAULT_AFTER,
+            header_read_timeout: atunnel::ingress::https::HEADER_READ_TIMEOUT,
         },
         https: local,
         connect: local,

@@ -8,13 +8,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use atunnel::ingress::https::HEADER_READ_TIMEOUT;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::ingress::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
@@ -41,17 +43,26 @@ type ActorBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 /// `/upload` counts the body, `/download/N` streams N bytes, `/hold` waits
 /// for `release` before answering.
 async fn actor_server(release: Arc<Notify>) -> SocketAddr {
+    http1_actor(move |req| actor_answer(req, release.clone())).await
+}
+
+/// The actor port served by a second HTTP/1.1 server, which names the port
+/// in its answers.
+const OTHER_PORT: u16 = 8080;
+/// The actor port served by an h2c (gRPC) server.
+const GRPC_PORT: u16 = 50051;
+
+/// An h2c actor on loopback, answering with what it saw.
+async fn h2c_actor() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
-            let release = release.clone();
             tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let release = release.clone();
-                    async move { Ok::<_, Infallible>(actor_answer(req, release).await) }
+                let svc = service_fn(|req: Request<Incoming>| async move {
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(describe(&req)))))
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tcp), svc)
                     .await;
             });
@@ -111,21 +122,36 @@ fn empty(b: http::request::Builder) -> Request<Full<Bytes>> {
 struct Fixture {
     pki: IngressPki,
     running: RunningIngress,
-    actor_port: u16,
     release: Arc<Notify>,
 }
 
-/// One active actor `team-a/alpha`, port 80 mapped to its loopback server.
+/// One active actor `team-a/alpha`: port 80 mapped to [`actor_server`],
+/// [`OTHER_PORT`] to a server that names that port, [`GRPC_PORT`] to
+/// [`h2c_actor`].
 async fn fixture() -> Fixture {
+    fixture_tuned(|_| {}).await
+}
+
+/// [`fixture`] with the ingress config changed by `tune`.
+async fn fixture_tuned(tune: impl FnOnce(&mut atunnel::ingress::IngressConfig)) -> Fixture {
     let pki = IngressPki::new();
-    let running = ingress(&pki).await;
+    let running = ingress_tuned(&pki, tune).await;
     let release = Arc::new(Notify::new());
     let actor = actor_server(release.clone()).await;
-    running.activate_alpha(&[(80, actor.port())]);
+    let other = http1_actor(|req| async move {
+        let seen = format!("port {OTHER_PORT}: {}", describe(&req));
+        http::Response::new(Full::new(Bytes::from(seen)))
+    })
+    .await;
+    let grpc = h2c_actor().await;
+    running.activate_alpha(&[
+        (80, actor.port()),
+        (OTHER_PORT, other.port()),
+        (GRPC_PORT, grpc.port()),
+    ]);
     Fixture {
         pki,
         running,
-        actor_port: actor.port(),
         release,
     }
 }
@@ -191,21 +217,35 @@ async fn unknown_invalid_missing_or_inactive_actors_get_421_stale() {
     assert_eq!(resp.status(), 421, "inactive actor");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_port_header_selects_the_actor_port_and_is_stripped() {
     let f = fixture().await;
-    let mut conn = RouterConn::open(&f.pki, f.running.https, false).await;
-    let req = get("/describe", Some("team-a/alpha"))
-        .header("x-ate-target-port", f.actor_port.to_string());
-    let resp = conn.send(empty(req)).await.expect("response");
-    assert_eq!(resp.status(), 200);
-    let seen = body_text(resp).await;
-    assert!(!seen.contains("x-ate-target-port"), "{seen}");
-    // Invalid values fall back to 80 (mapped to the same actor here).
-    for bad in ["0", "70000", "eighty"] {
-        let req = get("/describe", Some("team-a/alpha")).header("x-ate-target-port", bad);
-        let resp = conn.send(empty(req)).await.expect("response");
-        assert_eq!(resp.status(), 200, "{bad}");
+    let other = format!("port {OTHER_PORT}: GET /describe HTTP/1.1");
+    let port_80 = "GET /describe HTTP/1.1";
+    // Invalid values fall back to 80.
+    let cases = [
+        (Some(OTHER_PORT.to_string()), other.as_str()),
+        (None, port_80),
+        (Some("0".into()), port_80),
+        (Some("70000".into()), port_80),
+        (Some("eighty".into()), port_80),
+    ];
+    for h2 in [false, true] {
+        let mut conn = RouterConn::open(&f.pki, f.running.https, h2).await;
+        for (port, answered_by) in &cases {
+            let mut req = get("/describe", Some("team-a/alpha"));
+            if let Some(port) = port {
+                req = req.header("x-ate-target-port", port);
+            }
+            let resp = conn.send(empty(req)).await.expect("response");
+            assert_eq!(resp.status(), 200, "h2={h2} port={port:?}");
+            let seen = body_text(resp).await;
+            assert!(
+                seen.starts_with(answered_by),
+                "h2={h2} port={port:?}: {seen}"
+            );
+            assert!(!seen.contains("x-ate-target-port"), "{seen}");
+        }
     }
 }
 
@@ -244,7 +284,6 @@ async fn only_the_router_identity_from_the_trusted_ca_gets_in() {
             let refused = async {
                 let mut tls = router_tls(&f.pki, addr, Some(id), None, &[b"http/1.1"]).await?;
                 // Under TLS 1.3 the refusal arrives with the first read.
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
                 tls.write_all(
                     b"GET / HTTP/1.1\r\nhost: x\r\nate-target-actor: team-a/alpha\r\n\r\n",
                 )
@@ -401,4 +440,174 @@ async fn a_rotated_serving_certificate_is_used_without_a_restart() {
             .expect("TLS"),
     );
     assert_eq!(kept, rotated.chain[0]);
+}
+
+/// Short in tests; production keeps [`HEADER_READ_TIMEOUT`].
+const SHORT_HEADER_TIMEOUT: Duration = Duration::from_millis(300);
+
+#[test]
+fn header_read_timeout_defaults_to_10_s() {
+    assert_eq!(HEADER_READ_TIMEOUT, Duration::from_secs(10));
+}
+
+/// An HTTP/1.1 keep-alive connection idle for longer than the header read
+/// timeout is still open and serves its next request: the timeout bounds
+/// sending a head, not the wait for one. Checked with hibernation off, and
+/// with hibernation due after the timeout (the default order: 10 s, 15 s),
+/// where the idle connection must still hibernate and wake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_outlives_the_header_read_timeout() {
+    for hibernate_after in [Duration::ZERO, SHORT_HEADER_TIMEOUT * 2] {
+        let f = fixture_tuned(|cfg| {
+            cfg.header_read_timeout = SHORT_HEADER_TIMEOUT;
+            cfg.hibernate_after = hibernate_after;
+        })
+        .await;
+        let mut conn = RouterConn::open(&f.pki, f.running.https, false).await;
+        let resp = conn
+            .send(empty(get("/describe", Some("team-a/alpha"))))
+            .await
+            .expect("first request");
+        assert_eq!(resp.status(), 200);
+        body_text(resp).await;
+        let hibernation = f.running.ingress.hibernation();
+        if hibernate_after.is_zero() {
+            // The idle period under test.
+            tokio::time::sleep(SHORT_HEADER_TIMEOUT * 3).await;
+        } else {
+            let slept = hibernation.wait_until(|s| s.hibernations >= 1);
+            tokio::time::timeout(Duration::from_secs(10), slept)
+                .await
+                .expect("the idle connection hibernates");
+        }
+        let resp = conn
+            .send(empty(get("/describe", Some("team-a/alpha"))))
+            .await
+            .unwrap_or_else(|e| panic!("hibernate_after={hibernate_after:?}: {e}"));
+        assert_eq!(resp.status(), 200);
+        body_text(resp).await;
+        if !hibernate_after.is_zero() {
+            assert!(hibernation.stats().wakes >= 1, "{:?}", hibernation.stats());
+        }
+    }
+}
+
+/// Reads one HTTP/1.1 response with a Content-Length body, as text.
+async fn read_response<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> String {
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        let n = stream.read(&mut byte).await.expect("response head");
+        assert_eq!(n, 1, "closed inside a response head: {got:?}");
+        got.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no content-length: {head}"));
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.expect("response body");
+    got.extend_from_slice(&body);
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// hyper's client lowercases header names, so mixed case is written here
+/// byte for byte: both routing headers are matched whatever their case
+/// (the port header picks [`OTHER_PORT`]) and neither reaches the actor.
+#[tokio::test]
+async fn routing_headers_in_any_case_route_and_are_stripped() {
+    let f = fixture().await;
+    let mut tls = router_tls(&f.pki, f.running.https, None, None, &[b"http/1.1"])
+        .await
+        .expect("TLS");
+    let request = format!(
+        "GET /describe HTTP/1.1\r\nHost: app.example.com\r\n\
+         ATE-Target-Actor: team-a/alpha\r\nX-ATE-TARGET-PORT: {OTHER_PORT}\r\n\r\n"
+    );
+    tls.write_all(request.as_bytes()).await.expect("request");
+    let response = read_response(&mut tls).await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    let (_, seen) = response.split_once("\r\n\r\n").expect("head and body");
+    assert!(
+        seen.starts_with(&format!("port {OTHER_PORT}: GET /describe HTTP/1.1")),
+        "{seen}"
+    );
+    assert!(seen.contains("host=app.example.com"), "{seen}");
+    assert!(
+        !seen.to_ascii_lowercase().contains("ate-target-"),
+        "routing headers stripped: {seen}"
+    );
+}
+
+/// gRPC goes to the actor over h2c, on the port the router picked, with the
+/// router's authority as `:authority` (not the actor's address).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_reaches_the_actor_over_h2c_with_the_routers_authority() {
+    let f = fixture().await;
+    let mut conn = RouterConn::open(&f.pki, f.running.https, true).await;
+    let call = Request::builder()
+        .method("POST")
+        .uri("https://app.example.com/atunnel.test.Echo/Call")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("ate-target-actor", "team-a/alpha")
+        .header("x-ate-target-port", GRPC_PORT.to_string())
+        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .expect("request");
+    let resp = conn.send(call).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let seen = body_text(resp).await;
+    assert!(
+        seen.starts_with("POST http://app.example.com/atunnel.test.Echo/Call HTTP/2.0"),
+        "{seen}"
+    );
+    assert!(seen.contains("x-forwarded-host=app.example.com"), "{seen}");
+    assert!(!seen.contains("ate-target-"), "{seen}");
+}
+
+/// A client that sends part of a request head and stops is closed, with
+/// nothing answered, a header read timeout after its first byte at the
+/// soonest: on a fresh connection, and after a keep-alive request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_not_sent_within_the_header_read_timeout_closes_the_connection() {
+    let f = fixture_tuned(|cfg| {
+        cfg.header_read_timeout = SHORT_HEADER_TIMEOUT;
+        cfg.hibernate_after = Duration::ZERO;
+    })
+    .await;
+    for after_a_request in [false, true] {
+        let mut tls = router_tls(&f.pki, f.running.https, None, None, &[b"http/1.1"])
+            .await
+            .expect("TLS");
+        if after_a_request {
+            tls.write_all(
+                b"GET /describe HTTP/1.1\r\nHost: x\r\nate-target-actor: team-a/alpha\r\n\r\n",
+            )
+            .await
+            .expect("request");
+            let response = read_response(&mut tls).await;
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        }
+        let started = tokio::time::Instant::now();
+        tls.write_all(b"GET /describe HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .expect("part of a head");
+        let mut answered = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut answered))
+            .await
+            .unwrap_or_else(|_| panic!("after_a_request={after_a_request}: left open"));
+        let elapsed = started.elapsed();
+        assert!(closed.is_ok(), "a clean TLS close: {closed:?}");
+        assert!(
+            answered.is_empty(),
+            "{:?}",
+            String::from_utf8_lossy(&answered)
+        );
+        assert!(
+            elapsed >= SHORT_HEADER_TIMEOUT,
+            "after_a_request={after_a_request}: closed after {elapsed:?}"
+        );
+    }
 }

@@ -200,11 +200,18 @@ async fn forward(
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    let Ok(uri) = format!(
-        "http://{}{path}",
-        atunnel_sandbox::sandbox::actor_addr(port)
-    )
-    .parse::<http::Uri>() else {
+    // h2 sends the URI's authority as `:authority`, so gRPC keeps the
+    // router's there (its h2c client dials by port, whatever the URI says);
+    // HTTP/1.1 keeps it in Host, and its client dials the URI's port.
+    let authority = host
+        .as_ref()
+        .filter(|_| grpc)
+        .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
+        .map_or_else(
+            || atunnel_sandbox::sandbox::actor_addr(port).to_string(),
+            |a| a.to_string(),
+        );
+    let Ok(uri) = format!("http://{authority}{path}").parse::<http::Uri>() else {
         return text(StatusCode::BAD_REQUEST, "bad request target\n");
     };
     parts.uri = uri;
@@ -218,7 +225,7 @@ async fn forward(
     headers.remove(TARGET_ACTOR);
     headers.remove(TARGET_PORT);
     if grpc {
-        // h2 carries the authority as :authority, from the URI.
+        // Carried as :authority instead.
         headers.remove(header::HOST);
     } else if let Some(host) = &host {
         headers.insert(header::HOST, host.clone());
@@ -226,8 +233,10 @@ async fn forward(
     set_forwarded(headers, client, host.as_ref());
 
     let upstream = Request::from_parts(parts, body.boxed_unsync());
+    let h2c;
     let pool = if grpc {
-        &activation.h2c
+        h2c = activation.h2c(port);
+        &h2c
     } else {
         &activation.http1
     };

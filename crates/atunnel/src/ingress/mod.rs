@@ -48,6 +48,10 @@ pub struct IngressConfig {
     /// Idle time after which a connection drops its rustls session for its
     /// traffic keys and, over HTTP/1.1, hyper's buffers (zero: never).
     pub hibernate_after: Duration,
+    /// How long an HTTP/1.1 client may take to send a request head, from its
+    /// first byte (default [`https::HEADER_READ_TIMEOUT`], 10 s). An idle
+    /// keep-alive connection is not timed by it.
+    pub header_read_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +164,7 @@ impl Ingress {
             let socket = self.cfg.socket;
             let cancel = cancel.clone();
             let hibernation = self.hibernation.clone();
+            let header_read_timeout = self.cfg.header_read_timeout;
             let fut = async move {
                 if socket.apply(&tcp).is_err() {
                     return;
@@ -167,7 +172,15 @@ impl Ingress {
                 // Boxed: the handshake's state is needed only until it ends.
                 let accept = server_tls::accept(&acceptor, tcp, https::HEADER_READ_TIMEOUT);
                 if let Ok(tls) = Box::pin(accept).await {
-                    router_conn::serve(tls, routes, client, hibernation, cancel).await;
+                    router_conn::serve(
+                        tls,
+                        routes,
+                        client,
+                        hibernation,
+                        header_read_timeout,
+                        cancel,
+                    )
+                    .await;
                 }
             };
             HTTPS_FUTURE_BYTES.store(std::mem::size_of_val(&fut), Ordering::Relaxed);

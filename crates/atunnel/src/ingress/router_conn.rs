@@ -1,6 +1,13 @@
 //! One accepted router connection on the HTTPS listener, after TLS: HTTP/2
 //! when ALPN chose it, HTTP/1.1 otherwise.
 //!
+//! Over HTTP/1.1, hyper runs its header read timer whenever it waits for a
+//! head, the keep-alive wait between requests included, so on its own it
+//! would close every idle connection after the timeout (10 s), before it
+//! could hibernate (15 s). An idle connection therefore waits with hyper
+//! stopped, and a fresh hyper starts on the next request's first byte: the
+//! timeout bounds sending a head, never the wait for one.
+//!
 //! An HTTP/1.1 keep-alive connection hibernates: once it has been idle for
 //! `hibernate_after`, hyper is stopped between requests (it is idle then, so
 //! nothing is sent and the peer sees no change), which frees its read and
@@ -19,6 +26,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use atunnel_core::endpoint::ReadReady;
 use bytes::Bytes;
@@ -40,6 +48,7 @@ pub async fn serve(
     routes: Arc<Routes>,
     client: SocketAddr,
     hibernation: Arc<Hibernation>,
+    header_read_timeout: Duration,
     cancel: CancellationToken,
 ) {
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
@@ -56,7 +65,16 @@ pub async fn serve(
         let mut conn = Box::pin(serve_h2(io, routes, client, cancel));
         with_hibernation(conn.as_mut(), &activity, &hibernation).await
     } else {
-        serve_h1(io, activity, routes, client, &hibernation, cancel).await
+        serve_h1(
+            io,
+            activity,
+            routes,
+            client,
+            header_read_timeout,
+            &hibernation,
+            cancel,
+        )
+        .await
     }
 }
 
@@ -86,6 +104,11 @@ enum Stopped {
     Ended,
     Cancelled,
     Idle,
+    /// hyper's header read timer fired. It starts when hyper begins waiting
+    /// for a head: on a fresh hyper, at the head's first byte (see
+    /// `wait_for_request`); after a response, when the keep-alive wait
+    /// begins.
+    HeadTimeout,
 }
 
 async fn serve_h1(
@@ -93,6 +116,7 @@ async fn serve_h1(
     activity: Arc<Activity>,
     routes: Arc<Routes>,
     client: SocketAddr,
+    header_read_timeout: Duration,
     hibernation: &Arc<Hibernation>,
     cancel: CancellationToken,
 ) {
@@ -113,18 +137,26 @@ async fn serve_h1(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(https::HEADER_READ_TIMEOUT)
+        .header_read_timeout(header_read_timeout)
         .max_buf_size(https::MAX_H1_BUFFER);
+    let mut asleep = false;
     loop {
+        if !wait_for_request(&mut io, &activity, hibernation, &cancel, asleep).await {
+            return;
+        }
+        let requests = activity.requests();
         // Boxed so that hibernating frees hyper's state itself, not only
         // the buffers it points to.
         let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), service));
         let stopped = tokio::select! {
-            _ = poll_fn(|cx| conn.poll_without_shutdown(cx)) => Stopped::Ended,
+            r = poll_fn(|cx| conn.poll_without_shutdown(cx)) => match r {
+                Err(e) if e.is_timeout() => Stopped::HeadTimeout,
+                _ => Stopped::Ended,
+            },
             _ = cancel.cancelled() => Stopped::Cancelled,
             _ = hibernation.idle(&activity) => Stopped::Idle,
         };
-        if !matches!(stopped, Stopped::Ended) {
+        if matches!(stopped, Stopped::Cancelled | Stopped::Idle) {
             // Idle, or finishing the request in flight before closing.
             Pin::new(&mut *conn).graceful_shutdown();
             if poll_fn(|cx| conn.poll_without_shutdown(cx)).await.is_err() {
@@ -137,23 +169,60 @@ async fn serve_h1(
         // Even empty, this `Bytes` shares hyper's whole read buffer: it must
         // not outlive this point unless it has bytes to replay.
         let read_buf = parts.read_buf;
-        if !matches!(stopped, Stopped::Idle) {
-            let _ = io.shutdown().await;
-            return;
+        let served = activity.requests() != requests;
+        match stopped {
+            Stopped::Ended | Stopped::Cancelled => {
+                let _ = io.shutdown().await;
+                return;
+            }
+            // A head not sent within a timeout of its first byte.
+            Stopped::HeadTimeout if !read_buf.is_empty() && !served => {
+                let _ = io.shutdown().await;
+                return;
+            }
+            _ => {}
         }
         if !read_buf.is_empty() {
             // Bytes of a next request were already read: serve them now.
+            // After a timeout, they are a head begun during the keep-alive
+            // wait, which the timer partly covered: it gets a whole timeout
+            // from now, so between one and two from its first byte.
             io.set_replay(read_buf);
             continue;
         }
         drop(read_buf);
-        // The TLS session too, when nothing of the connection is inside it.
-        io.sleep();
+        // Idle, or nothing of a next request came during the keep-alive
+        // wait: the connection waits with hyper stopped, so that no timer
+        // runs until a head begins.
+        asleep = matches!(stopped, Stopped::Idle);
+        if asleep {
+            // The TLS session too, when nothing of the connection is inside it.
+            io.sleep();
+        }
+    }
+}
+
+/// Waits, with hyper stopped, for the first byte of the next request (at
+/// once if there are bytes to replay), hibernating the connection once it
+/// has been idle for a period unless it is `asleep` already. False when the
+/// connection ended instead: closed, failed or cancelled.
+async fn wait_for_request(
+    io: &mut Io,
+    activity: &Activity,
+    hibernation: &Hibernation,
+    cancel: &CancellationToken,
+    mut asleep: bool,
+) -> bool {
+    loop {
         tokio::select! {
-            r = poll_fn(|cx| io.poll_read_ready(cx)) => if r.is_err() { return },
+            r = poll_fn(|cx| io.poll_read_ready(cx)) => return r.is_ok(),
             _ = cancel.cancelled() => {
                 let _ = io.shutdown().await;
-                return;
+                return false;
+            }
+            _ = hibernation.idle(activity), if !asleep => {
+                io.sleep();
+                asleep = true;
             }
         }
     }

@@ -66,10 +66,12 @@ pub enum RouteError {
 }
 
 /// The hyper connector of one activation: every dial goes through its dialer,
-/// is refused once the activation is cancelled, and is counted.
+/// is refused once the activation is cancelled, and is counted. It dials
+/// `port` if set, else the URI's port.
 #[derive(Clone)]
 pub struct ActivationConnector {
     activation: Arc<Shared>,
+    port: Option<u16>,
 }
 
 struct Shared {
@@ -77,6 +79,7 @@ struct Shared {
     cancel: CancellationToken,
     new_connections: AtomicU64,
     socket: atunnel_core::sockopt::SocketOptions,
+    dial_timeout: Duration,
 }
 
 impl tower_service::Service<Uri> for ActivationConnector {
@@ -90,10 +93,10 @@ impl tower_service::Service<Uri> for ActivationConnector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let shared = self.activation.clone();
+        let port = self.port.or(uri.port_u16()).unwrap_or(80);
         Box::pin(async move {
-            let port = uri.port_u16().unwrap_or(80);
             let dial = async {
-                tokio::time::timeout(ACTOR_DIAL_TIMEOUT, shared.dialer.dial(port))
+                tokio::time::timeout(shared.dial_timeout, shared.dialer.dial(port))
                     .await
                     .map_err(|_| {
                         io::Error::new(
@@ -127,10 +130,13 @@ pub struct Activation {
     shared: Arc<Shared>,
     /// In-flight requests and tunnels; deactivation waits for them.
     pub tasks: TaskTracker,
-    /// HTTP/1.1 to the actor (everything but gRPC).
+    /// HTTP/1.1 to the actor (everything but gRPC), by the URI's port.
     pub http1: Client<ActivationConnector, UpstreamBody>,
-    /// h2c with prior knowledge (gRPC).
-    pub h2c: Client<ActivationConnector, UpstreamBody>,
+    /// h2c with prior knowledge (gRPC), one client per actor port, each
+    /// made on first use. The port is the client's, not the URI's, so that
+    /// the URI keeps the router's authority: h2 sends it as `:authority`.
+    h2c: Mutex<HashMap<u16, Client<ActivationConnector, UpstreamBody>>>,
+    pools: PoolSettings,
 }
 
 /// Pool settings toward actors.
@@ -140,6 +146,8 @@ pub struct PoolSettings {
     /// default of 2, so under load most requests opened a new connection.
     pub max_idle_per_actor: usize,
     pub idle_timeout: Duration,
+    /// How long dialing the actor may take ([`ACTOR_DIAL_TIMEOUT`]).
+    pub dial_timeout: Duration,
 }
 
 impl Default for PoolSettings {
@@ -147,6 +155,7 @@ impl Default for PoolSettings {
         Self {
             max_idle_per_actor: 128,
             idle_timeout: Duration::from_secs(90),
+            dial_timeout: ACTOR_DIAL_TIMEOUT,
         }
     }
 }
@@ -163,26 +172,33 @@ impl Activation {
             cancel: CancellationToken::new(),
             new_connections: AtomicU64::new(0),
             socket,
+            dial_timeout: pools.dial_timeout,
         });
         let connector = ActivationConnector {
             activation: shared.clone(),
-        };
-        let build = |http2: bool| {
-            Client::builder(TokioExecutor::new())
-                .http1_max_buf_size(super::https::MAX_H1_BUFFER)
-                .pool_idle_timeout(pools.idle_timeout)
-                .pool_max_idle_per_host(pools.max_idle_per_actor)
-                .pool_timer(hyper_util::rt::TokioTimer::new())
-                .http2_only(http2)
-                .build(connector.clone())
+            port: None,
         };
         Self {
             uid: uid.to_string(),
             tasks: TaskTracker::new(),
-            http1: build(false),
-            h2c: build(true),
+            http1: client(connector, pools, false),
+            h2c: Mutex::default(),
+            pools,
             shared,
         }
+    }
+
+    /// The h2c client to the actor's `port`.
+    pub fn h2c(&self, port: u16) -> Client<ActivationConnector, UpstreamBody> {
+        let mut clients = self.h2c.lock().expect("h2c clients lock poisoned");
+        let client = clients.entry(port).or_insert_with(|| {
+            let connector = ActivationConnector {
+                activation: self.shared.clone(),
+                port: Some(port),
+            };
+            client(connector, self.pools, true)
+        });
+        client.clone()
     }
 
     pub fn cancel_token(&self) -> &CancellationToken {
@@ -202,14 +218,28 @@ impl Activation {
     pub async fn dial(&self, port: u16) -> io::Result<TcpStream> {
         let mut connector = ActivationConnector {
             activation: self.shared.clone(),
+            port: Some(port),
         };
-        let uri: Uri = format!("http://actor:{port}/")
-            .parse()
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        Ok(tower_service::Service::call(&mut connector, uri)
-            .await?
-            .into_inner())
+        Ok(
+            tower_service::Service::call(&mut connector, Uri::from_static("http://actor/"))
+                .await?
+                .into_inner(),
+        )
     }
+}
+
+fn client(
+    connector: ActivationConnector,
+    pools: PoolSettings,
+    http2: bool,
+) -> Client<ActivationConnector, UpstreamBody> {
+    Client::builder(TokioExecutor::new())
+        .http1_max_buf_size(super::https::MAX_H1_BUFFER)
+        .pool_idle_timeout(pools.idle_timeout)
+        .pool_max_idle_per_host(pools.max_idle_per_actor)
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .http2_only(http2)
+        .build(connector)
 }
 
 /// Counters for /stats and the bench.

@@ -136,7 +136,15 @@ pub async fn ingress(pki: &IngressPki) -> RunningIngress {
 
 /// An ingress whose HTTP/1.1 connections hibernate after `hibernate_after`.
 pub async fn ingress_with(pki: &IngressPki, hibernate_after: Duration) -> RunningIngress {
-    let cfg = IngressConfig {
+    ingress_tuned(pki, |cfg| cfg.hibernate_after = hibernate_after).await
+}
+
+/// An ingress with the test defaults, then `tune` applied to its config.
+pub async fn ingress_tuned(
+    pki: &IngressPki,
+    tune: impl FnOnce(&mut IngressConfig),
+) -> RunningIngress {
+    let mut cfg = IngressConfig {
         credential_bundle: pki.bundle_path(),
         trust_bundle: pki.trust_path(),
         allowed_client_id: ROUTER_SPIFFE_ID.to_string(),
@@ -144,8 +152,10 @@ pub async fn ingress_with(pki: &IngressPki, hibernate_after: Duration) -> Runnin
         socket: SocketOptions::default(),
         sandbox_socket: SocketOptions::default(),
         drain_timeout: Duration::from_secs(5),
-        hibernate_after,
+        hibernate_after: atunnel::hibernate::DEFAULT_AFTER,
+        header_read_timeout: atunnel::ingress::https::HEADER_READ_TIMEOUT,
     };
+    tune(&mut cfg);
     let pool = BufferPool::default();
     let ingress = Ingress::new(cfg, pool.clone()).expect("ingress");
     let cancel = CancellationToken::new();
@@ -262,13 +272,58 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    counted_http1_actor(answer).await.0
+}
+
+/// What an actor saw of its connections: how many it accepted, and which
+/// ones (numbered from 0 in accept order) its peer has closed.
+pub struct ActorConnections {
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    closed: tokio::sync::mpsc::UnboundedReceiver<usize>,
+    seen_closed: std::collections::HashSet<usize>,
+}
+
+impl ActorConnections {
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits up to `within` for connection `n` to be closed by its peer.
+    pub async fn closed(&mut self, n: usize, within: Duration) -> bool {
+        let wait = async {
+            while !self.seen_closed.contains(&n) {
+                match self.closed.recv().await {
+                    Some(c) => self.seen_closed.insert(c),
+                    None => return false,
+                };
+            }
+            true
+        };
+        tokio::time::timeout(within, wait).await.unwrap_or(false)
+    }
+}
+
+/// [`http1_actor`] that also reports its connections.
+pub async fn counted_http1_actor<F, Fut, B>(answer: F) -> (SocketAddr, ActorConnections)
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = http::Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (closed_tx, closed) = tokio::sync::mpsc::unbounded_channel();
+    let counter = accepted.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let answer = answer.clone();
+            let closed_tx = closed_tx.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req| {
                     let answer = answer.clone();
@@ -277,10 +332,16 @@ where
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tcp), svc)
                     .await;
+                let _ = closed_tx.send(n);
             });
         }
     });
-    addr
+    let connections = ActorConnections {
+        accepted,
+        closed,
+        seen_closed: Default::default(),
+    };
+    (addr, connections)
 }
 
 /// Reads a request body to its end and answers with its length.
