@@ -3,14 +3,20 @@
 
 mod support;
 
+use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
 
-use atunnel_core::{BufferPool, H2Stream};
+use atunnel::ingress::routes::{ACTOR_DIAL_TIMEOUT, ActorDialer, PoolSettings};
+use atunnel_core::endpoint::{close_write, read_chunk, write_chunk};
+use atunnel_core::{BufferPool, Chunk, H2Stream};
 use bytes::Bytes;
 use support::ingress::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 
 /// An actor that echoes until the client half-closes, then says how many
 /// bytes it got and closes.
@@ -74,6 +80,70 @@ async fn h1_connect(
     (tls, String::from_utf8_lossy(&head).into_owned())
 }
 
+/// An HTTP/2 connection to the CONNECT listener, as the router.
+async fn h2_router(f: &Fixture) -> h2::client::SendRequest<Bytes> {
+    let tls = router_tls(&f.pki, f.running.connect, None, None, &[b"h2"])
+        .await
+        .expect("TLS");
+    let (send_request, conn) = h2::client::handshake(tls).await.expect("h2");
+    tokio::spawn(conn);
+    send_request
+}
+
+/// Sends `method authority` (to `team-a/<actor>` if given) on a new stream;
+/// returns the answer and the stream's sending half.
+async fn h2_request(
+    router: &mut h2::client::SendRequest<Bytes>,
+    method: &str,
+    authority: &str,
+    actor: Option<&str>,
+) -> (http::Response<h2::RecvStream>, h2::SendStream<Bytes>) {
+    // Only CONNECT has an authority-form target.
+    let uri = if method == "CONNECT" {
+        authority.to_string()
+    } else {
+        format!("https://{authority}/")
+    };
+    let mut req = http::Request::builder().method(method).uri(uri);
+    if let Some(actor) = actor {
+        req = req.header("ate-target-actor", format!("team-a/{actor}"));
+    }
+    let req = req.body(()).expect("request");
+    router.clone().ready().await.expect("h2 ready");
+    let (resp, send) = router.send_request(req, false).expect("send");
+    (resp.await.expect("response"), send)
+}
+
+/// An open h2 CONNECT tunnel to `team-a/alpha`, as a relay endpoint.
+async fn h2_tunnel(router: &mut h2::client::SendRequest<Bytes>, authority: &str) -> H2Stream {
+    let (resp, send) = h2_request(router, "CONNECT", authority, Some("alpha")).await;
+    assert_eq!(resp.status(), 200);
+    H2Stream::new(send, resp.into_body())
+}
+
+/// Reads `stream` to its end (or first error), returning what was read and
+/// how it ended.
+async fn h2_read_all(stream: &mut H2Stream) -> (Vec<u8>, io::Result<()>) {
+    let pool = BufferPool::default();
+    let mut got = Vec::new();
+    loop {
+        match read_chunk(stream, &pool).await {
+            Ok(Some(chunk)) => {
+                got.extend_from_slice(chunk.remaining());
+                atunnel_core::Endpoint::consumed(stream, chunk.len());
+            }
+            Ok(None) => return (got, Ok(())),
+            Err(e) => return (got, Err(e)),
+        }
+    }
+}
+
+/// A port nobody listens on.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_connect_relays_both_ways_with_half_close() {
     let f = fixture().await;
@@ -100,100 +170,241 @@ async fn http1_connect_relays_both_ways_with_half_close() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_connect_relays_both_ways_with_half_close() {
     let f = fixture().await;
-    let tls = router_tls(&f.pki, f.running.connect, None, None, &[b"h2"])
-        .await
-        .expect("TLS");
-    let (mut send_request, conn) = h2::client::handshake(tls).await.expect("h2");
-    tokio::spawn(conn);
-    let req = http::Request::builder()
-        .method("CONNECT")
-        .uri("actor:8080")
-        .header("ate-target-actor", "team-a/alpha")
-        .body(())
-        .expect("request");
-    let (resp, send) = send_request.send_request(req, false).expect("send");
-    let resp = resp.await.expect("response");
-    assert_eq!(resp.status(), 200);
-    let mut stream = H2Stream::new(send, resp.into_body());
-    let pool = BufferPool::default();
+    let mut router = h2_router(&f).await;
+    let mut stream = h2_tunnel(&mut router, "actor:8080").await;
     let data = support::random(1 << 20, 5);
-    atunnel_core::endpoint::write_chunk(
-        &mut stream,
-        atunnel_core::Chunk::Shared(Bytes::from(data.clone())),
-    )
-    .await
-    .expect("write");
-    atunnel_core::endpoint::close_write(&mut stream)
+    write_chunk(&mut stream, Chunk::Shared(Bytes::from(data.clone())))
         .await
-        .expect("END_STREAM");
-    let mut back = Vec::new();
-    while let Some(chunk) = atunnel_core::endpoint::read_chunk(&mut stream, &pool)
-        .await
-        .expect("read")
-    {
-        back.extend_from_slice(chunk.remaining());
-        stream_consumed(&mut stream, chunk.len());
-    }
+        .expect("write");
+    close_write(&mut stream).await.expect("END_STREAM");
+    let (back, ended) = h2_read_all(&mut stream).await;
+    ended.expect("the actor's side ends cleanly");
     assert!(back.ends_with(format!("|{}", data.len()).as_bytes()));
     assert!(back[..data.len()] == data[..]);
 }
 
-fn stream_consumed(s: &mut H2Stream, n: usize) {
-    atunnel_core::Endpoint::consumed(s, n);
+/// How a refusal looked: its status and whether it said the router's
+/// assignment is stale.
+async fn refusal(
+    f: &Fixture,
+    h2: bool,
+    method: &str,
+    authority: &str,
+    actor: Option<&str>,
+) -> (u16, bool) {
+    if h2 {
+        let mut router = h2_router(f).await;
+        let (resp, _send) = h2_request(&mut router, method, authority, actor).await;
+        let stale = resp
+            .headers()
+            .get("x-ate-assignment-stale")
+            .is_some_and(|v| v == "true");
+        return (resp.status().as_u16(), stale);
+    }
+    let target = if method == "CONNECT" { authority } else { "/" };
+    let actor = actor.map_or(String::new(), |a| {
+        format!("ate-target-actor: team-a/{a}\r\n")
+    });
+    let head = format!("{method} {target} HTTP/1.1\r\nHost: {authority}\r\n{actor}\r\n");
+    let (_tls, answer) = h1_connect(f, &head).await;
+    let status = answer
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP/1.1 answer: {answer}"));
+    let stale = answer
+        .to_ascii_lowercase()
+        .contains("x-ate-assignment-stale: true");
+    (status, stale)
 }
 
 #[tokio::test]
-async fn connect_refusals_have_their_status() {
+async fn connect_refusals_have_their_status_over_h1_and_h2() {
     let f = fixture().await;
+    let closed = format!("actor:{}", closed_port());
+    // (method, authority, actor, status, stale)
     let cases = [
-        (
-            "GET / HTTP/1.1\r\nHost: x\r\nate-target-actor: team-a/alpha\r\n\r\n",
-            "405",
-            false,
-        ),
-        (
-            "CONNECT actor:8080 HTTP/1.1\r\nHost: actor:8080\r\n\r\n",
-            "421",
-            true,
-        ),
-        (
-            "CONNECT actor:8080 HTTP/1.1\r\nate-target-actor: team-a/nobody\r\n\r\n",
-            "421",
-            true,
-        ),
-        (
-            "CONNECT actor HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n",
-            "400",
-            false,
-        ),
-        (
-            "CONNECT actor:0 HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n",
-            "400",
-            false,
-        ),
+        ("GET", "actor:8080", Some("alpha"), 405, false),
+        ("CONNECT", "actor:8080", None, 421, true),
+        ("CONNECT", "actor:8080", Some("nobody"), 421, true),
+        ("CONNECT", "actor", Some("alpha"), 400, false),
+        ("CONNECT", "actor:0", Some("alpha"), 400, false),
+        ("CONNECT", closed.as_str(), Some("alpha"), 502, false),
     ];
-    for (head, status, stale) in cases {
-        let (_tls, answer) = h1_connect(&f, head).await;
+    for h2 in [false, true] {
+        for (method, authority, actor, status, stale) in cases {
+            let case = format!("h2={h2} {method} {authority} to {actor:?}");
+            assert_eq!(
+                refusal(&f, h2, method, authority, actor).await,
+                (status, stale),
+                "{case}"
+            );
+        }
+    }
+}
+
+/// Dials that never complete: an actor whose sandbox stopped answering.
+struct NeverDials;
+
+impl ActorDialer for NeverDials {
+    fn dial(&self, _port: u16) -> Pin<Box<dyn Future<Output = io::Result<TcpStream>> + Send + '_>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dial_that_does_not_complete_within_the_bound_is_502() {
+    assert_eq!(PoolSettings::default().dial_timeout, ACTOR_DIAL_TIMEOUT);
+    assert_eq!(ACTOR_DIAL_TIMEOUT, Duration::from_secs(5));
+    let bound = Duration::from_millis(300);
+    let pki = IngressPki::new();
+    let running = ingress_tuned(&pki, |cfg| cfg.pools.dial_timeout = bound).await;
+    running
+        .ingress
+        .activate("team-a", "stuck", "uid-s", Box::new(NeverDials))
+        .expect("activate");
+    let f = Fixture { pki, running };
+    let timed = |h2| {
+        let f = &f;
+        async move {
+            let start = Instant::now();
+            let answer = refusal(f, h2, "CONNECT", "actor:8080", Some("stuck")).await;
+            (answer, start.elapsed())
+        }
+    };
+    let both = async { tokio::join!(timed(false), timed(true)) };
+    let (h1, h2) = tokio::time::timeout(Duration::from_secs(5), both)
+        .await
+        .expect("the dial is bounded");
+    for (protocol, (answer, took)) in [("http/1.1", h1), ("h2", h2)] {
+        assert_eq!(answer, (502, false), "{protocol}");
         assert!(
-            answer.starts_with(&format!("HTTP/1.1 {status}")),
-            "{head:?} -> {answer}"
-        );
-        assert_eq!(
-            answer
-                .to_ascii_lowercase()
-                .contains("x-ate-assignment-stale: true"),
-            stale,
-            "{answer}"
+            took >= bound,
+            "{protocol}: refused after {took:?}, before the dial bound"
         );
     }
-    // A port nobody listens on: 502.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
-    let head = format!("CONNECT actor:{closed} HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n");
-    let (_tls, answer) = h1_connect(&f, &head).await;
-    assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+}
+
+/// An actor that greets, shuts its write side at once, then reads until the
+/// router half-closes and sends what it received to the returned channel.
+async fn greeting_actor() -> (SocketAddr, mpsc::UnboundedReceiver<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let greeted = async {
+                    s.write_all(b"hello").await?;
+                    s.shutdown().await
+                };
+                if greeted.await.is_err() {
+                    return;
+                }
+                let mut got = Vec::new();
+                if s.read_to_end(&mut got).await.is_ok() {
+                    let _ = tx.send(got);
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_actor_half_closing_first_still_receives_everything() {
+    let f = fixture().await;
+    let (actor, mut received) = greeting_actor().await;
+    f.running
+        .ingress
+        .activate(
+            "team-a",
+            "greeter",
+            "uid-g",
+            Box::new(LoopbackDialer([(7000, actor.port())].into())),
+        )
+        .expect("activate");
+    let data = support::random(1 << 20, 6);
+    let within = Duration::from_secs(10);
+
+    // HTTP/1.1: the actor's FIN arrives as close_notify; the router writes on.
+    let (mut tls, head) = h1_connect(
+        &f,
+        "CONNECT actor:7000 HTTP/1.1\r\nate-target-actor: team-a/greeter\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut greeting = Vec::new();
+    tls.read_to_end(&mut greeting).await.expect("greeting");
+    assert_eq!(greeting, b"hello");
+    tls.write_all(&data)
+        .await
+        .expect("write after the actor's FIN");
+    tls.shutdown().await.expect("close_notify");
+    let got = tokio::time::timeout(within, received.recv())
+        .await
+        .expect("the actor reads to our half-close")
+        .expect("actor");
+    assert!(
+        got == data,
+        "h1: the actor got {} of {} bytes",
+        got.len(),
+        data.len()
+    );
+
+    // HTTP/2: the actor's FIN arrives as END_STREAM; the router sends on.
+    let mut router = h2_router(&f).await;
+    let (resp, send) = h2_request(&mut router, "CONNECT", "actor:7000", Some("greeter")).await;
+    assert_eq!(resp.status(), 200);
+    let mut stream = H2Stream::new(send, resp.into_body());
+    let (greeting, ended) = h2_read_all(&mut stream).await;
+    ended.expect("END_STREAM, not a reset");
+    assert_eq!(greeting, b"hello");
+    write_chunk(&mut stream, Chunk::Shared(Bytes::from(data.clone())))
+        .await
+        .expect("send after the actor's END_STREAM");
+    close_write(&mut stream).await.expect("END_STREAM");
+    let got = tokio::time::timeout(within, received.recv())
+        .await
+        .expect("the actor reads to our half-close")
+        .expect("actor");
+    assert!(
+        got == data,
+        "h2: the actor got {} of {} bytes",
+        got.len(),
+        data.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deactivation_closes_an_open_h2_tunnel_and_keeps_the_connection() {
+    let f = fixture().await;
+    let mut router = h2_router(&f).await;
+    let mut stream = h2_tunnel(&mut router, "actor:8080").await;
+    write_chunk(&mut stream, Chunk::Shared(Bytes::from_static(b"ping")))
+        .await
+        .expect("write");
+    let pool = BufferPool::default();
+    let echo = read_chunk(&mut stream, &pool)
+        .await
+        .expect("read")
+        .expect("echo");
+    assert_eq!(echo.remaining(), b"ping");
+
+    f.running
+        .ingress
+        .deactivate("team-a", "alpha", "uid-1")
+        .await;
+    let (rest, ended) = tokio::time::timeout(Duration::from_secs(5), h2_read_all(&mut stream))
+        .await
+        .expect("the tunnel outlived its actor's deactivation");
+    let reset = ended.expect_err("a deactivated tunnel is reset, not ended cleanly");
+    println!("tunnel closed after deactivation: {reset}");
+    assert!(rest.is_empty(), "{rest:?}");
+    // Only the stream was closed: the router's connection takes new ones.
+    let (resp, _send) = h2_request(&mut router, "CONNECT", "actor:8080", Some("alpha")).await;
+    assert_eq!(resp.status(), 421, "the actor is inactive now");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -127,52 +127,88 @@ async fn a_router_that_stops_reading_a_response_leaves_the_heap_bounded() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_router_that_stops_reading_a_tunnel_leaves_the_heap_bounded() {
-    let _alone = HEAP_MEASURING.lock().await;
-    let _serial = SERIAL.lock().await;
-    let flooded = Arc::new(AtomicU64::new(0));
-    let pki = IngressPki::new();
-    let running = ingress(&pki).await;
-    // An actor that writes as fast as it can once connected.
+/// An actor port that writes as fast as it can to whoever connects.
+async fn flooding_actor(flooded: Arc<AtomicU64>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
-    let counter = flooded.clone();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let counter = counter.clone();
+            let flooded = flooded.clone();
             tokio::spawn(async move {
                 while s.write_all(&CHUNK).await.is_ok() {
-                    counter.fetch_add(CHUNK.len() as u64, Ordering::Relaxed);
+                    flooded.fetch_add(CHUNK.len() as u64, Ordering::Relaxed);
                 }
             });
         }
     });
-    running.activate_alpha(&[(9000, port)]);
-    let baseline = live_bytes();
-    let mut tls = router_tls(&pki, running.connect, None, None, &[b"http/1.1"])
+    port
+}
+
+/// The router's side of a tunnel it opened and then stopped reading, kept
+/// open until dropped.
+type StalledTunnel = Box<dyn std::any::Any + Send>;
+
+/// Opens a CONNECT tunnel to `team-a/alpha` port 9000 and reads nothing of
+/// it. Over HTTP/2 the router keeps its default 64 KiB windows, which it
+/// never returns.
+async fn stalled_tunnel(pki: &IngressPki, running: &RunningIngress, h2: bool) -> StalledTunnel {
+    if !h2 {
+        let mut tls = router_tls(pki, running.connect, None, None, &[b"http/1.1"])
+            .await
+            .expect("TLS");
+        tls.write_all(b"CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n")
+            .await
+            .expect("CONNECT");
+        let mut first = [0u8; 12];
+        tls.read_exact(&mut first).await.expect("answer");
+        assert_eq!(&first, b"HTTP/1.1 200");
+        return Box::new(tls);
+    }
+    let tls = router_tls(pki, running.connect, None, None, &[b"h2"])
         .await
         .expect("TLS");
-    tls.write_all(b"CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n")
-        .await
-        .expect("CONNECT");
-    let mut first = [0u8; 12];
-    tls.read_exact(&mut first).await.expect("answer");
-    assert_eq!(&first, b"HTTP/1.1 200");
-    let stalled_at = until_stalled(&flooded).await;
-    let growth = live_bytes().saturating_sub(baseline);
-    println!(
-        "CONNECT: actor stalled after {stalled_at} bytes; heap grew {growth} bytes; relay buffers out: {}",
-        running.pool.stats().in_use
-    );
-    assert!(
-        growth < 2 << 20,
-        "heap grew {growth} bytes behind a tunnel reader that stopped"
-    );
-    assert!(
-        running.pool.stats().in_use <= 1,
-        "one stalled direction holds at most one buffer"
-    );
+    let (mut router, conn) = h2::client::handshake(tls).await.expect("h2");
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("CONNECT")
+        .uri("actor:9000")
+        .header("ate-target-actor", "team-a/alpha")
+        .body(())
+        .expect("request");
+    let (resp, send) = router.send_request(req, false).expect("CONNECT");
+    let resp = resp.await.expect("answer");
+    assert_eq!(resp.status(), 200);
+    Box::new((send, resp.into_body()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_that_stops_reading_a_tunnel_leaves_the_heap_bounded() {
+    let _alone = HEAP_MEASURING.lock().await;
+    let _serial = SERIAL.lock().await;
+    for h2 in [false, true] {
+        let flooded = Arc::new(AtomicU64::new(0));
+        let pki = IngressPki::new();
+        let running = ingress(&pki).await;
+        running.activate_alpha(&[(9000, flooding_actor(flooded.clone()).await)]);
+        let baseline = live_bytes();
+        let tunnel = stalled_tunnel(&pki, &running, h2).await;
+        let stalled_at = until_stalled(&flooded).await;
+        let growth = live_bytes().saturating_sub(baseline);
+        println!(
+            "CONNECT h2={h2}: actor stalled after {stalled_at} bytes; heap grew {growth} bytes; \
+             relay buffers out: {}",
+            running.pool.stats().in_use
+        );
+        assert!(
+            growth < 2 << 20,
+            "h2={h2}: heap grew {growth} bytes behind a tunnel reader that stopped"
+        );
+        assert!(
+            running.pool.stats().in_use <= 1,
+            "h2={h2}: one stalled direction holds at most one buffer"
+        );
+        drop(tunnel);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
