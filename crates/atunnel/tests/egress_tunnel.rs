@@ -14,6 +14,7 @@ use atunnel_identity::pki::ActorCertOptions;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Copy, Debug)]
@@ -187,6 +188,52 @@ async fn h1_half_close_travels_through_the_tunnel() {
     half_close_travels_through_the_tunnel(Proto::H1).await;
 }
 
+/// The destination half-closes first: its greeting reaches the actor with
+/// EOF, and the actor's bytes written after that still reach the
+/// destination in full, followed by EOF once the actor shuts down.
+async fn destination_half_close_travels_through_the_tunnel(proto: Proto) {
+    let (greeter, mut received) = greeting_server().await;
+    let (addr, _gw, _cancel, _egress) = one_actor_through(proto, greeter).await;
+    let within = Duration::from_secs(10);
+    let (mut r, mut w) = TcpStream::connect(addr)
+        .await
+        .expect("connect")
+        .into_split();
+    let mut greeting = Vec::new();
+    tokio::time::timeout(within, r.read_to_end(&mut greeting))
+        .await
+        .expect("the destination's FIN reaches the actor")
+        .expect("read the greeting");
+    assert_eq!(greeting, b"hello", "{}", proto.name());
+    let data = random(1 << 20, 11);
+    w.write_all(&data)
+        .await
+        .expect("write after the destination's FIN");
+    w.shutdown().await.expect("shutdown");
+    let got = tokio::time::timeout(within, received.recv())
+        .await
+        .expect("the destination reads to our FIN")
+        .expect("destination")
+        .unwrap_or_else(|e| panic!("{}: the destination's read failed: {e}", proto.name()));
+    assert!(
+        got == data,
+        "{}: the destination got {} of {} bytes",
+        proto.name(),
+        got.len(),
+        data.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_destination_half_close_travels_through_the_tunnel() {
+    destination_half_close_travels_through_the_tunnel(Proto::H2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h1_destination_half_close_travels_through_the_tunnel() {
+    destination_half_close_travels_through_the_tunnel(Proto::H1).await;
+}
+
 async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
     let pki = Pki::new();
     // Default deny: nothing allowed.
@@ -295,7 +342,7 @@ async fn handshake_refused(
     other_ca: bool,
 ) -> TunnelError {
     let pki = Pki::new();
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |cfg| {
+    let mut gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |cfg| {
         proto.tune()(cfg);
         cfg.tls_versions = if tls13 {
             vec![&rustls::version::TLS13]
@@ -312,10 +359,30 @@ async fn handshake_refused(
     let mut source = TestSource::new(ca, Clock::new());
     source.options = options;
     let prepared = prepare(&pki, gw.addr, actor("alpha"), Arc::new(source)).await;
-    match prepared.client().open_authority("192.0.2.10:7").await {
+    let err = match prepared.client().open_authority("192.0.2.10:7").await {
         Err(e) => e,
         Ok(_) => panic!("the gateway let a bad certificate through"),
-    }
+    };
+    // Refused in the handshake: no CONNECT reached the gateway's handler.
+    let what = format!("{} tls13={tls13}", proto.name());
+    assert!(
+        matches!(gw.seen.try_recv(), Err(TryRecvError::Empty)),
+        "{what}: a CONNECT got past the refused handshake"
+    );
+    // The same gateway does report a good actor's CONNECT, and it is the
+    // first one on the channel: nothing from the refused actor came late.
+    let good = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let prepared = prepare(&pki, gw.addr, actor("beta"), good).await;
+    drop(
+        prepared
+            .client()
+            .open_authority("192.0.2.10:7")
+            .await
+            .unwrap_or_else(|e| panic!("{what}: a good certificate was refused: {e}")),
+    );
+    let seen = gw.seen.recv().await.expect("the good actor's CONNECT");
+    assert_eq!(seen.identity.actor_name, "beta", "{what}");
+    err
 }
 
 #[tokio::test]

@@ -16,7 +16,6 @@ use bytes::Bytes;
 use support::ingress::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 
 /// An actor that echoes until the client half-closes, then says how many
 /// bytes it got and closes.
@@ -285,37 +284,10 @@ async fn a_dial_that_does_not_complete_within_the_bound_is_502() {
     }
 }
 
-/// An actor that greets, shuts its write side at once, then reads until the
-/// router half-closes and sends what it received to the returned channel.
-async fn greeting_actor() -> (SocketAddr, mpsc::UnboundedReceiver<Vec<u8>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let greeted = async {
-                    s.write_all(b"hello").await?;
-                    s.shutdown().await
-                };
-                if greeted.await.is_err() {
-                    return;
-                }
-                let mut got = Vec::new();
-                if s.read_to_end(&mut got).await.is_ok() {
-                    let _ = tx.send(got);
-                }
-            });
-        }
-    });
-    (addr, rx)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_actor_half_closing_first_still_receives_everything() {
     let f = fixture().await;
-    let (actor, mut received) = greeting_actor().await;
+    let (actor, mut received) = support::greeting_server().await;
     f.running
         .ingress
         .activate(
@@ -345,7 +317,8 @@ async fn the_actor_half_closing_first_still_receives_everything() {
     let got = tokio::time::timeout(within, received.recv())
         .await
         .expect("the actor reads to our half-close")
-        .expect("actor");
+        .expect("actor")
+        .expect("the actor's read");
     assert!(
         got == data,
         "h1: the actor got {} of {} bytes",
@@ -368,7 +341,8 @@ async fn the_actor_half_closing_first_still_receives_everything() {
     let got = tokio::time::timeout(within, received.recv())
         .await
         .expect("the actor reads to our half-close")
-        .expect("actor");
+        .expect("actor")
+        .expect("the actor's read");
     assert!(
         got == data,
         "h2: the actor got {} of {} bytes",

@@ -274,3 +274,30 @@ pub fn random(len: usize, seed: u64) -> Vec<u8> {
     rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut v);
     v
 }
+
+/// A destination that greets, shuts its write side at once, then reads until
+/// the client half-closes and sends what it received (or the read's error)
+/// to the returned channel.
+pub async fn greeting_server() -> (
+    SocketAddr,
+    mpsc::UnboundedReceiver<std::io::Result<Vec<u8>>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let greeted = async {
+                    s.write_all(b"hello").await?;
+                    s.shutdown().await?;
+                    let mut got = Vec::new();
+                    s.read_to_end(&mut got).await.map(|_| got)
+                };
+                let _ = tx.send(greeted.await);
+            });
+        }
+    });
+    (addr, rx)
+}
