@@ -40,10 +40,18 @@ fn describe(req: &Request<Incoming>) -> String {
 type ActorBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 /// An HTTP/1.1 actor on loopback: `/describe` answers with what it saw,
-/// `/upload` counts the body, `/download/N` streams N bytes, `/hold` waits
-/// for `release` before answering.
-async fn actor_server(release: Arc<Notify>) -> SocketAddr {
-    http1_actor(move |req| actor_answer(req, release.clone())).await
+/// `/upload` counts the body, `/download/N` streams N bytes, `/hold` says so
+/// on `holding`, then waits for `release` before answering.
+async fn actor_server(hold: Hold) -> SocketAddr {
+    http1_actor(move |req| actor_answer(req, hold.clone())).await
+}
+
+/// `/hold`'s two signals: the actor has a request (`holding`, which keeps
+/// one permit for a late waiter) and the test lets it answer (`release`).
+#[derive(Clone, Default)]
+struct Hold {
+    holding: Arc<Notify>,
+    release: Arc<Notify>,
 }
 
 /// The actor port served by a second HTTP/1.1 server, which names the port
@@ -71,7 +79,7 @@ async fn h2c_actor() -> SocketAddr {
     addr
 }
 
-async fn actor_answer(req: Request<Incoming>, release: Arc<Notify>) -> http::Response<ActorBody> {
+async fn actor_answer(req: Request<Incoming>, hold: Hold) -> http::Response<ActorBody> {
     let full = |s: String| Full::new(Bytes::from(s)).boxed();
     let path = req.uri().path().to_string();
     if path == "/describe" {
@@ -97,7 +105,9 @@ async fn actor_answer(req: Request<Incoming>, release: Arc<Notify>) -> http::Res
         return http::Response::new(StreamBody::new(futures_util::stream::iter(chunks)).boxed());
     }
     if path == "/hold" {
-        release.notified().await;
+        let released = hold.release.notified();
+        hold.holding.notify_one();
+        released.await;
         return http::Response::new(full("released".into()));
     }
     let mut r = http::Response::new(full("not found".into()));
@@ -122,7 +132,7 @@ fn empty(b: http::request::Builder) -> Request<Full<Bytes>> {
 struct Fixture {
     pki: IngressPki,
     running: RunningIngress,
-    release: Arc<Notify>,
+    hold: Hold,
 }
 
 /// One active actor `team-a/alpha`: port 80 mapped to [`actor_server`],
@@ -136,8 +146,8 @@ async fn fixture() -> Fixture {
 async fn fixture_tuned(tune: impl FnOnce(&mut atunnel::ingress::IngressConfig)) -> Fixture {
     let pki = IngressPki::new();
     let running = ingress_tuned(&pki, tune).await;
-    let release = Arc::new(Notify::new());
-    let actor = actor_server(release.clone()).await;
+    let hold = Hold::default();
+    let actor = actor_server(hold.clone()).await;
     let other = http1_actor(|req| async move {
         let seen = format!("port {OTHER_PORT}: {}", describe(&req));
         http::Response::new(Full::new(Bytes::from(seen)))
@@ -149,11 +159,7 @@ async fn fixture_tuned(tune: impl FnOnce(&mut atunnel::ingress::IngressConfig)) 
         (OTHER_PORT, other.port()),
         (GRPC_PORT, grpc.port()),
     ]);
-    Fixture {
-        pki,
-        running,
-        release,
-    }
+    Fixture { pki, running, hold }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,14 +312,14 @@ async fn deactivation_cancels_a_request_in_flight() {
     let pending = conn.send(empty(get("/hold", Some("team-a/alpha"))));
     let ingress = f.running.ingress.clone();
     let deactivate = async {
-        // Let the request reach the actor before pulling the actor away.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The request reaches the actor before the actor is pulled away.
+        f.hold.holding.notified().await;
         ingress.deactivate("team-a", "alpha", "uid-1").await;
     };
     let (resp, ()) = tokio::join!(pending, deactivate);
     let resp = resp.expect("an answer, not a hang");
     assert_eq!(resp.status(), 502, "the cancelled request is answered 502");
-    f.release.notify_waiters();
+    f.hold.release.notify_waiters();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
