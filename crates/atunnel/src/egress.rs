@@ -41,7 +41,9 @@ pub enum EgressError {
     Client { actor: String, message: String },
     #[error("actor uid {0} is already activated for egress")]
     AlreadyActive(String),
-    #[error("actor uid {uid}: {open} tunnels still open after {after:?} of draining")]
+    #[error(
+        "actor uid {uid}: {open} tasks (tunnels, certificate renewal) still running after {after:?} of draining"
+    )]
     DrainTimeout {
         uid: String,
         open: usize,
@@ -397,7 +399,8 @@ impl Egress {
     }
 
     /// Refuses new tunnels for `uid`, closes its open ones, and waits (up to
-    /// the drain timeout) for them to finish. Other actors are untouched; a
+    /// the drain timeout) for them to finish, then as long again at most for
+    /// its gateway connections to close. Other actors are untouched; a
     /// second call is a no-op.
     pub async fn deactivate(&self, uid: &str) -> Result<(), EgressError> {
         let binding = self
@@ -423,8 +426,12 @@ impl Egress {
         let drained = tokio::time::timeout(after, activation.tasks.wait())
             .await
             .is_ok();
-        activation.egress.client.close().await;
-        if drained {
+        // The actor's gateway connections end with their last stream, so a
+        // tunnel that outlived the drain would hold this wait too: bounded.
+        let closed = tokio::time::timeout(after, activation.egress.client.close())
+            .await
+            .is_ok();
+        if drained && closed {
             Ok(())
         } else {
             Err(EgressError::DrainTimeout {

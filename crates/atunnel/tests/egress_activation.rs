@@ -362,3 +362,84 @@ async fn a_second_activation_of_the_same_actor_is_refused() {
         .expect_err("already active");
     assert!(err.to_string().contains("already activated"), "{err}");
 }
+
+/// Deactivation is bounded even when the actor's tunnels cannot finish: here
+/// the runtime that runs them is wedged (its only thread blocked), so no
+/// tunnel task can see its cancellation.
+#[test]
+fn deactivation_of_tunnels_that_cannot_finish_is_bounded() {
+    let drain = Duration::from_millis(300);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (wedge_tx, mut wedge_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (unwedge_tx, unwedge_rx) = std::sync::mpsc::channel::<()>();
+    // The tunnel's own runtime: one thread, so blocking it stops every task.
+    let tunnel_side = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let pki = Pki::new();
+            let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+            let a = actor("alpha");
+            let egress = atunnel::egress::Egress::new(
+                atunnel::egress::EgressConfig {
+                    drain_timeout: drain,
+                    ..Default::default()
+                },
+                atunnel_core::BufferPool::default(),
+            );
+            let cancel = CancellationToken::new();
+            let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &cancel).await;
+            let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+            egress
+                .activate(&a.uid, prepare(&pki, gw.addr, a.clone(), source).await)
+                .expect("activate");
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            assert!(echoes(&mut s, b"open").await);
+            ready_tx
+                .send((egress, a.uid.clone(), s.into_std().expect("std socket")))
+                .expect("hand over");
+            wedge_rx.recv().await;
+            unwedge_rx.recv().expect("unwedge");
+            // Running again: the cancelled tunnel ends now.
+            tokio::task::yield_now().await;
+            drop(gw);
+        });
+    });
+    let (egress, uid, actor) = ready_rx.recv().expect("tunnel side ready");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let mut actor = TcpStream::from_std(actor).expect("register");
+        assert_eq!(egress.stats().tunnels_open, 1);
+        wedge_tx.send(()).expect("wedge");
+        let started = std::time::Instant::now();
+        let err = egress.deactivate(&uid).await.expect_err("cannot drain");
+        let took = started.elapsed();
+        assert!(
+            matches!(
+                err,
+                // The tunnel and the certificate renewal.
+                atunnel::egress::EgressError::DrainTimeout { open: 2, .. }
+            ),
+            "{err}"
+        );
+        assert!(
+            took >= drain && took < drain * 2 + Duration::from_secs(1),
+            "deactivate took {took:?} with a {drain:?} drain bound"
+        );
+        unwedge_tx.send(()).expect("unwedge");
+        // The tunnel was cancelled all the same: it closes once it can run.
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), actor.read_to_end(&mut rest))
+            .await
+            .expect("the tunnel closes once its runtime runs")
+            .expect("read");
+        assert!(rest.is_empty());
+        assert_eq!(egress.stats().tunnels_open, 0);
+    });
+    tunnel_side.join().expect("tunnel side");
+}
