@@ -4,9 +4,14 @@
 
 mod support;
 
+use std::collections::HashSet;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use atunnel::clock::Clock;
@@ -14,11 +19,11 @@ use atunnel::gateway::Mode;
 use atunnel::gateway::sink::{Service, SinkConfig};
 use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_dns::RelayConfig;
-use atunnel_sandbox::require_root;
-use atunnel_sandbox::sandbox::GATEWAY_ADDR;
+use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR};
+use atunnel_sandbox::{NetNs, NsExecutor, SandboxNetwork, require_root};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{oneshot, watch};
 
 fn echo_sink() -> Mode {
@@ -61,24 +66,134 @@ async fn echo_check(s: &mut TcpStream, data: &[u8]) {
     assert!(got == data, "echo through the sandbox tunnel corrupted");
 }
 
-/// A DNS server on loopback that answers every query with the query itself,
-/// QR bit set (the relay does not parse DNS, so this is enough).
-async fn fake_dns() -> SocketAddr {
-    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0")
+/// The gateway saw one tunnel, from "alpha", to exactly `authority`.
+async fn expect_seen(gw: &mut RunningGateway, authority: &str) {
+    let seen = tokio::time::timeout(Duration::from_secs(10), gw.seen.recv())
         .await
-        .expect("bind");
-    let addr = socket.local_addr().expect("addr");
+        .expect("gateway saw the tunnel within 10 s")
+        .expect("gateway running");
+    assert_eq!(seen.authority, authority, "original destination lost");
+    assert_eq!(seen.identity.actor_name, "alpha");
+}
+
+/// A query for `a.` of type A with `id` (the relay does not parse DNS
+/// beyond the header, so this is enough).
+fn dns_query(id: u16) -> Vec<u8> {
+    let mut q = id.to_be_bytes().to_vec();
+    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 1, b'a', 0, 0, 1, 0, 1]);
+    q
+}
+
+/// The fake server's answer: the query with the QR bit set.
+fn fake_answer(query: &[u8]) -> Vec<u8> {
+    let mut answer = query.to_vec();
+    if let Some(flags) = answer.get_mut(2) {
+        *flags |= 0x80;
+    }
+    answer
+}
+
+/// `message` with DNS-over-TCP's 2-byte length prefix.
+fn tcp_frame(message: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(message.len()).expect("test messages are small");
+    let mut frame = len.to_be_bytes().to_vec();
+    frame.extend_from_slice(message);
+    frame
+}
+
+/// A DNS server on loopback, UDP and TCP on one port, that answers every
+/// query with [`fake_answer`].
+async fn fake_dns() -> SocketAddr {
+    // The relay has one upstream address for both transports; retry the rare
+    // case where the UDP port is taken for TCP.
+    let (udp, tcp) = loop {
+        let udp = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        match TcpListener::bind(udp.local_addr().expect("addr")).await {
+            Ok(tcp) => break (udp, tcp),
+            Err(e) if e.kind() == ErrorKind::AddrInUse => continue,
+            Err(e) => panic!("bind fake DNS over TCP: {e}"),
+        }
+    };
+    let addr = udp.local_addr().expect("addr");
     tokio::spawn(async move {
         let mut buf = [0u8; 512];
-        while let Ok((n, from)) = socket.recv_from(&mut buf).await {
-            let mut answer = buf[..n].to_vec();
-            if answer.len() > 2 {
-                answer[2] |= 0x80;
-            }
-            let _ = socket.send_to(&answer, from).await;
+        while let Ok((n, from)) = udp.recv_from(&mut buf).await {
+            let _ = udp.send_to(&fake_answer(&buf[..n]), from).await;
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = tcp.accept().await {
+            tokio::spawn(answer_over_tcp(stream));
         }
     });
     addr
+}
+
+/// Answers length-prefixed queries on one connection until the client ends it.
+async fn answer_over_tcp(mut stream: TcpStream) -> std::io::Result<()> {
+    loop {
+        let mut len = [0u8; 2];
+        if let Err(e) = stream.read_exact(&mut len).await {
+            return if e.kind() == ErrorKind::UnexpectedEof {
+                Ok(())
+            } else {
+                Err(e)
+            };
+        }
+        let mut query = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        stream.read_exact(&mut query).await?;
+        stream.write_all(&tcp_frame(&fake_answer(&query))).await?;
+    }
+}
+
+/// A UDP query from the actor's runtime namespace to the relay on
+/// 169.254.17.1:53 comes back answered by the worker's resolver.
+async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor) {
+    let udp = exec
+        .run_in(&sandbox.runtime, || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+            s.set_nonblocking(true)?;
+            Ok::<_, std::io::Error>(s)
+        })
+        .await
+        .expect("executor")
+        .expect("socket");
+    let udp = UdpSocket::from_std(udp).expect("register");
+    let query = dns_query(0x1234);
+    udp.send_to(&query, (GATEWAY_ADDR, DNS_PORT))
+        .await
+        .expect("send");
+    let mut answer = [0u8; 512];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(10), udp.recv_from(&mut answer))
+        .await
+        .expect("DNS over UDP answered")
+        .expect("recv");
+    assert_eq!(&answer[..n], &fake_answer(&query)[..], "UDP answer");
+}
+
+/// A TCP query (length-prefixed) from the actor's runtime namespace to the
+/// relay on 169.254.17.1:53 comes back answered by the worker's resolver.
+async fn dns_over_tcp_check(sandbox: &SandboxNetwork, exec: &NsExecutor) {
+    let mut s = sandbox
+        .connect_from_runtime(exec, SocketAddr::from((GATEWAY_ADDR, DNS_PORT)))
+        .await
+        .expect("actor dials the DNS relay over TCP");
+    let query = dns_query(0xabcd);
+    s.write_all(&tcp_frame(&query)).await.expect("send");
+    let read = async {
+        let mut len = [0u8; 2];
+        s.read_exact(&mut len).await?;
+        let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        s.read_exact(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("DNS over TCP answered")
+        .expect("read the answer");
+    assert_eq!(&answer[..2], &[0xab, 0xcd], "answer has the query's id");
+    assert!(answer[2] & 0x80 != 0, "answer has the QR bit");
+    assert_eq!(answer, fake_answer(&query), "TCP answer");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,38 +218,12 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
             .await
             .expect("actor dials");
         echo_check(&mut s, &random(256 * 1024, i as u64)).await;
-        let seen = gw.seen.recv().await.expect("gateway saw the tunnel");
-        assert_eq!(
-            seen.authority,
-            dest.to_string(),
-            "original destination lost"
-        );
-        assert_eq!(seen.identity.actor_name, "alpha");
+        expect_seen(&mut gw, &dest.to_string()).await;
     }
 
     // DNS from the actor reaches the worker's resolver through the relay.
-    let runtime = sandbox.runtime.clone();
-    let udp = exec
-        .run_in(&runtime, || {
-            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
-            s.set_nonblocking(true)?;
-            Ok::<_, std::io::Error>(s)
-        })
-        .await
-        .expect("executor")
-        .expect("socket");
-    let udp = tokio::net::UdpSocket::from_std(udp).expect("register");
-    let query = [
-        0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 1, b'a', 0, 0, 1, 0, 1,
-    ];
-    udp.send_to(&query, (GATEWAY_ADDR, 53)).await.expect("send");
-    let mut answer = [0u8; 512];
-    let (n, _) = tokio::time::timeout(Duration::from_secs(10), udp.recv_from(&mut answer))
-        .await
-        .expect("DNS answered")
-        .expect("recv");
-    assert_eq!(&answer[..2], &[0x12, 0x34], "answer has the query's id");
-    assert!(answer[2] & 0x80 != 0 && n == query.len());
+    dns_over_udp_check(&sandbox, &exec).await;
+    dns_over_tcp_check(&sandbox, &exec).await;
 
     tunnel.close_sandbox(&a).await.expect("close");
     assert!(!atunnel_sandbox::netns::exists(sandbox.name()));
@@ -272,4 +361,364 @@ async fn deactivating_one_actor_mid_transfer_leaves_the_other_untouched() {
     let _ = late.read_to_end(&mut got).await;
     assert!(got.is_empty());
     tunnel.shutdown().await;
+}
+
+/// Fails (not skips) when a program the test runs is not installed.
+fn require_program(name: &str) {
+    let found = std::process::Command::new("sh")
+        .args(["-c", "command -v \"$1\"", "sh", name])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found,
+        "{name} is not installed; this test runs it inside a sandbox \
+         (nsenter is in util-linux; .ci/run installs curl)"
+    );
+}
+
+/// Runs `program args` in `ns` through nsenter, as the actor's own unmodified
+/// program would run there; bounded, and killed if the bound passes.
+async fn run_in_netns(ns: &NetNs, program: &str, args: &[&str]) -> Output {
+    require_program("nsenter");
+    require_program(program);
+    let run = tokio::process::Command::new("nsenter")
+        .arg(format!("--net={}", ns.path().display()))
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .unwrap_or_else(|_| panic!("{program} in {} ran past 30 s", ns.name()))
+        .expect("nsenter starts")
+}
+
+/// Sends the file `$1` on a TCP connection to `$3:$4` (bash's /dev/tcp) while
+/// printing the first `$2` bytes received, so bytes move both ways at once.
+const BASH_ROUND_TRIP: &str = r#"exec 3<>"/dev/tcp/$3/$4" || exit 1
+cat "$1" >&3 &
+head -c "$2" <&3
+wait "$!""#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmodified_programs_in_the_sandbox_reach_any_address_through_the_tunnel() {
+    require_root("sandbox egress test with external programs");
+    let pki = Pki::new();
+    let mut gw = gateway(&pki, echo_sink(), |_| {}).await;
+    let tunnel = tunnel(&pki, None, "prog").await;
+    let a = actor("alpha");
+    let egress = tunnel
+        .prepare_egress(&a, &spec(&gw))
+        .await
+        .expect("prepare");
+    let sandbox = tunnel.serve_sandbox(&a).await.expect("sandbox");
+    tunnel.activate(&a, Some(egress)).await.expect("activate");
+
+    // curl fetches from the sink's HTTP responder (port 80).
+    let out = run_in_netns(
+        &sandbox.runtime,
+        "curl",
+        &[
+            "-sS",
+            "--noproxy",
+            "*",
+            "--max-time",
+            "10",
+            "http://198.51.100.7:80/from-the-sandbox",
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "curl in the sandbox: {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body = "x".repeat(SinkConfig::default().http_body_bytes);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), body, "curl's body");
+    expect_seen(&mut gw, "198.51.100.7:80").await;
+
+    // bash sends 1 MiB to the sink's echo service and reads it back.
+    let data = random(1 << 20, 5);
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), &data).expect("write temp file");
+    let path = file.path().to_str().expect("utf-8 temp path");
+    let len = data.len().to_string();
+    let out = run_in_netns(
+        &sandbox.runtime,
+        "bash",
+        &[
+            "-c",
+            BASH_ROUND_TRIP,
+            "bash",
+            path,
+            &len,
+            "203.0.113.9",
+            "7",
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "bash in the sandbox: {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout == data,
+        "bash's echo came back corrupted ({} of {} bytes)",
+        out.stdout.len(),
+        data.len()
+    );
+    expect_seen(&mut gw, "203.0.113.9:7").await;
+
+    tunnel.close_sandbox(&a).await.expect("close");
+    tunnel.shutdown().await;
+}
+
+/// The probed runtime's thread name, so its threads (workers and blocking
+/// pool alike) can be picked out of /proc/self/task. At most 15 bytes: the
+/// kernel keeps no more of a thread's name.
+const PROBED_RUNTIME: &str = "atnt-probed-rt";
+
+/// A network namespace's identity (nsfs device and inode), by a path to it.
+fn netns_at(path: &Path) -> (u64, u64) {
+    let meta = std::fs::metadata(path).expect("stat network namespace");
+    (meta.dev(), meta.ino())
+}
+
+fn this_threads_netns() -> (u64, u64) {
+    netns_at(Path::new("/proc/thread-self/ns/net"))
+}
+
+/// This thread's kernel id, from `/proc/thread-self` (`<pid>/task/<tid>`).
+fn this_threads_tid() -> u32 {
+    let link = std::fs::read_link("/proc/thread-self").expect("read /proc/thread-self");
+    link.file_name()
+        .and_then(|t| t.to_str())
+        .and_then(|t| t.parse().ok())
+        .expect("/proc/thread-self names the thread id")
+}
+
+/// What samples of threads' namespaces found.
+#[derive(Debug, Default)]
+struct NetnsSamples {
+    samples: u64,
+    /// Threads sampled.
+    threads: HashSet<u32>,
+    /// Threads found in a namespace other than the host's: (thread, namespace).
+    elsewhere: HashSet<(u32, (u64, u64))>,
+}
+
+impl NetnsSamples {
+    fn record(&mut self, tid: u32, ns: (u64, u64), host: (u64, u64)) {
+        self.samples += 1;
+        self.threads.insert(tid);
+        if ns != host {
+            self.elsewhere.insert((tid, ns));
+        }
+    }
+}
+
+/// From outside the runtime: samples the namespace of every thread of the
+/// probed runtime through /proc until `stop`, so a thread that entered a
+/// namespace is caught even if no task of ours runs on it meanwhile.
+fn scan_runtime_threads(host: (u64, u64), stop: &AtomicBool) -> NetnsSamples {
+    let mut found = NetnsSamples::default();
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            continue;
+        };
+        for task in tasks.filter_map(Result::ok) {
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                continue;
+            };
+            // A thread may end between listing and reading: skip it.
+            let Ok(name) = std::fs::read_to_string(task.path().join("comm")) else {
+                continue;
+            };
+            if name.trim_end() != PROBED_RUNTIME {
+                continue;
+            }
+            if let Ok(meta) = std::fs::metadata(task.path().join("ns/net")) {
+                found.record(tid, (meta.dev(), meta.ino()), host);
+            }
+        }
+        // The sampling period, not a synchronisation.
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    found
+}
+
+/// From inside the runtime: tasks that sample the namespace of the worker
+/// they run on between every other task's polls, and say which workers they
+/// have seen since the last `reset`.
+struct WorkerProbe {
+    host: (u64, u64),
+    samples: Mutex<NetnsSamples>,
+    /// Worker threads seen since the last reset.
+    seen: watch::Sender<HashSet<u32>>,
+    stop: AtomicBool,
+}
+
+impl WorkerProbe {
+    fn start(host: (u64, u64), tasks: usize) -> (Arc<Self>, Vec<tokio::task::JoinHandle<()>>) {
+        let probe = Arc::new(Self {
+            host,
+            samples: Mutex::new(NetnsSamples::default()),
+            seen: watch::Sender::new(HashSet::new()),
+            stop: AtomicBool::new(false),
+        });
+        let handles = (0..tasks)
+            .map(|_| {
+                let probe = probe.clone();
+                tokio::spawn(async move {
+                    while !probe.stop.load(Ordering::Relaxed) {
+                        probe.sample();
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        (probe, handles)
+    }
+
+    fn sample(&self) {
+        let (tid, ns) = (this_threads_tid(), this_threads_netns());
+        self.samples
+            .lock()
+            .expect("samples lock")
+            .record(tid, ns, self.host);
+        self.seen.send_if_modified(|seen| seen.insert(tid));
+    }
+
+    /// Waits until tasks have sampled `workers` distinct threads since the
+    /// last reset, then resets.
+    async fn wait_for_workers(&self, workers: usize) {
+        let mut seen = self.seen.subscribe();
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            seen.wait_for(|s| s.len() >= workers),
+        )
+        .await
+        .expect("every worker sampled within 20 s")
+        .expect("probe alive");
+        self.seen.send_replace(HashSet::new());
+    }
+}
+
+/// Two sandboxes built, tunnelled through and closed. `host` is the
+/// namespace the test started in.
+async fn two_sandboxes_round_trip(host: (u64, u64)) {
+    let pki = Pki::new();
+    let mut gw = gateway(&pki, echo_sink(), |_| {}).await;
+    let tunnel = tunnel(&pki, Some(fake_dns().await), "threads").await;
+    let exec = tunnel.executor().clone();
+    for (i, name) in ["alpha", "bravo"].into_iter().enumerate() {
+        let who = actor(name);
+        let egress = tunnel
+            .prepare_egress(&who, &spec(&gw))
+            .await
+            .expect("prepare");
+        let sandbox = tunnel.serve_sandbox(&who).await.expect("sandbox");
+        assert_ne!(netns_at(&sandbox.runtime.path()), host);
+        tunnel.activate(&who, Some(egress)).await.expect("activate");
+        let dest: SocketAddr = "192.0.2.10:443".parse().expect("addr");
+        let mut s = sandbox
+            .connect_from_runtime(&exec, dest)
+            .await
+            .expect("actor dials");
+        echo_check(&mut s, &random(64 * 1024, 10 + i as u64)).await;
+        let seen = tokio::time::timeout(Duration::from_secs(10), gw.seen.recv())
+            .await
+            .expect("gateway saw the tunnel within 10 s")
+            .expect("gateway running");
+        assert_eq!(seen.identity.actor_name, name);
+        dns_over_tcp_check(&sandbox, &exec).await;
+    }
+    for name in ["alpha", "bravo"] {
+        tunnel.close_sandbox(&actor(name)).await.expect("close");
+    }
+    tunnel.shutdown().await;
+}
+
+#[test]
+fn the_async_runtime_threads_never_change_namespace() {
+    require_root("sandbox namespace test");
+    const WORKERS: usize = 2;
+    let host = this_threads_netns();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKERS)
+        .thread_name(PROBED_RUNTIME)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let stop_scan = AtomicBool::new(false);
+    let (scanned, sampled, round_trip) = std::thread::scope(|scope| {
+        // Stops the scanner however this closure ends, so a panic here
+        // fails the test instead of leaving the scope waiting on it.
+        let _stop = StopOnDrop(&stop_scan);
+        let scanner = scope.spawn(|| scan_runtime_threads(host, &stop_scan));
+        let (probe, round_trip) = runtime.block_on(async {
+            // Spawned from outside the runtime, so the probe tasks land in
+            // the shared queue that both workers take from.
+            let (probe, handles) = WorkerProbe::start(host, 2 * WORKERS);
+            probe.wait_for_workers(WORKERS).await;
+            // On a worker, like a worker's atunnel tasks. Bounded: a worker
+            // left in a sandbox's namespace can make dials hang, not fail.
+            let round_trip = tokio::time::timeout(
+                Duration::from_secs(60),
+                tokio::spawn(two_sandboxes_round_trip(host)),
+            )
+            .await;
+            probe.wait_for_workers(WORKERS).await;
+            probe.stop.store(true, Ordering::Relaxed);
+            for h in handles {
+                h.await.expect("probe task");
+            }
+            (probe, round_trip)
+        });
+        stop_scan.store(true, Ordering::Relaxed);
+        let scanned = scanner.join().expect("scanner thread");
+        let sampled = std::mem::take(&mut *probe.samples.lock().expect("samples lock"));
+        (scanned, sampled, round_trip)
+    });
+    drop(runtime);
+    eprintln!(
+        "runtime threads: {} samples from tasks on {:?}, {} from /proc of {} threads",
+        sampled.samples,
+        sampled.threads,
+        scanned.samples,
+        scanned.threads.len()
+    );
+    assert_eq!(this_threads_netns(), host, "the test's thread moved");
+    assert_eq!(sampled.threads.len(), WORKERS, "tasks ran on both workers");
+    assert!(
+        sampled.elsewhere.is_empty(),
+        "a worker was in another namespace when a task ran on it: {:?}",
+        sampled.elsewhere
+    );
+    assert!(
+        scanned.threads.is_superset(&sampled.threads),
+        "the /proc scan saw every worker"
+    );
+    assert!(
+        scanned.elsewhere.is_empty(),
+        "a runtime thread was in another namespace: {:?}",
+        scanned.elsewhere
+    );
+    round_trip
+        .expect("sandboxes round trip within 60 s")
+        .expect("sandboxes round trip");
+}
+
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
