@@ -37,23 +37,12 @@ pub fn original_dst(stream: &TcpStream) -> Result<SocketAddr, OriginalDstError> 
         source,
     })?;
     let sock = SockRef::from(stream);
-    let is_v4 = match local.ip() {
-        IpAddr::V4(_) => true,
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some(),
-    };
-    let result = if is_v4 {
+    let result = if asks_ipv4_table(local) {
         sock.original_dst_v4()
     } else {
         sock.original_dst_v6()
     };
-    let addr = result.map_err(|source| match source.raw_os_error() {
-        // ENOENT: conntrack has no NAT entry. ENOPROTOOPT: the NAT table that
-        // answers this option is not loaded, so nothing can have redirected.
-        Some(libc::ENOENT) | Some(libc::ENOPROTOOPT) => {
-            OriginalDstError::NotRedirected { local, source }
-        }
-        _ => OriginalDstError::Io { local, source },
-    })?;
+    let addr = result.map_err(|source| lookup_error(local, source))?;
     let addr = addr.as_socket().ok_or_else(|| OriginalDstError::Io {
         local,
         source: io::Error::new(
@@ -61,10 +50,36 @@ pub fn original_dst(stream: &TcpStream) -> Result<SocketAddr, OriginalDstError> 
             "original destination is not an IP address",
         ),
     })?;
-    if addr.port() == 0 {
+    nonzero_port(local, addr)
+}
+
+/// Whether conntrack's IPv4 table (`SO_ORIGINAL_DST`) holds the connection
+/// accepted on `local`: an IPv4 address, or a v4-mapped one (an IPv4 peer of
+/// a dual-stack listener); otherwise the IPv6 table (`IP6T_SO_ORIGINAL_DST`).
+fn asks_ipv4_table(local: SocketAddr) -> bool {
+    match local.ip() {
+        IpAddr::V4(_) => true,
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some(),
+    }
+}
+
+fn lookup_error(local: SocketAddr, source: io::Error) -> OriginalDstError {
+    match source.raw_os_error() {
+        // ENOENT: conntrack has no NAT entry. ENOPROTOOPT: the NAT table that
+        // answers this option is not loaded, so nothing can have redirected.
+        Some(libc::ENOENT) | Some(libc::ENOPROTOOPT) => {
+            OriginalDstError::NotRedirected { local, source }
+        }
+        _ => OriginalDstError::Io { local, source },
+    }
+}
+
+/// Port 0 cannot be dialed: the answer names no real destination.
+fn nonzero_port(local: SocketAddr, original: SocketAddr) -> Result<SocketAddr, OriginalDstError> {
+    if original.port() == 0 {
         return Err(OriginalDstError::ZeroPort { local });
     }
-    Ok(addr)
+    Ok(original)
 }
 
 #[cfg(test)]
@@ -79,6 +94,49 @@ mod tests {
         let (_c, s) = tokio::join!(TcpStream::connect(target), listener.accept());
         std::mem::forget(_c);
         s.expect("accept").0
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("socket address")
+    }
+
+    #[test]
+    fn the_table_asked_follows_the_local_address_family() {
+        assert!(asks_ipv4_table(addr("127.0.0.1:8080")));
+        // An IPv4 peer of a dual-stack listener: conntrack has it as IPv4.
+        assert!(asks_ipv4_table(addr("[::ffff:127.0.0.1]:8080")));
+        assert!(!asks_ipv4_table(addr("[::1]:8080")));
+        // IPv4-compatible (deprecated, not mapped) is IPv6 to conntrack.
+        assert!(!asks_ipv4_table(addr("[::127.0.0.1]:8080")));
+    }
+
+    #[test]
+    fn an_original_destination_with_port_zero_is_an_error() {
+        let local = addr("127.0.0.1:15001");
+        let err = nonzero_port(local, addr("192.0.2.10:0")).expect_err("port 0");
+        assert!(
+            matches!(err, OriginalDstError::ZeroPort { local: l } if l == local),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("port 0"), "{err}");
+        assert_eq!(
+            nonzero_port(local, addr("[2001:db8::1]:443")).expect("port 443"),
+            addr("[2001:db8::1]:443")
+        );
+    }
+
+    #[test]
+    fn only_a_missing_nat_entry_or_table_means_not_redirected() {
+        let local = addr("127.0.0.1:15001");
+        for errno in [libc::ENOENT, libc::ENOPROTOOPT] {
+            let err = lookup_error(local, io::Error::from_raw_os_error(errno));
+            assert!(
+                matches!(err, OriginalDstError::NotRedirected { .. }),
+                "{errno}: {err:?}"
+            );
+        }
+        let err = lookup_error(local, io::Error::from_raw_os_error(libc::EBADF));
+        assert!(matches!(err, OriginalDstError::Io { .. }), "{err:?}");
     }
 
     #[tokio::test]
@@ -106,9 +164,12 @@ mod tests {
         let (c, s) = tokio::join!(TcpStream::connect(("127.0.0.1", port)), listener.accept());
         let _c = c.expect("connect");
         let (s, _) = s.expect("accept");
+        let local = s.local_addr().expect("local");
         assert!(
-            matches!(s.local_addr().expect("local").ip(), IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some())
+            matches!(local.ip(), IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some()),
+            "{local}"
         );
+        assert!(asks_ipv4_table(local), "{local}");
         let err = original_dst(&s).expect_err("not redirected");
         match err {
             OriginalDstError::NotRedirected { source, .. } => {

@@ -18,6 +18,11 @@ pub struct RelayConfig {
     /// A TCP client connection with no complete query for this long is
     /// closed. Default 10 s.
     pub tcp_idle_timeout: Duration,
+    /// `TCP_NOTSENT_LOWAT` in bytes on every TCP socket the relay accepts or
+    /// dials, set on each accepted socket itself (a listener's value is not
+    /// reliably inherited); `None` leaves the kernel default. Default 16 KiB,
+    /// as atunnel's `--tcp-notsent-lowat`.
+    pub tcp_notsent_lowat: Option<u32>,
 }
 
 impl RelayConfig {
@@ -27,6 +32,8 @@ impl RelayConfig {
     pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
     /// Default TCP idle timeout.
     pub const DEFAULT_TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default `TCP_NOTSENT_LOWAT`.
+    pub const DEFAULT_TCP_NOTSENT_LOWAT: u32 = 16 * 1024;
 
     /// The defaults, forwarding to `upstreams`.
     pub fn new(upstreams: Vec<SocketAddr>) -> Self {
@@ -35,6 +42,7 @@ impl RelayConfig {
             timeout: Self::DEFAULT_TIMEOUT,
             max_in_flight: Self::DEFAULT_MAX_IN_FLIGHT,
             tcp_idle_timeout: Self::DEFAULT_TCP_IDLE_TIMEOUT,
+            tcp_notsent_lowat: Some(Self::DEFAULT_TCP_NOTSENT_LOWAT),
         }
     }
 }

@@ -116,6 +116,11 @@ impl DnsRelay {
         // One write per answer, but a pipelining client can have the next
         // answer wait on a delayed ACK without this.
         let _ = stream.set_nodelay(true);
+        let lowat = self.config().tcp_notsent_lowat;
+        if let Err(error) = set_notsent_lowat(&stream, lowat) {
+            tracing::debug!(%client, %error, "DNS relay: cannot set TCP_NOTSENT_LOWAT; closing");
+            return;
+        }
         let idle = self.config().tcp_idle_timeout;
         loop {
             let frame = tokio::select! {
@@ -144,7 +149,7 @@ impl DnsRelay {
             // Not raced against cancel: a query already read is answered, so
             // shutdown does not turn into a client-visible failure.
             let answer = self
-                .first_answer(|upstream| exchange(upstream, &query))
+                .first_answer(|upstream| exchange(upstream, &query, lowat))
                 .await;
             let Some(answer) = answer else {
                 // Closing tells the client at once that this server failed,
@@ -170,13 +175,27 @@ impl DnsRelay {
     }
 }
 
+/// Sets `TCP_NOTSENT_LOWAT` on `stream` unless `lowat` is `None` (kernel
+/// default).
+fn set_notsent_lowat(stream: &TcpStream, lowat: Option<u32>) -> io::Result<()> {
+    match lowat {
+        Some(lowat) => socket2::SockRef::from(stream).set_tcp_notsent_lowat(lowat),
+        None => Ok(()),
+    }
+}
+
 /// One exchange with one upstream over a new connection; the caller's timeout
 /// covers connect and exchange. Messages that do not carry the query's ID are
 /// skipped, as over UDP.
-async fn exchange(upstream: SocketAddr, query: &[u8]) -> Result<Vec<u8>, DnsError> {
+async fn exchange(
+    upstream: SocketAddr,
+    query: &[u8],
+    lowat: Option<u32>,
+) -> Result<Vec<u8>, DnsError> {
     let io_error = |source| DnsError::Upstream { upstream, source };
     let mut stream = TcpStream::connect(upstream).await.map_err(io_error)?;
     let _ = stream.set_nodelay(true);
+    set_notsent_lowat(&stream, lowat).map_err(io_error)?;
     write_frame(&mut stream, query).await.map_err(io_error)?;
     loop {
         match read_frame(&mut stream).await.map_err(io_error)? {

@@ -665,5 +665,82 @@ fn new_rejects_unusable_configs() {
     assert_eq!(cfg.timeout, Duration::from_secs(5));
     assert_eq!(cfg.max_in_flight, 256);
     assert_eq!(cfg.tcp_idle_timeout, Duration::from_secs(10));
+    assert_eq!(cfg.tcp_notsent_lowat, Some(16 * 1024));
     assert!(DnsRelay::new(cfg).is_ok());
+}
+
+/// `TCP_NOTSENT_LOWAT` of each TCP socket of this process whose (local, peer)
+/// addresses `matches`. The relay does not hand its sockets out, so they are
+/// found through /proc/self/fd and read on a duplicate of the descriptor.
+fn notsent_lowats(matches: impl Fn(SocketAddr, SocketAddr) -> bool) -> Vec<u32> {
+    use std::os::fd::{BorrowedFd, RawFd};
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").expect("list /proc/self/fd") {
+        let Ok(entry) = entry else { continue };
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: `fd` was listed as open just now and is only duplicated
+        // (one fcntl); if another thread closed it since, the duplicate
+        // fails with EBADF, and if the number was reused, the addresses
+        // below do not match.
+        let Ok(dup) = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned() else {
+            continue;
+        };
+        let sock = socket2::Socket::from(dup);
+        if !sock.r#type().is_ok_and(|t| t == socket2::Type::STREAM) {
+            continue;
+        }
+        let addr = |a: io::Result<socket2::SockAddr>| a.ok().and_then(|a| a.as_socket());
+        if let (Some(local), Some(peer)) = (addr(sock.local_addr()), addr(sock.peer_addr()))
+            && matches(local, peer)
+        {
+            found.push(sock.tcp_notsent_lowat().expect("TCP_NOTSENT_LOWAT"));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn tcp_sockets_the_relay_accepts_and_dials_carry_the_notsent_lowat() {
+    // 0 read back means "not set on the socket: net.ipv4.tcp_notsent_lowat
+    // applies", the kernel default.
+    for (lowat, expected) in [(Some(4096), 4096), (None, 0)] {
+        let release = Arc::new(Semaphore::new(0));
+        let mut upstream = FakeUpstream::start(Mode::Hold {
+            marker: 0xa1,
+            release: release.clone(),
+        })
+        .await;
+        let relay = start_relay(RelayConfig {
+            tcp_notsent_lowat: lowat,
+            ..config(&[&upstream], LONG)
+        })
+        .await;
+        let mut stream = tcp_client(&relay).await;
+        let client = stream.local_addr().expect("client addr");
+        let q = query(0x0707);
+        write_frame(&mut stream, &q).await.expect("write query");
+        // The query is held at the upstream: the relay has both sockets open.
+        assert_eq!(upstream.next_query().await, (Transport::Tcp, q.clone()));
+        let accepted = notsent_lowats(|local, peer| local == relay.tcp && peer == client);
+        let dialed = notsent_lowats(|_, peer| peer == upstream.addr);
+        assert_eq!(accepted, vec![expected], "accepted socket, lowat {lowat:?}");
+        assert_eq!(dialed, vec![expected], "dialed socket, lowat {lowat:?}");
+
+        release.add_permits(1);
+        let a = guard("a TCP answer", read_frame(&mut stream))
+            .await
+            .expect("answer");
+        assert_eq!(a, answer(&q, 0xa1));
+    }
 }

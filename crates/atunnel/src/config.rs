@@ -158,3 +158,86 @@ mod duration_tests {
         assert!(parse_duration("").is_err());
     }
 }
+
+#[cfg(test)]
+mod socket_flag_tests {
+    use super::SocketArgs;
+    use atunnel_core::sockopt::SocketOptions;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        socket: SocketArgs,
+    }
+
+    fn parse(flags: &[&str]) -> SocketArgs {
+        let argv = std::iter::once("atunnel").chain(flags.iter().copied());
+        Cli::try_parse_from(argv).expect("flags parse").socket
+    }
+
+    #[test]
+    fn by_default_lowat_is_16_kib_and_network_buffers_autotune() {
+        let args = parse(&[]);
+        let expected = SocketOptions {
+            notsent_lowat: Some(16384),
+            send_buffer: None,
+            recv_buffer: None,
+        };
+        assert_eq!(args.options(), expected);
+        assert_eq!(args.options(), SocketOptions::default());
+        // Sandbox-side sockets keep the lowat and get their own 64 KiB buffers.
+        assert_eq!(
+            args.sandbox_options(),
+            SocketOptions {
+                send_buffer: Some(65536),
+                recv_buffer: Some(65536),
+                ..expected
+            }
+        );
+    }
+
+    #[test]
+    fn negative_lowat_leaves_the_kernel_default_on_both_sides() {
+        for flags in [
+            &["--tcp-notsent-lowat", "-1"][..],
+            &["--tcp-notsent-lowat=-1"][..],
+        ] {
+            let args = parse(flags);
+            assert_eq!(args.options().notsent_lowat, None, "{flags:?}");
+            assert_eq!(args.sandbox_options().notsent_lowat, None, "{flags:?}");
+        }
+    }
+
+    #[test]
+    fn explicit_values_come_through() {
+        let args = parse(&[
+            "--tcp-notsent-lowat",
+            "4096",
+            "--tcp-send-buffer",
+            "65536",
+            "--tcp-receive-buffer",
+            "98304",
+        ]);
+        assert_eq!(
+            args.options(),
+            SocketOptions {
+                notsent_lowat: Some(4096),
+                send_buffer: Some(65536),
+                recv_buffer: Some(98304),
+            }
+        );
+        // The sandbox side has its own buffer flags; the lowat is shared.
+        assert_eq!(args.sandbox_options().notsent_lowat, Some(4096));
+        let args = parse(&[
+            "--sandbox-send-buffer",
+            "0",
+            "--sandbox-receive-buffer",
+            "0",
+            "--tcp-send-buffer",
+            "65536",
+        ]);
+        assert_eq!(args.sandbox_options().send_buffer, Some(65536));
+        assert_eq!(args.sandbox_options().recv_buffer, None);
+    }
+}

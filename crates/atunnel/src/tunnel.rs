@@ -67,7 +67,8 @@ pub struct TunnelConfig {
     pub egress_port: u16,
     /// Prefix of sandbox namespace names: `<prefix><uid>` and `<prefix><uid>-at`.
     pub netns_prefix: String,
-    /// The DNS relay's upstreams and timeouts; `None` serves no DNS.
+    /// The DNS relay's upstreams and timeouts; `None` serves no DNS. Its
+    /// `tcp_notsent_lowat` is `egress.sandbox_socket`'s, like every socket's.
     pub dns: Option<RelayConfig>,
     /// CAs that sign egress gateways' certificates.
     pub gateway_roots: Arc<rustls::RootCertStore>,
@@ -229,7 +230,13 @@ impl Tunnel {
         // One relay per sandbox: its in-flight budget is that sandbox's
         // alone, so one actor flooding DNS cannot starve the others.
         let relay = match &self.cfg.dns {
-            Some(cfg) => Some(DnsRelay::new(cfg.clone()).map_err(TunnelError::Dns)?),
+            Some(cfg) => Some(
+                DnsRelay::new(RelayConfig {
+                    tcp_notsent_lowat: self.cfg.egress.sandbox_socket.notsent_lowat,
+                    ..cfg.clone()
+                })
+                .map_err(TunnelError::Dns)?,
+            ),
             None => None,
         };
         let name = format!("{}{}", self.cfg.netns_prefix, actor.uid);
