@@ -13,7 +13,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 #[derive(clap::Args, Clone, Debug)]
 pub struct SocketArgs {
     /// TCP_NOTSENT_LOWAT in bytes on every socket (-1 leaves the kernel default).
-    #[arg(long, default_value_t = 16384, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 16384, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..=i64::from(u32::MAX)))]
     pub tcp_notsent_lowat: i64,
     /// Fixed SO_SNDBUF in bytes (0: kernel autotuning, the default).
     #[arg(long, default_value_t = 0)]
@@ -207,6 +208,20 @@ mod socket_flag_tests {
             assert_eq!(args.options().notsent_lowat, None, "{flags:?}");
             assert_eq!(args.sandbox_options().notsent_lowat, None, "{flags:?}");
         }
+    }
+
+    #[test]
+    fn a_lowat_the_kernel_cannot_take_is_refused() {
+        for bad in ["-2", "4294967296", "16k"] {
+            let argv = ["atunnel", "--tcp-notsent-lowat", bad];
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad} accepted");
+        }
+        assert_eq!(
+            parse(&["--tcp-notsent-lowat", "4294967295"])
+                .options()
+                .notsent_lowat,
+            Some(u32::MAX)
+        );
     }
 
     #[test]

@@ -209,6 +209,8 @@ pub struct Egress {
     pool: BufferPool,
     bindings: Mutex<HashMap<String, Arc<Binding>>>,
     listeners: TaskTracker,
+    /// Stops the listeners [`Egress::serve_listener`] started, at shutdown.
+    stop: CancellationToken,
     counters: Counters,
 }
 
@@ -219,6 +221,7 @@ impl Egress {
             pool,
             bindings: Mutex::new(HashMap::new()),
             listeners: TaskTracker::new(),
+            stop: CancellationToken::new(),
             counters: Counters::default(),
         })
     }
@@ -258,7 +261,13 @@ impl Egress {
         cancel: CancellationToken,
     ) {
         let task = self.listener_task(uid, listener, dest, cancel);
-        self.listeners.spawn(task);
+        let stop = self.stop.clone();
+        self.listeners.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = task => {}
+            }
+        });
     }
 
     /// The accept loop [`Egress::serve_listener`] spawns, for a caller that
@@ -465,6 +474,7 @@ impl Egress {
         for uid in uids {
             let _ = self.unbind(&uid).await;
         }
+        self.stop.cancel();
         self.listeners.close();
         self.listeners.wait().await;
     }

@@ -443,3 +443,29 @@ fn deactivation_of_tunnels_that_cannot_finish_is_bounded() {
     });
     tunnel_side.join().expect("tunnel side");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_listeners_whose_callers_never_cancel_them() {
+    let pki = Pki::new();
+    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let a = actor("alpha");
+    let egress = egress();
+    let never = CancellationToken::new();
+    let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &never).await;
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    egress
+        .activate(&a.uid, prepare(&pki, gw.addr, a.clone(), source).await)
+        .expect("activate");
+    let mut open = TcpStream::connect(addr).await.expect("connect");
+    assert!(echoes(&mut open, b"before shutdown").await);
+    tokio::time::timeout(Duration::from_secs(10), egress.shutdown())
+        .await
+        .expect("shutdown returns");
+    assert!(!never.is_cancelled());
+    assert!(
+        closes_with_no_bytes(&mut open).await,
+        "the tunnel outlived shutdown"
+    );
+    let refused = TcpStream::connect(addr).await;
+    assert!(refused.is_err(), "the listener outlived shutdown");
+}
