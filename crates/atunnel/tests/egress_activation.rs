@@ -469,3 +469,69 @@ async fn shutdown_stops_listeners_whose_callers_never_cancel_them() {
     let refused = TcpStream::connect(addr).await;
     assert!(refused.is_err(), "the listener outlived shutdown");
 }
+
+/// Answers every CSR with a certificate for a key of its own: a node agent
+/// that mixed up two requests.
+struct SwappedKeySource(TestSource);
+
+impl atunnel_identity::cert_source::CertificateSource for SwappedKeySource {
+    fn mint<'a>(
+        &'a self,
+        actor: &'a atunnel_identity::identity::ActorRef,
+        _csr_der: &'a [u8],
+    ) -> atunnel_identity::cert_source::MintFuture<'a> {
+        Box::pin(async move {
+            let other = rcgen::KeyPair::generate().expect("key");
+            let csr = rcgen::CertificateParams::new(Vec::<String>::new())
+                .expect("params")
+                .serialize_request(&other)
+                .expect("csr");
+            self.0.mint(actor, csr.der()).await
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_minted_certificate_that_fails_its_checks_fails_closed() {
+    let pki = Pki::new();
+    let gw: std::net::SocketAddr = "127.0.0.1:1".parse().expect("addr");
+    let prepare_with = |source: Arc<dyn atunnel_identity::cert_source::CertificateSource>,
+                        clock: Clock| {
+        atunnel::egress::ActorEgress::prepare(
+            actor("alpha"),
+            client_config(&pki, gw),
+            source,
+            clock,
+        )
+    };
+    // For another key than the CSR's.
+    let swapped = Arc::new(SwappedKeySource(TestSource::new(
+        pki.actor_ca.clone(),
+        Clock::new(),
+    )));
+    let err = prepare_with(swapped, Clock::new())
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("public key"), "{err}");
+    // Without ClientAuth.
+    let mut no_client_auth = TestSource::new(pki.actor_ca.clone(), Clock::new());
+    no_client_auth.options.client_auth_eku = false;
+    let err = prepare_with(Arc::new(no_client_auth), Clock::new())
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().to_lowercase().contains("client"), "{err}");
+    // Expired by the time it arrives: the worker's clock is two hours ahead
+    // of the node agent's.
+    let late = Clock::new();
+    late.advance(Duration::from_secs(7200));
+    let err = prepare_with(
+        Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new())),
+        late,
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(err.to_string().contains("expired"), "{err}");
+}
