@@ -19,6 +19,7 @@ use bytes::Bytes;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_util::task::TaskTracker;
@@ -50,6 +51,13 @@ pub const STREAM_WINDOW: u32 = 256 * 1024;
 /// their neighbours on the same connection; it is not memory unless used.
 pub const CONNECTION_WINDOW: u32 = 1 << 30;
 
+/// Streams h2 opens on a new connection before the gateway's SETTINGS say
+/// how many it allows (h2's own default is unlimited). RFC 9113 §6.5.2
+/// recommends servers allow at least 100, so up to 100 is not refused by a
+/// gateway that follows it. The pool asks for less still: one stream until
+/// the SETTINGS are in (see [`H2Conn::has_capacity`]).
+pub const INITIAL_MAX_SEND_STREAMS: usize = 100;
+
 #[derive(Debug, thiserror::Error)]
 pub enum TunnelError {
     #[error("invalid tunnel destination {0:?}: must be an IP literal and a port 1-65535")]
@@ -71,6 +79,10 @@ pub enum TunnelError {
         status: u16,
         body: String,
     },
+    /// The gateway reset the CONNECT stream with REFUSED_STREAM (it did not
+    /// process it, usually for being at its stream limit), on the retry too.
+    #[error("gateway {addr} refused the stream for CONNECT {authority} (REFUSED_STREAM), twice")]
+    StreamRefused { addr: SocketAddr, authority: String },
     #[error("opening a tunnel to {authority} took longer than {after:?}")]
     Timeout { authority: String, after: Duration },
     #[error("gateway {addr} sent a malformed answer: {reason}")]
@@ -122,6 +134,9 @@ struct H2Conn {
     send: h2::client::SendRequest<Bytes>,
     streams: Arc<AtomicUsize>,
     dead: Arc<AtomicBool>,
+    /// Becomes true once the gateway's SETTINGS have been applied, so
+    /// `current_max_send_streams` is the gateway's limit and not our guess.
+    settled: watch::Receiver<bool>,
     /// The client certificate it was authenticated with expires here; no new
     /// streams after that, so expiry is enforced on pooled connections too.
     cert_not_after: Option<SystemTime>,
@@ -129,9 +144,22 @@ struct H2Conn {
 
 impl H2Conn {
     fn has_capacity(&self, now: SystemTime) -> bool {
+        // Until the gateway's limit is known a fresh connection takes one
+        // stream: more could exceed the limit, and each would be refused
+        // (sent before the SETTINGS arrived) or queued inside h2 until some
+        // stream ends (sent after), which for a tunnel may be never.
+        let limit = if self.is_settled() {
+            self.send.current_max_send_streams()
+        } else {
+            1
+        };
         !self.dead.load(Ordering::Acquire)
             && self.cert_not_after.is_none_or(|t| now < t)
-            && self.streams.load(Ordering::Acquire) < self.send.current_max_send_streams()
+            && self.streams.load(Ordering::Acquire) < limit
+    }
+
+    fn is_settled(&self) -> bool {
+        *self.settled.borrow()
     }
 
     fn claim(&self) -> StreamSlot {
@@ -205,9 +233,18 @@ impl Endpoint for Tunnel {
 }
 
 enum Dialed {
-    /// A connection with stream capacity; `true` if it came from the pool.
-    H2(Arc<H2Conn>, bool),
+    /// A connection and the stream slot claimed on it; `true` if it came
+    /// from the pool.
+    H2(Arc<H2Conn>, StreamSlot, bool),
     H1(Box<TlsStream<TcpStream>>),
+}
+
+/// What the pool has for a new stream.
+enum Pooled {
+    Slot(Arc<H2Conn>, StreamSlot),
+    /// No room now, but this fresh connection's limit is about to be known.
+    Settling(watch::Receiver<bool>),
+    Full,
 }
 
 /// Counters for /stats.
@@ -244,6 +281,11 @@ impl GatewayClient {
         .with_root_certificates(cfg.roots.clone())
         .with_client_cert_resolver(credential.clone());
         tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        // A pooled connection's expiry must be that of the certificate it
+        // actually authenticated with: a resumed session would carry the
+        // previous certificate's identity past a renewal. HTTP/2 pools its
+        // connections, so full handshakes are rare.
+        tls.resumption = rustls::client::Resumption::disabled();
         Ok(Self {
             connector: TlsConnector::from(Arc::new(tls)),
             cfg,
@@ -281,11 +323,11 @@ impl GatewayClient {
     async fn open_unbounded(&self, authority: &str) -> Result<Tunnel, TunnelError> {
         let mut retried = false;
         loop {
-            let (conn, pooled) = match self.pooled_or_dial().await? {
+            let (conn, slot, pooled) = match self.pooled_or_dial().await? {
                 Dialed::H1(tls) => return self.connect_h1(tls, authority).await,
-                Dialed::H2(conn, pooled) => (conn, pooled),
+                Dialed::H2(conn, slot, pooled) => (conn, slot, pooled),
             };
-            match self.connect_h2(&conn, authority).await {
+            match self.connect_h2(&conn, slot, authority).await {
                 Err(H2Failure::Connection(e)) => {
                     conn.dead.store(true, Ordering::Release);
                     self.forget(&conn);
@@ -297,6 +339,16 @@ impl GatewayClient {
                         continue;
                     }
                     return Err(self.handshake_error(e));
+                }
+                // The gateway did not process the stream (RFC 9113 §8.7) and
+                // the connection is fine: retry once wherever the pool finds
+                // room, this connection included.
+                Err(H2Failure::Refused) if !retried => retried = true,
+                Err(H2Failure::Refused) => {
+                    return Err(TunnelError::StreamRefused {
+                        addr: self.cfg.address,
+                        authority: authority.to_string(),
+                    });
                 }
                 Err(H2Failure::Tunnel(e)) => return Err(e),
                 Ok(tunnel) => return Ok(tunnel),
@@ -311,7 +363,10 @@ impl GatewayClient {
         }
     }
 
-    fn pooled(&self) -> Option<Arc<H2Conn>> {
+    /// Claims a stream slot on a pooled connection with room. Claiming
+    /// under the pool's lock keeps concurrent opens from all taking the last
+    /// slot.
+    fn pooled(&self) -> Pooled {
         let now = self.credential.clock().now();
         let mut pool = self.pool.lock().expect("pool lock poisoned");
         // Drop dead connections and those whose certificate expired once
@@ -321,7 +376,13 @@ impl GatewayClient {
                 && (c.cert_not_after.is_none_or(|t| now < t)
                     || c.streams.load(Ordering::Acquire) > 0)
         });
-        pool.iter().find(|c| c.has_capacity(now)).cloned()
+        if let Some(conn) = pool.iter().find(|c| c.has_capacity(now)) {
+            return Pooled::Slot(conn.clone(), conn.claim());
+        }
+        match pool.iter().find(|c| !c.is_settled()) {
+            Some(conn) => Pooled::Settling(conn.settled.clone()),
+            None => Pooled::Full,
+        }
     }
 
     fn forget(&self, conn: &Arc<H2Conn>) {
@@ -332,27 +393,45 @@ impl GatewayClient {
     }
 
     async fn pooled_or_dial(&self) -> Result<Dialed, TunnelError> {
-        if let Some(conn) = self.pooled() {
-            return Ok(Dialed::H2(conn, true));
+        loop {
+            let mut settling = match self.pooled() {
+                Pooled::Slot(conn, slot) => return Ok(Dialed::H2(conn, slot, true)),
+                Pooled::Settling(settling) => settling,
+                Pooled::Full if self.gateway_is_h1.load(Ordering::Relaxed) => {
+                    return self.dial(None).await;
+                }
+                Pooled::Full => {
+                    let guard = self.dial_lock.lock().await;
+                    match self.pooled() {
+                        Pooled::Slot(conn, slot) => return Ok(Dialed::H2(conn, slot, true)),
+                        Pooled::Settling(settling) => settling,
+                        Pooled::Full => return self.dial(Some(guard)).await,
+                    }
+                }
+            };
+            // A burst waits the one round trip for a fresh connection's
+            // limit rather than dialling a connection each. An error means
+            // the connection ended first: look again.
+            let _ = settling.wait_for(|settled| *settled).await;
         }
-        let _serialised = if self.gateway_is_h1.load(Ordering::Relaxed) {
-            None
-        } else {
-            let guard = self.dial_lock.lock().await;
-            if let Some(conn) = self.pooled() {
-                return Ok(Dialed::H2(conn, true));
-            }
-            Some(guard)
-        };
+    }
+
+    /// Dials a connection; an h2 one joins the pool with a slot claimed for
+    /// the caller. `_serialised` is held until then.
+    async fn dial(
+        &self,
+        _serialised: Option<tokio::sync::MutexGuard<'_, ()>>,
+    ) -> Result<Dialed, TunnelError> {
         let tls = self.dial_tls().await?;
         if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
             self.gateway_is_h1.store(true, Ordering::Relaxed);
             return Ok(Dialed::H1(Box::new(tls)));
         }
         self.gateway_is_h1.store(false, Ordering::Relaxed);
-        let (send, connection) = h2::client::Builder::new()
+        let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
+            .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
             // We never accept pushed streams.
             .enable_push(false)
             .handshake::<_, Bytes>(tls)
@@ -360,8 +439,18 @@ impl GatewayClient {
             .map_err(|e| self.handshake_error(e))?;
         let dead = Arc::new(AtomicBool::new(false));
         let dead_flag = dead.clone();
+        let (settle, settled) = watch::channel(false);
+        let ping_pong = connection.ping_pong();
         self.connections.spawn(async move {
-            if let Err(e) = connection.await {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = settled_by_ping(ping_pong) => {
+                    settle.send_replace(true);
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "gateway HTTP/2 connection ended");
             }
             dead_flag.store(true, Ordering::Release);
@@ -370,13 +459,15 @@ impl GatewayClient {
             send,
             streams: Arc::new(AtomicUsize::new(0)),
             dead,
+            settled,
             cert_not_after: self.credential.expires_at(),
         });
+        let slot = conn.claim();
         self.pool
             .lock()
             .expect("pool lock poisoned")
             .push(conn.clone());
-        Ok(Dialed::H2(conn, false))
+        Ok(Dialed::H2(conn, slot, false))
     }
 
     async fn dial_tls(&self) -> Result<TlsStream<TcpStream>, TunnelError> {
@@ -393,8 +484,12 @@ impl GatewayClient {
             .map_err(|e| self.handshake_error(e))
     }
 
-    async fn connect_h2(&self, conn: &Arc<H2Conn>, authority: &str) -> Result<Tunnel, H2Failure> {
-        let slot = conn.claim();
+    async fn connect_h2(
+        &self,
+        conn: &Arc<H2Conn>,
+        slot: StreamSlot,
+        authority: &str,
+    ) -> Result<Tunnel, H2Failure> {
         let request = http::Request::builder()
             .method(http::Method::CONNECT)
             .uri(authority)
@@ -409,13 +504,15 @@ impl GatewayClient {
         };
         let response = match response.await {
             Ok(r) => r,
-            // A reset of this stream alone (other than REFUSED_STREAM, which
-            // means "not processed, retry") is the gateway's answer to it.
             Err(e)
                 if e.is_reset()
                     && !e.is_go_away()
-                    && e.reason() != Some(h2::Reason::REFUSED_STREAM) =>
+                    && e.reason() == Some(h2::Reason::REFUSED_STREAM) =>
             {
+                return Err(H2Failure::Refused);
+            }
+            // A reset of this stream alone is the gateway's answer to it.
+            Err(e) if e.is_reset() && !e.is_go_away() => {
                 return Err(H2Failure::Tunnel(TunnelError::Protocol {
                     addr: self.cfg.address,
                     reason: format!("gateway reset the CONNECT stream: {e}"),
@@ -495,7 +592,19 @@ fn is_tls_error(e: &io::Error) -> bool {
 enum H2Failure {
     /// The connection (not just this stream) failed before an answer.
     Connection(h2::Error),
+    /// RST_STREAM(REFUSED_STREAM): not processed, safe to send again.
+    Refused,
     Tunnel(TunnelError),
+}
+
+/// Resolves once the gateway's SETTINGS have been applied, or the connection
+/// ended. The SETTINGS are the gateway's first frame and h2 applies them
+/// before reading another, so the answer to a PING sent now comes after.
+async fn settled_by_ping(ping_pong: Option<h2::PingPong>) {
+    // None only if taken before; then nothing tells us, so do not wait.
+    if let Some(mut ping_pong) = ping_pong {
+        let _ = ping_pong.ping(h2::Ping::opaque()).await;
+    }
 }
 
 /// Up to `limit` bytes of a refusal's body, or what arrived within `wait`.

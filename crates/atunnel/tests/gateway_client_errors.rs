@@ -1,8 +1,9 @@
 //! How the egress gateway client fails, over HTTP/1.1 and h2 under TLS 1.2
 //! and 1.3: a hang-up before the CONNECT answer, a pooled connection that
-//! died (retried once), refusals and their bodies, and gateways it must not
-//! trust. The misbehaving gateways are hand-made (rustls and the h2 crate's
-//! server) so they fail at exactly the moment under test.
+//! died (retried once), refused streams (retried once, connection kept), a
+//! gateway's stream limit, refusals and their bodies, and gateways it must
+//! not trust. The misbehaving gateways are hand-made (rustls and the h2
+//! crate's server) so they fail at exactly the moment under test.
 
 mod support;
 
@@ -16,9 +17,11 @@ use atunnel::egress::ActorEgress;
 use atunnel::gateway::Mode;
 use atunnel::gateway::sink::SinkConfig;
 use atunnel::gateway_client::{
-    DEFAULT_OPEN_TIMEOUT, DEFAULT_REFUSAL_BODY_WAIT, GatewayClientConfig, MAX_REFUSAL_BODY,
-    TunnelError,
+    DEFAULT_OPEN_TIMEOUT, DEFAULT_REFUSAL_BODY_WAIT, GatewayClient, GatewayClientConfig,
+    INITIAL_MAX_SEND_STREAMS, MAX_REFUSAL_BODY, Tunnel, TunnelError,
 };
+use atunnel_core::endpoint::{Endpoint, close_write, read_chunk, write_chunk};
+use atunnel_core::{BufferPool, Chunk};
 use bytes::Bytes;
 use rustls::ProtocolVersion;
 use rustls::pki_types::ServerName;
@@ -65,6 +68,8 @@ enum Answer {
     },
     /// Closes the connection without an answer.
     HangUp,
+    /// h2 only: RST_STREAM(REFUSED_STREAM), the connection carries on.
+    RefuseStream,
 }
 
 /// How a fake gateway's connections end when it hangs up.
@@ -169,7 +174,8 @@ async fn serve_h1(mut tls: TlsStream<tokio::net::TcpStream>, n: usize, script: &
         return;
     }
     match script(n, 1) {
-        Answer::HangUp => {}
+        // HTTP/1.1 has no stream to refuse.
+        Answer::HangUp | Answer::RefuseStream => {}
         Answer::Echo => {
             if tls
                 .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
@@ -214,6 +220,7 @@ async fn serve_h2(tls: TlsStream<tokio::net::TcpStream>, n: usize, script: &Scri
             // Dropping the connection closes the socket under it, with
             // CONNECT's HEADERS received and unanswered.
             Answer::HangUp => return,
+            Answer::RefuseStream => respond.send_reset(h2::Reason::REFUSED_STREAM),
             Answer::Echo => {
                 if let Ok(send) = respond.send_response(http::Response::new(()), false) {
                     echoes.spawn(echo_h2(request.into_body(), send));
@@ -377,6 +384,169 @@ async fn a_retry_that_dies_too_is_a_handshake_error_after_exactly_two_connection
     assert!(matches!(err, TunnelError::GatewayHandshake { .. }), "{err}");
     // open() has returned, so no further dial can be in flight.
     assert_eq!(gw.accepted(), 2, "retried once, not more");
+}
+
+/// The (connection, CONNECT) pairs a script is asked about, in order.
+type Calls = Arc<Mutex<Vec<(usize, usize)>>>;
+
+/// `script`, logging each call.
+fn logged(
+    script: fn(usize, usize) -> Answer,
+) -> (
+    Calls,
+    impl Fn(usize, usize) -> Answer + Send + Sync + 'static,
+) {
+    let calls = Calls::default();
+    let log = calls.clone();
+    (calls, move |conn, connect| {
+        log.lock().expect("lock").push((conn, connect));
+        script(conn, connect)
+    })
+}
+
+/// Sends `data` through `tunnel` to a far end that echoes, half-closes, and
+/// returns what came back before the echo's end.
+async fn echoed(tunnel: &mut Tunnel, data: Vec<u8>) -> Vec<u8> {
+    write_chunk(tunnel, Chunk::Shared(data.into()))
+        .await
+        .expect("write");
+    close_write(tunnel).await.expect("half-close");
+    let pool = BufferPool::default();
+    let mut back = Vec::new();
+    while let Some(chunk) = read_chunk(tunnel, &pool).await.expect("read") {
+        back.extend_from_slice(chunk.remaining());
+        tunnel.consumed(chunk.len());
+    }
+    back
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_is_retried_once_and_its_connection_stays_in_use() {
+    let pki = Pki::new();
+    let (calls, script) = logged(|conn, connect| {
+        if (conn, connect) == (1, 1) {
+            Answer::RefuseStream
+        } else {
+            Answer::Echo
+        }
+    });
+    let gw = fake_gateway(&pki, &rustls::version::TLS13, Proto::H2, Close::Fin, script).await;
+    let egress = actor_egress(&pki, client_config(&pki, gw.addr)).await;
+    let client = egress.client();
+    for seed in [21, 22] {
+        let mut tunnel = client.open_authority(DEST).await.expect("tunnel");
+        let up = random(64 * 1024, seed);
+        let back = echoed(&mut tunnel, up.clone()).await;
+        assert!(back == up, "echo came back altered ({} bytes)", back.len());
+    }
+    assert_eq!(
+        *calls.lock().expect("lock"),
+        vec![(1, 1), (1, 2), (1, 3)],
+        "the retry and the next tunnel both went to the connection that refused"
+    );
+    assert_eq!(gw.accepted(), 1);
+    assert_eq!(client.stats().h2_connections, 1, "still pooled");
+}
+
+#[tokio::test]
+async fn a_stream_refused_again_on_the_retry_is_a_stream_refusal_not_a_handshake_error() {
+    let pki = Pki::new();
+    let (calls, script) = logged(|_, _| Answer::RefuseStream);
+    let gw = fake_gateway(&pki, &rustls::version::TLS13, Proto::H2, Close::Fin, script).await;
+    let egress = actor_egress(&pki, client_config(&pki, gw.addr)).await;
+    match open_error(&egress).await {
+        TunnelError::StreamRefused { addr, authority } => {
+            assert_eq!((addr, authority.as_str()), (gw.addr, DEST));
+        }
+        e => panic!("expected a stream refusal, got {e}"),
+    }
+    assert_eq!(
+        *calls.lock().expect("lock"),
+        vec![(1, 1), (1, 2)],
+        "retried once, on the same connection"
+    );
+    assert_eq!(gw.accepted(), 1);
+    assert_eq!(
+        egress.client().stats().h2_connections,
+        1,
+        "a refused stream leaves its connection pooled"
+    );
+}
+
+/// A TCP relay to `upstream` that counts the connections it accepts: how
+/// many connections a client made to a real gateway.
+async fn counting_relay(upstream: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut gateway) = tokio::net::TcpStream::connect(upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut gateway).await;
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// `n` tunnels to `authority`, opened at once.
+async fn open_at_once(client: &Arc<GatewayClient>, n: usize, authority: &str) -> Vec<Tunnel> {
+    let opens = (0..n).map(|_| client.open_authority(authority));
+    futures_util::future::join_all(opens)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, opened)| opened.unwrap_or_else(|e| panic!("tunnel {i}: {e}")))
+        .collect()
+}
+
+/// Before a fresh connection's SETTINGS arrive the client cannot know the
+/// gateway allows only 2 streams; it must not send the burst there (the
+/// gateway would refuse the rest, or h2 would hold them until a stream ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_on_a_cold_client_fills_connections_to_the_gateways_stream_limit() {
+    let pki = Pki::new();
+    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |cfg| {
+        cfg.max_concurrent_streams = 2
+    })
+    .await;
+    let (relay, accepted) = counting_relay(gw.addr).await;
+    let egress = actor_egress(&pki, client_config(&pki, relay)).await;
+    let client = egress.client();
+    // The sink echoes on port 7.
+    let tunnels = open_at_once(client, 6, "192.0.2.10:7").await;
+    let stats = client.stats();
+    assert_eq!(
+        (stats.h2_connections, stats.h2_streams),
+        (3, 6),
+        "{stats:?}"
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        3,
+        "none abandoned, none beyond what 2 streams each needs"
+    );
+    let echoes = tunnels
+        .into_iter()
+        .zip(0u64..)
+        .map(|(mut tunnel, seed)| async move {
+            let up = random(64 * 1024, seed);
+            echoed(&mut tunnel, up.clone()).await == up
+        });
+    assert_eq!(
+        futures_util::future::join_all(echoes).await,
+        vec![true; 6],
+        "every tunnel's echo intact"
+    );
+}
+
+#[test]
+fn a_fresh_connection_opens_at_most_the_rfc_minimum_of_100_streams_before_settings() {
+    assert_eq!(INITIAL_MAX_SEND_STREAMS, 100);
 }
 
 /// 10 KiB whose every prefix differs in length and content.
