@@ -94,18 +94,44 @@ pub trait Endpoint {
     /// Half-close: no more bytes will be written (FIN, close_notify, END_STREAM).
     fn poll_close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 
-    /// The relay failed: tell the peer abruptly (HTTP/2 RST_STREAM).
+    /// The relay failed or was cancelled: tell the peer abruptly (HTTP/2
+    /// RST_STREAM; a socket resets when closed), so that it never takes a cut
+    /// stream for a complete one. Never called on a clean end.
     fn abort(&mut self) {}
 }
 
 /// A byte stream that can report read readiness without being handed a buffer.
 pub trait ReadReady: AsyncRead + AsyncWrite + Unpin {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// Makes closing the socket under this stream reset the connection (RST,
+    /// unsent bytes dropped) instead of ending it with FIN (and, for TLS, no
+    /// close_notify is sent). A stream that does not forward this to its
+    /// socket closes cleanly, and its peer sees only a TLS truncation.
+    fn reset_on_close(&self) {}
+}
+
+/// Sets (`true`) or clears `SO_LINGER` 0 on `tcp`: with it set, closing the
+/// socket sends RST and drops unsent bytes rather than ending with FIN.
+pub fn set_reset_on_close(tcp: &TcpStream, reset: bool) {
+    let set = if reset {
+        tcp.set_zero_linger()
+    } else {
+        socket2::SockRef::from(tcp).set_linger(None)
+    };
+    // setsockopt fails only on a bad descriptor, which an open stream's is not.
+    if let Err(e) = set {
+        tracing::trace!(error = %e, reset, "setting SO_LINGER");
+    }
 }
 
 impl ReadReady for TcpStream {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         TcpStream::poll_read_ready(self, cx)
+    }
+
+    fn reset_on_close(&self) {
+        set_reset_on_close(self, true)
     }
 }
 
@@ -127,6 +153,10 @@ impl<IO: ReadReady> ReadReady for tokio_rustls::client::TlsStream<IO> {
         }
         io.poll_read_ready(cx)
     }
+
+    fn reset_on_close(&self) {
+        self.get_ref().0.reset_on_close()
+    }
 }
 
 impl<IO: ReadReady> ReadReady for tokio_rustls::server::TlsStream<IO> {
@@ -137,11 +167,19 @@ impl<IO: ReadReady> ReadReady for tokio_rustls::server::TlsStream<IO> {
         }
         io.poll_read_ready(cx)
     }
+
+    fn reset_on_close(&self) {
+        self.get_ref().0.reset_on_close()
+    }
 }
 
 impl<T: ReadReady + ?Sized> ReadReady for Box<T> {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         (**self).poll_read_ready(cx)
+    }
+
+    fn reset_on_close(&self) {
+        (**self).reset_on_close()
     }
 }
 
@@ -184,6 +222,10 @@ impl<T: ReadReady> Endpoint for T {
 
     fn poll_close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut *self).poll_shutdown(cx)
+    }
+
+    fn abort(&mut self) {
+        self.reset_on_close()
     }
 }
 

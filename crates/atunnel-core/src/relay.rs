@@ -4,14 +4,17 @@
 //! task, and a direction holds a buffer only between reading a chunk and
 //! finishing writing it. End of stream on one side becomes a half-close on
 //! the other while the opposite direction keeps flowing; the relay ends when
-//! both directions have ended, or at the first error.
+//! both directions have ended, or at the first error, which aborts both
+//! sides: a peer sees a reset, never a clean end of a stream cut short.
 
 use std::fmt;
 use std::future::poll_fn;
 use std::io;
 use std::task::{Context, Poll, ready};
 
-use crate::endpoint::{Chunk, Endpoint};
+use tokio::net::TcpStream;
+
+use crate::endpoint::{Chunk, Endpoint, set_reset_on_close};
 use crate::pool::BufferPool;
 
 /// Chunks one direction may move in one poll before yielding, so a fast
@@ -204,4 +207,22 @@ where
             source: e.err,
         }
     })
+}
+
+/// [`relay`] to the TCP stream `b`, which resets when closed until the relay
+/// has ended cleanly: should this future be dropped mid-relay (its server
+/// shutting down), `b`'s peer sees a reset, not a clean end of a cut stream.
+pub async fn relay_resetting_unless_done<A: Endpoint + ?Sized>(
+    a: &mut A,
+    b: &mut TcpStream,
+    pool: &BufferPool,
+) -> Result<RelayStats, RelayError> {
+    set_reset_on_close(b, true);
+    let result = relay(a, b, pool).await;
+    if result.is_ok() {
+        // Both directions ended with FIN: the close must deliver what the
+        // kernel still holds, not drop it.
+        set_reset_on_close(b, false);
+    }
+    result
 }

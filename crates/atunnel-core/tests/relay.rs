@@ -474,3 +474,157 @@ async fn wait_buffered_sides_carry_payloads_both_ways_at_every_size() {
         assert_eq!(pool.stats().in_use, 0, "wait {wait}");
     }
 }
+
+/// Sends `data` from `from`, reads exactly that much at `to` and checks it,
+/// so the bytes are known to have crossed before whatever comes next.
+async fn crosses_intact(from: &mut TcpStream, to: &mut TcpStream, data: &[u8]) {
+    from.write_all(data).await.expect("write");
+    let mut got = vec![0u8; data.len()];
+    to.read_exact(&mut got).await.expect("read");
+    assert!(got == data, "bytes before the failure came through altered");
+}
+
+/// The next read on `s` fails with a reset: not EOF, not more bytes.
+async fn next_read_is_reset(s: &mut TcpStream, what: &str) {
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the peer was left open"));
+    match read {
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{what}: {e}"),
+        Ok(0) => panic!("{what}: a clean FIN passed a cut stream off as complete"),
+        Ok(n) => panic!("{what}: {n} more bytes instead of a reset"),
+    }
+}
+
+/// `outer` (one relayed peer) resets after some bytes each way; the peer on
+/// the other side gets those bytes, then a reset.
+async fn a_peer_reset_resets_the_other_peer(
+    mut reset: TcpStream,
+    mut other: TcpStream,
+    task: JoinHandle<std::io::Result<RelayStats>>,
+    what: &str,
+) {
+    crosses_intact(&mut reset, &mut other, b"before the reset").await;
+    crosses_intact(&mut other, &mut reset, b"the other way").await;
+    reset.set_zero_linger().expect("linger");
+    drop(reset);
+    next_read_is_reset(&mut other, what).await;
+    let err = task.await.expect("join").expect_err("the relay fails");
+    assert!(err.to_string().contains("Read"), "{what}: {err}");
+}
+
+#[tokio::test]
+async fn a_reset_on_either_side_resets_the_tcp_peer_of_the_other() {
+    let pool = BufferPool::default();
+    for reset_a in [true, false] {
+        let what = format!("plain sockets, reset_a={reset_a}");
+        let (a, b, task) = relayed(&pool).await;
+        let (reset, other) = if reset_a { (a, b) } else { (b, a) };
+        a_peer_reset_resets_the_other_peer(reset, other, task, &what).await;
+        // The wait-buffer ablation forwards the abort to its socket.
+        let what = format!("wait-buffered sockets, reset_a={reset_a}");
+        let (a, b, task) = relayed_via(&pool, |s| WaitBuffered::new(s, 512)).await;
+        let (reset, other) = if reset_a { (a, b) } else { (b, a) };
+        a_peer_reset_resets_the_other_peer(reset, other, task, &what).await;
+    }
+    assert_eq!(pool.stats().in_use, 0);
+}
+
+/// An HTTP/2 peer resetting its stream mid-response (what a gateway does
+/// when the destination resets) reaches the actor's TCP as a reset, after the
+/// bytes sent before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_http2_stream_resets_the_tcp_side() {
+    const PART: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\npart of the body";
+    let (h2_client_io, h2_server_io) = tcp_pair().await;
+    let (reset_tx, reset_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let mut conn = h2::server::handshake(h2_server_io)
+            .await
+            .expect("server handshake");
+        let (req, mut respond) = conn.accept().await.expect("a stream").expect("stream ok");
+        tokio::spawn(async move { while conn.accept().await.is_some() {} });
+        let _recv = req.into_body();
+        let mut send = respond
+            .send_response(http::Response::new(()), false)
+            .expect("200");
+        send.send_data(bytes::Bytes::from_static(PART), false)
+            .expect("data");
+        reset_rx.await.expect("reset signal");
+        send.send_reset(h2::Reason::CANCEL);
+    });
+    let (mut stream, _client_conn) = connect_stream(h2_client_io).await;
+    let (mut actor, mut inner) = tcp_pair().await;
+    let pool = BufferPool::default();
+    let relay_pool = pool.clone();
+    let tunnel = tokio::spawn(async move { relay(&mut inner, &mut stream, &relay_pool).await });
+
+    let mut got = vec![0u8; PART.len()];
+    actor.read_exact(&mut got).await.expect("the part sent");
+    assert_eq!(got, PART);
+    reset_tx.send(()).expect("server waiting");
+    next_read_is_reset(&mut actor, "after RST_STREAM").await;
+    let err = tunnel
+        .await
+        .expect("join")
+        .expect_err("the relay fails with the stream");
+    assert_eq!(err.side, atunnel_core::relay::Side::B, "{err}");
+    server.await.expect("server");
+}
+
+/// `relay_resetting_unless_done`: dropped mid-relay (its server shutting
+/// down), the TCP side's peer sees a reset; ended cleanly, every byte still
+/// queued in the kernel arrives, then FIN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_to_tcp_resets_it_when_dropped_and_closes_cleanly_when_done() {
+    use atunnel_core::relay::relay_resetting_unless_done;
+    let pool = BufferPool::default();
+
+    let (mut outer_a, mut a) = tcp_pair().await;
+    let (mut b, mut outer_b) = tcp_pair().await;
+    let relay_pool = pool.clone();
+    let task =
+        tokio::spawn(async move { relay_resetting_unless_done(&mut a, &mut b, &relay_pool).await });
+    crosses_intact(&mut outer_a, &mut outer_b, b"request").await;
+    task.abort();
+    assert!(task.await.expect_err("aborted").is_cancelled());
+    next_read_is_reset(&mut outer_b, "relay dropped").await;
+
+    // Clean end with bytes still queued behind a peer that is not reading:
+    // closing with SO_LINGER 0 still set would drop them and reset.
+    // More than b's peer takes in unread; b's send buffer (at least twice
+    // the smallest usual wmem_max, 208 KiB) holds the rest.
+    const QUEUED: usize = 256 * 1024;
+    let (outer_a, mut a) = tcp_pair().await;
+    let (mut b, outer_b) = tcp_pair().await;
+    socket2::SockRef::from(&b)
+        .set_send_buffer_size(1 << 20)
+        .expect("sndbuf");
+    let relay_pool = pool.clone();
+    let task =
+        tokio::spawn(async move { relay_resetting_unless_done(&mut a, &mut b, &relay_pool).await });
+    let (mut outer_b_r, mut outer_b_w) = outer_b.into_split();
+    outer_b_w.shutdown().await.expect("FIN from b's peer");
+    let data = random_bytes(&mut rand::rngs::StdRng::seed_from_u64(9), QUEUED);
+    let (mut outer_a_r, mut outer_a_w) = outer_a.into_split();
+    outer_a_w.write_all(&data).await.expect("write");
+    outer_a_w.shutdown().await.expect("FIN from a's peer");
+    let mut eof = Vec::new();
+    outer_a_r
+        .read_to_end(&mut eof)
+        .await
+        .expect("b's FIN reaches a");
+    let stats = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the relay ends while b's peer is not reading")
+        .expect("join")
+        .expect("relay");
+    assert_eq!(stats.a_to_b, QUEUED as u64);
+    let mut got = Vec::new();
+    outer_b_r
+        .read_to_end(&mut got)
+        .await
+        .expect("a clean end is FIN, not a reset");
+    assert!(got == data, "{} of {QUEUED} bytes arrived", got.len());
+}

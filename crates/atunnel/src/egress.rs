@@ -344,8 +344,10 @@ impl Egress {
         };
         let client = &activation.egress.client;
         // Boxed so the TLS/HTTP/2 handshake state is heap only while opening,
-        // not part of every idle tunnel's task.
+        // not part of every idle tunnel's task. Cancellation first: a
+        // connection accepted as deactivation begins sends no CONNECT.
         let opened = tokio::select! {
+            biased;
             _ = activation.cancel.cancelled() => return,
             r = Box::pin(client.open(dest)) => r,
         };
@@ -480,8 +482,9 @@ impl Egress {
     }
 }
 
-/// Relays until both directions end, or resets the tunnel when the actor's
-/// activation is cancelled.
+/// Relays until both directions end, or resets the tunnel and the actor's
+/// socket when the actor's activation is cancelled: a cut stream must not
+/// look complete to either peer. (The relay aborts both itself on error.)
 async fn relay_until_cancelled<A: Endpoint + ?Sized>(
     actor: &mut A,
     tunnel: &mut Tunnel,
@@ -490,7 +493,11 @@ async fn relay_until_cancelled<A: Endpoint + ?Sized>(
     dest: SocketAddr,
 ) {
     tokio::select! {
-        _ = cancel.cancelled() => tunnel.abort(),
+        biased;
+        _ = cancel.cancelled() => {
+            tunnel.abort();
+            actor.abort();
+        }
         r = relay(actor, tunnel, pool) => if let Err(e) = r {
             tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
         }

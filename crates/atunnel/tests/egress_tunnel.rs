@@ -15,6 +15,7 @@ use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Copy, Debug)]
@@ -458,13 +459,14 @@ async fn h2_tunnels_share_a_connection_until_its_streams_run_out() {
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let prepared = prepare(&pki, gw.addr, actor("alpha"), source).await;
     let client = prepared.client().clone();
-    let mut tunnels = Vec::new();
-    // The server's SETTINGS arrive with the first answer; open one first.
-    tunnels.push(client.open_authority("192.0.2.10:9").await.expect("tunnel"));
-    assert_eq!(client.stats().h2_connections, 1);
-    for _ in 0..4 {
-        tunnels.push(client.open_authority("192.0.2.10:9").await.expect("tunnel"));
-    }
+    // All at once on a cold client: each connection takes its first stream,
+    // then as many as the gateway's SETTINGS allow once they are known.
+    let opens = (0..5).map(|_| client.open_authority("192.0.2.10:9"));
+    let tunnels: Vec<_> = futures_util::future::join_all(opens)
+        .await
+        .into_iter()
+        .map(|opened| opened.expect("tunnel"))
+        .collect();
     let stats = client.stats();
     assert_eq!(
         (stats.h2_connections, stats.h2_streams),
@@ -659,4 +661,114 @@ async fn a_wait_buffer_carries_bytes_and_half_close() {
         ..Default::default()
     };
     carries_bytes_and_half_close(Proto::H2, cfg).await;
+}
+
+/// A destination that sends `part`, then resets its one connection (RST:
+/// SO_LINGER 0, then close) when told to.
+async fn resetting_destination(part: Vec<u8>) -> (std::net::SocketAddr, oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (reset_tx, reset) = oneshot::channel();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        s.write_all(&part).await.expect("write the part");
+        let _ = reset.await;
+        s.set_zero_linger().expect("linger");
+    });
+    (addr, reset_tx)
+}
+
+/// A destination resetting mid-response reaches the actor as a reset, after
+/// the bytes it sent before, intact: never as a clean end of a cut response.
+async fn a_destination_reset_reaches_the_actor_as_a_reset(proto: Proto) {
+    let part = random(300_000, 21);
+    let (dest, reset) = resetting_destination(part.clone()).await;
+    let (addr, _gw, _cancel, _egress) = one_actor_through(proto, dest).await;
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let mut got = vec![0u8; part.len()];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut got))
+        .await
+        .expect("the part arrives")
+        .expect("read the part");
+    assert!(
+        got == part,
+        "{}: the part came through altered",
+        proto.name()
+    );
+    reset.send(()).expect("destination waiting");
+    next_read_is_reset(&mut s, proto.name()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_a_destination_reset_reaches_the_actor_as_a_reset() {
+    a_destination_reset_reaches_the_actor_as_a_reset(Proto::H2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h1_a_destination_reset_reaches_the_actor_as_a_reset() {
+    a_destination_reset_reaches_the_actor_as_a_reset(Proto::H1).await;
+}
+
+/// An open tunnel from an actor socket to a watched echo: a round trip
+/// shows it carries bytes both ways.
+async fn open_watched_tunnel(
+    proto: Proto,
+) -> (
+    TcpStream,
+    tokio::sync::mpsc::UnboundedReceiver<std::io::Result<usize>>,
+    RunningGateway,
+    Arc<atunnel::egress::Egress>,
+) {
+    let (echo, watched) = watched_echo_server().await;
+    // Dropping the listener's token does not cancel it.
+    let (addr, gw, _, egress) = one_actor_through(proto, echo).await;
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let mut ping = *b"ping";
+    s.write_all(&ping).await.expect("write");
+    s.read_exact(&mut ping).await.expect("echo");
+    assert_eq!(&ping, b"ping", "{}", proto.name());
+    (s, watched, gw, egress)
+}
+
+/// Deactivating an actor resets its open tunnel at both ends: the actor's
+/// socket and the destination's connection, never a clean FIN.
+async fn deactivation_resets_the_actor_and_the_destination(proto: Proto) {
+    let (mut s, mut watched, _gw, egress) = open_watched_tunnel(proto).await;
+    egress
+        .deactivate(&actor("alpha").uid)
+        .await
+        .expect("deactivate");
+    next_read_is_reset(&mut s, &format!("{}: actor", proto.name())).await;
+    watched_end_is_reset(&mut watched, &format!("{}: destination", proto.name())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_deactivation_resets_the_actor_and_the_destination() {
+    deactivation_resets_the_actor_and_the_destination(Proto::H2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h1_deactivation_resets_the_actor_and_the_destination() {
+    deactivation_resets_the_actor_and_the_destination(Proto::H1).await;
+}
+
+/// The gateway shutting down with a tunnel open resets the destination's
+/// connection and, through atunnel, the actor's socket.
+async fn gateway_shutdown_resets_the_destination_and_the_actor(proto: Proto) {
+    let (mut s, mut watched, gw, _egress) = open_watched_tunnel(proto).await;
+    gw.cancel.cancel();
+    watched_end_is_reset(&mut watched, &format!("{}: destination", proto.name())).await;
+    next_read_is_reset(&mut s, &format!("{}: actor", proto.name())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_gateway_shutdown_resets_the_destination_and_the_actor() {
+    gateway_shutdown_resets_the_destination_and_the_actor(Proto::H2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h1_gateway_shutdown_resets_the_destination_and_the_actor() {
+    gateway_shutdown_resets_the_destination_and_the_actor(Proto::H1).await;
 }

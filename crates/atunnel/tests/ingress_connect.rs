@@ -415,3 +415,116 @@ async fn an_idle_tunnel_holds_no_buffer_and_deactivation_closes_it() {
         "the tunnel outlived its actor's deactivation"
     );
 }
+
+/// Deactivation cuts an open tunnel loudly at both ends: the actor's socket
+/// is reset, and the router never sees a clean end (over HTTP/2 its stream
+/// is reset; over HTTP/1.1 its TLS connection is reset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deactivation_resets_the_actor_and_never_ends_the_router_cleanly() {
+    let f = fixture().await;
+    for h2 in [false, true] {
+        let (actor, mut watched) = support::watched_echo_server().await;
+        let uid = format!("uid-w-{h2}");
+        f.running
+            .ingress
+            .activate(
+                "team-a",
+                "watcher",
+                &uid,
+                Box::new(LoopbackDialer([(9000, actor.port())].into())),
+            )
+            .expect("activate");
+        let what = |side| format!("h2={h2}: {side}");
+        if h2 {
+            let mut router = h2_router(&f).await;
+            let (resp, send) =
+                h2_request(&mut router, "CONNECT", "actor:9000", Some("watcher")).await;
+            assert_eq!(resp.status(), 200);
+            let mut stream = H2Stream::new(send, resp.into_body());
+            write_chunk(&mut stream, Chunk::Shared(Bytes::from_static(b"ping")))
+                .await
+                .expect("write");
+            let echo = read_chunk(&mut stream, &BufferPool::default())
+                .await
+                .expect("read")
+                .expect("echo");
+            assert_eq!(echo.remaining(), b"ping");
+            f.running
+                .ingress
+                .deactivate("team-a", "watcher", &uid)
+                .await;
+            support::watched_end_is_reset(&mut watched, &what("actor")).await;
+            let (rest, ended) =
+                tokio::time::timeout(Duration::from_secs(5), h2_read_all(&mut stream))
+                    .await
+                    .expect("the stream ends");
+            assert!(rest.is_empty(), "{rest:?}");
+            let e = ended.expect_err("RST_STREAM, not END_STREAM");
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
+        } else {
+            let (mut tls, head) = h1_connect(
+                &f,
+                "CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: team-a/watcher\r\n\r\n",
+            )
+            .await;
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            tls.write_all(b"ping").await.expect("write");
+            let mut ping = [0u8; 4];
+            tls.read_exact(&mut ping).await.expect("echo");
+            f.running
+                .ingress
+                .deactivate("team-a", "watcher", &uid)
+                .await;
+            support::watched_end_is_reset(&mut watched, &what("actor")).await;
+            // The router's connection is reset too: a clean end (close_notify)
+            // would pass for the tunnel's end.
+            let mut rest = Vec::new();
+            let e = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut rest))
+                .await
+                .expect("the router's connection ends")
+                .expect_err("not a clean end");
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
+            assert!(rest.is_empty(), "{rest:?}");
+        }
+    }
+}
+
+/// The CONNECT listener shutting down with a tunnel open resets the actor's
+/// socket rather than ending its stream cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_resets_the_actor_of_an_open_tunnel() {
+    for h2 in [false, true] {
+        let pki = IngressPki::new();
+        let running = ingress(&pki).await;
+        let (actor, mut watched) = support::watched_echo_server().await;
+        running.activate_alpha(&[(9000, actor.port())]);
+        let f = Fixture { pki, running };
+        // Held open until the shutdown.
+        let _router = if h2 {
+            let mut router = h2_router(&f).await;
+            let mut stream = h2_tunnel(&mut router, "actor:9000").await;
+            write_chunk(&mut stream, Chunk::Shared(Bytes::from_static(b"ping")))
+                .await
+                .expect("write");
+            let echo = read_chunk(&mut stream, &BufferPool::default())
+                .await
+                .expect("read")
+                .expect("echo");
+            assert_eq!(echo.remaining(), b"ping");
+            (None, Some((router, stream)))
+        } else {
+            let (mut tls, head) = h1_connect(
+                &f,
+                "CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n",
+            )
+            .await;
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            tls.write_all(b"ping").await.expect("write");
+            let mut ping = [0u8; 4];
+            tls.read_exact(&mut ping).await.expect("echo");
+            (Some(tls), None)
+        };
+        f.running.cancel.cancel();
+        support::watched_end_is_reset(&mut watched, &format!("h2={h2}: actor")).await;
+    }
+}

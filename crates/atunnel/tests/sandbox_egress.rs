@@ -258,16 +258,31 @@ async fn deactivating_one_actor_mid_transfer_leaves_the_other_untouched() {
     let mut sb = streams.pop().expect("b");
     let sa = streams.pop().expect("a");
 
-    // A writes (and drains its echo) until its tunnel is torn down.
+    // A writes (and drains its echo) until told to pause, then, once its
+    // tunnel is torn down, writes until that fails. The pause leaves the
+    // reset to the reader: the kernel reports it to one call only, and a
+    // read after a write took it sees EOF.
     let (mut a_read, mut a_write) = sa.into_split();
     let (a_sent_tx, mut a_sent) = watch::channel(0usize);
+    let (a_pause_tx, mut a_pause) = oneshot::channel::<oneshot::Sender<()>>();
+    let (a_resume_tx, a_resume) = oneshot::channel::<()>();
     let a_writer = tokio::spawn(async move {
         let chunk = vec![7u8; 64 * 1024];
-        loop {
+        let paused = loop {
+            if let Ok(paused) = a_pause.try_recv() {
+                break paused;
+            }
             if let Err(e) = a_write.write_all(&chunk).await {
                 return e;
             }
             a_sent_tx.send_modify(|n| *n += chunk.len());
+        };
+        let _ = paused.send(());
+        let _ = a_resume.await;
+        loop {
+            if let Err(e) = a_write.write_all(&chunk).await {
+                return e;
+            }
         }
     });
     let a_reader = tokio::spawn(async move {
@@ -319,9 +334,20 @@ async fn deactivating_one_actor_mid_transfer_leaves_the_other_untouched() {
     tokio::time::timeout(Duration::from_secs(30), both_moving)
         .await
         .expect("both actors move a MiB");
+    let (paused_tx, paused) = oneshot::channel();
+    a_pause_tx.send(paused_tx).expect("A is writing");
+    paused.await.expect("A's writer pauses");
     tunnel.deactivate(&a).await.expect("deactivate a");
     a_gone_tx.send(()).expect("B is still transferring");
 
+    let read_end = tokio::time::timeout(Duration::from_secs(10), a_reader)
+        .await
+        .expect("A's reads end once it is deactivated")
+        .expect("reader");
+    // A reset, never a clean EOF: A's stream was cut, not finished.
+    let e = read_end.expect_err("A's read half ended with a clean EOF");
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "A's read half: {e}");
+    a_resume_tx.send(()).expect("A's writer waits");
     let write_err = tokio::time::timeout(Duration::from_secs(10), a_writer)
         .await
         .expect("A's writes fail once it is deactivated")
@@ -333,13 +359,6 @@ async fn deactivating_one_actor_mid_transfer_leaves_the_other_untouched() {
         ),
         "A's write half: {write_err}"
     );
-    let read_end = tokio::time::timeout(Duration::from_secs(10), a_reader)
-        .await
-        .expect("A's reads end once it is deactivated")
-        .expect("reader");
-    if let Err(e) = read_end {
-        assert_eq!(e.kind(), ErrorKind::ConnectionReset, "A's read half: {e}");
-    }
 
     let mut sb = tokio::time::timeout(Duration::from_secs(60), b_transfer)
         .await

@@ -15,8 +15,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use atunnel_core::BufferPool;
+use atunnel_core::relay::relay_resetting_unless_done;
 use atunnel_core::sockopt::SocketOptions;
-use atunnel_core::{BufferPool, relay};
 use atunnel_identity::identity::{ActorIdentity, verify_actor_leaf};
 use ipnet::IpNet;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -175,7 +176,9 @@ impl ConnectHandler for GatewayHandler {
 
     async fn run<E: atunnel_core::Endpoint + Send>(&self, target: Target, tunnel: &mut E) {
         let result = match target {
-            Target::Dial(mut tcp) => relay(tunnel, &mut tcp, &self.pool)
+            // The destination's socket resets unless the relay ends cleanly,
+            // also when shutdown drops this future mid-relay.
+            Target::Dial(mut tcp) => relay_resetting_unless_done(tunnel, &mut tcp, &self.pool)
                 .await
                 .map(|s| s.a_to_b + s.b_to_a)
                 .map_err(io::Error::other),
@@ -207,6 +210,9 @@ pub fn new(cfg: GatewayConfig, pool: BufferPool) -> Result<Arc<Gateway>, Gateway
     .with_single_cert(cfg.cert_chain.clone(), cfg.key.clone_key())
     .map_err(|e| GatewayError::Tls(e.to_string()))?;
     tls.alpn_protocols = cfg.alpn.clone();
+    // rustls' default session cache and tickets stay: resumption skips the
+    // verifier, and crate::server_tls::accept refuses an actor whose leaf
+    // has expired since its session began.
     let h2 = H2Settings {
         max_concurrent_streams: cfg.max_concurrent_streams,
         ..H2Settings::default()

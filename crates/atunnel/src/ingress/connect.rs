@@ -5,8 +5,9 @@
 use std::io;
 use std::sync::Arc;
 
+use atunnel_core::BufferPool;
 use atunnel_core::endpoint::Endpoint;
-use atunnel_core::{BufferPool, relay};
+use atunnel_core::relay::relay_resetting_unless_done;
 use tokio::net::TcpStream;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
@@ -83,9 +84,15 @@ impl ConnectHandler for IngressConnect {
             activation,
             _token,
         } = target;
+        // Deactivation resets both peers (the relay does on error); the
+        // actor's socket resets too if this future is dropped (shutdown).
         tokio::select! {
-            _ = activation.cancel_token().cancelled() => tunnel.abort(),
-            r = relay(tunnel, &mut actor, &self.pool) => if let Err(e) = r {
+            biased;
+            _ = activation.cancel_token().cancelled() => {
+                tunnel.abort();
+                Endpoint::abort(&mut actor);
+            }
+            r = relay_resetting_unless_done(tunnel, &mut actor, &self.pool) => if let Err(e) = r {
                 tracing::debug!(actor_uid = %activation.uid, error = %e, "ingress tunnel ended with an error");
             }
         }

@@ -18,7 +18,7 @@ use atunnel_core::BufferPool;
 use atunnel_identity::cert_source::{CertificateSource, MintError, MintFuture};
 use atunnel_identity::identity::ActorRef;
 use atunnel_identity::pki::{ActorCertOptions, CertificateAuthority, IssuedCert, Usage};
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -163,6 +163,42 @@ pub fn client_config(pki: &Pki, gateway: SocketAddr) -> GatewayClientConfig {
     )
 }
 
+/// A rustls client trusting `root`, presenting `chain` and `key`, offering
+/// `versions` and `alpn`. Connections made with one config share its
+/// session cache, so later ones resume.
+pub fn mtls_client_config(
+    root: CertificateDer<'static>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    alpn: &[&[u8]],
+) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(root).expect("root");
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(versions)
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .expect("client auth");
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(cfg)
+}
+
+/// TLS over a new TCP connection to `addr`, for the server `name`.
+pub async fn tls_connect(
+    cfg: &Arc<rustls::ClientConfig>,
+    addr: SocketAddr,
+    name: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(cfg.clone())
+        .connect(ServerName::try_from(name.to_owned()).expect("name"), tcp)
+        .await
+}
+
 pub fn actor(name: &str) -> ActorRef {
     ActorRef::new("team-a", name, format!("uid-{name}")).expect("actor")
 }
@@ -300,4 +336,66 @@ pub async fn greeting_server() -> (
         }
     });
     (addr, rx)
+}
+
+/// A destination that echoes each byte until its peer closes, then sends
+/// how its read ended to the returned channel: the bytes it got at EOF, or
+/// the read's error (a reset, when the tunnel was cut).
+pub async fn watched_echo_server() -> (SocketAddr, mpsc::UnboundedReceiver<std::io::Result<usize>>)
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut total = 0;
+                let ended = loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) => break Ok(total),
+                        Ok(n) => {
+                            total += n;
+                            if let Err(e) = s.write_all(&buf[..n]).await {
+                                break Err(e);
+                            }
+                        }
+                        Err(e) => break Err(e),
+                    }
+                };
+                let _ = tx.send(ended);
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// The next read on `s` fails with a reset within 10 s: not a clean EOF
+/// (which would pass a cut stream off as complete), not more bytes.
+pub async fn next_read_is_reset(s: &mut (impl tokio::io::AsyncRead + Unpin), what: &str) {
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the socket was left open"));
+    match read {
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{what}: {e}"),
+        Ok(0) => panic!("{what}: a clean end instead of a reset"),
+        Ok(n) => panic!("{what}: {n} more bytes instead of a reset"),
+    }
+}
+
+/// What `watched` reports within 10 s is a reset.
+pub async fn watched_end_is_reset(
+    watched: &mut mpsc::UnboundedReceiver<std::io::Result<usize>>,
+    what: &str,
+) {
+    match tokio::time::timeout(Duration::from_secs(10), watched.recv()).await {
+        Ok(Some(Err(e))) => {
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{what}: {e}")
+        }
+        Ok(Some(Ok(n))) => panic!("{what}: a clean end after {n} bytes instead of a reset"),
+        Ok(None) => panic!("{what}: the server stopped"),
+        Err(_) => panic!("{what}: the socket was left open"),
+    }
 }
