@@ -1,5 +1,6 @@
 //! rustls certificate verifiers that check a peer's chain with webpki and
-//! then its identity: an actor (gateway side) or an exact SPIFFE ID.
+//! then its identity: an actor (gateway side) or an exact SPIFFE ID; and the
+//! validity check a server repeats after resuming a session.
 
 use std::sync::Arc;
 
@@ -88,6 +89,44 @@ fn check_spiffe_id(leaf: &CertificateDer<'_>, allowed: &str) -> Result<(), PeerI
             found: uris.into_iter().map(str::to_owned).collect(),
         })
     }
+}
+
+/// Why a peer's leaf is outside its validity period.
+#[derive(Debug, thiserror::Error)]
+pub enum LeafValidityError {
+    #[error("peer certificate could not be parsed: {0}")]
+    Parse(String),
+    #[error("peer certificate is not valid yet: not_before {not_before}, now {now} (Unix seconds)")]
+    NotYetValid { not_before: i64, now: u64 },
+    #[error("peer certificate has expired: not_after {not_after}, now {now} (Unix seconds)")]
+    Expired { not_after: i64, now: u64 },
+}
+
+/// Checks that `leaf` is within its validity period at `now`, bounds
+/// included and in whole seconds, as webpki does. Resuming a TLS session
+/// restores the peer's chain without running the verifier again, so a
+/// server must check this itself after a resumed handshake.
+pub fn check_leaf_validity(
+    leaf: &CertificateDer<'_>,
+    now: UnixTime,
+) -> Result<(), LeafValidityError> {
+    let (_, cert) =
+        X509Certificate::from_der(leaf).map_err(|e| LeafValidityError::Parse(e.to_string()))?;
+    let validity = cert.validity();
+    let (not_before, not_after) = (
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    );
+    let now = now.as_secs();
+    // Saturates only for a clock past the year 292 billion.
+    let now_signed = i64::try_from(now).unwrap_or(i64::MAX);
+    if now_signed < not_before {
+        return Err(LeafValidityError::NotYetValid { not_before, now });
+    }
+    if now_signed > not_after {
+        return Err(LeafValidityError::Expired { not_after, now });
+    }
+    Ok(())
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -712,6 +751,42 @@ mod tests {
         assert!(matches!(
             spiffe_server_verifier(&[CertificateDer::from(vec![1, 2, 3])], ATELET_SPIFFE_ID),
             Err(VerifierError::BadRoot { index: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn leaf_validity_includes_both_bounds_in_whole_seconds() {
+        let ca = CertificateAuthority::new("actor ca").expect("ca");
+        let actor = ActorRef::new("team-a", "agent-1", "uid-1").expect("actor");
+        let csr = actor_csr(&new_actor_key().expect("key")).expect("csr");
+        let not_before = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let not_after = not_before + HOUR;
+        let chain = ca
+            .sign_actor_csr(&actor, &csr, not_before, not_after)
+            .expect("signed");
+        let at = |t: SystemTime| {
+            check_leaf_validity(
+                &chain[0],
+                UnixTime::since_unix_epoch(
+                    t.duration_since(SystemTime::UNIX_EPOCH)
+                        .expect("after the epoch"),
+                ),
+            )
+        };
+        let second = Duration::from_secs(1);
+
+        assert!(matches!(
+            at(not_before - second),
+            Err(LeafValidityError::NotYetValid { .. })
+        ));
+        at(not_before).expect("valid from not_before");
+        at(not_after + Duration::from_millis(999)).expect("valid through not_after's second");
+        let expired = at(not_after + second).expect_err("expired a second later");
+        assert!(matches!(expired, LeafValidityError::Expired { .. }));
+        assert!(expired.to_string().contains("1800003600"), "{expired}");
+        assert!(matches!(
+            check_leaf_validity(&CertificateDer::from(vec![1, 2, 3]), UnixTime::now()),
+            Err(LeafValidityError::Parse(_))
         ));
     }
 }

@@ -19,7 +19,7 @@ use atunnel_core::H2Stream;
 use atunnel_core::endpoint::Endpoint;
 use atunnel_core::sockopt::SocketOptions;
 use bytes::Bytes;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -98,6 +98,9 @@ pub struct H2Settings {
     pub max_concurrent_streams: u32,
     pub stream_window: u32,
     pub connection_window: u32,
+    /// How long a client has, once TLS is done, to send its preface
+    /// ([`read_h2_preface`]; default [`HANDSHAKE_TIMEOUT`]).
+    pub preface_timeout: Duration,
 }
 
 impl Default for H2Settings {
@@ -106,8 +109,53 @@ impl Default for H2Settings {
             max_concurrent_streams: 1000,
             stream_window: crate::gateway_client::STREAM_WINDOW,
             connection_window: crate::gateway_client::CONNECTION_WINDOW,
+            preface_timeout: HANDSHAKE_TIMEOUT,
         }
     }
+}
+
+/// What an HTTP/2 client's connection preface begins with (RFC 9113, 3.4);
+/// a SETTINGS frame follows.
+const H2_MAGIC: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// A frame header: length (3 bytes), type, flags, stream id (4 bytes).
+const H2_FRAME_HEADER: usize = 9;
+const H2_SETTINGS: u8 = 0x4;
+/// The initial SETTINGS_MAX_FRAME_SIZE: no client's first frame is longer.
+const H2_MAX_FIRST_FRAME: usize = 16 * 1024;
+
+/// Reads an HTTP/2 client's preface (the magic, then its SETTINGS frame)
+/// within `timeout`, and leaves it in `io` for the HTTP/2 server to read.
+/// Neither h2 nor hyper bounds that wait, so a client that finished TLS
+/// and said nothing held its connection for ever. Later waits, for a first
+/// request or between requests, stay unbounded: an idle connection is kept
+/// (and hibernates).
+pub async fn read_h2_preface(io: &mut ActivityIo, timeout: Duration) -> io::Result<()> {
+    let read = async {
+        let mut preface = vec![0u8; H2_MAGIC.len() + H2_FRAME_HEADER];
+        io.read_exact(&mut preface).await?;
+        let header = &preface[H2_MAGIC.len()..];
+        let length =
+            usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+        if !preface.starts_with(H2_MAGIC) || header[3] != H2_SETTINGS || length > H2_MAX_FIRST_FRAME
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "not an HTTP/2 client preface",
+            ));
+        }
+        let start = preface.len();
+        preface.resize(start + length, 0);
+        io.read_exact(&mut preface[start..]).await?;
+        Ok(preface)
+    };
+    let preface = tokio::time::timeout(timeout, read).await.map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no HTTP/2 preface within {timeout:?}"),
+        )
+    })??;
+    io.set_replay(Bytes::from(preface));
+    Ok(())
 }
 
 /// Size of the last connection task future spawned (for memory accounting).
@@ -202,11 +250,12 @@ impl<H: ConnectHandler> ConnectServer<H> {
 
     async fn serve_h2(
         self: &Arc<Self>,
-        io: Io,
+        mut io: Io,
         activity: &Activity,
         peer: H::Peer,
         client: SocketAddr,
     ) -> io::Result<()> {
+        Box::pin(read_h2_preface(&mut io, self.h2.preface_timeout)).await?;
         let mut conn = h2::server::Builder::new()
             .max_concurrent_streams(self.h2.max_concurrent_streams)
             .initial_window_size(self.h2.stream_window)

@@ -289,6 +289,11 @@ impl AsyncRead for ActivityIo {
             let n = self.replay.len().min(buf.remaining());
             buf.put_slice(&self.replay[..n]);
             self.replay.advance(n);
+            if self.replay.is_empty() {
+                // Even empty, it would keep the buffer it was cut from
+                // (hyper's whole read buffer), asleep or not.
+                self.replay = Bytes::new();
+            }
             self.touched();
             return Poll::Ready(Ok(()));
         }
@@ -313,6 +318,10 @@ impl ReadReady for ActivityIo {
             return self.inner.poll_read_ready(cx);
         }
         r
+    }
+
+    fn reset_on_close(&self) {
+        self.inner.reset_on_close()
     }
 }
 
@@ -351,5 +360,23 @@ impl AsyncWrite for ActivityIo {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn replayed_bytes_let_go_of_their_buffer_once_read() {
+        // A few bytes cut from a large read buffer, as hyper hands them over.
+        let buffer = Bytes::from(vec![b'r'; 8192]);
+        let mut io = ActivityIo::new(ServerTls::Lost, Arc::default(), Hibernation::disabled());
+        io.set_replay(buffer.slice(..100));
+        let mut got = [0u8; 100];
+        io.read_exact(&mut got).await.expect("replayed bytes");
+        assert!(got.iter().all(|&b| b == b'r'));
+        assert!(buffer.is_unique(), "the read buffer outlives its replay");
     }
 }

@@ -11,6 +11,9 @@
 //! socket under rustls tracks record boundaries for this, rustls does not
 //! say), nothing waiting to be sent. Otherwise, and for TLS 1.2, the
 //! connection stays with rustls.
+//!
+//! [`accept`] is where every mutual-TLS listener admits a client: it also
+//! refuses one whose certificate expired since the session it resumes.
 
 use std::io;
 use std::pin::Pin;
@@ -125,16 +128,31 @@ impl ReadReady for RecordTracking {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.tcp.poll_read_ready(cx)
     }
+
+    fn reset_on_close(&self) {
+        self.tcp.reset_on_close()
+    }
 }
 
 pub type RustlsStream = TlsStream<RecordTracking>;
 
-/// Accepts TLS on `tcp` within `timeout`. The stream comes boxed: it is
-/// over a kilobyte, and a future it came out of unboxed would keep room for
-/// it for the connection's life. When the handshake fails (a refused client
-/// certificate, say), the alert has been written; closing at once would turn
-/// the client's in-flight Finished into a reset that can destroy the alert
-/// before it is read, so half-close and drain briefly first.
+/// Accepts mutual TLS on `tcp` within `timeout`, then refuses a client
+/// whose leaf certificate is outside its validity period now. The stream
+/// comes boxed: it is over a kilobyte, and a future it came out of unboxed
+/// would keep room for it for the connection's life.
+///
+/// The validity check is what makes session resumption safe: rustls
+/// restores a resumed session's client chain from its ticket without
+/// verifying it again, and every resumption hands out new tickets with that
+/// chain, so a client could otherwise go on resuming long after its
+/// certificate expired. A full handshake's verifier has already made this
+/// check; repeating it costs one parse of the leaf.
+///
+/// When the handshake fails (a refused client certificate, say), the alert
+/// has been written; closing at once would turn the client's in-flight
+/// Finished into a reset that can destroy the alert before it is read, so
+/// half-close and drain briefly first. A client refused after the handshake
+/// (rustls cannot send it an alert then) is closed the same way.
 pub async fn accept(
     acceptor: &TlsAcceptor,
     tcp: TcpStream,
@@ -144,20 +162,41 @@ pub async fn accept(
         timeout,
         acceptor.accept(RecordTracking::new(tcp)).into_fallible(),
     );
-    match accept.await {
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "TLS handshake timed out",
-        )),
-        Ok(Ok(tls)) => Ok(Box::new(tls)),
-        Ok(Err((e, mut tcp))) => {
-            let _ = tcp.shutdown().await;
-            let mut sink = [0u8; 1024];
-            let drain = async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} };
-            let _ = tokio::time::timeout(Duration::from_millis(250), drain).await;
-            Err(e)
+    let (e, mut tcp) = match accept.await {
+        Err(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "TLS handshake timed out",
+            ));
         }
-    }
+        Ok(Ok(tls)) => match check_client_validity(tls.get_ref().1) {
+            Ok(()) => return Ok(Box::new(tls)),
+            Err(e) => (e, tls.into_inner().0),
+        },
+        Ok(Err((e, tcp))) => (e, tcp),
+    };
+    let _ = tcp.shutdown().await;
+    let mut sink = [0u8; 1024];
+    let drain = async { while matches!(tcp.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(Duration::from_millis(250), drain).await;
+    Err(e)
+}
+
+/// Whether the client's leaf is valid now (see [`accept`]).
+fn check_client_validity(conn: &rustls::ServerConnection) -> io::Result<()> {
+    let refused = |e| io::Error::new(io::ErrorKind::PermissionDenied, e);
+    let leaf = conn
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .ok_or_else(|| refused("no client certificate".into()))?;
+    atunnel_identity::verifier::check_leaf_validity(leaf, rustls::pki_types::UnixTime::now())
+        .map_err(|e| {
+            let resumed = conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+            refused(format!(
+                "client refused after a {} handshake: {e}",
+                if resumed { "resumed" } else { "full" }
+            ))
+        })
 }
 
 /// An accepted TLS connection, with rustls or, once it has hibernated, with
@@ -508,6 +547,14 @@ impl ReadReady for ServerTls {
                 r.tcp.poll_read_ready(cx)
             }
             Self::Lost => Poll::Ready(Err(lost())),
+        }
+    }
+
+    fn reset_on_close(&self) {
+        match self {
+            Self::Rustls(tls) => tls.reset_on_close(),
+            Self::Records(r) => r.tcp.reset_on_close(),
+            Self::Lost => {}
         }
     }
 }

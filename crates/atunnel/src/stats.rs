@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use atunnel_core::{BufferPool, PoolStats};
 use bytes::Bytes;
@@ -132,7 +133,13 @@ pub async fn serve(listener: TcpListener, source: Arc<StatsSource>, cancel: Canc
             _ = cancel.cancelled() => return,
             a = listener.accept() => match a {
                 Ok(x) => x,
-                Err(_) => continue,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) and the like: back off
+                    // instead of spinning a core.
+                    tracing::warn!(error = %e, "stats accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
             },
         };
         let source = source.clone();

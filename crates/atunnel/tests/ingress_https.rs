@@ -13,11 +13,8 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::ingress::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 /// What the actor saw of a request, as the response body.
@@ -59,25 +56,6 @@ struct Hold {
 const OTHER_PORT: u16 = 8080;
 /// The actor port served by an h2c (gRPC) server.
 const GRPC_PORT: u16 = 50051;
-
-/// An h2c actor on loopback, answering with what it saw.
-async fn h2c_actor() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let svc = service_fn(|req: Request<Incoming>| async move {
-                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(describe(&req)))))
-                });
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
-    addr
-}
 
 async fn actor_answer(req: Request<Incoming>, hold: Hold) -> http::Response<ActorBody> {
     let full = |s: String| Full::new(Bytes::from(s)).boxed();
@@ -136,8 +114,8 @@ struct Fixture {
 }
 
 /// One active actor `team-a/alpha`: port 80 mapped to [`actor_server`],
-/// [`OTHER_PORT`] to a server that names that port, [`GRPC_PORT`] to
-/// [`h2c_actor`].
+/// [`OTHER_PORT`] to a server that names that port, [`GRPC_PORT`] to an
+/// h2c server answering with what it saw.
 async fn fixture() -> Fixture {
     fixture_tuned(|_| {}).await
 }
@@ -153,7 +131,9 @@ async fn fixture_tuned(tune: impl FnOnce(&mut atunnel::ingress::IngressConfig)) 
         http::Response::new(Full::new(Bytes::from(seen)))
     })
     .await;
-    let grpc = h2c_actor().await;
+    let grpc =
+        h2c_actor(|req| async move { http::Response::new(Full::new(Bytes::from(describe(&req)))) })
+            .await;
     running.activate_alpha(&[
         (80, actor.port()),
         (OTHER_PORT, other.port()),
@@ -615,5 +595,138 @@ async fn a_head_not_sent_within_the_header_read_timeout_closes_the_connection() 
             elapsed >= SHORT_HEADER_TIMEOUT,
             "after_a_request={after_a_request}: closed after {elapsed:?}"
         );
+    }
+}
+
+#[test]
+fn the_connect_servers_h2_preface_timeout_defaults_to_10_s() {
+    let default = atunnel::connect_server::H2Settings::default();
+    assert_eq!(default.preface_timeout, Duration::from_secs(10));
+}
+
+/// The HTTP/2 client preface's first bytes, without the SETTINGS frame that
+/// completes it.
+const H2_MAGIC: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// An HTTP/2 client that finishes TLS and then sends nothing, or only the
+/// preface's magic and no SETTINGS, is closed with nothing answered, a
+/// timeout after TLS at the soonest: on the HTTPS and the CONNECT listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_client_that_sends_no_preface_is_closed_after_the_timeout() {
+    let f = fixture_tuned(|cfg| {
+        cfg.header_read_timeout = SHORT_HEADER_TIMEOUT;
+        cfg.hibernate_after = Duration::ZERO;
+    })
+    .await;
+    for (listener, addr) in [("HTTPS", f.running.https), ("CONNECT", f.running.connect)] {
+        for sent in [&b""[..], H2_MAGIC] {
+            let case = format!("{listener} listener, {} bytes sent", sent.len());
+            let mut tls = router_tls(&f.pki, addr, None, None, &[b"h2"])
+                .await
+                .expect("TLS");
+            assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+            let started = tokio::time::Instant::now();
+            tls.write_all(sent).await.expect("write");
+            tls.flush().await.expect("flush");
+            let mut answered = Vec::new();
+            // Closed with or without a TLS close_notify; left open, it times out.
+            let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut answered))
+                .await
+                .unwrap_or_else(|_| panic!("{case}: left open"));
+            let elapsed = started.elapsed();
+            assert!(answered.is_empty(), "{case}: answered {answered:?}");
+            assert!(
+                elapsed >= SHORT_HEADER_TIMEOUT,
+                "{case}: closed after {elapsed:?}"
+            );
+        }
+    }
+}
+
+/// The router's HTTP/2 connection to either listener, speaking to
+/// `team-a/alpha`'s port 80: a GET over HTTPS, or a GET inside a CONNECT
+/// tunnel.
+struct H2Router {
+    send: h2::client::SendRequest<Bytes>,
+    connect: bool,
+}
+
+impl H2Router {
+    async fn open(f: &Fixture, connect: bool) -> Self {
+        let addr = if connect {
+            f.running.connect
+        } else {
+            f.running.https
+        };
+        let tls = router_tls(&f.pki, addr, None, None, &[b"h2"])
+            .await
+            .expect("TLS");
+        let (send, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
+        tokio::spawn(conn);
+        Self { send, connect }
+    }
+
+    /// One exchange on a new stream: what came back, as text.
+    async fn describe(&mut self) -> String {
+        let req = if self.connect {
+            http::Request::builder().method("CONNECT").uri("actor:80")
+        } else {
+            http::Request::builder().uri(format!("https://{WORKER_NAME}/describe"))
+        };
+        let req = req
+            .header("ate-target-actor", "team-a/alpha")
+            .body(())
+            .expect("request");
+        self.send.clone().ready().await.expect("connection open");
+        let (resp, mut body_tx) = self
+            .send
+            .send_request(req, !self.connect)
+            .expect("new stream");
+        let resp = resp.await.expect("response");
+        assert_eq!(resp.status(), 200, "connect={}", self.connect);
+        if self.connect {
+            // The actor closes after answering, which ends the tunnel.
+            let get = "GET /describe HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+            body_tx
+                .send_data(Bytes::from_static(get.as_bytes()), false)
+                .expect("into the tunnel");
+        }
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        while let Some(data) = body.data().await {
+            let data = data.expect("body");
+            let _ = body.flow_control().release_capacity(data.len());
+            got.extend_from_slice(&data);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+}
+
+/// The preface timeout bounds the preface only: an HTTP/2 connection idle
+/// for longer, before its first request or after one, stays open and serves
+/// the next, on the HTTPS and the CONNECT listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_h2_connection_outlives_the_preface_timeout() {
+    let f = fixture_tuned(|cfg| {
+        cfg.header_read_timeout = SHORT_HEADER_TIMEOUT;
+        cfg.hibernate_after = Duration::ZERO;
+    })
+    .await;
+    for connect in [false, true] {
+        for request_first in [false, true] {
+            let case = format!("connect={connect} request_first={request_first}");
+            let mut router = H2Router::open(&f, connect).await;
+            if request_first {
+                let seen = router.describe().await;
+                assert!(seen.contains("GET /describe HTTP/1.1"), "{case}: {seen}");
+            }
+            // The idle period under test.
+            tokio::time::sleep(SHORT_HEADER_TIMEOUT * 3).await;
+            let seen = router.describe().await;
+            assert!(seen.contains("GET /describe HTTP/1.1"), "{case}: {seen}");
+            if connect {
+                assert!(seen.starts_with("HTTP/1.1 200"), "{case}: {seen}");
+            }
+        }
     }
 }

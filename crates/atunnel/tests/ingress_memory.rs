@@ -127,6 +127,83 @@ async fn a_router_that_stops_reading_a_response_leaves_the_heap_bounded() {
     }
 }
 
+/// The actor port served by [`grpc_actor`].
+const GRPC_PORT: u16 = 50051;
+
+/// An h2c (gRPC) actor whose every call streams `/N` bytes back.
+async fn grpc_actor(sent: Arc<AtomicU64>) -> SocketAddr {
+    h2c_actor(move |req: http::Request<Incoming>| {
+        let n = req.uri().path().trim_start_matches('/').parse().ok();
+        std::future::ready(http::Response::new(static_body(n, sent.clone())))
+    })
+    .await
+}
+
+/// Opens a gRPC call for `/n` bytes from [`grpc_actor`] and returns its
+/// response body, not read.
+async fn grpc_call(router: &mut h2::client::SendRequest<Bytes>, n: u64) -> h2::RecvStream {
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("https://app.example.com/{n}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("ate-target-actor", "team-a/alpha")
+        .header("x-ate-target-port", GRPC_PORT.to_string())
+        .body(())
+        .expect("request");
+    router.clone().ready().await.expect("router ready");
+    let (resp, _) = router.send_request(req, true).expect("call");
+    let resp = resp.await.expect("response headers");
+    assert_eq!(resp.status(), 200);
+    resp.into_body()
+}
+
+/// gRPC server streams through atunnel's h2c client: a router that stops
+/// reading them leaves atunnel holding at most its receive windows toward
+/// the actor (256 KiB a stream); with hyper's default 2 MiB it held 2 MiB
+/// per stream, up to 5 MiB per actor connection. The router keeps h2's
+/// default 64 KiB windows, so it holds little itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_that_stops_reading_grpc_streams_leaves_the_heap_bounded() {
+    let _alone = HEAP_MEASURING.lock().await;
+    let _serial = SERIAL.lock().await;
+    const STREAMS: usize = 2;
+    let sent = Arc::new(AtomicU64::new(0));
+    let pki = IngressPki::new();
+    let running = ingress(&pki).await;
+    running.activate_alpha(&[(GRPC_PORT, grpc_actor(sent.clone()).await.port())]);
+    let tls = router_tls(&pki, running.https, None, None, &[b"h2"])
+        .await
+        .expect("TLS");
+    let (mut router, conn) = h2::client::handshake(tls).await.expect("h2");
+    tokio::spawn(conn);
+    // The actor connection and its pool exist before the baseline.
+    let mut warm = grpc_call(&mut router, 1000).await;
+    let mut got = 0;
+    while let Some(data) = warm.data().await {
+        let data = data.expect("warm-up data");
+        got += data.len();
+        let _ = warm.flow_control().release_capacity(data.len());
+    }
+    assert_eq!(got, 1000);
+
+    let baseline = live_bytes();
+    let mut unread = Vec::new();
+    for _ in 0..STREAMS {
+        unread.push(grpc_call(&mut router, 64 << 20).await);
+    }
+    let stalled_at = until_stalled(&sent).await;
+    let growth = live_bytes().saturating_sub(baseline);
+    println!(
+        "gRPC: {STREAMS} streams stalled after {stalled_at} bytes in all; heap grew {growth} bytes"
+    );
+    assert!(
+        growth < 2 << 20,
+        "heap grew {growth} bytes behind {STREAMS} gRPC streams a router stopped reading"
+    );
+    drop(unread);
+}
+
 /// An actor port that writes as fast as it can to whoever connects.
 async fn flooding_actor(flooded: Arc<AtomicU64>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -49,8 +49,9 @@ pub struct IngressConfig {
     /// traffic keys and, over HTTP/1.1, hyper's buffers (zero: never).
     pub hibernate_after: Duration,
     /// How long an HTTP/1.1 client may take to send a request head, from its
-    /// first byte (default [`https::HEADER_READ_TIMEOUT`], 10 s). An idle
-    /// keep-alive connection is not timed by it.
+    /// first byte, and an HTTP/2 client (on either listener) its preface,
+    /// once TLS is done (default [`https::HEADER_READ_TIMEOUT`], 10 s). An
+    /// idle keep-alive connection is not timed by it.
     pub header_read_timeout: Duration,
 }
 
@@ -88,7 +89,10 @@ impl Ingress {
             }),
             tls.clone(),
             cfg.socket,
-            H2Settings::default(),
+            H2Settings {
+                preface_timeout: cfg.header_read_timeout,
+                ..H2Settings::default()
+            },
             hibernation.clone(),
         );
         Ok(Arc::new(Self {

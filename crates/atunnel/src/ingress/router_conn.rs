@@ -8,6 +8,9 @@
 //! stopped, and a fresh hyper starts on the next request's first byte: the
 //! timeout bounds sending a head, never the wait for one.
 //!
+//! Over HTTP/2, the same timeout bounds the client's preface after TLS,
+//! never the wait for a request.
+//!
 //! An HTTP/1.1 keep-alive connection hibernates: once it has been idle for
 //! `hibernate_after`, hyper is stopped between requests (it is idle then, so
 //! nothing is sent and the peer sees no change), which frees its read and
@@ -39,8 +42,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::https::{self, ProxyBody};
 use super::routes::Routes;
+use crate::connect_server::read_h2_preface;
 use crate::hibernate::{Activity, ActivityIo, Hibernation, InFlight, with_hibernation};
 use crate::server_tls::{RustlsStream, ServerTls};
+
+/// HTTP/2 receive window per stream, on both sides of the proxy (the router's
+/// connections and the h2c ones to actors): the most a peer that stops
+/// reading can make atunnel hold of one stream (hyper's default is 2 MiB).
+pub const H2_STREAM_WINDOW: u32 = 256 * 1024;
+/// HTTP/2 receive window per connection, on both sides (hyper's default is
+/// 5 MiB).
+pub const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
 
 /// Serves `tls` until the router closes it or `cancel` (then gracefully).
 pub async fn serve(
@@ -53,7 +65,7 @@ pub async fn serve(
 ) {
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let activity = Arc::new(Activity::default());
-    let io = ActivityIo::new(
+    let mut io = ActivityIo::new(
         ServerTls::Rustls(tls),
         activity.clone(),
         hibernation.clone(),
@@ -62,6 +74,17 @@ pub async fn serve(
     // for its largest state for as long as the connection lives; on the heap
     // it exists only while in use (and not while hibernated).
     if h2 {
+        // The preface is bounded like an HTTP/1.1 head; hyper would wait
+        // for it for ever.
+        let preface = Box::pin(read_h2_preface(&mut io, header_read_timeout));
+        let started = tokio::select! {
+            r = preface => r.is_ok(),
+            _ = cancel.cancelled() => false,
+        };
+        if !started {
+            let _ = io.shutdown().await;
+            return;
+        }
         let mut conn = Box::pin(serve_h2(io, routes, client, cancel));
         with_hibernation(conn.as_mut(), &activity, &hibernation).await
     } else {
@@ -82,8 +105,8 @@ async fn serve_h2(io: Io, routes: Arc<Routes>, client: SocketAddr, cancel: Cance
     let service = hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req));
     let conn = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .initial_stream_window_size(256 * 1024)
-        .initial_connection_window_size(1024 * 1024)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {

@@ -239,6 +239,9 @@ fn client(
         .pool_max_idle_per_host(pools.max_idle_per_actor)
         .pool_timer(hyper_util::rt::TokioTimer::new())
         .http2_only(http2)
+        // What a router that stops reading a gRPC stream leaves queued here.
+        .http2_initial_stream_window_size(super::router_conn::H2_STREAM_WINDOW)
+        .http2_initial_connection_window_size(super::router_conn::H2_CONNECTION_WINDOW)
         .build(connector)
 }
 

@@ -101,6 +101,9 @@ pub fn server_config(
     // Stateless resumption tickets (encrypted under a rotating key): the
     // default stateful ones keep every session, with the router's
     // certificate chain, in a 256-entry cache, about 550 KB once full.
+    // A resumed session is not verified again and its tickets carry the
+    // chain on, so crate::server_tls::accept refuses a router whose leaf
+    // has expired since.
     cfg.ticketer = rustls::crypto::ring::Ticketer::new()?;
     Ok(Arc::new(cfg))
 }

@@ -18,7 +18,6 @@ use atunnel_identity::pki::{CertificateAuthority, IssuedCert, Usage, WORKER_SPIF
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -193,23 +192,14 @@ pub async fn router_tls(
     alpn: &[&[u8]],
 ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let id = identity.unwrap_or(&pki.router);
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(roots_from.unwrap_or(&pki.pod_ca).cert_der())
-        .expect("root");
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_client_auth_cert(id.chain.clone(), id.key())
-    .expect("client auth");
-    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let tcp = TcpStream::connect(addr).await?;
-    tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(ServerName::try_from(WORKER_NAME).expect("name"), tcp)
-        .await
+    let cfg = super::mtls_client_config(
+        roots_from.unwrap_or(&pki.pod_ca).cert_der(),
+        id.chain.clone(),
+        id.key(),
+        rustls::DEFAULT_VERSIONS,
+        alpn,
+    );
+    super::tls_connect(&cfg, addr, WORKER_NAME).await
 }
 
 /// A router-side HTTP connection (h1 or h2 by ALPN).
@@ -312,6 +302,30 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    counted_actor(answer, false).await
+}
+
+/// An actor on loopback speaking h2c with prior knowledge, as gRPC servers
+/// do: each request answered by `answer`.
+pub async fn h2c_actor<F, Fut, B>(answer: F) -> SocketAddr
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = http::Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    counted_actor(answer, true).await.0
+}
+
+async fn counted_actor<F, Fut, B>(answer: F, h2c: bool) -> (SocketAddr, ActorConnections)
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = http::Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -329,9 +343,16 @@ where
                     let answer = answer.clone();
                     async move { Ok::<_, std::convert::Infallible>(answer(req).await) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
+                let io = TokioIo::new(tcp);
+                let _ = if h2c {
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, svc)
+                        .await
+                } else {
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, svc)
+                        .await
+                };
                 let _ = closed_tx.send(n);
             });
         }
