@@ -178,13 +178,27 @@ pub fn write_results_json(dir: &Path, r: &Results) -> io::Result<()> {
     fs::create_dir_all(dir)?;
     let mut text = serde_json::to_string_pretty(r).map_err(io::Error::other)?;
     text.push('\n');
-    fs::write(dir.join("results.json"), text)
+    write_whole(&dir.join("results.json"), text)
+}
+
+/// Replaces `path` with `contents` whole or not at all: written beside it
+/// and renamed over it, so a full disk (or a crash) leaves the previous
+/// complete file rather than a truncated one. The error names the file.
+pub fn write_whole(path: &Path, contents: impl AsRef<[u8]>) -> io::Result<()> {
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let written = fs::write(&partial, contents).and_then(|()| fs::rename(&partial, path));
+    written.map_err(|e| {
+        let _ = fs::remove_file(&partial);
+        io::Error::new(e.kind(), format!("writing {}: {e}", path.display()))
+    })
 }
 
 /// results.txt: one aligned table per scenario (rate, achieved, errors, verdict, tunnel cores, heap MiB, cgroup MiB, p50/p99/max ms) plus its summary lines — what a person reads first.
 pub fn write_results_txt(dir: &Path, r: &Results) -> io::Result<()> {
     fs::create_dir_all(dir)?;
-    fs::write(dir.join("results.txt"), render_txt(r))
+    write_whole(&dir.join("results.txt"), render_txt(r))
 }
 
 /// The text of `results.txt`.
@@ -392,7 +406,7 @@ pub fn write_plots(dir: &Path, r: &Results) -> io::Result<Vec<PathBuf>> {
     let mut paths = Vec::new();
     for s in r.scenarios.iter().filter(|s| !s.rungs.is_empty()) {
         let path = dir.join(format!("{}.svg", file_stem(&s.name)));
-        fs::write(&path, render_svg(s))?;
+        write_whole(&path, render_svg(s))?;
         paths.push(path);
     }
     Ok(paths)

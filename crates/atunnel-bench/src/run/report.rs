@@ -179,7 +179,7 @@ pub fn write(
             let _ = writeln!(md, "- {e}");
         }
     }
-    std::fs::write(dir.join("report.md"), md)
+    results::write_whole(&dir.join("report.md"), md)
 }
 
 #[cfg(test)]
