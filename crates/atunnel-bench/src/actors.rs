@@ -33,12 +33,23 @@ pub struct ActorsArgs {
 
 static FLOOD: [u8; 64 * 1024] = [b'f'; 64 * 1024];
 
+/// Pause after a failed accept (out of descriptors), so a full descriptor
+/// table does not turn an accept loop into a spin that skews CPU figures.
+pub const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Writes to every connection until it fails.
 async fn flood(listener: tokio::net::TcpListener, cancel: CancellationToken) {
     loop {
         let mut tcp = tokio::select! {
             _ = cancel.cancelled() => return,
-            a = listener.accept() => match a { Ok((t, _)) => t, Err(_) => continue },
+            a = listener.accept() => match a {
+                Ok((t, _)) => t,
+                // Out of descriptors: the connection waits in the backlog.
+                Err(_) => {
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
         };
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
@@ -80,9 +91,16 @@ pub async fn run(args: ActorsArgs, cancel: CancellationToken) -> Result<(), atun
         tokio::spawn(async move {
             loop {
                 let tcp = tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    a = listener.accept() => match a { Ok((t, _)) => t, Err(_) => continue },
-                };
+                        _ = cancel.cancelled() => return,
+                        a = listener.accept() => match a {
+                    Ok((t, _)) => t,
+                    // Out of descriptors: the connection waits in the backlog.
+                    Err(_) => {
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                },
+                    };
                 let body = body.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {

@@ -630,6 +630,7 @@ async fn serve_control(
                 Ok((conn, _)) => conn,
                 Err(e) => {
                     tracing::warn!(error = %e, "control socket accept");
+                    tokio::time::sleep(crate::actors::ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
