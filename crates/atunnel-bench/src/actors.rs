@@ -37,20 +37,26 @@ static FLOOD: [u8; 64 * 1024] = [b'f'; 64 * 1024];
 /// table does not turn an accept loop into a spin that skews CPU figures.
 pub const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// The next connection, or `None` once cancelled. A failed accept (out of
+/// descriptors) leaves the connection in the backlog and backs off.
+async fn accept(
+    listener: &tokio::net::TcpListener,
+    cancel: &CancellationToken,
+) -> Option<tokio::net::TcpStream> {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return None,
+            a = listener.accept() => match a {
+                Ok((tcp, _)) => return Some(tcp),
+                Err(_) => tokio::time::sleep(ACCEPT_BACKOFF).await,
+            },
+        }
+    }
+}
+
 /// Writes to every connection until it fails.
 async fn flood(listener: tokio::net::TcpListener, cancel: CancellationToken) {
-    loop {
-        let mut tcp = tokio::select! {
-            _ = cancel.cancelled() => return,
-            a = listener.accept() => match a {
-                Ok((t, _)) => t,
-                // Out of descriptors: the connection waits in the backlog.
-                Err(_) => {
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
-        };
+    while let Some(mut tcp) = accept(&listener, &cancel).await {
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
             while tcp.write_all(&FLOOD).await.is_ok() {}
@@ -66,41 +72,15 @@ pub async fn run(args: ActorsArgs, cancel: CancellationToken) -> Result<(), atun
     let addr = SocketAddr::from((ACTOR_ADDR, args.port));
     for name in &args.netns {
         let ns = NetNs::open(name)?;
-        let listener = exec
-            .run_in(&ns, move || {
-                let l = std::net::TcpListener::bind(addr)?;
-                l.set_nonblocking(true)?;
-                Ok::<_, std::io::Error>(l)
-            })
-            .await??;
-        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let listen = |addr| exec.run_in(&ns, move || atunnel_sandbox::sandbox::listen_tcp(addr));
+        let listener = tokio::net::TcpListener::from_std(listen(addr).await??)?;
         let flood_addr = SocketAddr::from((ACTOR_ADDR, args.flood_port));
-        let flooder = exec
-            .run_in(&ns, move || {
-                let l = std::net::TcpListener::bind(flood_addr)?;
-                l.set_nonblocking(true)?;
-                Ok::<_, std::io::Error>(l)
-            })
-            .await??;
-        tokio::spawn(flood(
-            tokio::net::TcpListener::from_std(flooder)?,
-            cancel.clone(),
-        ));
+        let flooder = tokio::net::TcpListener::from_std(listen(flood_addr).await??)?;
+        tokio::spawn(flood(flooder, cancel.clone()));
         let body = body.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            loop {
-                let tcp = tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        a = listener.accept() => match a {
-                    Ok((t, _)) => t,
-                    // Out of descriptors: the connection waits in the backlog.
-                    Err(_) => {
-                        tokio::time::sleep(ACCEPT_BACKOFF).await;
-                        continue;
-                    }
-                },
-                    };
+            while let Some(tcp) = accept(&listener, &cancel).await {
                 let body = body.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {

@@ -229,7 +229,9 @@ impl SandboxNetwork {
     }
 }
 
-fn listen_tcp(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// A non-blocking TCP listener on `addr` in the calling thread's namespace
+/// (run it through [`NsExecutor::run_in`] to place it in a sandbox).
+pub fn listen_tcp(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
