@@ -94,9 +94,10 @@ pub trait Endpoint {
     /// Half-close: no more bytes will be written (FIN, close_notify, END_STREAM).
     fn poll_close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 
-    /// The relay failed or was cancelled: tell the peer abruptly (HTTP/2
-    /// RST_STREAM; a socket resets when closed), so that it never takes a cut
-    /// stream for a complete one. Never called on a clean end.
+    /// The relay failed, or was dropped before it ended (cancelled, its
+    /// server shutting down): tell the peer abruptly (HTTP/2 RST_STREAM; a
+    /// socket resets when closed), so that it never takes a cut stream for a
+    /// complete one. Never called on a clean end.
     fn abort(&mut self) {}
 }
 
@@ -111,27 +112,17 @@ pub trait ReadReady: AsyncRead + AsyncWrite + Unpin {
     fn reset_on_close(&self) {}
 }
 
-/// Sets (`true`) or clears `SO_LINGER` 0 on `tcp`: with it set, closing the
-/// socket sends RST and drops unsent bytes rather than ending with FIN.
-pub fn set_reset_on_close(tcp: &TcpStream, reset: bool) {
-    let set = if reset {
-        tcp.set_zero_linger()
-    } else {
-        socket2::SockRef::from(tcp).set_linger(None)
-    };
-    // setsockopt fails only on a bad descriptor, which an open stream's is not.
-    if let Err(e) = set {
-        tracing::trace!(error = %e, reset, "setting SO_LINGER");
-    }
-}
-
 impl ReadReady for TcpStream {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         TcpStream::poll_read_ready(self, cx)
     }
 
+    /// `SO_LINGER` 0: closing sends RST and drops unsent bytes.
     fn reset_on_close(&self) {
-        set_reset_on_close(self, true)
+        // setsockopt fails only on a bad descriptor, which an open stream's is not.
+        if let Err(e) = self.set_zero_linger() {
+            tracing::trace!(error = %e, "setting SO_LINGER 0");
+        }
     }
 }
 

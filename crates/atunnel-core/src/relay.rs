@@ -4,17 +4,16 @@
 //! task, and a direction holds a buffer only between reading a chunk and
 //! finishing writing it. End of stream on one side becomes a half-close on
 //! the other while the opposite direction keeps flowing; the relay ends when
-//! both directions have ended, or at the first error, which aborts both
-//! sides: a peer sees a reset, never a clean end of a stream cut short.
+//! both directions have ended, or at the first error. A relay that does not
+//! end cleanly (an error, or its future dropped) aborts both sides: a peer
+//! sees a reset, never a clean end of a stream cut short.
 
 use std::fmt;
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io;
 use std::task::{Context, Poll, ready};
 
-use tokio::net::TcpStream;
-
-use crate::endpoint::{Chunk, Endpoint, set_reset_on_close};
+use crate::endpoint::{Chunk, Endpoint};
 use crate::pool::BufferPool;
 
 /// Chunks one direction may move in one poll before yielding, so a fast
@@ -166,63 +165,120 @@ impl Direction {
     }
 }
 
+/// The two sides of a relay; dropped before the relay ended cleanly, it
+/// aborts both.
+struct Sides<'a, A: Endpoint + ?Sized, B: Endpoint + ?Sized> {
+    a: &'a mut A,
+    b: &'a mut B,
+    clean: bool,
+}
+
+impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> Drop for Sides<'_, A, B> {
+    fn drop(&mut self) {
+        if !self.clean {
+            self.a.abort();
+            self.b.abort();
+        }
+    }
+}
+
 /// Relays between `a` and `b` until both directions have ended.
 ///
-/// Dropping the returned future (cancellation) drops any chunk in flight,
-/// which returns its buffer to `pool`.
-pub async fn relay<A, B>(a: &mut A, b: &mut B, pool: &BufferPool) -> Result<RelayStats, RelayError>
+/// Unless it ends cleanly, both sides are aborted ([`Endpoint::abort`]): on
+/// an error, and when the returned future is dropped first (cancelled, its
+/// task aborted, its server shutting down), polled or not. Dropping it also
+/// drops any chunk in flight, which returns its buffer to `pool`.
+pub fn relay<'a, A, B>(
+    a: &'a mut A,
+    b: &'a mut B,
+    pool: &'a BufferPool,
+) -> impl Future<Output = Result<RelayStats, RelayError>>
 where
     A: Endpoint + ?Sized,
     B: Endpoint + ?Sized,
 {
-    let mut a_to_b = Direction::new();
-    let mut b_to_a = Direction::new();
-    let result = poll_fn(|cx| {
-        let stats = |x: &Direction, y: &Direction| RelayStats {
-            a_to_b: x.bytes,
-            b_to_a: y.bytes,
-        };
-        if let Poll::Ready(Err(e)) = a_to_b.poll(cx, a, b, pool) {
-            let side = if e.at_source { Side::A } else { Side::B };
-            return Poll::Ready(Err((side, e, stats(&a_to_b, &b_to_a))));
-        }
-        if let Poll::Ready(Err(e)) = b_to_a.poll(cx, b, a, pool) {
-            let side = if e.at_source { Side::B } else { Side::A };
-            return Poll::Ready(Err((side, e, stats(&a_to_b, &b_to_a))));
-        }
-        if a_to_b.is_done() && b_to_a.is_done() {
-            Poll::Ready(Ok(stats(&a_to_b, &b_to_a)))
-        } else {
-            Poll::Pending
-        }
-    })
-    .await;
-    result.map_err(|(side, e, stats)| {
-        a.abort();
-        b.abort();
-        RelayError {
+    // Made before the first poll, so that even a future dropped unpolled
+    // aborts.
+    let sides = Sides { a, b, clean: false };
+    async move {
+        let mut sides = sides;
+        let mut a_to_b = Direction::new();
+        let mut b_to_a = Direction::new();
+        let result = poll_fn(|cx| {
+            let stats = |x: &Direction, y: &Direction| RelayStats {
+                a_to_b: x.bytes,
+                b_to_a: y.bytes,
+            };
+            if let Poll::Ready(Err(e)) = a_to_b.poll(cx, sides.a, sides.b, pool) {
+                let side = if e.at_source { Side::A } else { Side::B };
+                return Poll::Ready(Err((side, e, stats(&a_to_b, &b_to_a))));
+            }
+            if let Poll::Ready(Err(e)) = b_to_a.poll(cx, sides.b, sides.a, pool) {
+                let side = if e.at_source { Side::B } else { Side::A };
+                return Poll::Ready(Err((side, e, stats(&a_to_b, &b_to_a))));
+            }
+            if a_to_b.is_done() && b_to_a.is_done() {
+                Poll::Ready(Ok(stats(&a_to_b, &b_to_a)))
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        sides.clean = result.is_ok();
+        result.map_err(|(side, e, stats)| RelayError {
             side,
             op: e.op,
             stats,
             source: e.err,
-        }
-    })
+        })
+    }
 }
 
-/// [`relay`] to the TCP stream `b`, which resets when closed until the relay
-/// has ended cleanly: should this future be dropped mid-relay (its server
-/// shutting down), `b`'s peer sees a reset, not a clean end of a cut stream.
-pub async fn relay_resetting_unless_done<A: Endpoint + ?Sized>(
-    a: &mut A,
-    b: &mut TcpStream,
-    pool: &BufferPool,
-) -> Result<RelayStats, RelayError> {
-    set_reset_on_close(b, true);
-    let result = relay(a, b, pool).await;
-    if result.is_ok() {
-        // Both directions ended with FIN: the close must deliver what the
-        // kernel still holds, not drop it.
-        set_reset_on_close(b, false);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A side with nothing to send (end of stream at once) that counts its
+    /// aborts.
+    #[derive(Default)]
+    struct Empty {
+        aborts: usize,
     }
-    result
+
+    impl Endpoint for Empty {
+        fn poll_read_chunk(
+            &mut self,
+            _: &mut Context<'_>,
+            _: &BufferPool,
+        ) -> Poll<io::Result<Option<Chunk>>> {
+            Poll::Ready(Ok(None))
+        }
+        fn poll_write_chunk(&mut self, _: &mut Context<'_>, _: &mut Chunk) -> Poll<io::Result<()>> {
+            unreachable!("an empty peer sends nothing to write")
+        }
+        fn poll_flush(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_close_write(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn abort(&mut self) {
+            self.aborts += 1;
+        }
+    }
+
+    /// A relay cancelled before its first poll (a select whose other branch
+    /// was already ready) aborts both sides too; a clean end aborts neither.
+    #[tokio::test]
+    async fn a_relay_dropped_unpolled_aborts_both_sides_and_a_clean_one_neither() {
+        let pool = BufferPool::default();
+        let (mut a, mut b) = (Empty::default(), Empty::default());
+        drop(relay(&mut a, &mut b, &pool));
+        assert_eq!((a.aborts, b.aborts), (1, 1), "dropped unpolled");
+
+        let (mut a, mut b) = (Empty::default(), Empty::default());
+        let stats = relay(&mut a, &mut b, &pool).await.expect("both ended");
+        assert_eq!(stats, RelayStats::default());
+        assert_eq!((a.aborts, b.aborts), (0, 0), "ended cleanly");
+    }
 }

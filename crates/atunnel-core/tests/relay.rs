@@ -135,6 +135,20 @@ async fn connect_stream(io: TcpStream) -> (H2Stream, JoinHandle<Result<(), h2::E
     (H2Stream::new(send, resp.into_body()), conn)
 }
 
+/// The peer's side of [`connect_stream`]: accepts one stream on a new HTTP/2
+/// server connection over `io`, checks it is a CONNECT and answers 200; the
+/// connection runs in its own task.
+async fn accept_connect(io: TcpStream) -> (h2::RecvStream, h2::SendStream<bytes::Bytes>) {
+    let mut conn = h2::server::handshake(io).await.expect("server handshake");
+    let (req, mut respond) = conn.accept().await.expect("a stream").expect("stream ok");
+    tokio::spawn(async move { while conn.accept().await.is_some() {} });
+    assert_eq!(req.method(), http::Method::CONNECT);
+    let send = respond
+        .send_response(http::Response::new(()), false)
+        .expect("200");
+    (req.into_body(), send)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_payloads_arrive_intact_both_ways_at_once() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
@@ -304,16 +318,8 @@ async fn tcp_to_http2_stream_both_ways_with_half_close() {
 
     // Server: answers the CONNECT, then echoes the stream back.
     let server = tokio::spawn(async move {
-        let mut conn = h2::server::handshake(h2_server_io)
-            .await
-            .expect("server handshake");
-        let (req, mut respond) = conn.accept().await.expect("a stream").expect("stream ok");
-        tokio::spawn(async move { while conn.accept().await.is_some() {} });
-        assert_eq!(req.method(), http::Method::CONNECT);
-        let send = respond
-            .send_response(http::Response::new(()), false)
-            .expect("200");
-        let mut stream = H2Stream::new(send, req.into_body());
+        let (recv, send) = accept_connect(h2_server_io).await;
+        let mut stream = H2Stream::new(send, recv);
         // Echo via a loopback TCP echo: relay h2 <-> tcp <-> echo.
         let (mut to_echo, mut echo) = tcp_pair().await;
         tokio::spawn(async move {
@@ -540,15 +546,7 @@ async fn a_reset_http2_stream_resets_the_tcp_side() {
     let (h2_client_io, h2_server_io) = tcp_pair().await;
     let (reset_tx, reset_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        let mut conn = h2::server::handshake(h2_server_io)
-            .await
-            .expect("server handshake");
-        let (req, mut respond) = conn.accept().await.expect("a stream").expect("stream ok");
-        tokio::spawn(async move { while conn.accept().await.is_some() {} });
-        let _recv = req.into_body();
-        let mut send = respond
-            .send_response(http::Response::new(()), false)
-            .expect("200");
+        let (_recv, mut send) = accept_connect(h2_server_io).await;
         send.send_data(bytes::Bytes::from_static(PART), false)
             .expect("data");
         reset_rx.await.expect("reset signal");
@@ -573,19 +571,17 @@ async fn a_reset_http2_stream_resets_the_tcp_side() {
     server.await.expect("server");
 }
 
-/// `relay_resetting_unless_done`: dropped mid-relay (its server shutting
-/// down), the TCP side's peer sees a reset; ended cleanly, every byte still
+/// A relay dropped mid-stream (its server shutting down): the TCP side's
+/// peer sees a reset; ended cleanly, every byte still
 /// queued in the kernel arrives, then FIN.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_to_tcp_resets_it_when_dropped_and_closes_cleanly_when_done() {
-    use atunnel_core::relay::relay_resetting_unless_done;
     let pool = BufferPool::default();
 
     let (mut outer_a, mut a) = tcp_pair().await;
     let (mut b, mut outer_b) = tcp_pair().await;
     let relay_pool = pool.clone();
-    let task =
-        tokio::spawn(async move { relay_resetting_unless_done(&mut a, &mut b, &relay_pool).await });
+    let task = tokio::spawn(async move { relay(&mut a, &mut b, &relay_pool).await });
     crosses_intact(&mut outer_a, &mut outer_b, b"request").await;
     task.abort();
     assert!(task.await.expect_err("aborted").is_cancelled());
@@ -602,8 +598,7 @@ async fn a_relay_to_tcp_resets_it_when_dropped_and_closes_cleanly_when_done() {
         .set_send_buffer_size(1 << 20)
         .expect("sndbuf");
     let relay_pool = pool.clone();
-    let task =
-        tokio::spawn(async move { relay_resetting_unless_done(&mut a, &mut b, &relay_pool).await });
+    let task = tokio::spawn(async move { relay(&mut a, &mut b, &relay_pool).await });
     let (mut outer_b_r, mut outer_b_w) = outer_b.into_split();
     outer_b_w.shutdown().await.expect("FIN from b's peer");
     let data = random_bytes(&mut rand::rngs::StdRng::seed_from_u64(9), QUEUED);

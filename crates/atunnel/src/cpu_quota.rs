@@ -53,7 +53,7 @@ fn parse_v1(quota: &str, period: &str) -> Option<usize> {
 }
 
 fn cores(quota: u64, period: u64) -> Option<usize> {
-    (quota > 0 && period > 0).then(|| quota.div_ceil(period).max(1) as usize)
+    (quota > 0 && period > 0).then(|| quota.div_ceil(period) as usize)
 }
 
 /// Worker threads for the runtime: the quota, at most the machine's cores;

@@ -482,9 +482,9 @@ impl Egress {
     }
 }
 
-/// Relays until both directions end, or resets the tunnel and the actor's
-/// socket when the actor's activation is cancelled: a cut stream must not
-/// look complete to either peer. (The relay aborts both itself on error.)
+/// Relays until both directions end or the actor's activation is cancelled,
+/// which drops the relay: it resets the tunnel and the actor's socket, so a
+/// cut stream does not look complete to either peer.
 async fn relay_until_cancelled<A: Endpoint + ?Sized>(
     actor: &mut A,
     tunnel: &mut Tunnel,
@@ -494,10 +494,7 @@ async fn relay_until_cancelled<A: Endpoint + ?Sized>(
 ) {
     tokio::select! {
         biased;
-        _ = cancel.cancelled() => {
-            tunnel.abort();
-            actor.abort();
-        }
+        _ = cancel.cancelled() => {}
         r = relay(actor, tunnel, pool) => if let Err(e) = r {
             tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
         }

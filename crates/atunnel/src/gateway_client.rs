@@ -440,7 +440,9 @@ impl GatewayClient {
         let dead = Arc::new(AtomicBool::new(false));
         let dead_flag = dead.clone();
         let (settle, settled) = watch::channel(false);
-        let ping_pong = connection.ping_pong();
+        let ping_pong = connection
+            .ping_pong()
+            .expect("a new connection's ping handle, taken once");
         self.connections.spawn(async move {
             let mut connection = std::pin::pin!(connection);
             let ended = tokio::select! {
@@ -600,11 +602,8 @@ enum H2Failure {
 /// Resolves once the gateway's SETTINGS have been applied, or the connection
 /// ended. The SETTINGS are the gateway's first frame and h2 applies them
 /// before reading another, so the answer to a PING sent now comes after.
-async fn settled_by_ping(ping_pong: Option<h2::PingPong>) {
-    // None only if taken before; then nothing tells us, so do not wait.
-    if let Some(mut ping_pong) = ping_pong {
-        let _ = ping_pong.ping(h2::Ping::opaque()).await;
-    }
+async fn settled_by_ping(mut ping_pong: h2::PingPong) {
+    let _ = ping_pong.ping(h2::Ping::opaque()).await;
 }
 
 /// Up to `limit` bytes of a refusal's body, or what arrived within `wait`.

@@ -15,9 +15,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel_core::BufferPool;
-use atunnel_core::relay::relay_resetting_unless_done;
 use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::{BufferPool, relay};
 use atunnel_identity::identity::{ActorIdentity, verify_actor_leaf};
 use ipnet::IpNet;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -176,9 +175,9 @@ impl ConnectHandler for GatewayHandler {
 
     async fn run<E: atunnel_core::Endpoint + Send>(&self, target: Target, tunnel: &mut E) {
         let result = match target {
-            // The destination's socket resets unless the relay ends cleanly,
-            // also when shutdown drops this future mid-relay.
-            Target::Dial(mut tcp) => relay_resetting_unless_done(tunnel, &mut tcp, &self.pool)
+            // Both sides reset unless the relay ends cleanly, also when
+            // shutdown drops this future mid-relay.
+            Target::Dial(mut tcp) => relay(tunnel, &mut tcp, &self.pool)
                 .await
                 .map(|s| s.a_to_b + s.b_to_a)
                 .map_err(io::Error::other),

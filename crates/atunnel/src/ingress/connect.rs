@@ -5,9 +5,8 @@
 use std::io;
 use std::sync::Arc;
 
-use atunnel_core::BufferPool;
 use atunnel_core::endpoint::Endpoint;
-use atunnel_core::relay::relay_resetting_unless_done;
+use atunnel_core::{BufferPool, relay};
 use tokio::net::TcpStream;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
@@ -84,15 +83,12 @@ impl ConnectHandler for IngressConnect {
             activation,
             _token,
         } = target;
-        // Deactivation resets both peers (the relay does on error); the
-        // actor's socket resets too if this future is dropped (shutdown).
+        // Deactivation drops the relay, which resets both peers, as it does
+        // on an error or when shutdown drops this future.
         tokio::select! {
             biased;
-            _ = activation.cancel_token().cancelled() => {
-                tunnel.abort();
-                Endpoint::abort(&mut actor);
-            }
-            r = relay_resetting_unless_done(tunnel, &mut actor, &self.pool) => if let Err(e) = r {
+            _ = activation.cancel_token().cancelled() => {}
+            r = relay(tunnel, &mut actor, &self.pool) => if let Err(e) = r {
                 tracing::debug!(actor_uid = %activation.uid, error = %e, "ingress tunnel ended with an error");
             }
         }
