@@ -29,8 +29,6 @@ use crate::hibernate::{Activity, ActivityIo, Hibernation, with_hibernation};
 use crate::http1;
 use crate::server_tls::{self, ServerTls};
 
-type Io = ActivityIo;
-
 /// How long a client has to finish TLS and send its CONNECT.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -250,7 +248,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
 
     async fn serve_h2(
         self: &Arc<Self>,
-        mut io: Io,
+        mut io: ActivityIo,
         activity: &Activity,
         peer: H::Peer,
         client: SocketAddr,
@@ -316,7 +314,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
 
     async fn serve_h1(
         &self,
-        mut tls: Io,
+        mut tls: ActivityIo,
         activity: &Activity,
         peer: H::Peer,
         client: SocketAddr,

@@ -10,6 +10,7 @@
 //! under load never sees a whole quiet period, so it never hibernates; one
 //! that went quiet hibernates between one and two periods after its last byte.
 
+use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -146,8 +147,10 @@ impl Drop for Sleeping {
 /// period asks that stream to hibernate. The stream does it from inside its
 /// next read (the only place that owns it), so `fut` is polled once more
 /// right after asking; protocols that keep a read pending while idle (h2,
-/// hyper's HTTP/1, the relay) get there at once. `fut` is pinned by the
-/// caller: taken by value, it would be stored twice in this future (as the
+/// hyper's HTTP/1, the relay) get there at once. Once asked, no timer runs
+/// until the connection's next I/O (which wakes `fut`), so a hibernated
+/// connection is not woken every period. `fut` is pinned by the caller:
+/// taken by value, it would be stored twice in this future (as the
 /// argument and pinned), for the connection's whole life.
 pub async fn with_hibernation<F: Future>(
     mut fut: Pin<&mut F>,
@@ -161,7 +164,20 @@ pub async fn with_hibernation<F: Future>(
         tokio::select! {
             biased;
             out = fut.as_mut() => return out,
-            _ = activity.idle_for(period) => activity.sleep_requested.store(true, Ordering::Relaxed),
+            _ = activity.idle_for(period) => {}
+        }
+        activity.sleep_requested.store(true, Ordering::Relaxed);
+        let asked_at = activity.io_events.load(Ordering::Relaxed);
+        let woke = poll_fn(|cx| match fut.as_mut().poll(cx) {
+            Poll::Ready(out) => Poll::Ready(Some(out)),
+            Poll::Pending if activity.io_events.load(Ordering::Relaxed) == asked_at => {
+                Poll::Pending
+            }
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await;
+        if let Some(out) = woke {
+            return out;
         }
     }
 }
@@ -243,13 +259,15 @@ impl ActivityIo {
         }
     }
 
-    pub fn get_ref(&self) -> &ServerTls {
-        &self.inner
-    }
-
     /// Bytes to hand out before reading from the stream again.
     pub fn set_replay(&mut self, bytes: Bytes) {
         self.replay = bytes;
+    }
+
+    /// Whether the connection is hibernated: since [`ActivityIo::sleep`] or
+    /// an idle read hibernated it, with no I/O since.
+    pub fn is_asleep(&self) -> bool {
+        self.sleeping.is_some()
     }
 
     /// Hibernates now (the caller has dropped what it held above the
@@ -367,6 +385,46 @@ impl AsyncWrite for ActivityIo {
 mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_asked_to_hibernate_is_not_polled_again_until_its_next_io() {
+        let period = Duration::from_secs(1);
+        let activity = Arc::new(Activity::default());
+        let io = Arc::new(Notify::new());
+        let polls = Arc::new(AtomicUsize::new(0));
+        let connection = tokio::spawn({
+            let (activity, io, polls) = (activity.clone(), io.clone(), polls.clone());
+            async move {
+                let mut traffic = std::pin::pin!(async {
+                    loop {
+                        io.notified().await;
+                        activity.touch();
+                    }
+                });
+                let counted = std::pin::pin!(poll_fn(|cx| {
+                    polls.fetch_add(1, Ordering::Relaxed);
+                    traffic.as_mut().poll(cx)
+                }));
+                with_hibernation(counted, &activity, &Hibernation::new(period)).await
+            }
+        });
+        let asked = || activity.sleep_requested.swap(false, Ordering::Relaxed);
+        for round in 0..2 {
+            tokio::time::sleep(period * 3).await;
+            assert!(asked(), "round {round}: idle, so asked to hibernate");
+            let before = polls.load(Ordering::Relaxed);
+            tokio::time::sleep(period * 60).await;
+            assert_eq!(
+                polls.load(Ordering::Relaxed),
+                before,
+                "round {round}: woken while asleep"
+            );
+            assert!(!asked(), "round {round}: asked again while asleep");
+            // The next I/O starts the idle timer again.
+            io.notify_one();
+        }
+        connection.abort();
+    }
 
     #[tokio::test]
     async fn replayed_bytes_let_go_of_their_buffer_once_read() {

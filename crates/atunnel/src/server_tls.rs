@@ -137,16 +137,15 @@ impl ReadReady for RecordTracking {
 pub type RustlsStream = TlsStream<RecordTracking>;
 
 /// Accepts mutual TLS on `tcp` within `timeout`, then refuses a client
-/// whose leaf certificate is outside its validity period now. The stream
-/// comes boxed: it is over a kilobyte, and a future it came out of unboxed
-/// would keep room for it for the connection's life.
+/// that resumed a session with a leaf certificate outside its validity
+/// period now. The stream comes boxed: it is over a kilobyte, and a future
+/// it came out of unboxed would keep room for it for the connection's life.
 ///
 /// The validity check is what makes session resumption safe: rustls
 /// restores a resumed session's client chain from its ticket without
 /// verifying it again, and every resumption hands out new tickets with that
 /// chain, so a client could otherwise go on resuming long after its
-/// certificate expired. A full handshake's verifier has already made this
-/// check; repeating it costs one parse of the leaf.
+/// certificate expired. A full handshake's verifier has made this check.
 ///
 /// When the handshake fails (a refused client certificate, say), the alert
 /// has been written; closing at once would turn the client's in-flight
@@ -169,7 +168,7 @@ pub async fn accept(
                 "TLS handshake timed out",
             ));
         }
-        Ok(Ok(tls)) => match check_client_validity(tls.get_ref().1) {
+        Ok(Ok(tls)) => match check_resumed_client(tls.get_ref().1) {
             Ok(()) => return Ok(Box::new(tls)),
             Err(e) => (e, tls.into_inner().0),
         },
@@ -182,21 +181,18 @@ pub async fn accept(
     Err(e)
 }
 
-/// Whether the client's leaf is valid now (see [`accept`]).
-fn check_client_validity(conn: &rustls::ServerConnection) -> io::Result<()> {
+/// Whether a resumed session's client leaf is valid now (see [`accept`]).
+fn check_resumed_client(conn: &rustls::ServerConnection) -> io::Result<()> {
+    if conn.handshake_kind() != Some(rustls::HandshakeKind::Resumed) {
+        return Ok(());
+    }
     let refused = |e| io::Error::new(io::ErrorKind::PermissionDenied, e);
     let leaf = conn
         .peer_certificates()
         .and_then(|chain| chain.first())
         .ok_or_else(|| refused("no client certificate".into()))?;
     atunnel_identity::verifier::check_leaf_validity(leaf, rustls::pki_types::UnixTime::now())
-        .map_err(|e| {
-            let resumed = conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
-            refused(format!(
-                "client refused after a {} handshake: {e}",
-                if resumed { "resumed" } else { "full" }
-            ))
-        })
+        .map_err(|e| refused(format!("client refused after a resumed handshake: {e}")))
 }
 
 /// An accepted TLS connection, with rustls or, once it has hibernated, with
@@ -390,8 +386,11 @@ impl AsyncRead for RecordStream {
                 continue;
             }
             // Need more bytes: move the partial record to the front, and
-            // read at most one whole record's room.
+            // read at most one whole record's room. An idle connection's
+            // reads find nothing: the buffer waits for the socket to have
+            // something.
             if this.incoming.is_empty() {
+                ready!(this.tcp.poll_read_ready(cx))?;
                 this.incoming = vec![0; MAX_RECORD];
             } else if this.start > 0 {
                 this.incoming.copy_within(this.start..this.filled, 0);

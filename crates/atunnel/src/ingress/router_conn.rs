@@ -101,7 +101,12 @@ pub async fn serve(
     }
 }
 
-async fn serve_h2(io: Io, routes: Arc<Routes>, client: SocketAddr, cancel: CancellationToken) {
+async fn serve_h2(
+    io: ActivityIo,
+    routes: Arc<Routes>,
+    client: SocketAddr,
+    cancel: CancellationToken,
+) {
     let service = hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req));
     let conn = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
@@ -118,7 +123,6 @@ async fn serve_h2(io: Io, routes: Arc<Routes>, client: SocketAddr, cancel: Cance
     }
 }
 
-type Io = ActivityIo;
 type ServiceFuture =
     Pin<Box<dyn Future<Output = Result<Response<Tracked>, std::convert::Infallible>> + Send>>;
 
@@ -135,7 +139,7 @@ enum Stopped {
 }
 
 async fn serve_h1(
-    mut io: Io,
+    mut io: ActivityIo,
     activity: Arc<Activity>,
     routes: Arc<Routes>,
     client: SocketAddr,
@@ -162,9 +166,8 @@ async fn serve_h1(
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
         .max_buf_size(https::MAX_H1_BUFFER);
-    let mut asleep = false;
     loop {
-        if !wait_for_request(&mut io, &activity, hibernation, &cancel, asleep).await {
+        if !wait_for_request(&mut io, &activity, hibernation, &cancel).await {
             return;
         }
         let requests = activity.requests();
@@ -192,18 +195,16 @@ async fn serve_h1(
         // Even empty, this `Bytes` shares hyper's whole read buffer: it must
         // not outlive this point unless it has bytes to replay.
         let read_buf = parts.read_buf;
-        let served = activity.requests() != requests;
-        match stopped {
-            Stopped::Ended | Stopped::Cancelled => {
-                let _ = io.shutdown().await;
-                return;
-            }
-            // A head not sent within a timeout of its first byte.
-            Stopped::HeadTimeout if !read_buf.is_empty() && !served => {
-                let _ = io.shutdown().await;
-                return;
-            }
-            _ => {}
+        let ends = match stopped {
+            Stopped::Ended | Stopped::Cancelled => true,
+            // A head not sent within a timeout of its first byte: this
+            // hyper started at that byte and served nothing.
+            Stopped::HeadTimeout => !read_buf.is_empty() && activity.requests() == requests,
+            Stopped::Idle => false,
+        };
+        if ends {
+            let _ = io.shutdown().await;
+            return;
         }
         if !read_buf.is_empty() {
             // Bytes of a next request were already read: serve them now.
@@ -217,8 +218,7 @@ async fn serve_h1(
         // Idle, or nothing of a next request came during the keep-alive
         // wait: the connection waits with hyper stopped, so that no timer
         // runs until a head begins.
-        asleep = matches!(stopped, Stopped::Idle);
-        if asleep {
+        if matches!(stopped, Stopped::Idle) {
             // The TLS session too, when nothing of the connection is inside it.
             io.sleep();
         }
@@ -227,14 +227,13 @@ async fn serve_h1(
 
 /// Waits, with hyper stopped, for the first byte of the next request (at
 /// once if there are bytes to replay), hibernating the connection once it
-/// has been idle for a period unless it is `asleep` already. False when the
+/// has been idle for a period unless it is asleep already. False when the
 /// connection ended instead: closed, failed or cancelled.
 async fn wait_for_request(
-    io: &mut Io,
+    io: &mut ActivityIo,
     activity: &Activity,
     hibernation: &Hibernation,
     cancel: &CancellationToken,
-    mut asleep: bool,
 ) -> bool {
     loop {
         tokio::select! {
@@ -243,10 +242,7 @@ async fn wait_for_request(
                 let _ = io.shutdown().await;
                 return false;
             }
-            _ = hibernation.idle(activity), if !asleep => {
-                io.sleep();
-                asleep = true;
-            }
+            _ = hibernation.idle(activity), if !io.is_asleep() => io.sleep(),
         }
     }
 }
