@@ -12,37 +12,13 @@ use atunnel::gateway::Mode;
 use atunnel::gateway::sink::SinkConfig;
 use atunnel_identity::cert_source::{MintError, RefusalCode};
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
-
-const ECHO: &str = "192.0.2.10:7";
 
 /// The certificate and key the credential would present now.
 fn current_cert(cred: &ActorCredential) -> Arc<rustls::sign::CertifiedKey> {
     use rustls::client::ResolvesClientCert;
     cred.resolve(&[], &[]).expect("a valid certificate")
-}
-
-/// Writes `msg` and expects it echoed back.
-async fn echoes(s: &mut TcpStream, msg: &[u8]) -> bool {
-    if s.write_all(msg).await.is_err() {
-        return false;
-    }
-    let mut got = vec![0u8; msg.len()];
-    matches!(
-        tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut got)).await,
-        Ok(Ok(_))
-    ) && got == msg
-}
-
-/// Reads until the socket closes; true if it closed without a byte.
-async fn closes_with_no_bytes(s: &mut TcpStream) -> bool {
-    let mut got = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
-        .await
-        .expect("closed within 10 s");
-    got.is_empty()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,7 +28,7 @@ async fn connections_before_activation_are_closed_with_no_bytes() {
     let a = actor("alpha");
     let egress = egress();
     let cancel = CancellationToken::new();
-    let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &cancel).await;
+    let addr = listen(&egress, &a.uid, SINK_ECHO.parse().expect("addr"), &cancel).await;
     let mut early = TcpStream::connect(addr).await.expect("connect");
     assert!(closes_with_no_bytes(&mut early).await);
     assert_eq!(egress.stats().rejected_total, 1);
@@ -93,7 +69,7 @@ async fn expiry_rejects_new_but_preserves_established() {
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), clock.clone()));
     let egress = egress();
     let cancel = CancellationToken::new();
-    let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &cancel).await;
+    let addr = listen(&egress, &a.uid, SINK_ECHO.parse().expect("addr"), &cancel).await;
     egress
         .activate(
             &a.uid,
@@ -270,7 +246,7 @@ async fn deactivation_closes_one_actors_tunnels_and_leaves_the_others() {
     let cancel = CancellationToken::new();
     let mut addrs = Vec::new();
     for who in [&a, &b] {
-        let addr = listen(&egress, &who.uid, ECHO.parse().expect("addr"), &cancel).await;
+        let addr = listen(&egress, &who.uid, SINK_ECHO.parse().expect("addr"), &cancel).await;
         let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
         egress
             .activate(&who.uid, prepare(&pki, gw.addr, who.clone(), source).await)
@@ -322,7 +298,7 @@ async fn a_tunnel_opening_during_deactivation_is_never_handed_to_the_next_activa
     let a = actor("alpha");
     let egress = egress();
     let cancel = CancellationToken::new();
-    let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &cancel).await;
+    let addr = listen(&egress, &a.uid, SINK_ECHO.parse().expect("addr"), &cancel).await;
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     egress
         .activate(
@@ -390,7 +366,7 @@ fn deactivation_of_tunnels_that_cannot_finish_is_bounded() {
                 atunnel_core::BufferPool::default(),
             );
             let cancel = CancellationToken::new();
-            let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &cancel).await;
+            let addr = listen(&egress, &a.uid, SINK_ECHO.parse().expect("addr"), &cancel).await;
             let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
             egress
                 .activate(&a.uid, prepare(&pki, gw.addr, a.clone(), source).await)
@@ -447,7 +423,7 @@ async fn shutdown_stops_listeners_whose_callers_never_cancel_them() {
     let a = actor("alpha");
     let egress = egress();
     let never = CancellationToken::new();
-    let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &never).await;
+    let addr = listen(&egress, &a.uid, SINK_ECHO.parse().expect("addr"), &never).await;
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     egress
         .activate(&a.uid, prepare(&pki, gw.addr, a.clone(), source).await)

@@ -39,8 +39,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-/// The gateway sink's echo service.
-const ECHO: &str = "192.0.2.10:7";
 /// How long "nothing happens" is watched: there is no event for absence.
 const QUIET: Duration = Duration::from_millis(500);
 /// The accept loops' pause after a failed accept.
@@ -222,6 +220,15 @@ async fn waits_in_the_backlog(
     );
 }
 
+/// `before` and one more tunnel, opened and still open.
+fn one_more_open(before: EgressStats) -> EgressStats {
+    EgressStats {
+        tunnels_open: before.tunnels_open + 1,
+        tunnels_total: before.tunnels_total + 1,
+        ..before
+    }
+}
+
 /// Exactly one free descriptor and a pooled gateway connection: the
 /// accepted socket takes the descriptor and the tunnel carries bytes.
 async fn one_free_descriptor_serves_a_warm_tunnel(
@@ -241,14 +248,7 @@ async fn one_free_descriptor_serves_a_warm_tunnel(
     )
     .await;
     assert_eq!(table.fill(), 0, "the tunnel holds its accepted socket");
-    assert_eq!(
-        egress.stats(),
-        EgressStats {
-            tunnels_open: before.tunnels_open + 1,
-            tunnels_total: before.tunnels_total + 1,
-            ..before
-        }
-    );
+    assert_eq!(egress.stats(), one_more_open(before));
     s
 }
 
@@ -278,14 +278,7 @@ async fn no_free_descriptor_leaves_the_connection_in_the_backlog(
     table.release(4);
     reads_back(&mut s, &early, "bytes sent while unaccepted").await;
     echoes(&mut s, b"accepted from the backlog", "after release").await;
-    assert_eq!(
-        egress.stats(),
-        EgressStats {
-            tunnels_open: before.tunnels_open + 1,
-            tunnels_total: before.tunnels_total + 1,
-            ..before
-        }
-    );
+    assert_eq!(egress.stats(), one_more_open(before));
     s
 }
 
@@ -308,14 +301,12 @@ async fn no_descriptor_to_dial_the_gateway_fails_the_open(
         .await
         .expect("closed within 10 s");
     assert!(got.is_empty(), "{} bytes on a failed open", got.len());
-    assert_eq!(
-        egress.stats(),
-        EgressStats {
-            tunnels_total: before.tunnels_total + 1,
-            open_failed_total: before.open_failed_total + 1,
-            ..before
-        }
-    );
+    let after_failed = EgressStats {
+        tunnels_total: before.tunnels_total + 1,
+        open_failed_total: before.open_failed_total + 1,
+        ..before
+    };
+    assert_eq!(egress.stats(), after_failed);
     let failed = warnings.lines("failed to open egress tunnel");
     assert!(
         failed.len() == 1 && failed[0].contains(EMFILE),
@@ -330,15 +321,7 @@ async fn no_descriptor_to_dial_the_gateway_fails_the_open(
         "cold tunnel after release",
     )
     .await;
-    assert_eq!(
-        egress.stats(),
-        EgressStats {
-            tunnels_open: before.tunnels_open + 1,
-            tunnels_total: before.tunnels_total + 2,
-            open_failed_total: before.open_failed_total + 1,
-            ..before
-        }
-    );
+    assert_eq!(egress.stats(), one_more_open(after_failed));
     again
 }
 
@@ -439,7 +422,7 @@ async fn an_exhausted_descriptor_table_has_a_defined_outcome() {
     let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
     let egress = egress();
     let cancel = CancellationToken::new();
-    let echo = ECHO.parse().expect("addr");
+    let echo = SINK_ECHO.parse().expect("addr");
     let (warm, cold) = (actor("warm"), actor("cold"));
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let warm_listener = listen(&egress, &warm.uid, echo, &cancel).await;

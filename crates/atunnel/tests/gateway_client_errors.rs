@@ -17,8 +17,8 @@ use atunnel::egress::ActorEgress;
 use atunnel::gateway::Mode;
 use atunnel::gateway::sink::SinkConfig;
 use atunnel::gateway_client::{
-    DEFAULT_OPEN_TIMEOUT, DEFAULT_REFUSAL_BODY_WAIT, GatewayClient, GatewayClientConfig,
-    INITIAL_MAX_SEND_STREAMS, MAX_REFUSAL_BODY, Tunnel, TunnelError,
+    DEFAULT_OPEN_TIMEOUT, DEFAULT_REFUSAL_BODY_WAIT, GatewayClientConfig, INITIAL_MAX_SEND_STREAMS,
+    MAX_REFUSAL_BODY, Tunnel, TunnelError,
 };
 use atunnel_core::endpoint::{Endpoint, close_write, read_chunk, write_chunk};
 use atunnel_core::{BufferPool, Chunk};
@@ -476,32 +476,18 @@ async fn a_stream_refused_again_on_the_retry_is_a_stream_refusal_not_a_handshake
 /// A TCP relay to `upstream` that counts the connections it accepts: how
 /// many connections a client made to a real gateway.
 async fn counting_relay(upstream: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = accepted.clone();
-    tokio::spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                if let Ok(mut gateway) = tokio::net::TcpStream::connect(upstream).await {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut gateway).await;
-                }
-            });
+    let addr = destination(move |mut client| {
+        count.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if let Ok(mut gateway) = tokio::net::TcpStream::connect(upstream).await {
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut gateway).await;
+            }
         }
-    });
+    })
+    .await;
     (addr, accepted)
-}
-
-/// `n` tunnels to `authority`, opened at once.
-async fn open_at_once(client: &Arc<GatewayClient>, n: usize, authority: &str) -> Vec<Tunnel> {
-    let opens = (0..n).map(|_| client.open_authority(authority));
-    futures_util::future::join_all(opens)
-        .await
-        .into_iter()
-        .enumerate()
-        .map(|(i, opened)| opened.unwrap_or_else(|e| panic!("tunnel {i}: {e}")))
-        .collect()
 }
 
 /// Before a fresh connection's SETTINGS arrive the client cannot know the
@@ -517,8 +503,7 @@ async fn a_burst_on_a_cold_client_fills_connections_to_the_gateways_stream_limit
     let (relay, accepted) = counting_relay(gw.addr).await;
     let egress = actor_egress(&pki, client_config(&pki, relay)).await;
     let client = egress.client();
-    // The sink echoes on port 7.
-    let tunnels = open_at_once(client, 6, "192.0.2.10:7").await;
+    let tunnels = open_at_once(client, 6, SINK_ECHO).await;
     let stats = client.stats();
     assert_eq!(
         (stats.h2_connections, stats.h2_streams),
@@ -559,6 +544,7 @@ fn long_body() -> Bytes {
 
 #[tokio::test]
 async fn a_refusal_keeps_its_status_and_the_first_4_kib_of_its_body() {
+    assert_eq!(MAX_REFUSAL_BODY, 4096);
     let pki = Pki::new();
     let body = long_body();
     for proto in [Proto::H1, Proto::H2] {

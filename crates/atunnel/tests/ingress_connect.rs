@@ -16,6 +16,7 @@ use bytes::Bytes;
 use support::ingress::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 
 /// An actor that echoes until the client half-closes, then says how many
 /// bytes it got and closes.
@@ -60,66 +61,6 @@ async fn fixture() -> Fixture {
     Fixture { pki, running }
 }
 
-/// Sends an HTTP/1.1 request head over TLS and returns the stream and the
-/// response head.
-async fn h1_connect(
-    f: &Fixture,
-    head: &str,
-) -> (
-    tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-    String,
-) {
-    let mut tls = router_tls(&f.pki, f.running.connect, None, None, &[b"http/1.1"])
-        .await
-        .expect("TLS");
-    tls.write_all(head.as_bytes()).await.expect("write head");
-    let head = atunnel::http1::read_head(&mut tls)
-        .await
-        .expect("response head");
-    (tls, String::from_utf8_lossy(&head).into_owned())
-}
-
-/// An HTTP/2 connection to the CONNECT listener, as the router.
-async fn h2_router(f: &Fixture) -> h2::client::SendRequest<Bytes> {
-    let tls = router_tls(&f.pki, f.running.connect, None, None, &[b"h2"])
-        .await
-        .expect("TLS");
-    let (send_request, conn) = h2::client::handshake(tls).await.expect("h2");
-    tokio::spawn(conn);
-    send_request
-}
-
-/// Sends `method authority` (to `team-a/<actor>` if given) on a new stream;
-/// returns the answer and the stream's sending half.
-async fn h2_request(
-    router: &mut h2::client::SendRequest<Bytes>,
-    method: &str,
-    authority: &str,
-    actor: Option<&str>,
-) -> (http::Response<h2::RecvStream>, h2::SendStream<Bytes>) {
-    // Only CONNECT has an authority-form target.
-    let uri = if method == "CONNECT" {
-        authority.to_string()
-    } else {
-        format!("https://{authority}/")
-    };
-    let mut req = http::Request::builder().method(method).uri(uri);
-    if let Some(actor) = actor {
-        req = req.header("ate-target-actor", format!("team-a/{actor}"));
-    }
-    let req = req.body(()).expect("request");
-    router.clone().ready().await.expect("h2 ready");
-    let (resp, send) = router.send_request(req, false).expect("send");
-    (resp.await.expect("response"), send)
-}
-
-/// An open h2 CONNECT tunnel to `team-a/alpha`, as a relay endpoint.
-async fn h2_tunnel(router: &mut h2::client::SendRequest<Bytes>, authority: &str) -> H2Stream {
-    let (resp, send) = h2_request(router, "CONNECT", authority, Some("alpha")).await;
-    assert_eq!(resp.status(), 200);
-    H2Stream::new(send, resp.into_body())
-}
-
 /// Reads `stream` to its end (or first error), returning what was read and
 /// how it ended.
 async fn h2_read_all(stream: &mut H2Stream) -> (Vec<u8>, io::Result<()>) {
@@ -137,17 +78,42 @@ async fn h2_read_all(stream: &mut H2Stream) -> (Vec<u8>, io::Result<()>) {
     }
 }
 
-/// A port nobody listens on.
-fn closed_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+/// The router's side of an open tunnel.
+enum Tunnel {
+    H1(Box<RouterTls>),
+    H2(h2::client::SendRequest<Bytes>, H2Stream),
+}
+
+/// A tunnel to `team-a/<actor>`'s `port`, over HTTP/2 or HTTP/1.1, that has
+/// carried a ping to the (echoing) actor and back.
+async fn pinged_tunnel(f: &Fixture, h2: bool, actor: &str, port: u16) -> Tunnel {
+    if h2 {
+        let mut router = h2_router(&f.pki, f.running.connect).await;
+        let mut stream = h2_tunnel(&mut router, actor, port).await;
+        write_chunk(&mut stream, Chunk::Shared(Bytes::from_static(b"ping")))
+            .await
+            .expect("write");
+        let echo = read_chunk(&mut stream, &BufferPool::default())
+            .await
+            .expect("read")
+            .expect("echo");
+        assert_eq!(echo.remaining(), b"ping");
+        return Tunnel::H2(router, stream);
+    }
+    let mut tls = h1_tunnel(&f.pki, f.running.connect, actor, port).await;
+    tls.write_all(b"ping").await.expect("write");
+    let mut echo = [0u8; 4];
+    tls.read_exact(&mut echo).await.expect("echo");
+    assert_eq!(&echo, b"ping");
+    Tunnel::H1(Box::new(tls))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_connect_relays_both_ways_with_half_close() {
     let f = fixture().await;
     let (mut tls, head) = h1_connect(
-        &f,
+        &f.pki,
+        f.running.connect,
         "CONNECT actor:8080 HTTP/1.1\r\nHost: actor:8080\r\nate-target-actor: team-a/alpha\r\n\r\n",
     )
     .await;
@@ -169,8 +135,8 @@ async fn http1_connect_relays_both_ways_with_half_close() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_connect_relays_both_ways_with_half_close() {
     let f = fixture().await;
-    let mut router = h2_router(&f).await;
-    let mut stream = h2_tunnel(&mut router, "actor:8080").await;
+    let mut router = h2_router(&f.pki, f.running.connect).await;
+    let mut stream = h2_tunnel(&mut router, "alpha", 8080).await;
     let data = support::random(1 << 20, 5);
     write_chunk(&mut stream, Chunk::Shared(Bytes::from(data.clone())))
         .await
@@ -192,7 +158,7 @@ async fn refusal(
     actor: Option<&str>,
 ) -> (u16, bool) {
     if h2 {
-        let mut router = h2_router(f).await;
+        let mut router = h2_router(&f.pki, f.running.connect).await;
         let (resp, _send) = h2_request(&mut router, method, authority, actor).await;
         let stale = resp
             .headers()
@@ -205,7 +171,7 @@ async fn refusal(
         format!("ate-target-actor: team-a/{a}\r\n")
     });
     let head = format!("{method} {target} HTTP/1.1\r\nHost: {authority}\r\n{actor}\r\n");
-    let (_tls, answer) = h1_connect(f, &head).await;
+    let (_tls, answer) = h1_connect(&f.pki, f.running.connect, &head).await;
     let status = answer
         .strip_prefix("HTTP/1.1 ")
         .and_then(|rest| rest.get(..3))
@@ -272,9 +238,11 @@ async fn a_dial_that_does_not_complete_within_the_bound_is_502() {
         }
     };
     let both = async { tokio::join!(timed(false), timed(true)) };
-    let (h1, h2) = tokio::time::timeout(Duration::from_secs(5), both)
+    // Well under ACTOR_DIAL_TIMEOUT: a dial that kept the default bound
+    // instead of the configured one fails here.
+    let (h1, h2) = tokio::time::timeout(bound * 10, both)
         .await
-        .expect("the dial is bounded");
+        .expect("the dial is bounded by the configured timeout");
     for (protocol, (answer, took)) in [("http/1.1", h1), ("h2", h2)] {
         assert_eq!(answer, (502, false), "{protocol}");
         assert!(
@@ -298,15 +266,9 @@ async fn the_actor_half_closing_first_still_receives_everything() {
         )
         .expect("activate");
     let data = support::random(1 << 20, 6);
-    let within = Duration::from_secs(10);
 
     // HTTP/1.1: the actor's FIN arrives as close_notify; the router writes on.
-    let (mut tls, head) = h1_connect(
-        &f,
-        "CONNECT actor:7000 HTTP/1.1\r\nate-target-actor: team-a/greeter\r\n\r\n",
-    )
-    .await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut tls = h1_tunnel(&f.pki, f.running.connect, "greeter", 7000).await;
     let mut greeting = Vec::new();
     tls.read_to_end(&mut greeting).await.expect("greeting");
     assert_eq!(greeting, b"hello");
@@ -314,23 +276,11 @@ async fn the_actor_half_closing_first_still_receives_everything() {
         .await
         .expect("write after the actor's FIN");
     tls.shutdown().await.expect("close_notify");
-    let got = tokio::time::timeout(within, received.recv())
-        .await
-        .expect("the actor reads to our half-close")
-        .expect("actor")
-        .expect("the actor's read");
-    assert!(
-        got == data,
-        "h1: the actor got {} of {} bytes",
-        got.len(),
-        data.len()
-    );
+    actor_got_all(&mut received, &data, "h1").await;
 
     // HTTP/2: the actor's FIN arrives as END_STREAM; the router sends on.
-    let mut router = h2_router(&f).await;
-    let (resp, send) = h2_request(&mut router, "CONNECT", "actor:7000", Some("greeter")).await;
-    assert_eq!(resp.status(), 200);
-    let mut stream = H2Stream::new(send, resp.into_body());
+    let mut router = h2_router(&f.pki, f.running.connect).await;
+    let mut stream = h2_tunnel(&mut router, "greeter", 7000).await;
     let (greeting, ended) = h2_read_all(&mut stream).await;
     ended.expect("END_STREAM, not a reset");
     assert_eq!(greeting, b"hello");
@@ -338,14 +288,24 @@ async fn the_actor_half_closing_first_still_receives_everything() {
         .await
         .expect("send after the actor's END_STREAM");
     close_write(&mut stream).await.expect("END_STREAM");
-    let got = tokio::time::timeout(within, received.recv())
+    actor_got_all(&mut received, &data, "h2").await;
+}
+
+/// What the greeting actor read up to our half-close, within 10 s, is all
+/// of `data`.
+async fn actor_got_all(
+    received: &mut mpsc::UnboundedReceiver<io::Result<Vec<u8>>>,
+    data: &[u8],
+    what: &str,
+) {
+    let got = tokio::time::timeout(Duration::from_secs(10), received.recv())
         .await
         .expect("the actor reads to our half-close")
         .expect("actor")
         .expect("the actor's read");
     assert!(
         got == data,
-        "h2: the actor got {} of {} bytes",
+        "{what}: the actor got {} of {} bytes",
         got.len(),
         data.len()
     );
@@ -354,17 +314,9 @@ async fn the_actor_half_closing_first_still_receives_everything() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deactivation_closes_an_open_h2_tunnel_and_keeps_the_connection() {
     let f = fixture().await;
-    let mut router = h2_router(&f).await;
-    let mut stream = h2_tunnel(&mut router, "actor:8080").await;
-    write_chunk(&mut stream, Chunk::Shared(Bytes::from_static(b"ping")))
-        .await
-        .expect("write");
-    let pool = BufferPool::default();
-    let echo = read_chunk(&mut stream, &pool)
-        .await
-        .expect("read")
-        .expect("echo");
-    assert_eq!(echo.remaining(), b"ping");
+    let Tunnel::H2(mut router, mut stream) = pinged_tunnel(&f, true, "alpha", 8080).await else {
+        unreachable!("an HTTP/2 tunnel")
+    };
 
     f.running
         .ingress
@@ -384,15 +336,9 @@ async fn deactivation_closes_an_open_h2_tunnel_and_keeps_the_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_tunnel_holds_no_buffer_and_deactivation_closes_it() {
     let f = fixture().await;
-    let (mut tls, head) = h1_connect(
-        &f,
-        "CONNECT actor:8080 HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n",
-    )
-    .await;
-    assert!(head.starts_with("HTTP/1.1 200"));
-    tls.write_all(b"ping").await.expect("write");
-    let mut got = [0u8; 4];
-    tls.read_exact(&mut got).await.expect("echo");
+    let Tunnel::H1(mut tls) = pinged_tunnel(&f, false, "alpha", 8080).await else {
+        unreachable!("an HTTP/1.1 tunnel")
+    };
     // Idle now: the relay returns its buffer once the write completes.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while f.running.pool.stats().in_use > 0 && tokio::time::Instant::now() < deadline {
@@ -435,56 +381,33 @@ async fn deactivation_resets_the_actor_and_never_ends_the_router_cleanly() {
             )
             .expect("activate");
         let what = |side| format!("h2={h2}: {side}");
-        if h2 {
-            let mut router = h2_router(&f).await;
-            let (resp, send) =
-                h2_request(&mut router, "CONNECT", "actor:9000", Some("watcher")).await;
-            assert_eq!(resp.status(), 200);
-            let mut stream = H2Stream::new(send, resp.into_body());
-            write_chunk(&mut stream, Chunk::Shared(Bytes::from_static(b"ping")))
-                .await
-                .expect("write");
-            let echo = read_chunk(&mut stream, &BufferPool::default())
-                .await
-                .expect("read")
-                .expect("echo");
-            assert_eq!(echo.remaining(), b"ping");
-            f.running
-                .ingress
-                .deactivate("team-a", "watcher", &uid)
-                .await;
-            support::watched_end_is_reset(&mut watched, &what("actor")).await;
-            let (rest, ended) =
-                tokio::time::timeout(Duration::from_secs(5), h2_read_all(&mut stream))
-                    .await
-                    .expect("the stream ends");
-            assert!(rest.is_empty(), "{rest:?}");
-            let e = ended.expect_err("RST_STREAM, not END_STREAM");
-            assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
-        } else {
-            let (mut tls, head) = h1_connect(
-                &f,
-                "CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: team-a/watcher\r\n\r\n",
-            )
+        let tunnel = pinged_tunnel(&f, h2, "watcher", 9000).await;
+        f.running
+            .ingress
+            .deactivate("team-a", "watcher", &uid)
             .await;
-            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-            tls.write_all(b"ping").await.expect("write");
-            let mut ping = [0u8; 4];
-            tls.read_exact(&mut ping).await.expect("echo");
-            f.running
-                .ingress
-                .deactivate("team-a", "watcher", &uid)
-                .await;
-            support::watched_end_is_reset(&mut watched, &what("actor")).await;
-            // The router's connection is reset too: a clean end (close_notify)
-            // would pass for the tunnel's end.
-            let mut rest = Vec::new();
-            let e = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut rest))
-                .await
-                .expect("the router's connection ends")
-                .expect_err("not a clean end");
-            assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
-            assert!(rest.is_empty(), "{rest:?}");
+        support::watched_end_is_reset(&mut watched, &what("actor")).await;
+        match tunnel {
+            Tunnel::H2(_router, mut stream) => {
+                let (rest, ended) =
+                    tokio::time::timeout(Duration::from_secs(5), h2_read_all(&mut stream))
+                        .await
+                        .expect("the stream ends");
+                assert!(rest.is_empty(), "{rest:?}");
+                let e = ended.expect_err("RST_STREAM, not END_STREAM");
+                assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
+            }
+            Tunnel::H1(mut tls) => {
+                // The router's connection is reset too: a clean end
+                // (close_notify) would pass for the tunnel's end.
+                let mut rest = Vec::new();
+                let e = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut rest))
+                    .await
+                    .expect("the router's connection ends")
+                    .expect_err("not a clean end");
+                assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
+                assert!(rest.is_empty(), "{rest:?}");
+            }
         }
     }
 }
@@ -500,30 +423,7 @@ async fn shutdown_resets_the_actor_of_an_open_tunnel() {
         running.activate_alpha(&[(9000, actor.port())]);
         let f = Fixture { pki, running };
         // Held open until the shutdown.
-        let _router = if h2 {
-            let mut router = h2_router(&f).await;
-            let mut stream = h2_tunnel(&mut router, "actor:9000").await;
-            write_chunk(&mut stream, Chunk::Shared(Bytes::from_static(b"ping")))
-                .await
-                .expect("write");
-            let echo = read_chunk(&mut stream, &BufferPool::default())
-                .await
-                .expect("read")
-                .expect("echo");
-            assert_eq!(echo.remaining(), b"ping");
-            (None, Some((router, stream)))
-        } else {
-            let (mut tls, head) = h1_connect(
-                &f,
-                "CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n",
-            )
-            .await;
-            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-            tls.write_all(b"ping").await.expect("write");
-            let mut ping = [0u8; 4];
-            tls.read_exact(&mut ping).await.expect("echo");
-            (Some(tls), None)
-        };
+        let _tunnel = pinged_tunnel(&f, h2, "alpha", 9000).await;
         f.running.cancel.cancel();
         support::watched_end_is_reset(&mut watched, &format!("h2={h2}: actor")).await;
     }

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -14,10 +13,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use support::ingress::*;
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 /// The actor port a CONNECT authority names; mapped to the actor's real
@@ -47,24 +43,13 @@ fn describe(req: &Request<Incoming>) -> String {
 /// An HTTP/1.1 actor on loopback answering every request with what it saw,
 /// and reporting the same on `seen`.
 async fn describing_actor() -> (SocketAddr, mpsc::UnboundedReceiver<String>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let (tx, seen) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let seen = describe(&req);
-                    let _ = tx.send(seen.clone());
-                    async move { Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(seen)))) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
-        }
-    });
+    let addr = http1_actor(move |req: Request<Incoming>| {
+        let seen = describe(&req);
+        let _ = tx.send(seen.clone());
+        std::future::ready(http::Response::new(Full::new(Bytes::from(seen))))
+    })
+    .await;
     (addr, seen)
 }
 

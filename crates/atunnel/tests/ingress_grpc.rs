@@ -10,10 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atunnel::clock::Clock;
-use atunnel::ingress::routes::PoolSettings;
-use atunnel::ingress::{IngressConfig, ROUTER_SPIFFE_ID};
+use atunnel::ingress::IngressConfig;
 use atunnel::tunnel::{IngressListen, Tunnel, TunnelConfig};
-use atunnel_core::sockopt::SocketOptions;
 use atunnel_identity::identity::ActorRef;
 use atunnel_sandbox::require_root;
 use atunnel_sandbox::sandbox::ACTOR_ADDR;
@@ -35,8 +33,6 @@ use tonic_health::pb::health_server::HealthServer;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
 
-/// The port the actor's gRPC server listens on inside its sandbox.
-const GRPC_PORT: u16 = 50051;
 /// The service whose health the actor reports.
 const SERVICE: &str = "atunnel.test.Echo";
 /// How long any single step may take before the test fails instead of hanging.
@@ -61,8 +57,9 @@ struct Fixture {
 }
 
 /// A tunnel serving ingress on loopback with a sandboxed actor `team-a/alpha`
-/// whose program is a tonic health server on 169.254.17.2:50051; the actor
-/// is active (ingress routes to its sandbox; no egress).
+/// whose program is a tonic health server on 169.254.17.2, port
+/// [`GRPC_PORT`]; the actor is active (ingress routes to its sandbox; no
+/// egress).
 async fn fixture(test: &str) -> Fixture {
     require_root("gRPC through ingress into a sandbox");
     let pki = IngressPki::new();
@@ -73,17 +70,10 @@ async fn fixture(test: &str) -> Fixture {
     let local: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     cfg.ingress = Some(IngressListen {
         config: IngressConfig {
-            credential_bundle: pki.bundle_path(),
-            trust_bundle: pki.trust_path(),
-            allowed_client_id: ROUTER_SPIFFE_ID.to_string(),
-            pools: PoolSettings::default(),
-            socket: SocketOptions::default(),
-            sandbox_socket: SocketOptions::default(),
             // Long, so a deactivation that returns promptly shows that the
             // in-flight streams were cancelled rather than waited out.
             drain_timeout: Duration::from_secs(60),
-            hibernate_after: atunnel::hibernate::DEFAULT_AFTER,
-            header_read_timeout: atunnel::ingress::https::HEADER_READ_TIMEOUT,
+            ..pki.ingress_config()
         },
         https: local,
         connect: local,
@@ -222,15 +212,11 @@ fn raw_check(service: &str) -> http::Request<Full<Bytes>> {
     let mut frame = vec![0u8];
     frame.extend_from_slice(&(msg.len() as u32).to_be_bytes());
     frame.extend_from_slice(&msg);
-    http::Request::builder()
-        .method("POST")
-        .uri(format!("https://{WORKER_NAME}/grpc.health.v1.Health/Check"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("ate-target-actor", "team-a/alpha")
-        .header("x-ate-target-port", GRPC_PORT.to_string())
-        .body(Full::new(Bytes::from(frame)))
-        .expect("request")
+    grpc_to_alpha(&format!(
+        "https://{WORKER_NAME}/grpc.health.v1.Health/Check"
+    ))
+    .body(Full::new(Bytes::from(frame)))
+    .expect("request")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

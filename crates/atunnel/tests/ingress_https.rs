@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use atunnel::ingress::IngressConfig;
 use atunnel::ingress::https::HEADER_READ_TIMEOUT;
 use bytes::Bytes;
 use http::Request;
@@ -52,10 +53,8 @@ struct Hold {
 }
 
 /// The actor port served by a second HTTP/1.1 server, which names the port
-/// in its answers.
+/// in its answers. [`GRPC_PORT`] is served by an h2c server.
 const OTHER_PORT: u16 = 8080;
-/// The actor port served by an h2c (gRPC) server.
-const GRPC_PORT: u16 = 50051;
 
 async fn actor_answer(req: Request<Incoming>, hold: Hold) -> http::Response<ActorBody> {
     let full = |s: String| Full::new(Bytes::from(s)).boxed();
@@ -121,7 +120,7 @@ async fn fixture() -> Fixture {
 }
 
 /// [`fixture`] with the ingress config changed by `tune`.
-async fn fixture_tuned(tune: impl FnOnce(&mut atunnel::ingress::IngressConfig)) -> Fixture {
+async fn fixture_tuned(tune: impl FnOnce(&mut IngressConfig)) -> Fixture {
     let pki = IngressPki::new();
     let running = ingress_tuned(&pki, tune).await;
     let hold = Hold::default();
@@ -238,10 +237,7 @@ async fn target_port_header_selects_the_actor_port_and_is_stripped() {
 #[tokio::test]
 async fn upstream_failure_is_502() {
     let f = fixture().await;
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
+    let closed = closed_port();
     let mut conn = RouterConn::open(&f.pki, f.running.https, false).await;
     let req =
         get("/describe", Some("team-a/alpha")).header("x-ate-target-port", closed.to_string());
@@ -384,7 +380,7 @@ async fn actor_connections_are_reused_under_load() {
 #[tokio::test]
 async fn a_rotated_serving_certificate_is_used_without_a_restart() {
     let f = fixture().await;
-    let served = |tls: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>| {
+    let served = |tls: &RouterTls| {
         tls.get_ref()
             .1
             .peer_certificates()
@@ -431,6 +427,13 @@ async fn a_rotated_serving_certificate_is_used_without_a_restart() {
 /// Short in tests; production keeps [`HEADER_READ_TIMEOUT`].
 const SHORT_HEADER_TIMEOUT: Duration = Duration::from_millis(300);
 
+/// [`SHORT_HEADER_TIMEOUT`] for heads and HTTP/2 prefaces, and hibernation
+/// off, so that only the timeout under test can close a connection.
+fn short_header_timeout(cfg: &mut IngressConfig) {
+    cfg.header_read_timeout = SHORT_HEADER_TIMEOUT;
+    cfg.hibernate_after = Duration::ZERO;
+}
+
 #[test]
 fn header_read_timeout_defaults_to_10_s() {
     assert_eq!(HEADER_READ_TIMEOUT, Duration::from_secs(10));
@@ -445,7 +448,7 @@ fn header_read_timeout_defaults_to_10_s() {
 async fn an_idle_keep_alive_connection_outlives_the_header_read_timeout() {
     for hibernate_after in [Duration::ZERO, SHORT_HEADER_TIMEOUT * 2] {
         let f = fixture_tuned(|cfg| {
-            cfg.header_read_timeout = SHORT_HEADER_TIMEOUT;
+            short_header_timeout(cfg);
             cfg.hibernate_after = hibernate_after;
         })
         .await;
@@ -478,27 +481,6 @@ async fn an_idle_keep_alive_connection_outlives_the_header_read_timeout() {
     }
 }
 
-/// Reads one HTTP/1.1 response with a Content-Length body, as text.
-async fn read_response<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> String {
-    let mut got = Vec::new();
-    let mut byte = [0u8; 1];
-    while !got.ends_with(b"\r\n\r\n") {
-        let n = stream.read(&mut byte).await.expect("response head");
-        assert_eq!(n, 1, "closed inside a response head: {got:?}");
-        got.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no content-length: {head}"));
-    let mut body = vec![0u8; length];
-    stream.read_exact(&mut body).await.expect("response body");
-    got.extend_from_slice(&body);
-    String::from_utf8_lossy(&got).into_owned()
-}
-
 /// hyper's client lowercases header names, so mixed case is written here
 /// byte for byte: both routing headers are matched whatever their case
 /// (the port header picks [`OTHER_PORT`]) and neither reaches the actor.
@@ -513,9 +495,9 @@ async fn routing_headers_in_any_case_route_and_are_stripped() {
          ATE-Target-Actor: team-a/alpha\r\nX-ATE-TARGET-PORT: {OTHER_PORT}\r\n\r\n"
     );
     tls.write_all(request.as_bytes()).await.expect("request");
-    let response = read_response(&mut tls).await;
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    let (_, seen) = response.split_once("\r\n\r\n").expect("head and body");
+    let (head, seen) = read_response(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let seen = String::from_utf8_lossy(&seen);
     assert!(
         seen.starts_with(&format!("port {OTHER_PORT}: GET /describe HTTP/1.1")),
         "{seen}"
@@ -533,13 +515,7 @@ async fn routing_headers_in_any_case_route_and_are_stripped() {
 async fn grpc_reaches_the_actor_over_h2c_with_the_routers_authority() {
     let f = fixture().await;
     let mut conn = RouterConn::open(&f.pki, f.running.https, true).await;
-    let call = Request::builder()
-        .method("POST")
-        .uri("https://app.example.com/atunnel.test.Echo/Call")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("ate-target-actor", "team-a/alpha")
-        .header("x-ate-target-port", GRPC_PORT.to_string())
+    let call = grpc_to_alpha("https://app.example.com/atunnel.test.Echo/Call")
         .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
         .expect("request");
     let resp = conn.send(call).await.expect("response");
@@ -558,11 +534,7 @@ async fn grpc_reaches_the_actor_over_h2c_with_the_routers_authority() {
 /// soonest: on a fresh connection, and after a keep-alive request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_not_sent_within_the_header_read_timeout_closes_the_connection() {
-    let f = fixture_tuned(|cfg| {
-        cfg.header_read_timeout = SHORT_HEADER_TIMEOUT;
-        cfg.hibernate_after = Duration::ZERO;
-    })
-    .await;
+    let f = fixture_tuned(short_header_timeout).await;
     for after_a_request in [false, true] {
         let mut tls = router_tls(&f.pki, f.running.https, None, None, &[b"http/1.1"])
             .await
@@ -573,8 +545,8 @@ async fn a_head_not_sent_within_the_header_read_timeout_closes_the_connection() 
             )
             .await
             .expect("request");
-            let response = read_response(&mut tls).await;
-            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+            let (head, _) = read_response(&mut tls).await;
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
         }
         let started = tokio::time::Instant::now();
         tls.write_all(b"GET /describe HTTP/1.1\r\nHost: x\r\n")
@@ -613,11 +585,7 @@ const H2_MAGIC: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// timeout after TLS at the soonest: on the HTTPS and the CONNECT listener.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_client_that_sends_no_preface_is_closed_after_the_timeout() {
-    let f = fixture_tuned(|cfg| {
-        cfg.header_read_timeout = SHORT_HEADER_TIMEOUT;
-        cfg.hibernate_after = Duration::ZERO;
-    })
-    .await;
+    let f = fixture_tuned(short_header_timeout).await;
     for (listener, addr) in [("HTTPS", f.running.https), ("CONNECT", f.running.connect)] {
         for sent in [&b""[..], H2_MAGIC] {
             let case = format!("{listener} listener, {} bytes sent", sent.len());
@@ -658,11 +626,7 @@ impl H2Router {
         } else {
             f.running.https
         };
-        let tls = router_tls(&f.pki, addr, None, None, &[b"h2"])
-            .await
-            .expect("TLS");
-        let (send, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
-        tokio::spawn(conn);
+        let send = h2_router(&f.pki, addr).await;
         Self { send, connect }
     }
 
@@ -707,11 +671,7 @@ impl H2Router {
 /// the next, on the HTTPS and the CONNECT listener.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_h2_connection_outlives_the_preface_timeout() {
-    let f = fixture_tuned(|cfg| {
-        cfg.header_read_timeout = SHORT_HEADER_TIMEOUT;
-        cfg.hibernate_after = Duration::ZERO;
-    })
-    .await;
+    let f = fixture_tuned(short_header_timeout).await;
     for connect in [false, true] {
         for request_first in [false, true] {
             let case = format!("connect={connect} request_first={request_first}");

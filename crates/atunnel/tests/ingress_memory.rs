@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 use support::ingress::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
 #[global_allocator]
@@ -95,14 +95,9 @@ async fn fixture(sent: Arc<AtomicU64>) -> (IngressPki, RunningIngress) {
     (pki, running)
 }
 
-// The tests in this file measure one process-wide heap, so they run one at
-// a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_that_stops_reading_a_response_leaves_the_heap_bounded() {
     let _alone = HEAP_MEASURING.lock().await;
-    let _serial = SERIAL.lock().await;
     for h2 in [false, true] {
         let sent = Arc::new(AtomicU64::new(0));
         let (pki, running) = fixture(sent.clone()).await;
@@ -127,10 +122,8 @@ async fn a_router_that_stops_reading_a_response_leaves_the_heap_bounded() {
     }
 }
 
-/// The actor port served by [`grpc_actor`].
-const GRPC_PORT: u16 = 50051;
-
-/// An h2c (gRPC) actor whose every call streams `/N` bytes back.
+/// An h2c (gRPC) actor whose every call streams `/N` bytes back; served on
+/// [`GRPC_PORT`].
 async fn grpc_actor(sent: Arc<AtomicU64>) -> SocketAddr {
     h2c_actor(move |req: http::Request<Incoming>| {
         let n = req.uri().path().trim_start_matches('/').parse().ok();
@@ -142,13 +135,7 @@ async fn grpc_actor(sent: Arc<AtomicU64>) -> SocketAddr {
 /// Opens a gRPC call for `/n` bytes from [`grpc_actor`] and returns its
 /// response body, not read.
 async fn grpc_call(router: &mut h2::client::SendRequest<Bytes>, n: u64) -> h2::RecvStream {
-    let req = http::Request::builder()
-        .method("POST")
-        .uri(format!("https://app.example.com/{n}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("ate-target-actor", "team-a/alpha")
-        .header("x-ate-target-port", GRPC_PORT.to_string())
+    let req = grpc_to_alpha(&format!("https://app.example.com/{n}"))
         .body(())
         .expect("request");
     router.clone().ready().await.expect("router ready");
@@ -166,17 +153,12 @@ async fn grpc_call(router: &mut h2::client::SendRequest<Bytes>, n: u64) -> h2::R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_that_stops_reading_grpc_streams_leaves_the_heap_bounded() {
     let _alone = HEAP_MEASURING.lock().await;
-    let _serial = SERIAL.lock().await;
     const STREAMS: usize = 2;
     let sent = Arc::new(AtomicU64::new(0));
     let pki = IngressPki::new();
     let running = ingress(&pki).await;
     running.activate_alpha(&[(GRPC_PORT, grpc_actor(sent.clone()).await.port())]);
-    let tls = router_tls(&pki, running.https, None, None, &[b"h2"])
-        .await
-        .expect("TLS");
-    let (mut router, conn) = h2::client::handshake(tls).await.expect("h2");
-    tokio::spawn(conn);
+    let mut router = h2_router(&pki, running.https).await;
     // The actor connection and its pool exist before the baseline.
     let mut warm = grpc_call(&mut router, 1000).await;
     let mut got = 0;
@@ -229,39 +211,17 @@ type StalledTunnel = Box<dyn std::any::Any + Send>;
 /// it. Over HTTP/2 the router keeps its default 64 KiB windows, which it
 /// never returns.
 async fn stalled_tunnel(pki: &IngressPki, running: &RunningIngress, h2: bool) -> StalledTunnel {
-    if !h2 {
-        let mut tls = router_tls(pki, running.connect, None, None, &[b"http/1.1"])
-            .await
-            .expect("TLS");
-        tls.write_all(b"CONNECT actor:9000 HTTP/1.1\r\nate-target-actor: team-a/alpha\r\n\r\n")
-            .await
-            .expect("CONNECT");
-        let mut first = [0u8; 12];
-        tls.read_exact(&mut first).await.expect("answer");
-        assert_eq!(&first, b"HTTP/1.1 200");
-        return Box::new(tls);
+    if h2 {
+        let mut router = h2_router(pki, running.connect).await;
+        Box::new(h2_tunnel(&mut router, "alpha", 9000).await)
+    } else {
+        Box::new(h1_tunnel(pki, running.connect, "alpha", 9000).await)
     }
-    let tls = router_tls(pki, running.connect, None, None, &[b"h2"])
-        .await
-        .expect("TLS");
-    let (mut router, conn) = h2::client::handshake(tls).await.expect("h2");
-    tokio::spawn(conn);
-    let req = http::Request::builder()
-        .method("CONNECT")
-        .uri("actor:9000")
-        .header("ate-target-actor", "team-a/alpha")
-        .body(())
-        .expect("request");
-    let (resp, send) = router.send_request(req, false).expect("CONNECT");
-    let resp = resp.await.expect("answer");
-    assert_eq!(resp.status(), 200);
-    Box::new((send, resp.into_body()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_that_stops_reading_a_tunnel_leaves_the_heap_bounded() {
     let _alone = HEAP_MEASURING.lock().await;
-    let _serial = SERIAL.lock().await;
     for h2 in [false, true] {
         let flooded = Arc::new(AtomicU64::new(0));
         let pki = IngressPki::new();
@@ -291,7 +251,6 @@ async fn a_router_that_stops_reading_a_tunnel_leaves_the_heap_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_mib_up_and_down_stream_with_bounded_heap() {
     let _alone = HEAP_MEASURING.lock().await;
-    let _serial = SERIAL.lock().await;
     const N: u64 = 100 << 20;
     let sent = Arc::new(AtomicU64::new(0));
     let (pki, running) = fixture(sent.clone()).await;

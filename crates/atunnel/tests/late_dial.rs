@@ -23,7 +23,7 @@ use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use support::ingress::*;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -374,29 +374,24 @@ async fn gated_proxy(
     upstream: SocketAddr,
     gate: watch::Receiver<bool>,
 ) -> (SocketAddr, mpsc::UnboundedReceiver<ProxyEvent>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let (events, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            let _ = events.send(ProxyEvent::Accepted);
-            let (mut gate, events) = (gate.clone(), events.clone());
-            tokio::spawn(async move {
-                if gate.wait_for(|open| *open).await.is_err() {
-                    return;
-                }
-                let Ok(mut server) = TcpStream::connect(upstream).await else {
-                    return;
-                };
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                let _ = events.send(ProxyEvent::Relayed);
-            });
+    let addr = destination(move |mut client| {
+        let _ = events.send(ProxyEvent::Accepted);
+        let (mut gate, events) = (gate.clone(), events.clone());
+        async move {
+            if gate.wait_for(|open| *open).await.is_err() {
+                return;
+            }
+            let Ok(mut server) = TcpStream::connect(upstream).await else {
+                return;
+            };
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            let _ = events.send(ProxyEvent::Relayed);
         }
-    });
+    })
+    .await;
     (addr, rx)
 }
-
-const ECHO: &str = "192.0.2.10:7";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egress_a_gateway_answer_after_deactivation_is_never_handed_to_the_next_activation() {
@@ -407,7 +402,7 @@ async fn egress_a_gateway_answer_after_deactivation_is_never_handed_to_the_next_
     let a = actor("alpha");
     let egress = egress();
     let cancel = CancellationToken::new();
-    let addr = listen(&egress, &a.uid, ECHO.parse().expect("addr"), &cancel).await;
+    let addr = listen(&egress, &a.uid, SINK_ECHO.parse().expect("addr"), &cancel).await;
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     egress
         .activate(&a.uid, prepare(&pki, held, a.clone(), source.clone()).await)
@@ -427,25 +422,17 @@ async fn egress_a_gateway_answer_after_deactivation_is_never_handed_to_the_next_
         matches!(relayed, Some(ProxyEvent::Relayed)),
         "the late gateway connection was kept"
     );
-    let mut got = Vec::new();
-    let _ = promptly(
-        "the old actor socket to close",
-        opening.read_to_end(&mut got),
-    )
-    .await;
-    assert!(got.is_empty(), "the old activation's connection got bytes");
+    assert!(
+        closes_with_no_bytes(&mut opening).await,
+        "the old activation's connection got bytes"
+    );
 
     let mut fresh = TcpStream::connect(addr).await.expect("connect");
-    fresh.write_all(b"new activation").await.expect("write");
-    let mut back = [0u8; 14];
-    promptly("the echo", fresh.read_exact(&mut back))
-        .await
-        .expect("echo");
-    assert_eq!(&back, b"new activation");
+    assert!(echoes(&mut fresh, b"new activation").await);
     // Both activations carry the same identity: the gateway must have seen
     // exactly one CONNECT, the fresh tunnel's.
     let connects: Vec<_> = std::iter::from_fn(|| gw.seen.try_recv().ok()).collect();
     assert_eq!(connects.len(), 1, "CONNECTs seen: {}", connects.len());
-    assert_eq!(connects[0].authority, ECHO);
+    assert_eq!(connects[0].authority, SINK_ECHO);
     assert_eq!(connects[0].identity.actor_uid, a.uid);
 }

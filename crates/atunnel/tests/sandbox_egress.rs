@@ -19,6 +19,7 @@ use atunnel::gateway::Mode;
 use atunnel::gateway::sink::{Service, SinkConfig};
 use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_dns::RelayConfig;
+use atunnel_identity::identity::ActorRef;
 use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR};
 use atunnel_sandbox::{NetNs, NsExecutor, SandboxNetwork, require_root};
 use support::*;
@@ -45,11 +46,17 @@ async fn tunnel(pki: &Pki, dns: Option<SocketAddr>, test: &str) -> Arc<Tunnel> {
     Tunnel::start(cfg).await.expect("tunnel starts")
 }
 
-fn spec(gw: &RunningGateway) -> GatewaySpec {
-    GatewaySpec {
+/// Prepares `who`'s egress through `gw`, serves its sandbox and activates
+/// it, as the worker does.
+async fn serve_activated(tunnel: &Tunnel, gw: &RunningGateway, who: &ActorRef) -> SandboxNetwork {
+    let spec = GatewaySpec {
         address: gw.addr.to_string(),
         server_name: Some(GATEWAY_NAME.to_string()),
-    }
+    };
+    let egress = tunnel.prepare_egress(who, &spec).await.expect("prepare");
+    let sandbox = tunnel.serve_sandbox(who).await.expect("sandbox");
+    tunnel.activate(who, Some(egress)).await.expect("activate");
+    sandbox
 }
 
 async fn echo_check(s: &mut TcpStream, data: &[u8]) {
@@ -66,14 +73,14 @@ async fn echo_check(s: &mut TcpStream, data: &[u8]) {
     assert!(got == data, "echo through the sandbox tunnel corrupted");
 }
 
-/// The gateway saw one tunnel, from "alpha", to exactly `authority`.
-async fn expect_seen(gw: &mut RunningGateway, authority: &str) {
+/// The gateway saw one tunnel, from `actor_name`, to exactly `authority`.
+async fn expect_seen(gw: &mut RunningGateway, actor_name: &str, authority: &str) {
     let seen = tokio::time::timeout(Duration::from_secs(10), gw.seen.recv())
         .await
         .expect("gateway saw the tunnel within 10 s")
         .expect("gateway running");
     assert_eq!(seen.authority, authority, "original destination lost");
-    assert_eq!(seen.identity.actor_name, "alpha");
+    assert_eq!(seen.identity.actor_name, actor_name);
 }
 
 /// A query for `a.` of type A with `id` (the relay does not parse DNS
@@ -203,12 +210,7 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
     let mut gw = gateway(&pki, echo_sink(), |_| {}).await;
     let tunnel = tunnel(&pki, Some(fake_dns().await), "any").await;
     let a = actor("alpha");
-    let egress = tunnel
-        .prepare_egress(&a, &spec(&gw))
-        .await
-        .expect("prepare");
-    let sandbox = tunnel.serve_sandbox(&a).await.expect("sandbox");
-    tunnel.activate(&a, Some(egress)).await.expect("activate");
+    let sandbox = serve_activated(&tunnel, &gw, &a).await;
     let exec = tunnel.executor().clone();
 
     for (i, dest) in ["192.0.2.10:443", "198.51.100.7:8080"].iter().enumerate() {
@@ -218,7 +220,7 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
             .await
             .expect("actor dials");
         echo_check(&mut s, &random(256 * 1024, i as u64)).await;
-        expect_seen(&mut gw, &dest.to_string()).await;
+        expect_seen(&mut gw, "alpha", &dest.to_string()).await;
     }
 
     // DNS from the actor reaches the worker's resolver through the relay.
@@ -243,12 +245,7 @@ async fn deactivating_one_actor_mid_transfer_leaves_the_other_untouched() {
     let (a, b) = (actor("alpha"), actor("bravo"));
     let mut streams = Vec::new();
     for who in [&a, &b] {
-        let egress = tunnel
-            .prepare_egress(who, &spec(&gw))
-            .await
-            .expect("prepare");
-        let sandbox = tunnel.serve_sandbox(who).await.expect("sandbox");
-        tunnel.activate(who, Some(egress)).await.expect("activate");
+        let sandbox = serve_activated(&tunnel, &gw, who).await;
         let s = sandbox
             .connect_from_runtime(&exec, "192.0.2.10:443".parse().expect("addr"))
             .await
@@ -429,12 +426,7 @@ async fn unmodified_programs_in_the_sandbox_reach_any_address_through_the_tunnel
     let mut gw = gateway(&pki, echo_sink(), |_| {}).await;
     let tunnel = tunnel(&pki, None, "prog").await;
     let a = actor("alpha");
-    let egress = tunnel
-        .prepare_egress(&a, &spec(&gw))
-        .await
-        .expect("prepare");
-    let sandbox = tunnel.serve_sandbox(&a).await.expect("sandbox");
-    tunnel.activate(&a, Some(egress)).await.expect("activate");
+    let sandbox = serve_activated(&tunnel, &gw, &a).await;
 
     // curl fetches from the sink's HTTP responder (port 80).
     let out = run_in_netns(
@@ -458,7 +450,7 @@ async fn unmodified_programs_in_the_sandbox_reach_any_address_through_the_tunnel
     );
     let body = "x".repeat(SinkConfig::default().http_body_bytes);
     assert_eq!(String::from_utf8_lossy(&out.stdout), body, "curl's body");
-    expect_seen(&mut gw, "198.51.100.7:80").await;
+    expect_seen(&mut gw, "alpha", "198.51.100.7:80").await;
 
     // bash sends 1 MiB to the sink's echo service and reads it back.
     let data = random(1 << 20, 5);
@@ -492,7 +484,7 @@ async fn unmodified_programs_in_the_sandbox_reach_any_address_through_the_tunnel
         out.stdout.len(),
         data.len()
     );
-    expect_seen(&mut gw, "203.0.113.9:7").await;
+    expect_seen(&mut gw, "alpha", "203.0.113.9:7").await;
 
     tunnel.close_sandbox(&a).await.expect("close");
     tunnel.shutdown().await;
@@ -637,25 +629,15 @@ async fn two_sandboxes_round_trip(host: (u64, u64)) {
     let tunnel = tunnel(&pki, Some(fake_dns().await), "threads").await;
     let exec = tunnel.executor().clone();
     for (i, name) in ["alpha", "bravo"].into_iter().enumerate() {
-        let who = actor(name);
-        let egress = tunnel
-            .prepare_egress(&who, &spec(&gw))
-            .await
-            .expect("prepare");
-        let sandbox = tunnel.serve_sandbox(&who).await.expect("sandbox");
+        let sandbox = serve_activated(&tunnel, &gw, &actor(name)).await;
         assert_ne!(netns_at(&sandbox.runtime.path()), host);
-        tunnel.activate(&who, Some(egress)).await.expect("activate");
         let dest: SocketAddr = "192.0.2.10:443".parse().expect("addr");
         let mut s = sandbox
             .connect_from_runtime(&exec, dest)
             .await
             .expect("actor dials");
         echo_check(&mut s, &random(64 * 1024, 10 + i as u64)).await;
-        let seen = tokio::time::timeout(Duration::from_secs(10), gw.seen.recv())
-            .await
-            .expect("gateway saw the tunnel within 10 s")
-            .expect("gateway running");
-        assert_eq!(seen.identity.actor_name, name);
+        expect_seen(&mut gw, name, &dest.to_string()).await;
         dns_over_tcp_check(&sandbox, &exec).await;
     }
     for name in ["alpha", "bravo"] {

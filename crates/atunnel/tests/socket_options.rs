@@ -188,13 +188,8 @@ fn kernel_defaults() -> Sets {
     }
 }
 
-/// Opens one egress tunnel actor -> atunnel -> gateway -> echo and, while it
-/// is open, checks the options on the four sockets it is made of.
-async fn egress_sockets_carry(sets: Sets) {
-    let pki = Pki::new();
-    let gw_opts = sets.gateway;
-    let gw = gateway(&pki, forward_loopback(), |cfg| cfg.socket = gw_opts).await;
-    let echo = echo_server().await;
+/// A tunnel's configuration with `sets` for its egress's two sides.
+fn tunnel_config(pki: &Pki, sets: &Sets) -> TunnelConfig {
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
     cfg.egress = EgressConfig {
@@ -202,9 +197,21 @@ async fn egress_sockets_carry(sets: Sets) {
         sandbox_socket: sets.sandbox,
         ..EgressConfig::default()
     };
+    cfg
+}
+
+/// Opens one egress tunnel actor -> atunnel -> gateway -> echo and, while it
+/// is open, checks the options on the four sockets it is made of.
+async fn egress_sockets_carry(sets: Sets) {
+    let pki = Pki::new();
+    let gw_opts = sets.gateway;
+    let gw = gateway(&pki, forward_loopback(), |cfg| cfg.socket = gw_opts).await;
+    let echo = echo_server().await;
     // The tunnel, not the test, builds the gateway client from its egress
     // configuration: that wiring is under test too.
-    let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
+    let tunnel = Tunnel::start(tunnel_config(&pki, &sets))
+        .await
+        .expect("tunnel starts");
     let a = actor("alpha");
     let spec = GatewaySpec {
         address: gw.addr.to_string(),
@@ -351,31 +358,26 @@ async fn ingress_sockets_keep_the_kernel_defaults_when_options_are_off() {
 /// answers it (the query, QR set) once `release` is notified: while it
 /// holds, the relay's connections from the actor and to it are open.
 async fn held_tcp_dns() -> (SocketAddr, mpsc::UnboundedReceiver<()>, Arc<Notify>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let (arrived_tx, arrived) = mpsc::unbounded_channel();
     let release = Arc::new(Notify::new());
     let held = release.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let (arrived_tx, held) = (arrived_tx.clone(), held.clone());
-            tokio::spawn(async move {
-                let Ok(len) = s.read_u16().await else { return };
-                let mut message = vec![0u8; usize::from(len)];
-                if s.read_exact(&mut message).await.is_err() || message.len() < 3 {
-                    return;
-                }
-                let _ = arrived_tx.send(());
-                held.notified().await;
-                message[2] |= 0x80;
-                let mut frame = len.to_be_bytes().to_vec();
-                frame.extend_from_slice(&message);
-                let _ = s.write_all(&frame).await;
-            });
+    let addr = destination(move |mut s| {
+        let (arrived_tx, held) = (arrived_tx.clone(), held.clone());
+        async move {
+            let Ok(len) = s.read_u16().await else { return };
+            let mut message = vec![0u8; usize::from(len)];
+            if s.read_exact(&mut message).await.is_err() || message.len() < 3 {
+                return;
+            }
+            let _ = arrived_tx.send(());
+            held.notified().await;
+            message[2] |= 0x80;
+            let mut frame = len.to_be_bytes().to_vec();
+            frame.extend_from_slice(&message);
+            let _ = s.write_all(&frame).await;
         }
-    });
+    })
+    .await;
     (addr, arrived, release)
 }
 
@@ -386,14 +388,8 @@ async fn a_sandbox_dns_relay_gives_its_tcp_sockets_the_tunnels_lowat() {
     let (upstream, mut arrived, release) = held_tcp_dns().await;
     // One sandbox at a time: every sandbox's relay is at the same address.
     for (round, sets) in [distinct_sets(), kernel_defaults()].into_iter().enumerate() {
-        let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-        let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+        let mut cfg = tunnel_config(&pki, &sets);
         cfg.netns_prefix = format!("atnso-{}-", std::process::id());
-        cfg.egress = EgressConfig {
-            socket: sets.network,
-            sandbox_socket: sets.sandbox,
-            ..EgressConfig::default()
-        };
         // The relay's own default lowat (16 KiB): the tunnel must override it.
         cfg.dns = Some(RelayConfig::new(vec![upstream]));
         let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");

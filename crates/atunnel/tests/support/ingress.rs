@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use atunnel::ingress::routes::{ActorDialer, PoolSettings};
 use atunnel::ingress::{Ingress, IngressConfig, ROUTER_SPIFFE_ID};
-use atunnel_core::BufferPool;
 use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::{BufferPool, H2Stream};
 use atunnel_identity::pki::{CertificateAuthority, IssuedCert, Usage, WORKER_SPIFFE_ID};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +28,12 @@ pub static HEAP_MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_ne
 
 /// The name the worker's serving certificate carries.
 pub const WORKER_NAME: &str = "worker.test";
+
+/// The actor port tests serve gRPC (h2c) on.
+pub const GRPC_PORT: u16 = 50051;
+
+/// The router's TLS connection to either listener.
+pub type RouterTls = tokio_rustls::client::TlsStream<TcpStream>;
 
 pub struct IngressPki {
     pub pod_ca: CertificateAuthority,
@@ -86,6 +93,22 @@ impl IngressPki {
         self.path("trust-bundle.pem")
     }
 
+    /// The config tests start from: this PKI's files, production defaults,
+    /// and a 5 s drain.
+    pub fn ingress_config(&self) -> IngressConfig {
+        IngressConfig {
+            credential_bundle: self.bundle_path(),
+            trust_bundle: self.trust_path(),
+            allowed_client_id: ROUTER_SPIFFE_ID.to_string(),
+            pools: PoolSettings::default(),
+            socket: SocketOptions::default(),
+            sandbox_socket: SocketOptions::default(),
+            drain_timeout: Duration::from_secs(5),
+            hibernate_after: atunnel::hibernate::DEFAULT_AFTER,
+            header_read_timeout: atunnel::ingress::https::HEADER_READ_TIMEOUT,
+        }
+    }
+
     /// A client identity from this PKI with another SPIFFE ID.
     pub fn other_client(&self, spiffe_id: &str) -> IssuedCert {
         self.pod_ca
@@ -138,22 +161,12 @@ pub async fn ingress_with(pki: &IngressPki, hibernate_after: Duration) -> Runnin
     ingress_tuned(pki, |cfg| cfg.hibernate_after = hibernate_after).await
 }
 
-/// An ingress with the test defaults, then `tune` applied to its config.
+/// An ingress with [`IngressPki::ingress_config`], then `tune` applied to it.
 pub async fn ingress_tuned(
     pki: &IngressPki,
     tune: impl FnOnce(&mut IngressConfig),
 ) -> RunningIngress {
-    let mut cfg = IngressConfig {
-        credential_bundle: pki.bundle_path(),
-        trust_bundle: pki.trust_path(),
-        allowed_client_id: ROUTER_SPIFFE_ID.to_string(),
-        pools: PoolSettings::default(),
-        socket: SocketOptions::default(),
-        sandbox_socket: SocketOptions::default(),
-        drain_timeout: Duration::from_secs(5),
-        hibernate_after: atunnel::hibernate::DEFAULT_AFTER,
-        header_read_timeout: atunnel::ingress::https::HEADER_READ_TIMEOUT,
-    };
+    let mut cfg = pki.ingress_config();
     tune(&mut cfg);
     let pool = BufferPool::default();
     let ingress = Ingress::new(cfg, pool.clone()).expect("ingress");
@@ -190,7 +203,7 @@ pub async fn router_tls(
     identity: Option<&IssuedCert>,
     roots_from: Option<&CertificateAuthority>,
     alpn: &[&[u8]],
-) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+) -> io::Result<RouterTls> {
     let id = identity.unwrap_or(&pki.router);
     let cfg = super::mtls_client_config(
         roots_from.unwrap_or(&pki.pod_ca).cert_der(),
@@ -200,6 +213,112 @@ pub async fn router_tls(
         alpn,
     );
     super::tls_connect(&cfg, addr, WORKER_NAME).await
+}
+
+/// A port nobody listens on.
+pub fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// Sends an HTTP/1.1 request head to `addr` as the router and reads the
+/// response head; returns the stream and that head.
+pub async fn h1_connect(pki: &IngressPki, addr: SocketAddr, head: &str) -> (RouterTls, String) {
+    let mut tls = router_tls(pki, addr, None, None, &[b"http/1.1"])
+        .await
+        .expect("TLS");
+    tls.write_all(head.as_bytes()).await.expect("write head");
+    let head = atunnel::http1::read_head(&mut tls)
+        .await
+        .expect("response head");
+    (tls, String::from_utf8_lossy(&head).into_owned())
+}
+
+/// An HTTP/1.1 CONNECT tunnel through the listener at `addr` to
+/// `team-a/<actor>`'s `port`, answered 200.
+pub async fn h1_tunnel(pki: &IngressPki, addr: SocketAddr, actor: &str, port: u16) -> RouterTls {
+    let head = format!("CONNECT actor:{port} HTTP/1.1\r\nate-target-actor: team-a/{actor}\r\n\r\n");
+    let (tls, answer) = h1_connect(pki, addr, &head).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    tls
+}
+
+/// An HTTP/2 connection to `addr` as the router, for streams built by hand
+/// (CONNECT, unread bodies).
+pub async fn h2_router(pki: &IngressPki, addr: SocketAddr) -> h2::client::SendRequest<Bytes> {
+    let tls = router_tls(pki, addr, None, None, &[b"h2"])
+        .await
+        .expect("TLS");
+    let (send_request, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
+    tokio::spawn(conn);
+    send_request
+}
+
+/// Sends `method authority` (to `team-a/<actor>` if given) on a new stream;
+/// returns the answer and the stream's sending half.
+pub async fn h2_request(
+    router: &mut h2::client::SendRequest<Bytes>,
+    method: &str,
+    authority: &str,
+    actor: Option<&str>,
+) -> (http::Response<h2::RecvStream>, h2::SendStream<Bytes>) {
+    // Only CONNECT has an authority-form target.
+    let uri = if method == "CONNECT" {
+        authority.to_string()
+    } else {
+        format!("https://{authority}/")
+    };
+    let mut req = http::Request::builder().method(method).uri(uri);
+    if let Some(actor) = actor {
+        req = req.header("ate-target-actor", format!("team-a/{actor}"));
+    }
+    let req = req.body(()).expect("request");
+    router.clone().ready().await.expect("h2 ready");
+    let (resp, send) = router.send_request(req, false).expect("send");
+    (resp.await.expect("response"), send)
+}
+
+/// An HTTP/2 CONNECT tunnel to `team-a/<actor>`'s `port`, answered 200, as
+/// a relay endpoint.
+pub async fn h2_tunnel(
+    router: &mut h2::client::SendRequest<Bytes>,
+    actor: &str,
+    port: u16,
+) -> H2Stream {
+    let (resp, send) = h2_request(router, "CONNECT", &format!("actor:{port}"), Some(actor)).await;
+    assert_eq!(resp.status(), 200, "CONNECT to team-a/{actor}:{port}");
+    H2Stream::new(send, resp.into_body())
+}
+
+/// Reads one HTTP/1.1 response with a Content-Length body: its head as
+/// text, and its body. The head is read byte by byte, so nothing after the
+/// body is taken.
+pub async fn read_response(stream: &mut (impl AsyncRead + Unpin)) -> (String, Vec<u8>) {
+    let head = atunnel::http1::read_head(stream)
+        .await
+        .expect("response head");
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let length: usize = head
+        .to_ascii_lowercase()
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no content-length: {head}"));
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).await.expect("response body");
+    (head, body)
+}
+
+/// A gRPC call to `team-a/alpha`'s [`GRPC_PORT`] at `uri`, as the router
+/// sends it.
+pub fn grpc_to_alpha(uri: &str) -> http::request::Builder {
+    http::Request::builder()
+        .method("POST")
+        .uri(uri)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("ate-target-actor", "team-a/alpha")
+        .header("x-ate-target-port", GRPC_PORT.to_string())
 }
 
 /// A router-side HTTP connection (h1 or h2 by ALPN).

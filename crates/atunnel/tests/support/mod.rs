@@ -5,6 +5,7 @@
 pub mod ingress;
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +14,7 @@ use std::time::Duration;
 use atunnel::clock::Clock;
 use atunnel::egress::{ActorEgress, Destination, Egress, EgressConfig};
 use atunnel::gateway::{ConnectSeen, GatewayConfig, Mode};
-use atunnel::gateway_client::GatewayClientConfig;
+use atunnel::gateway_client::{GatewayClient, GatewayClientConfig, Tunnel};
 use atunnel_core::BufferPool;
 use atunnel_identity::cert_source::{CertificateSource, MintError, MintFuture};
 use atunnel_identity::identity::ActorRef;
@@ -25,6 +26,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 pub const GATEWAY_NAME: &str = "atenet-egress.ate-system.svc";
+
+/// A destination a sink gateway answers by echoing (port 7); the address
+/// itself is only named, never dialled.
+pub const SINK_ECHO: &str = "192.0.2.10:7";
 
 pub struct Pki {
     pub actor_ca: Arc<CertificateAuthority>,
@@ -242,41 +247,64 @@ pub fn egress_config(cfg: EgressConfig) -> Arc<Egress> {
     )
 }
 
-/// A destination that echoes every byte and half-closes after the client does.
-pub async fn echo_server() -> SocketAddr {
+/// A destination on loopback running `handle` on each connection it accepts.
+pub async fn destination<F, Fut>(handle: F) -> SocketAddr
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(handle(s));
         }
     });
     addr
 }
 
+/// A [`destination`] that sends how `handle` ended on each connection to
+/// the returned channel.
+pub async fn reporting_destination<T, F, Fut>(handle: F) -> (SocketAddr, mpsc::UnboundedReceiver<T>)
+where
+    T: Send + 'static,
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let (tx, rx) = mpsc::unbounded_channel();
+    let addr = destination(move |s| {
+        let (tx, ended) = (tx.clone(), handle(s));
+        async move {
+            let _ = tx.send(ended.await);
+        }
+    })
+    .await;
+    (addr, rx)
+}
+
+/// A destination that echoes every byte and half-closes after the client does.
+pub async fn echo_server() -> SocketAddr {
+    destination(|mut s| async move {
+        let (mut r, mut w) = s.split();
+        let _ = tokio::io::copy(&mut r, &mut w).await;
+        let _ = w.shutdown().await;
+    })
+    .await
+}
+
 /// A destination that reads until the client half-closes, then answers with
 /// how many bytes it got and closes.
 pub async fn counting_server() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut got = Vec::new();
-                if s.read_to_end(&mut got).await.is_ok() {
-                    let _ = s
-                        .write_all(format!("got {} bytes", got.len()).as_bytes())
-                        .await;
-                    let _ = s.shutdown().await;
-                }
-            });
+    destination(|mut s| async move {
+        let mut got = Vec::new();
+        if s.read_to_end(&mut got).await.is_ok() {
+            let _ = s
+                .write_all(format!("got {} bytes", got.len()).as_bytes())
+                .await;
+            let _ = s.shutdown().await;
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// Sends `data` and reads back everything until EOF, concurrently.
@@ -318,24 +346,13 @@ pub async fn greeting_server() -> (
     SocketAddr,
     mpsc::UnboundedReceiver<std::io::Result<Vec<u8>>>,
 ) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let greeted = async {
-                    s.write_all(b"hello").await?;
-                    s.shutdown().await?;
-                    let mut got = Vec::new();
-                    s.read_to_end(&mut got).await.map(|_| got)
-                };
-                let _ = tx.send(greeted.await);
-            });
-        }
-    });
-    (addr, rx)
+    reporting_destination(|mut s| async move {
+        s.write_all(b"hello").await?;
+        s.shutdown().await?;
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.map(|_| got)
+    })
+    .await
 }
 
 /// A destination that echoes each byte until its peer closes, then sends
@@ -343,32 +360,52 @@ pub async fn greeting_server() -> (
 /// the read's error (a reset, when the tunnel was cut).
 pub async fn watched_echo_server() -> (SocketAddr, mpsc::UnboundedReceiver<std::io::Result<usize>>)
 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut total = 0;
-                let ended = loop {
-                    match s.read(&mut buf).await {
-                        Ok(0) => break Ok(total),
-                        Ok(n) => {
-                            total += n;
-                            if let Err(e) = s.write_all(&buf[..n]).await {
-                                break Err(e);
-                            }
-                        }
-                        Err(e) => break Err(e),
-                    }
-                };
-                let _ = tx.send(ended);
-            });
+    reporting_destination(|mut s| async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0;
+        loop {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(total);
+            }
+            total += n;
+            s.write_all(&buf[..n]).await?;
         }
-    });
-    (addr, rx)
+    })
+    .await
+}
+
+/// Writes `msg` and expects it echoed back within 10 s.
+pub async fn echoes(s: &mut TcpStream, msg: &[u8]) -> bool {
+    if s.write_all(msg).await.is_err() {
+        return false;
+    }
+    let mut got = vec![0u8; msg.len()];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut got)).await,
+        Ok(Ok(_))
+    ) && got == msg
+}
+
+/// Reads until the socket closes (within 10 s); true if it closed without a
+/// byte (a reset counts as closed).
+pub async fn closes_with_no_bytes(s: &mut TcpStream) -> bool {
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+        .await
+        .expect("closed within 10 s");
+    got.is_empty()
+}
+
+/// `n` tunnels to `authority`, opened at once.
+pub async fn open_at_once(client: &Arc<GatewayClient>, n: usize, authority: &str) -> Vec<Tunnel> {
+    let opens = (0..n).map(|_| client.open_authority(authority));
+    futures_util::future::join_all(opens)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, opened)| opened.unwrap_or_else(|e| panic!("tunnel {i}: {e}")))
+        .collect()
 }
 
 /// The next read on `s` fails with a reset within 10 s: not a clean EOF
