@@ -66,7 +66,10 @@ async fn flood(listener: tokio::net::TcpListener, cancel: CancellationToken) {
 
 static PAGE: [u8; 60_000] = [b'p'; 60_000];
 
-pub async fn run(args: ActorsArgs, cancel: CancellationToken) -> Result<(), atunnel::BoxError> {
+pub async fn run(
+    args: ActorsArgs,
+    cancel: CancellationToken,
+) -> Result<(), atunnel_process::BoxError> {
     let exec = NsExecutor::start()?;
     let body = Bytes::from(vec![b'a'; args.body_bytes]);
     let addr = SocketAddr::from((ACTOR_ADDR, args.port));

@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use crate::pki;
 use crate::role::{self, Role};
 use crate::traffic::upload;
-use atunnel::stats::{fetch, num};
+use atunnel_support::stats_client::{fetch, num};
 
 const ECHO: &str = "192.0.2.10:7";
 const DISCARD: &str = "192.0.2.10:9";
@@ -60,7 +60,7 @@ enum ActorSide {
 }
 
 impl ActorDialer {
-    fn new(ready: &HostReady) -> Result<Self, atunnel::BoxError> {
+    fn new(ready: &HostReady) -> Result<Self, atunnel_process::BoxError> {
         let mut exec = None;
         let mut actors = Vec::new();
         for a in &ready.actors {
@@ -84,7 +84,7 @@ impl ActorDialer {
         self.actors.len()
     }
 
-    async fn dial(&self, actor: usize, dest: &str) -> Result<TcpStream, atunnel::BoxError> {
+    async fn dial(&self, actor: usize, dest: &str) -> Result<TcpStream, atunnel_process::BoxError> {
         let dest: SocketAddr = dest.parse()?;
         match &self.actors[actor % self.actors.len()] {
             ActorSide::Sandbox(sb) => {
@@ -112,7 +112,7 @@ fn s(x: impl ToString) -> String {
     x.to_string()
 }
 
-pub async fn run(args: DemoArgs) -> Result<(), atunnel::BoxError> {
+pub async fn run(args: DemoArgs) -> Result<(), atunnel_process::BoxError> {
     let prefix = format!("atb-{}-", std::process::id());
     let mut roles = Vec::new();
     let result = run_with(args, &prefix, &mut roles).await;
@@ -129,7 +129,7 @@ async fn run_with(
     args: DemoArgs,
     prefix: &str,
     roles: &mut Vec<Role>,
-) -> Result<(), atunnel::BoxError> {
+) -> Result<(), atunnel_process::BoxError> {
     let dir = tempfile::tempdir()?;
     let files = pki::write(dir.path())?;
     let bulk = args.bulk_mib << 20;
@@ -140,7 +140,6 @@ async fn run_with(
         format!("--cert={}", files.gateway_cert().display()),
         format!("--key={}", files.gateway_key().display()),
         format!("--actor-ca={}", files.actor_ca_cert().display()),
-        s("--mode=sink"),
         format!("--source-bytes={bulk}"),
     ])
     .await?;
@@ -271,7 +270,7 @@ async fn run_with(
     Ok(())
 }
 
-async fn round_trip(s: TcpStream, data: &[u8]) -> Result<Vec<u8>, atunnel::BoxError> {
+async fn round_trip(s: TcpStream, data: &[u8]) -> Result<Vec<u8>, atunnel_process::BoxError> {
     let (mut r, mut w) = s.into_split();
     let data = data.to_vec();
     let writer = tokio::spawn(async move {
@@ -289,10 +288,10 @@ struct Throughput {
     tunnel_cores: f64,
 }
 
-async fn measure<F, Fut>(stats: SocketAddr, f: F) -> Result<Throughput, atunnel::BoxError>
+async fn measure<F, Fut>(stats: SocketAddr, f: F) -> Result<Throughput, atunnel_process::BoxError>
 where
     F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<u64, atunnel::BoxError>>,
+    Fut: std::future::Future<Output = Result<u64, atunnel_process::BoxError>>,
 {
     let before = fetch(stats, false).await?;
     let started = Instant::now();
@@ -306,7 +305,7 @@ where
     })
 }
 
-async fn download(mut s: TcpStream, bytes: u64) -> Result<u64, atunnel::BoxError> {
+async fn download(mut s: TcpStream, bytes: u64) -> Result<u64, atunnel_process::BoxError> {
     s.shutdown().await?;
     let mut buf = vec![0u8; 256 * 1024];
     let mut got = 0u64;
@@ -336,7 +335,7 @@ async fn hold_idle(
     ready: &HostReady,
     dialer: &ActorDialer,
     n: usize,
-) -> Result<Idle, atunnel::BoxError> {
+) -> Result<Idle, atunnel_process::BoxError> {
     // Warm up: one tunnel per actor so each has its pooled gateway connection,
     // which is shared by all its tunnels and is not a per-tunnel cost.
     for i in 0..dialer.count() {
@@ -352,7 +351,7 @@ async fn hold_idle(
             async move {
                 let mut s = dialer.dial(i, ECHO).await?;
                 crate::traffic::ping(&mut s).await?;
-                Ok::<_, atunnel::BoxError>(s)
+                Ok::<_, atunnel_process::BoxError>(s)
             }
         });
         for r in join_all(opens).await {

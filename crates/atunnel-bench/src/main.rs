@@ -9,6 +9,9 @@ mod demo;
 mod pki;
 mod role;
 mod run;
+// The machine layout: namespaces, links and addresses (`run`, `load` and
+// `worker` share it).
+mod topology;
 mod traffic;
 mod worker;
 
@@ -36,7 +39,7 @@ enum Command {
     /// atunnel hosting N actors (nothing else runs in this process).
     Tunnel(Box<atunnel::host::HostArgs>),
     /// The egress gateway in bench mode (answers by destination port).
-    Sink(atunnel::gateway::cli::GatewayArgs),
+    Sink(atunnel_support::sink::SinkArgs),
     /// The actors' programs: an HTTP server in every sandbox (ingress far end).
     Actors(actors::ActorsArgs),
     /// Writes throwaway certificates shaped like the cluster's.
@@ -50,7 +53,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     allocator::install();
-    atunnel::process::run_main("atunnel-bench", "warn", |cancel| async move {
+    atunnel_process::run_main("atunnel-bench", "warn", |cancel| async move {
         match cli.command {
             Command::Run(args) => run::run(args, cancel).await,
             Command::Worker(args) => worker::run(args, cancel).await,
@@ -58,7 +61,7 @@ fn main() -> std::process::ExitCode {
             Command::Demo(args) => demo::run(args).await,
             Command::Actors(args) => actors::run(args, cancel).await,
             Command::Tunnel(args) => atunnel::host::run(*args, cancel).await,
-            Command::Sink(args) => atunnel::gateway::cli::run(args, cancel).await,
+            Command::Sink(args) => atunnel_support::sink::run(args, cancel).await,
             Command::Pki { out } => pki::write(&out).map(|f| println!("wrote {}", f.dir.display())),
         }
     })

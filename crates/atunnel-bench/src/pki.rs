@@ -62,7 +62,7 @@ pub const WORKER_NAME: &str = "worker.bench";
 /// the tunnel mints actor certificates with), the servicedns CA and the
 /// gateway's server certificate, and the pod-identity CA with the worker's
 /// serving bundle and the router's client certificate.
-pub fn write(dir: &Path) -> Result<PkiFiles, atunnel::BoxError> {
+pub fn write(dir: &Path) -> Result<PkiFiles, atunnel_process::BoxError> {
     std::fs::create_dir_all(dir)?;
     let files = PkiFiles {
         dir: dir.to_path_buf(),

@@ -19,7 +19,10 @@ pub struct Role {
     pub first_line: String,
 }
 
-fn command(args: &[String], pre_exec: Option<PreExec>) -> Result<Command, atunnel::BoxError> {
+fn command(
+    args: &[String],
+    pre_exec: Option<PreExec>,
+) -> Result<Command, atunnel_process::BoxError> {
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(args)
         .stdin(Stdio::null())
@@ -34,7 +37,7 @@ fn command(args: &[String], pre_exec: Option<PreExec>) -> Result<Command, atunne
     Ok(cmd)
 }
 
-async fn ready(name: String, mut child: Child) -> Result<Role, atunnel::BoxError> {
+async fn ready(name: String, mut child: Child) -> Result<Role, atunnel_process::BoxError> {
     let stdout = child.stdout.take().ok_or("role has no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let first_line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
@@ -47,7 +50,7 @@ async fn ready(name: String, mut child: Child) -> Result<Role, atunnel::BoxError
 }
 
 /// Starts `args[0]` in this process's namespace.
-pub async fn start(args: &[String]) -> Result<Role, atunnel::BoxError> {
+pub async fn start(args: &[String]) -> Result<Role, atunnel_process::BoxError> {
     start_with(args, None).await
 }
 
@@ -59,7 +62,7 @@ pub type PreExec = Box<dyn FnMut() -> std::io::Result<()> + Send + Sync + 'stati
 pub async fn start_with(
     args: &[String],
     pre_exec: Option<PreExec>,
-) -> Result<Role, atunnel::BoxError> {
+) -> Result<Role, atunnel_process::BoxError> {
     let child = command(args, pre_exec)?.spawn()?;
     ready(args[0].clone(), child).await
 }
@@ -93,7 +96,7 @@ pub async fn start_in(
     ns: &NetNs,
     args: &[String],
     pre_exec: Option<PreExec>,
-) -> Result<Role, atunnel::BoxError> {
+) -> Result<Role, atunnel_process::BoxError> {
     let mut cmd = command(args, pre_exec)?;
     let runtime = tokio::runtime::Handle::current();
     let child = exec

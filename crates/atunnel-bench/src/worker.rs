@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::pki::{self, PkiFiles};
 use crate::role::{self, Role, arg};
-use crate::run::topology::{SINK_ADDR, WORKER_LOAD_SIDE};
+use crate::topology::{SINK_ADDR, WORKER_LOAD_SIDE};
 
 /// Longest request line the control socket reads.
 const MAX_REQUEST: u64 = 64 * 1024;
@@ -181,7 +181,7 @@ pub struct WorkerStatus {
 
 impl WorkerStatus {
     /// atunnel's ready line.
-    pub fn host_ready(&self) -> Result<&HostReady, atunnel::BoxError> {
+    pub fn host_ready(&self) -> Result<&HostReady, atunnel_process::BoxError> {
         Ok(self.ready.as_ref().ok_or("atunnel is not running")?)
     }
 }
@@ -204,7 +204,7 @@ impl WorkerClient {
         &self,
         request: &Request,
         timeout: Duration,
-    ) -> Result<WorkerStatus, atunnel::BoxError> {
+    ) -> Result<WorkerStatus, atunnel_process::BoxError> {
         let exchange = async {
             let mut conn = UnixStream::connect(&self.socket)
                 .await
@@ -230,7 +230,7 @@ impl WorkerClient {
     }
 
     /// The status now.
-    pub async fn status(&self) -> Result<WorkerStatus, atunnel::BoxError> {
+    pub async fn status(&self) -> Result<WorkerStatus, atunnel_process::BoxError> {
         self.call(
             &Request::Status {
                 wait_generation: None,
@@ -241,7 +241,7 @@ impl WorkerClient {
     }
 
     /// The status once no restart is in progress (a dead atunnel replaced).
-    pub async fn settled(&self) -> Result<WorkerStatus, atunnel::BoxError> {
+    pub async fn settled(&self) -> Result<WorkerStatus, atunnel_process::BoxError> {
         self.wait_generation(0).await
     }
 
@@ -249,7 +249,7 @@ impl WorkerClient {
     pub async fn wait_generation(
         &self,
         generation: u64,
-    ) -> Result<WorkerStatus, atunnel::BoxError> {
+    ) -> Result<WorkerStatus, atunnel_process::BoxError> {
         self.call(
             &Request::Status {
                 wait_generation: Some(generation),
@@ -263,7 +263,7 @@ impl WorkerClient {
     pub async fn restart(
         &self,
         tunnel_args: Vec<String>,
-    ) -> Result<WorkerStatus, atunnel::BoxError> {
+    ) -> Result<WorkerStatus, atunnel_process::BoxError> {
         self.call(&Request::Restart { tunnel_args }, START_TIMEOUT)
             .await
     }
@@ -291,8 +291,8 @@ pub fn layered(layers: &[&[String]]) -> Vec<String> {
 async fn start_node_agent(
     pki: &PkiFiles,
     socket: &Path,
-) -> Result<atunnel_nodeagent::FakeNodeAgentHandle, atunnel::BoxError> {
-    use atunnel::config::{load_certs, load_key};
+) -> Result<atunnel_nodeagent::FakeNodeAgentHandle, atunnel_process::BoxError> {
+    use atunnel_identity::pem_files::{load_certs, load_key};
     let ca = atunnel_identity::pki::CertificateAuthority::from_pem(
         &std::fs::read_to_string(pki.actor_ca_cert())?,
         &std::fs::read_to_string(pki.actor_ca_key())?,
@@ -308,7 +308,10 @@ async fn start_node_agent(
 
 /// Runs the worker until `cancel`, then stops atunnel, the actors and the
 /// node agent and removes the cgroup.
-pub async fn run(args: WorkerArgs, cancel: CancellationToken) -> Result<(), atunnel::BoxError> {
+pub async fn run(
+    args: WorkerArgs,
+    cancel: CancellationToken,
+) -> Result<(), atunnel_process::BoxError> {
     let name = args
         .cgroup
         .clone()
@@ -333,7 +336,7 @@ async fn serve(
     cgroup: Cgroup,
     limits: Limits,
     cancel: &CancellationToken,
-) -> Result<(), atunnel::BoxError> {
+) -> Result<(), atunnel_process::BoxError> {
     let listener = bind_control(&args.control)?;
     let status = WorkerStatus {
         state: TunnelState::Starting,
@@ -388,7 +391,7 @@ async fn serve(
 }
 
 /// Binds the control socket (replacing a stale one), readable by root only.
-fn bind_control(path: &Path) -> Result<UnixListener, atunnel::BoxError> {
+fn bind_control(path: &Path) -> Result<UnixListener, atunnel_process::BoxError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
@@ -513,7 +516,7 @@ impl Supervisor {
     }
 
     /// Stops what runs and starts a fresh atunnel and actors.
-    async fn replace(&mut self) -> Result<(), atunnel::BoxError> {
+    async fn replace(&mut self) -> Result<(), atunnel_process::BoxError> {
         self.status.state = TunnelState::Starting;
         self.publish();
         self.stop_children().await;
@@ -525,7 +528,7 @@ impl Supervisor {
     /// Starts atunnel inside its cgroup (moved there before it execs, so it
     /// is accounted from its first allocation), then the actors in its
     /// sandboxes. Sets the state either way.
-    async fn start(&mut self) -> Result<(), atunnel::BoxError> {
+    async fn start(&mut self) -> Result<(), atunnel_process::BoxError> {
         let result = self.start_roles().await;
         match &result {
             Ok(()) => {
@@ -542,7 +545,7 @@ impl Supervisor {
         result
     }
 
-    async fn start_roles(&mut self) -> Result<(), atunnel::BoxError> {
+    async fn start_roles(&mut self) -> Result<(), atunnel_process::BoxError> {
         let hook = role::both(
             Box::new(self.cgroup.pre_exec_hook()),
             role::own_process_group(),

@@ -51,4 +51,4 @@ pub use config::RelayConfig;
 pub use error::DnsError;
 pub use relay::DnsRelay;
 pub use resolv_conf::resolvers_from_resolv_conf;
-pub use stats::RelayStats;
+pub use stats::DnsRelayStats;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::stats::Counters;
-use crate::{DnsError, RelayConfig, RelayStats};
+use crate::{DnsError, DnsRelayStats, RelayConfig};
 
 /// A DNS relay for one sandbox: forwards queries it receives on the sockets
 /// handed to [`serve_udp`](Self::serve_udp) and [`serve_tcp`](Self::serve_tcp)
@@ -76,7 +76,7 @@ impl DnsRelay {
     }
 
     /// The counters so far.
-    pub fn stats(&self) -> RelayStats {
+    pub fn stats(&self) -> DnsRelayStats {
         self.inner.counters.snapshot()
     }
 

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A snapshot of a relay's counters, since it was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RelayStats {
+pub struct DnsRelayStats {
     /// Datagrams received on UDP listening sockets, including those dropped.
     pub udp_queries: u64,
     /// Complete length-prefixed queries read from TCP clients.
@@ -19,7 +19,7 @@ pub struct RelayStats {
     pub dropped: u64,
 }
 
-/// The live counters behind [`RelayStats`]. Relaxed ordering: they are
+/// The live counters behind [`DnsRelayStats`]. Relaxed ordering: they are
 /// independent tallies, not synchronisation.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -47,8 +47,8 @@ impl Counters {
         self.dropped.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> RelayStats {
-        RelayStats {
+    pub(crate) fn snapshot(&self) -> DnsRelayStats {
+        DnsRelayStats {
             udp_queries: self.udp_queries.load(Ordering::Relaxed),
             tcp_queries: self.tcp_queries.load(Ordering::Relaxed),
             answered: self.answered.load(Ordering::Relaxed),

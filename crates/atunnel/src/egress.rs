@@ -15,16 +15,17 @@ use std::time::Duration;
 
 use atunnel_core::original_dst::original_dst;
 use atunnel_core::sockopt::SocketOptions;
-use atunnel_core::{BufferPool, Endpoint, relay};
+use atunnel_core::{BufferPool, Listener, ListenerStats, relay};
 use atunnel_identity::cert_source::CertificateSource;
 use atunnel_identity::identity::ActorRef;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
-use crate::clock::Clock;
-use crate::credential::{ActorCredential, CredentialError, renew_until_cancelled};
-use crate::gateway_client::{GatewayClient, GatewayClientConfig, Tunnel};
+use atunnel_connect::{GatewayClient, GatewayClientConfig};
+use atunnel_identity::clock::Clock;
+use atunnel_identity::credential::{ActorCredential, CredentialError, renew_until_cancelled};
 
 /// How long deactivation waits for an actor's tunnels to finish.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -142,22 +143,19 @@ pub struct EgressConfig {
     /// Sandbox side: the actors' accepted connections.
     pub sandbox_socket: SocketOptions,
     pub drain_timeout: Duration,
-    /// Lean unless benchmarking the reference's design (`--copy-mode naive`).
-    pub copy_mode: crate::naive_copy::CopyMode,
-    /// 0: wait for the actor's data by readiness, holding nothing. N: wait
-    /// by reading into an N-byte buffer held for the tunnel's life (the
-    /// reference's 512 B fix; kept for the benchmark's sweep).
-    pub wait_buffer: usize,
+    /// How tunnels relay when the bench compares designs (lean otherwise).
+    #[cfg(feature = "comparison")]
+    pub comparison: crate::comparison::RelayVariant,
 }
 
 impl Default for EgressConfig {
     fn default() -> Self {
         Self {
             socket: SocketOptions::default(),
-            sandbox_socket: SocketOptions::default(),
+            sandbox_socket: SocketOptions::sandbox_default(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
-            copy_mode: crate::naive_copy::CopyMode::Lean,
-            wait_buffer: 0,
+            #[cfg(feature = "comparison")]
+            comparison: crate::comparison::RelayVariant::default(),
         }
     }
 }
@@ -175,8 +173,6 @@ pub struct EgressStats {
     /// heap allocation), for the memory accounting in docs/memory.md.
     pub tunnel_future_bytes: usize,
 }
-
-static TUNNEL_FUTURE_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 #[derive(Default)]
 struct Counters {
@@ -212,6 +208,8 @@ pub struct Egress {
     /// Stops the listeners [`Egress::serve_listener`] started, at shutdown.
     stop: CancellationToken,
     counters: Counters,
+    /// Every egress listener's figures, together.
+    listener_stats: Arc<ListenerStats>,
 }
 
 impl Egress {
@@ -223,6 +221,7 @@ impl Egress {
             listeners: TaskTracker::new(),
             stop: CancellationToken::new(),
             counters: Counters::default(),
+            listener_stats: Arc::default(),
         })
     }
 
@@ -237,7 +236,7 @@ impl Egress {
             tunnels_total: c.total.load(Ordering::Relaxed),
             rejected_total: c.rejected.load(Ordering::Relaxed),
             open_failed_total: c.open_failed.load(Ordering::Relaxed),
-            tunnel_future_bytes: TUNNEL_FUTURE_BYTES.load(Ordering::Relaxed),
+            tunnel_future_bytes: self.listener_stats.connection_future_bytes(),
         }
     }
 
@@ -272,7 +271,7 @@ impl Egress {
 
     /// The accept loop [`Egress::serve_listener`] spawns, for a caller that
     /// tracks it itself (a sandbox waits for its own listener on close).
-    pub fn listener_task(
+    pub(crate) fn listener_task(
         self: &Arc<Self>,
         uid: &str,
         listener: TcpListener,
@@ -283,6 +282,10 @@ impl Egress {
         self.clone().accept_loop(binding, listener, dest, cancel)
     }
 
+    /// Accepts the actor's connections until `cancel`; each becomes a
+    /// tunnel of the current activation (which deactivation waits for and
+    /// cancels), or is closed with no bytes when there is none. Stopping
+    /// waits for the listener's tunnels, so its owner deactivates first.
     async fn accept_loop(
         self: Arc<Self>,
         binding: Arc<Binding>,
@@ -290,35 +293,21 @@ impl Egress {
         dest: Destination,
         cancel: CancellationToken,
     ) {
-        loop {
-            let accepted = tokio::select! {
-                _ = cancel.cancelled() => return,
-                a = listener.accept() => a,
-            };
-            let tcp = match accepted {
-                Ok((tcp, _)) => tcp,
-                Err(e) => {
-                    // Out of descriptors (EMFILE/ENFILE) or memory: the
-                    // connection stays in the backlog; back off, don't spin.
-                    tracing::warn!(error = %e, "egress accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            match binding.current().filter(|a| a.admits()) {
-                Some(activation) => {
-                    let tasks = activation.tasks.clone();
-                    let tunnel = self.clone().tunnel(tcp, activation, dest);
-                    TUNNEL_FUTURE_BYTES.store(std::mem::size_of_val(&tunnel), Ordering::Relaxed);
-                    tasks.spawn(tunnel);
-                }
-                None => {
+        let stats = self.listener_stats.clone();
+        let listener = Listener::new(listener, "egress");
+        listener
+            .serve(&cancel, &stats, |tcp, _| {
+                let Some(activation) = binding.current().filter(|a| a.admits()) else {
                     // Closed with no bytes: inactive, deactivated or expired.
                     self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                    drop(tcp);
-                }
-            }
-        }
+                    return None;
+                };
+                // Taken now, not when the task first runs: a deactivation
+                // that begins in between must wait for this tunnel too.
+                let drained = activation.tasks.token();
+                Some(self.clone().tunnel(tcp, activation, dest, drained))
+            })
+            .await
     }
 
     async fn tunnel(
@@ -326,6 +315,7 @@ impl Egress {
         mut actor: TcpStream,
         activation: Arc<Activation>,
         dest: Destination,
+        _drained: TaskTrackerToken,
     ) {
         let _open = OpenTunnel::new(&self.counters);
         if let Err(e) = self.cfg.sandbox_socket.apply(&actor) {
@@ -361,30 +351,15 @@ impl Egress {
             }
         };
         let cancel = &activation.cancel;
-        // The ablations' states are boxed so that the default tunnel's task
+        // The comparisons' states are boxed so that the default tunnel's task
         // (held by every idle connection) does not keep room for them.
-        match (self.cfg.copy_mode, self.cfg.wait_buffer) {
-            (crate::naive_copy::CopyMode::Naive, _) => tokio::select! {
-                _ = cancel.cancelled() => {}
-                r = Box::pin(crate::naive_copy::relay(actor, tunnel)) => if let Err(e) = r {
-                    tracing::debug!(%dest, error = %e, "egress tunnel (naive copy) ended with an error");
-                }
-            },
-            (_, 0) => {
-                relay_until_cancelled(&mut actor, &mut tunnel, &self.pool, cancel, dest).await
-            }
-            (_, n) => {
-                let mut actor = Box::new(atunnel_core::endpoint::WaitBuffered::new(actor, n));
-                Box::pin(relay_until_cancelled(
-                    &mut *actor,
-                    &mut tunnel,
-                    &self.pool,
-                    cancel,
-                    dest,
-                ))
-                .await
-            }
+        #[cfg(feature = "comparison")]
+        if !self.cfg.comparison.is_lean() {
+            let relay = crate::comparison::relay(self.cfg.comparison, actor, tunnel, &self.pool);
+            return relay_until_cancelled(Box::pin(relay).as_mut(), cancel, dest).await;
         }
+        let relay = std::pin::pin!(relay(&mut actor, &mut tunnel, &self.pool));
+        relay_until_cancelled(relay, cancel, dest).await
     }
 
     /// Arms egress for actor `uid`: its listener's connections are admitted
@@ -455,7 +430,7 @@ impl Egress {
 
     /// Forgets actor `uid`'s binding (its listener was closed by the caller's
     /// cancel token). Deactivates first if needed.
-    pub async fn unbind(&self, uid: &str) -> Result<(), EgressError> {
+    pub(crate) async fn unbind(&self, uid: &str) -> Result<(), EgressError> {
         let result = self.deactivate(uid).await;
         self.bindings
             .lock()
@@ -482,20 +457,20 @@ impl Egress {
     }
 }
 
-/// Relays until both directions end or the actor's activation is cancelled,
-/// which drops the relay: it resets the tunnel and the actor's socket, so a
-/// cut stream does not look complete to either peer.
-async fn relay_until_cancelled<A: Endpoint + ?Sized>(
-    actor: &mut A,
-    tunnel: &mut Tunnel,
-    pool: &BufferPool,
+/// Runs `relay` until both directions end or the actor's activation is
+/// cancelled, which drops the relay: it resets the tunnel and the actor's
+/// socket, so a cut stream does not look complete to either peer. Pinned
+/// by the caller: taken by value, the relay would be stored twice in the
+/// tunnel's task for its whole life.
+pub(crate) async fn relay_until_cancelled<T, E: std::fmt::Display>(
+    relay: std::pin::Pin<&mut impl Future<Output = Result<T, E>>>,
     cancel: &CancellationToken,
     dest: SocketAddr,
 ) {
     tokio::select! {
         biased;
         _ = cancel.cancelled() => {}
-        r = relay(actor, tunnel, pool) => if let Err(e) = r {
+        r = relay => if let Err(e) = r {
             tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
         }
     }

@@ -21,11 +21,12 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{PoolArgs, SocketArgs, load_certs, load_key, load_roots};
+use atunnel_identity::pem_files::{load_certs, load_key, load_roots};
+use atunnel_process::{BoxError, FlagDuration, PoolArgs, SocketArgs};
+
 use crate::egress::{Destination, EgressConfig};
 use crate::ingress::IngressConfig;
-use crate::ingress::routes::{DirectDialer, PoolSettings};
-use crate::stats::StatsSource;
+use crate::ingress::{DirectDialer, PoolSettings};
 use crate::tunnel::{GatewaySpec, IngressListen, Tunnel, TunnelConfig};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +77,7 @@ pub struct HostArgs {
     #[arg(long, requires = "trust_bundle")]
     pub credential_bundle: Option<PathBuf>,
     /// The only client identity ingress admits.
-    #[arg(long, default_value = crate::ingress::ROUTER_SPIFFE_ID)]
+    #[arg(long, default_value_t = IngressConfig::default().allowed_client_id)]
     pub client_identity: String,
     /// Without a node agent: actor CA certificate (PEM) to mint locally with.
     #[arg(long, requires = "actor_ca_key")]
@@ -85,10 +86,10 @@ pub struct HostArgs {
     #[arg(long, requires = "actor_ca_cert")]
     pub actor_ca_key: Option<PathBuf>,
     /// Prefix of sandbox namespace names.
-    #[arg(long, default_value = "atn-")]
+    #[arg(long, default_value = crate::tunnel::DEFAULT_NETNS_PREFIX)]
     pub netns_prefix: String,
     /// Egress port the sandbox redirect uses.
-    #[arg(long, default_value_t = 15001)]
+    #[arg(long, default_value_t = atunnel_sandbox::sandbox::DEFAULT_EGRESS_PORT)]
     pub egress_port: u16,
     /// resolv.conf whose nameservers the sandboxes' DNS relay forwards to ("" serves no DNS).
     #[arg(long, default_value = "/etc/resolv.conf")]
@@ -99,18 +100,22 @@ pub struct HostArgs {
     /// Loopback network: destinations, comma separated (one listener each per actor).
     #[arg(long, value_delimiter = ',')]
     pub destinations: Vec<SocketAddr>,
-    /// How egress tunnels copy bytes (naive: the reference's design, for comparison).
-    #[arg(long, value_enum, default_value = "lean")]
-    pub copy_mode: crate::naive_copy::CopyMode,
-    /// Egress: wait for an actor's data with a buffer this size held per
-    /// tunnel (0: readiness, no buffer; the reference used 512).
-    #[arg(long, default_value_t = 0)]
-    pub wait_buffer: usize,
+    #[cfg(feature = "comparison")]
+    #[command(flatten)]
+    pub comparison: crate::comparison::RelayVariant,
     /// Idle time after which an ingress connection drops its rustls session
     /// for its traffic keys and, over HTTP/1.1, hyper's buffers until its
     /// next byte ("15s", "100ms"; 0 never).
-    #[arg(long, default_value = "15s", value_parser = crate::config::parse_duration)]
-    pub hibernate_after: std::time::Duration,
+    #[arg(long, default_value_t = FlagDuration(IngressConfig::default().hibernate_after))]
+    pub hibernate_after: FlagDuration,
+    /// How long deactivating an actor waits for its tunnels and requests to
+    /// end, egress and ingress each ("10s").
+    #[arg(long, default_value_t = FlagDuration(EgressConfig::default().drain_timeout))]
+    pub drain_timeout: FlagDuration,
+    /// How long a router may take to send a request head from its first
+    /// byte, or its HTTP/2 preface once TLS is done ("10s").
+    #[arg(long, default_value_t = FlagDuration(IngressConfig::default().header_read_timeout))]
+    pub header_read_timeout: FlagDuration,
     /// Where /stats is served.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub stats: SocketAddr,
@@ -149,7 +154,7 @@ pub enum HostError {
     NoDestinations,
 }
 
-fn cert_source(args: &HostArgs) -> Result<Arc<dyn CertificateSource>, crate::BoxError> {
+fn cert_source(args: &HostArgs) -> Result<Arc<dyn CertificateSource>, BoxError> {
     if let Some(socket) = &args.node_agent_socket {
         let (Some(cert), Some(key), Some(trust)) =
             (&args.worker_cert, &args.worker_key, &args.trust_bundle)
@@ -176,7 +181,7 @@ fn cert_source(args: &HostArgs) -> Result<Arc<dyn CertificateSource>, crate::Box
 }
 
 /// Hosts the actors until `cancel`, then closes everything.
-pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate::BoxError> {
+pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxError> {
     if args.network == Network::Loopback && args.destinations.is_empty() {
         return Err(HostError::NoDestinations.into());
     }
@@ -185,9 +190,9 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
     cfg.egress = EgressConfig {
         socket: args.socket.options(),
         sandbox_socket: args.socket.sandbox_options(),
-        copy_mode: args.copy_mode,
-        wait_buffer: args.wait_buffer,
-        ..EgressConfig::default()
+        drain_timeout: args.drain_timeout.0,
+        #[cfg(feature = "comparison")]
+        comparison: args.comparison,
     };
     cfg.egress_port = args.egress_port;
     cfg.netns_prefix = args.netns_prefix.clone();
@@ -200,9 +205,9 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
                 pools: PoolSettings::default(),
                 socket: args.socket.options(),
                 sandbox_socket: args.socket.sandbox_options(),
-                drain_timeout: crate::egress::DEFAULT_DRAIN_TIMEOUT,
-                hibernate_after: args.hibernate_after,
-                header_read_timeout: crate::ingress::https::HEADER_READ_TIMEOUT,
+                drain_timeout: args.drain_timeout.0,
+                hibernate_after: args.hibernate_after.0,
+                header_read_timeout: args.header_read_timeout.0,
             },
             https: args.ingress_https,
             connect: args.ingress_connect,
@@ -214,17 +219,9 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), crate:
             ..atunnel_dns::RelayConfig::default()
         });
     }
+    cfg.stats = Some(args.stats);
     let tunnel = Tunnel::start(cfg).await?;
-    let stats = crate::stats::spawn(
-        args.stats,
-        Arc::new(StatsSource {
-            pool: tunnel.pool().clone(),
-            egress: Some(tunnel.egress().clone()),
-            ingress: tunnel.ingress().map(|(i, _, _)| i.clone()),
-        }),
-        cancel.clone(),
-    )
-    .await?;
+    let stats = tunnel.stats_addr().expect("asked for /stats");
     let result = host_actors(&args, &tunnel, stats, &cancel).await;
     tunnel.shutdown().await;
     result
@@ -235,7 +232,7 @@ async fn host_actors(
     tunnel: &Arc<Tunnel>,
     stats: SocketAddr,
     cancel: &CancellationToken,
-) -> Result<(), crate::BoxError> {
+) -> Result<(), BoxError> {
     let gateway = GatewaySpec {
         address: args.gateway.clone(),
         server_name: args.gateway_name.clone(),
@@ -303,6 +300,32 @@ mod tests {
     fn parse(extra: &[&str]) -> Result<HostArgs, clap::Error> {
         let base = ["atunnel", "--gateway=gw:443", "--gateway-ca=ca.pem"];
         Cli::try_parse_from(base.iter().chain(extra)).map(|c| c.host)
+    }
+
+    #[test]
+    fn the_flags_defaults_are_the_librarys() {
+        use crate::egress::EgressConfig;
+        use crate::ingress::IngressConfig;
+        let args = parse(&[]).unwrap();
+        let (egress, ingress) = (EgressConfig::default(), IngressConfig::default());
+        assert_eq!(args.socket.options(), egress.socket);
+        assert_eq!(args.socket.sandbox_options(), egress.sandbox_socket);
+        assert_eq!(args.socket.options(), ingress.socket);
+        assert_eq!(args.socket.sandbox_options(), ingress.sandbox_socket);
+        assert_eq!(args.drain_timeout.0, egress.drain_timeout);
+        assert_eq!(args.drain_timeout.0, ingress.drain_timeout);
+        assert_eq!(args.hibernate_after.0, ingress.hibernate_after);
+        assert_eq!(args.header_read_timeout.0, ingress.header_read_timeout);
+        assert_eq!(args.client_identity, ingress.allowed_client_id);
+        let tunnel = crate::tunnel::TunnelConfig::new(
+            std::sync::Arc::new(rustls::RootCertStore::empty()),
+            std::sync::Arc::new(atunnel_identity::LocalCaSource::new(std::sync::Arc::new(
+                atunnel_identity::CertificateAuthority::new("ca").unwrap(),
+            ))),
+        );
+        assert_eq!(args.egress_port, tunnel.egress_port);
+        assert_eq!(args.netns_prefix, tunnel.netns_prefix);
+        assert_eq!(args.pool.pool().stats(), tunnel.pool.stats());
     }
 
     #[test]

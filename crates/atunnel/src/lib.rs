@@ -1,26 +1,21 @@
 //! atunnel: the per-worker tunnel between actors' sandboxes and the world.
 //!
-//! This crate knows actors, identities and the gateway; the byte moving is
-//! `atunnel_core`'s.
+//! A worker drives it through [`Tunnel`]: start, prepare an actor's egress,
+//! serve its sandbox, activate, deactivate, close (see [`tunnel`]). Egress
+//! relays each actor's connections through CONNECT tunnels to the gateway
+//! ([`egress`]); ingress carries the router's HTTPS requests and CONNECT
+//! tunnels into the sandboxes ([`ingress`]); [`stats`] serves what it costs;
+//! [`host`] makes the worker's calls itself for N actors.
+//!
+//! Depends on every lower crate (core, identity, sandbox, dns, nodeagent,
+//! tls, connect, process); only the bench and tests depend on it.
 
-pub mod clock;
-pub mod config;
-pub mod connect_server;
-pub mod cpu_quota;
-pub mod credential;
+#[cfg(feature = "comparison")]
+pub mod comparison;
 pub mod egress;
-pub mod gateway;
-pub mod gateway_client;
-pub mod hibernate;
 pub mod host;
-pub mod http1;
 pub mod ingress;
-pub mod naive_copy;
-pub mod process;
-pub mod server_tls;
 pub mod stats;
-pub mod tls_records;
 pub mod tunnel;
 
-/// Errors at process entry points, where the message is all that is left.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use atunnel_process::BoxError;

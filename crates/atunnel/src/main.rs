@@ -1,4 +1,5 @@
-//! The `atunnel` binary: the tunnel hosting actors, or the egress gateway.
+//! The `atunnel` binary: the tunnel hosting actors. The egress gateway is
+//! its own binary, `atunnel-gateway`.
 
 use clap::{Parser, Subcommand};
 
@@ -20,16 +21,13 @@ struct Cli {
 enum Command {
     /// Host actors: sandboxes, egress through a gateway, ingress from the router.
     Host(Box<atunnel::host::HostArgs>),
-    /// Run the egress gateway.
-    Gateway(Box<atunnel::gateway::cli::GatewayArgs>),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    atunnel::process::run_main("atunnel", "info", |cancel| async move {
+    atunnel_process::run_main("atunnel", "info", |cancel| async move {
         match cli.command {
             Command::Host(args) => atunnel::host::run(*args, cancel).await,
-            Command::Gateway(args) => atunnel::gateway::cli::run(*args, cancel).await,
         }
     })
 }

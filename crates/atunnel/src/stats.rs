@@ -5,11 +5,9 @@
 //! figures are taken the same way every time.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use atunnel_core::{BufferPool, PoolStats};
+use atunnel_core::{BufferPool, Listener, ListenerStats, PoolStats};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
@@ -40,9 +38,9 @@ pub struct Stats {
     pub process: ProcessStats,
     pub pool: PoolStatsJson,
     pub egress: Option<EgressStats>,
-    pub ingress: Option<crate::ingress::routes::RouteStats>,
+    pub ingress: Option<crate::ingress::RouteStats>,
     /// Ingress connections hibernated now, and counts so far.
-    pub hibernation: Option<crate::hibernate::HibernationStats>,
+    pub hibernation: Option<atunnel_tls::HibernationStats>,
 }
 
 #[derive(Debug, Serialize)]
@@ -68,7 +66,7 @@ impl From<PoolStats> for PoolStatsJson {
     }
 }
 
-pub fn process_stats() -> ProcessStats {
+pub(crate) fn process_stats() -> ProcessStats {
     let runtime = tokio::runtime::Handle::try_current()
         .ok()
         .map(|h| h.metrics());
@@ -104,14 +102,14 @@ fn timeval_s(t: nix::sys::time::TimeVal) -> f64 {
 }
 
 /// The figures `/stats` serves.
-pub struct StatsSource {
+pub(crate) struct StatsSource {
     pub pool: BufferPool,
     pub egress: Option<Arc<Egress>>,
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
 }
 
 impl StatsSource {
-    pub fn collect(&self, release: bool) -> Stats {
+    pub(crate) fn collect(&self, release: bool) -> Stats {
         if release {
             self.pool.trim(0);
             atunnel_core::alloc::release_free_memory();
@@ -126,92 +124,48 @@ impl StatsSource {
     }
 }
 
-/// Serves `/stats` on `listener` until `cancel`.
-pub async fn serve(listener: TcpListener, source: Arc<StatsSource>, cancel: CancellationToken) {
-    loop {
-        let (tcp, _) = tokio::select! {
-            _ = cancel.cancelled() => return,
-            a = listener.accept() => match a {
-                Ok(x) => x,
-                Err(e) => {
-                    // Out of descriptors (EMFILE) and the like: back off
-                    // instead of spinning a core.
-                    tracing::warn!(error = %e, "stats accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let source = source.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let source = source.clone();
-                async move {
-                    let release = req.uri().query().is_some_and(|q| q.contains("release=1"));
-                    let response = if req.uri().path() == "/stats" {
-                        let body = serde_json::to_vec(&source.collect(release)).unwrap_or_default();
-                        hyper::Response::builder()
-                            .header("content-type", "application/json")
-                            .body(Full::new(Bytes::from(body)))
-                    } else {
-                        hyper::Response::builder()
-                            .status(404)
-                            .body(Full::new(Bytes::from_static(b"not found\n")))
-                    };
-                    Ok::<_, Infallible>(response.expect("static response parts are valid"))
-                }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tcp), service)
-                .await;
-        });
-    }
-}
-
-/// Binds `addr` and serves `/stats` in the background; returns the address.
-pub async fn spawn(
-    addr: SocketAddr,
+/// Serves `/stats` on `listener` until `cancel`, then closes its
+/// connections and waits for them.
+pub(crate) async fn serve(
+    listener: TcpListener,
     source: Arc<StatsSource>,
     cancel: CancellationToken,
-) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    tokio::spawn(serve(listener, source, cancel));
-    Ok(local)
+) {
+    let stats = ListenerStats::default();
+    let listener = Listener::new(listener, "stats");
+    listener
+        .serve(&cancel, &stats, |tcp, _| {
+            let (source, cancel) = (source.clone(), cancel.clone());
+            Some(async move {
+                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let source = source.clone();
+                    async move { Ok::<_, Infallible>(answer(&source, &req)) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service);
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = conn => {}
+                }
+            })
+        })
+        .await
 }
 
-/// Reads a `/stats` endpoint (after releasing free memory when `release`).
-///
-/// A few lines of HTTP/1.0 by hand: one GET to a loopback endpoint of our
-/// own, where a client library would add nothing but weight.
-pub async fn fetch(addr: SocketAddr, release: bool) -> Result<serde_json::Value, crate::BoxError> {
-    fetch_over(tokio::net::TcpStream::connect(addr).await?, release).await
-}
-
-/// [`fetch`] over a connection the caller made (from another namespace, say).
-pub async fn fetch_over(
-    mut s: tokio::net::TcpStream,
-    release: bool,
-) -> Result<serde_json::Value, crate::BoxError> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let query = if release { "?release=1" } else { "" };
-    s.write_all(format!("GET /stats{query} HTTP/1.0\r\nHost: stats\r\n\r\n").as_bytes())
-        .await?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await?;
-    let body_at = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("stats answer has no body")?
-        + 4;
-    Ok(serde_json::from_slice(&raw[body_at..])?)
-}
-
-/// A number at a JSON path like `["process", "heap_bytes"]`, or 0.
-pub fn num(v: &serde_json::Value, path: &[&str]) -> f64 {
-    let mut cur = v;
-    for key in path {
-        cur = &cur[*key];
-    }
-    cur.as_f64().unwrap_or(0.0)
+fn answer(
+    source: &StatsSource,
+    req: &hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<Full<Bytes>> {
+    let release = req.uri().query().is_some_and(|q| q.contains("release=1"));
+    let response = if req.uri().path() == "/stats" {
+        let body = serde_json::to_vec(&source.collect(release)).unwrap_or_default();
+        hyper::Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+    } else {
+        hyper::Response::builder()
+            .status(404)
+            .body(Full::new(Bytes::from_static(b"not found\n")))
+    };
+    response.expect("static response parts are valid")
 }

@@ -17,9 +17,11 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
+use atunnel_connect::GatewayClientConfig;
 use atunnel_core::BufferPool;
 use atunnel_dns::{DnsRelay, RelayConfig};
 use atunnel_identity::cert_source::CertificateSource;
+use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
 use atunnel_sandbox::sandbox::{DEFAULT_EGRESS_PORT, DNS_PORT, GATEWAY_ADDR};
 use atunnel_sandbox::{NsExecutor, SandboxError, SandboxNetwork};
@@ -27,11 +29,10 @@ use rustls::pki_types::ServerName;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::clock::Clock;
 use crate::egress::{ActorEgress, Destination, Egress, EgressConfig, EgressError};
-use crate::gateway_client::GatewayClientConfig;
-use crate::ingress::routes::{ActorDialer, SandboxDialer};
+use crate::ingress::{ActorDialer, SandboxDialer};
 use crate::ingress::{Ingress, IngressConfig, IngressError};
+use crate::stats::StatsSource;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TunnelError {
@@ -59,6 +60,9 @@ pub enum TunnelError {
     SandboxExists(String),
 }
 
+/// The default prefix of sandbox namespace names.
+pub const DEFAULT_NETNS_PREFIX: &str = "atn-";
+
 /// Configuration of one tunnel.
 pub struct TunnelConfig {
     pub pool: BufferPool,
@@ -77,6 +81,8 @@ pub struct TunnelConfig {
     pub clock: Clock,
     /// Ingress listeners and their TLS; `None` serves no ingress.
     pub ingress: Option<IngressListen>,
+    /// Where `/stats` is served; `None` serves none.
+    pub stats: Option<SocketAddr>,
 }
 
 /// Where ingress listens, and how.
@@ -98,12 +104,13 @@ impl TunnelConfig {
             pool: BufferPool::default(),
             egress: EgressConfig::default(),
             egress_port: DEFAULT_EGRESS_PORT,
-            netns_prefix: "atn-".into(),
+            netns_prefix: DEFAULT_NETNS_PREFIX.into(),
             dns: None,
             gateway_roots,
             cert_source,
             clock: Clock::new(),
             ingress: None,
+            stats: None,
         }
     }
 }
@@ -121,6 +128,7 @@ pub struct GatewaySpec {
 /// What a sandbox holds besides its network: the egress listener's and the
 /// DNS relay's tasks.
 struct Sandbox {
+    actor: ActorRef,
     network: SandboxNetwork,
     cancel: CancellationToken,
     tasks: TaskTracker,
@@ -132,8 +140,12 @@ pub struct Tunnel {
     exec: NsExecutor,
     egress: Arc<Egress>,
     ingress: Option<(Arc<Ingress>, SocketAddr, SocketAddr)>,
+    /// Stops the ingress listeners and /stats.
     cancel: CancellationToken,
     sandboxes: Mutex<HashMap<String, Sandbox>>,
+    /// /stats, for shutdown to wait on.
+    tasks: TaskTracker,
+    stats: Option<SocketAddr>,
 }
 
 impl Tunnel {
@@ -156,6 +168,23 @@ impl Tunnel {
             }
             None => None,
         };
+        let tasks = TaskTracker::new();
+        let stats = match cfg.stats {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(TunnelError::Listen)?;
+                let bound = listener.local_addr().map_err(TunnelError::Listen)?;
+                let source = Arc::new(StatsSource {
+                    pool: cfg.pool.clone(),
+                    egress: Some(egress.clone()),
+                    ingress: ingress.as_ref().map(|(i, _, _)| i.clone()),
+                });
+                tasks.spawn(crate::stats::serve(listener, source, cancel.clone()));
+                Some(bound)
+            }
+            None => None,
+        };
         Ok(Arc::new(Self {
             cfg,
             exec,
@@ -163,6 +192,8 @@ impl Tunnel {
             ingress,
             cancel,
             sandboxes: Mutex::new(HashMap::new()),
+            tasks,
+            stats,
         }))
     }
 
@@ -173,6 +204,11 @@ impl Tunnel {
     /// Ingress and its bound HTTPS and CONNECT addresses, if it serves ingress.
     pub fn ingress(&self) -> Option<(&Arc<Ingress>, SocketAddr, SocketAddr)> {
         self.ingress.as_ref().map(|(i, h, c)| (i, *h, *c))
+    }
+
+    /// Where /stats is served, if it is.
+    pub fn stats_addr(&self) -> Option<SocketAddr> {
+        self.stats
     }
 
     pub fn executor(&self) -> &NsExecutor {
@@ -272,6 +308,7 @@ impl Tunnel {
             .insert(
                 actor.uid.clone(),
                 Sandbox {
+                    actor: actor.clone(),
                     network: network.clone(),
                     cancel,
                     tasks,
@@ -382,27 +419,30 @@ impl Tunnel {
         Ok(deactivated?)
     }
 
-    /// Closes every sandbox and stops ingress.
+    /// Stops everything it started and waits for it: the ingress
+    /// listeners stop accepting and every activation is retired (requests
+    /// and tunnels cancelled), every sandbox is closed, egress stops, and
+    /// the listeners' connections and /stats are waited for.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
-        let uids: Vec<String> = self
+        if let Some((ingress, _, _)) = &self.ingress {
+            ingress.shutdown().await;
+        }
+        let actors: Vec<ActorRef> = self
             .sandboxes
             .lock()
             .expect("sandboxes lock poisoned")
-            .keys()
-            .cloned()
+            .values()
+            .map(|s| s.actor.clone())
             .collect();
-        for uid in uids {
-            let actor = ActorRef {
-                atespace: String::new(),
-                name: String::new(),
-                uid,
-            };
+        for actor in actors {
             if let Err(e) = self.close_sandbox(&actor).await {
-                tracing::warn!(error = %e, "closing sandbox at shutdown");
+                tracing::warn!(%actor, error = %e, "closing sandbox at shutdown");
             }
         }
         self.egress.shutdown().await;
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 }
 

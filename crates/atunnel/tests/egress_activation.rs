@@ -1,17 +1,13 @@
 //! Per-actor egress activation: admission, expiry, renewal, deactivation.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use atunnel::clock::Clock;
-use atunnel::credential::{ActorCredential, renew_until_cancelled};
-use atunnel::gateway::Mode;
-use atunnel::gateway::sink::SinkConfig;
 use atunnel_identity::cert_source::{MintError, RefusalCode};
-use support::*;
+use atunnel_identity::clock::Clock;
+use atunnel_identity::credential::{ActorCredential, renew_until_cancelled};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
@@ -24,7 +20,7 @@ fn current_cert(cred: &ActorCredential) -> Arc<rustls::sign::CertifiedKey> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_before_activation_are_closed_with_no_bytes() {
     let pki = Pki::new();
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let a = actor("alpha");
     let egress = egress();
     let cancel = CancellationToken::new();
@@ -63,7 +59,7 @@ async fn failed_mint_fails_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_rejects_new_but_preserves_established() {
     let pki = Pki::new();
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let a = actor("alpha");
     let clock = Clock::new();
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), clock.clone()));
@@ -240,7 +236,7 @@ async fn terminal_refusals_stop_renewal_and_block_new_tunnels() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deactivation_closes_one_actors_tunnels_and_leaves_the_others() {
     let pki = Pki::new();
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let (a, b) = (actor("alpha"), actor("bravo"));
     let egress = egress();
     let cancel = CancellationToken::new();
@@ -294,7 +290,7 @@ async fn a_tunnel_opening_during_deactivation_is_never_handed_to_the_next_activa
             held.push(s);
         }
     });
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let a = actor("alpha");
     let egress = egress();
     let cancel = CancellationToken::new();
@@ -356,7 +352,7 @@ fn deactivation_of_tunnels_that_cannot_finish_is_bounded() {
             .expect("runtime");
         rt.block_on(async move {
             let pki = Pki::new();
-            let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+            let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
             let a = actor("alpha");
             let egress = atunnel::egress::Egress::new(
                 atunnel::egress::EgressConfig {
@@ -419,7 +415,7 @@ fn deactivation_of_tunnels_that_cannot_finish_is_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_stops_listeners_whose_callers_never_cancel_them() {
     let pki = Pki::new();
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let a = actor("alpha");
     let egress = egress();
     let never = CancellationToken::new();

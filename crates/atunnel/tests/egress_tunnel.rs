@@ -1,17 +1,13 @@
 //! Egress end to end on loopback: actor socket -> atunnel -> TLS gateway
 //! (HTTP/2 and HTTP/1.1) -> destination, with real certificates.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel::clock::Clock;
-use atunnel::gateway::Mode;
-use atunnel::gateway::sink::SinkConfig;
-use atunnel::gateway_client::TunnelError;
+use atunnel_connect::client::OpenError;
+use atunnel_identity::clock::Clock;
 use atunnel_identity::pki::ActorCertOptions;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::error::TryRecvError;
@@ -25,7 +21,7 @@ enum Proto {
 }
 
 impl Proto {
-    fn tune(self) -> fn(&mut atunnel::gateway::GatewayConfig) {
+    fn tune(self) -> fn(&mut atunnel_gateway::GatewayConfig) {
         match self {
             Proto::H2 => |_| {},
             Proto::H1 => h1_only,
@@ -244,13 +240,21 @@ async fn h1_destination_half_close_travels_through_the_tunnel() {
 async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
     let pki = Pki::new();
     // Default deny: nothing allowed.
-    let gw = gateway(&pki, Mode::Forward { allow: vec![] }, proto.tune()).await;
+    let gw = gateway(
+        &pki,
+        atunnel_gateway::Forward {
+            allow: vec![],
+            socket: Default::default(),
+        },
+        proto.tune(),
+    )
+    .await;
     let a = actor("alpha");
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
     let client = prepared.client().clone();
     match client.open_authority("192.0.2.10:443").await {
-        Err(TunnelError::ConnectRefused { status, body, .. }) => {
+        Err(OpenError::ConnectRefused { status, body, .. }) => {
             assert_eq!(status, 403);
             assert_eq!(body, "egress denied");
         }
@@ -298,10 +302,7 @@ async fn unreachable_gateway_closes_the_actor_socket_with_no_bytes() {
         .await
         .err()
         .expect("fails");
-    assert!(
-        matches!(err, TunnelError::GatewayUnreachable { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, OpenError::GatewayUnreachable { .. }), "{err}");
     let egress = egress();
     let cancel = CancellationToken::new();
     let addr = listen(
@@ -336,7 +337,7 @@ async fn destinations_must_be_ip_literals_with_ports_and_are_checked_before_io()
             .err()
             .expect("rejected");
         assert!(
-            matches!(err, TunnelError::InvalidDestination(_)),
+            matches!(err, OpenError::InvalidDestination(_)),
             "{bad}: {err}"
         );
     }
@@ -347,9 +348,9 @@ async fn handshake_refused(
     tls13: bool,
     options: ActorCertOptions,
     other_ca: bool,
-) -> TunnelError {
+) -> OpenError {
     let pki = Pki::new();
-    let mut gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |cfg| {
+    let mut gw = gateway(&pki, SinkConfig::default(), |cfg| {
         proto.tune()(cfg);
         cfg.tls_versions = if tls13 {
             vec![&rustls::version::TLS13]
@@ -398,7 +399,7 @@ async fn gateway_refuses_certificates_from_another_ca_under_tls12_and_tls13() {
         for tls13 in [true, false] {
             let err = handshake_refused(proto, tls13, ActorCertOptions::default(), true).await;
             assert!(
-                matches!(err, TunnelError::GatewayHandshake { .. }),
+                matches!(err, OpenError::GatewayHandshake { .. }),
                 "{} tls13={tls13}: {err}",
                 proto.name()
             );
@@ -416,7 +417,7 @@ async fn gateway_refuses_certificates_without_the_actor_extension() {
         for tls13 in [true, false] {
             let err = handshake_refused(proto, tls13, options.clone(), false).await;
             assert!(
-                matches!(err, TunnelError::GatewayHandshake { .. }),
+                matches!(err, OpenError::GatewayHandshake { .. }),
                 "{} tls13={tls13}: {err}",
                 proto.name()
             );
@@ -451,14 +452,14 @@ async fn opening_a_tunnel_is_bounded_in_time() {
         .await
         .err()
         .expect("fails");
-    assert!(matches!(err, TunnelError::Timeout { .. }), "{err}");
+    assert!(matches!(err, OpenError::Timeout { .. }), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2_tunnels_share_a_connection_until_its_streams_run_out() {
     let pki = Pki::new();
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |cfg| {
+    let gw = gateway(&pki, SinkConfig::default(), |cfg| {
         cfg.max_concurrent_streams = 2
     })
     .await;
@@ -487,7 +488,7 @@ async fn h2_tunnels_share_a_connection_until_its_streams_run_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_pooled_connection_is_replaced_transparently() {
     let pki = Pki::new();
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let addr = gw.addr;
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let prepared = prepare(&pki, addr, actor("alpha"), source).await;
@@ -533,7 +534,7 @@ async fn gateway_at(pki: &Pki, addr: std::net::SocketAddr) -> Option<atunnel_cor
 
 mod atunnel_core_gateway {
     use super::*;
-    use atunnel::gateway::GatewayConfig;
+    use atunnel_gateway::GatewayConfig;
 
     pub struct Handle(CancellationToken);
     impl Drop for Handle {
@@ -547,11 +548,12 @@ mod atunnel_core_gateway {
             pki.gateway_cert.chain.clone(),
             pki.gateway_cert.key(),
             vec![pki.actor_ca.cert_der()],
-            Mode::Sink(SinkConfig::default()),
         );
-        let gw = atunnel::gateway::new(cfg, atunnel_core::BufferPool::default()).expect("gateway");
+        let far = SinkConfig::default();
+        let gw =
+            atunnel_gateway::new(cfg, far, atunnel_core::BufferPool::default()).expect("gateway");
         let cancel = CancellationToken::new();
-        atunnel::gateway::spawn(gw, addr, cancel.clone())
+        atunnel_gateway::spawn(gw, addr, cancel.clone())
             .await
             .ok()?;
         Some(Handle(cancel))
@@ -563,11 +565,11 @@ async fn sink_services_answer_by_port() {
     let pki = Pki::new();
     let gw = gateway(
         &pki,
-        Mode::Sink(SinkConfig {
+        SinkConfig {
             source_bytes: 100_000,
             http_body_bytes: 5,
             other_ports: None,
-        }),
+        },
         |_| {},
     )
     .await;
@@ -614,13 +616,14 @@ async fn sink_services_answer_by_port() {
         .err()
         .expect("refused");
     assert!(
-        matches!(err, TunnelError::ConnectRefused { status: 403, .. }),
+        matches!(err, OpenError::ConnectRefused { status: 403, .. }),
         "{err}"
     );
 }
 
 /// Through an egress with `cfg`, over `proto`: 3 MiB echoed intact, then a
 /// half-close that reaches the destination (it answers after our FIN).
+#[cfg(feature = "comparison")]
 async fn carries_bytes_and_half_close(proto: Proto, cfg: atunnel::egress::EgressConfig) {
     let echo = echo_server().await;
     let pki = Pki::new();
@@ -643,11 +646,16 @@ async fn carries_bytes_and_half_close(proto: Proto, cfg: atunnel::egress::Egress
 
 /// The `--copy-mode naive` ablation moves the same bytes (both ways, with
 /// half-close) as the lean relay; only its memory differs.
+#[cfg(feature = "comparison")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn naive_copy_mode_carries_bytes_and_half_close_over_h2_and_h1() {
+    use atunnel::comparison::{CopyMode, RelayVariant};
     for proto in [Proto::H2, Proto::H1] {
         let cfg = atunnel::egress::EgressConfig {
-            copy_mode: atunnel::naive_copy::CopyMode::Naive,
+            comparison: RelayVariant {
+                copy_mode: CopyMode::Naive,
+                wait_buffer: 0,
+            },
             ..Default::default()
         };
         carries_bytes_and_half_close(proto, cfg).await;
@@ -655,10 +663,14 @@ async fn naive_copy_mode_carries_bytes_and_half_close_over_h2_and_h1() {
 }
 
 /// `--wait-buffer` (the reference's 512 B wait) carries the same bytes.
+#[cfg(feature = "comparison")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_buffer_carries_bytes_and_half_close() {
     let cfg = atunnel::egress::EgressConfig {
-        wait_buffer: 512,
+        comparison: atunnel::comparison::RelayVariant {
+            copy_mode: atunnel::comparison::CopyMode::Lean,
+            wait_buffer: 512,
+        },
         ..Default::default()
     };
     carries_bytes_and_half_close(Proto::H2, cfg).await;

@@ -19,22 +19,17 @@
 //! The soft RLIMIT_NOFILE is per process, so every scenario runs in turn in
 //! this binary's only test.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::fs::File;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use atunnel::clock::Clock;
 use atunnel::egress::{Egress, EgressStats};
-use atunnel::gateway::Mode;
-use atunnel::gateway::sink::SinkConfig;
+use atunnel_identity::clock::Clock;
 use nix::errno::Errno;
 use nix::sys::resource::{Resource, UsageWho, getrlimit, getrusage, setrlimit};
 use rustls::pki_types::ServerName;
-use support::ingress::{IngressPki, RunningIngress, WORKER_NAME, http1_actor, ingress};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -270,7 +265,7 @@ async fn no_free_descriptor_leaves_the_connection_in_the_backlog(
     waits_in_the_backlog(
         &mut s,
         warnings,
-        "egress accept failed",
+        "listener=\"egress\"",
         "egress, no free descriptor",
     )
     .await;
@@ -347,14 +342,14 @@ async fn ingress_connections_wait_in_the_backlog(
     waits_in_the_backlog(
         &mut connect,
         warnings,
-        "CONNECT server accept failed",
+        "listener=\"connect\"",
         "ingress CONNECT, no free descriptor",
     )
     .await;
     waits_in_the_backlog(
         &mut https,
         warnings,
-        "ingress accept failed",
+        "listener=\"ingress-https\"",
         "ingress HTTPS, no free descriptor",
     )
     .await;
@@ -366,7 +361,9 @@ async fn ingress_connections_wait_in_the_backlog(
     )
     .await
     .expect("CONNECT");
-    let head = atunnel::http1::read_head(&mut tls).await.expect("answer");
+    let head = atunnel_connect::http1::read_head(&mut tls)
+        .await
+        .expect("answer");
     assert!(
         head.starts_with(b"HTTP/1.1 200"),
         "{}",
@@ -386,7 +383,9 @@ async fn ingress_connections_wait_in_the_backlog(
     tls.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nate-target-actor: team-a/alpha\r\n\r\n")
         .await
         .expect("request");
-    let head = atunnel::http1::read_head(&mut tls).await.expect("answer");
+    let head = atunnel_connect::http1::read_head(&mut tls)
+        .await
+        .expect("answer");
     let head = String::from_utf8_lossy(&head);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let mut body = vec![0u8; ACTOR_ANSWER.len()];
@@ -419,7 +418,7 @@ async fn router_tls_over(
 async fn an_exhausted_descriptor_table_has_a_defined_outcome() {
     let warnings = Warnings::install();
     let pki = Pki::new();
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let egress = egress();
     let cancel = CancellationToken::new();
     let echo = SINK_ECHO.parse().expect("addr");

@@ -5,27 +5,24 @@
 //! not trust. The misbehaving gateways are hand-made (rustls and the h2
 //! crate's server) so they fail at exactly the moment under test.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use atunnel::clock::Clock;
 use atunnel::egress::ActorEgress;
-use atunnel::gateway::Mode;
-use atunnel::gateway::sink::SinkConfig;
-use atunnel::gateway_client::{
-    DEFAULT_OPEN_TIMEOUT, DEFAULT_REFUSAL_BODY_WAIT, GatewayClientConfig, INITIAL_MAX_SEND_STREAMS,
-    MAX_REFUSAL_BODY, Tunnel, TunnelError,
+use atunnel_connect::limits::{
+    INITIAL_MAX_SEND_STREAMS, MAX_REFUSAL_BODY, OPEN_TIMEOUT as DEFAULT_OPEN_TIMEOUT,
+    REFUSAL_BODY_WAIT as DEFAULT_REFUSAL_BODY_WAIT,
 };
+use atunnel_connect::{GatewayClientConfig, GatewayTunnel as Tunnel, OpenError};
 use atunnel_core::endpoint::{Endpoint, close_write, read_chunk, write_chunk};
 use atunnel_core::{BufferPool, Chunk};
+use atunnel_identity::clock::Clock;
 use bytes::Bytes;
 use rustls::ProtocolVersion;
 use rustls::pki_types::ServerName;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
@@ -170,7 +167,7 @@ async fn fake_gateway(
 }
 
 async fn serve_h1(mut tls: TlsStream<tokio::net::TcpStream>, n: usize, script: &Script) {
-    if atunnel::http1::read_head(&mut tls).await.is_err() {
+    if atunnel_connect::http1::read_head(&mut tls).await.is_err() {
         return;
     }
     match script(n, 1) {
@@ -264,7 +261,7 @@ async fn actor_egress(pki: &Pki, cfg: GatewayClientConfig) -> ActorEgress {
         .expect("prepare egress")
 }
 
-async fn open_error(egress: &ActorEgress) -> TunnelError {
+async fn open_error(egress: &ActorEgress) -> OpenError {
     match egress.client().open_authority(DEST).await {
         Err(e) => e,
         Ok(t) => panic!("expected an error, got a {} tunnel", t.protocol()),
@@ -282,7 +279,7 @@ async fn a_hang_up_after_the_tls_handshake_before_the_connect_answer_is_a_handsh
                 let egress = actor_egress(&pki, client_config(&pki, gw.addr)).await;
                 let err = open_error(&egress).await;
                 assert!(
-                    matches!(err, TunnelError::GatewayHandshake { .. }),
+                    matches!(err, OpenError::GatewayHandshake { .. }),
                     "{case}: {err}"
                 );
                 // The handshake completed as intended, so the hang-up came
@@ -381,7 +378,7 @@ async fn a_retry_that_dies_too_is_a_handshake_error_after_exactly_two_connection
             .expect("first tunnel"),
     );
     let err = open_error(&egress).await;
-    assert!(matches!(err, TunnelError::GatewayHandshake { .. }), "{err}");
+    assert!(matches!(err, OpenError::GatewayHandshake { .. }), "{err}");
     // open() has returned, so no further dial can be in flight.
     assert_eq!(gw.accepted(), 2, "retried once, not more");
 }
@@ -455,7 +452,7 @@ async fn a_stream_refused_again_on_the_retry_is_a_stream_refusal_not_a_handshake
     let gw = fake_gateway(&pki, &rustls::version::TLS13, Proto::H2, Close::Fin, script).await;
     let egress = actor_egress(&pki, client_config(&pki, gw.addr)).await;
     match open_error(&egress).await {
-        TunnelError::StreamRefused { addr, authority } => {
+        OpenError::StreamRefused { addr, authority } => {
             assert_eq!((addr, authority.as_str()), (gw.addr, DEST));
         }
         e => panic!("expected a stream refusal, got {e}"),
@@ -496,7 +493,7 @@ async fn counting_relay(upstream: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_on_a_cold_client_fills_connections_to_the_gateways_stream_limit() {
     let pki = Pki::new();
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |cfg| {
+    let gw = gateway(&pki, SinkConfig::default(), |cfg| {
         cfg.max_concurrent_streams = 2
     })
     .await;
@@ -563,7 +560,7 @@ async fn a_refusal_keeps_its_status_and_the_first_4_kib_of_its_body() {
         .await;
         let egress = actor_egress(&pki, client_config(&pki, gw.addr)).await;
         match open_error(&egress).await {
-            TunnelError::ConnectRefused {
+            OpenError::ConnectRefused {
                 authority,
                 status,
                 body: got,
@@ -602,7 +599,7 @@ async fn a_refusal_whose_body_never_ends_comes_back_promptly_with_what_arrived()
         let err = open_error(&egress).await;
         let took = started.elapsed();
         match err {
-            TunnelError::ConnectRefused { status, body, .. } => {
+            OpenError::ConnectRefused { status, body, .. } => {
                 assert_eq!(status, 403, "{proto:?}");
                 assert_eq!(body, "egress denied, and more to come", "{proto:?}");
             }
@@ -627,7 +624,7 @@ async fn a_gateway_certificate_the_client_cannot_trust_is_a_handshake_error() {
                 ("wrong name", &pki, "other-gateway.ate-system.svc"),
             ] {
                 let case = format!("{what} {:?} {proto:?}", version.version);
-                let mut gw = gateway(gateway_pki, Mode::Sink(SinkConfig::default()), |cfg| {
+                let mut gw = gateway(gateway_pki, SinkConfig::default(), |cfg| {
                     cfg.alpn = vec![proto.alpn().to_vec()];
                     cfg.tls_versions = vec![version];
                 })
@@ -636,7 +633,7 @@ async fn a_gateway_certificate_the_client_cannot_trust_is_a_handshake_error() {
                 cfg.server_name = ServerName::try_from(name).expect("name");
                 let egress = actor_egress(&pki, cfg).await;
                 match open_error(&egress).await {
-                    TunnelError::GatewayHandshake { reason, .. } => assert!(
+                    OpenError::GatewayHandshake { reason, .. } => assert!(
                         reason.contains("invalid peer certificate"),
                         "{case}: {reason}"
                     ),

@@ -6,18 +6,16 @@
 //! allocator, on the same connections before and after they hibernate, so
 //! client and actor (in this process too) cancel out.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::alloc::System;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use atunnel::hibernate::{Hibernation, HibernationStats};
 use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
+use atunnel_tls::hibernate::{Hibernation, HibernationStats};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use support::ingress::*;
 use tokio::io::AsyncWriteExt;
 
 #[global_allocator]

@@ -1,19 +1,18 @@
 //! Ingress CONNECT with real peers: HTTP/1.1 CONNECT over TLS and HTTP/2
 //! CONNECT streams from the router, relayed into an actor with half-close.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use atunnel::ingress::routes::{ACTOR_DIAL_TIMEOUT, ActorDialer, PoolSettings};
+use atunnel::ingress::{ActorDialer, PoolSettings};
+use atunnel_connect::limits::ACTOR_DIAL_TIMEOUT;
 use atunnel_core::endpoint::{close_write, read_chunk, write_chunk};
 use atunnel_core::{BufferPool, Chunk, H2Stream};
 use bytes::Bytes;
-use support::ingress::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -118,7 +117,7 @@ async fn http1_connect_relays_both_ways_with_half_close() {
     )
     .await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let data = support::random(2 << 20, 4);
+    let data = random(2 << 20, 4);
     tls.write_all(&data).await.expect("write");
     // Half-close: TLS close_notify, the actor sees EOF and still answers.
     tls.shutdown().await.expect("close_notify");
@@ -137,7 +136,7 @@ async fn http2_connect_relays_both_ways_with_half_close() {
     let f = fixture().await;
     let mut router = h2_router(&f.pki, f.running.connect).await;
     let mut stream = h2_tunnel(&mut router, "alpha", 8080).await;
-    let data = support::random(1 << 20, 5);
+    let data = random(1 << 20, 5);
     write_chunk(&mut stream, Chunk::Shared(Bytes::from(data.clone())))
         .await
         .expect("write");
@@ -255,7 +254,7 @@ async fn a_dial_that_does_not_complete_within_the_bound_is_502() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_actor_half_closing_first_still_receives_everything() {
     let f = fixture().await;
-    let (actor, mut received) = support::greeting_server().await;
+    let (actor, mut received) = greeting_server().await;
     f.running
         .ingress
         .activate(
@@ -265,7 +264,7 @@ async fn the_actor_half_closing_first_still_receives_everything() {
             Box::new(LoopbackDialer([(7000, actor.port())].into())),
         )
         .expect("activate");
-    let data = support::random(1 << 20, 6);
+    let data = random(1 << 20, 6);
 
     // HTTP/1.1: the actor's FIN arrives as close_notify; the router writes on.
     let mut tls = h1_tunnel(&f.pki, f.running.connect, "greeter", 7000).await;
@@ -369,7 +368,7 @@ async fn an_idle_tunnel_holds_no_buffer_and_deactivation_closes_it() {
 async fn deactivation_resets_the_actor_and_never_ends_the_router_cleanly() {
     let f = fixture().await;
     for h2 in [false, true] {
-        let (actor, mut watched) = support::watched_echo_server().await;
+        let (actor, mut watched) = watched_echo_server().await;
         let uid = format!("uid-w-{h2}");
         f.running
             .ingress
@@ -386,7 +385,7 @@ async fn deactivation_resets_the_actor_and_never_ends_the_router_cleanly() {
             .ingress
             .deactivate("team-a", "watcher", &uid)
             .await;
-        support::watched_end_is_reset(&mut watched, &what("actor")).await;
+        watched_end_is_reset(&mut watched, &what("actor")).await;
         match tunnel {
             Tunnel::H2(_router, mut stream) => {
                 let (rest, ended) =
@@ -419,12 +418,12 @@ async fn shutdown_resets_the_actor_of_an_open_tunnel() {
     for h2 in [false, true] {
         let pki = IngressPki::new();
         let running = ingress(&pki).await;
-        let (actor, mut watched) = support::watched_echo_server().await;
+        let (actor, mut watched) = watched_echo_server().await;
         running.activate_alpha(&[(9000, actor.port())]);
         let f = Fixture { pki, running };
         // Held open until the shutdown.
         let _tunnel = pinged_tunnel(&f, h2, "alpha", 9000).await;
         f.running.cancel.cancel();
-        support::watched_end_is_reset(&mut watched, &format!("h2={h2}: actor")).await;
+        watched_end_is_reset(&mut watched, &format!("h2={h2}: actor")).await;
     }
 }

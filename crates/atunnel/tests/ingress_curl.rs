@@ -2,8 +2,7 @@
 //! through an HTTPS proxy, and mutual TLS refusing a client that is not the
 //! router. Actors are hyper servers on loopback.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -13,7 +12,6 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use support::ingress::*;
 use tokio::sync::mpsc;
 
 /// The actor port a CONNECT authority names; mapped to the actor's real

@@ -3,22 +3,19 @@
 //! client with the router's identity reaches it through atunnel's HTTPS
 //! listener, routed by `ate-target-actor` and `x-ate-target-port`.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel::clock::Clock;
 use atunnel::ingress::IngressConfig;
 use atunnel::tunnel::{IngressListen, Tunnel, TunnelConfig};
+use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
 use atunnel_sandbox::require_root;
 use atunnel_sandbox::sandbox::ACTOR_ADDR;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use support::ingress::*;
-use support::{Pki, TestSource, actor};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;

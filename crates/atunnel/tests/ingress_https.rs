@@ -1,20 +1,18 @@
 //! Ingress HTTPS with real peers: router-side hyper clients over h1 and h2
 //! with mutual TLS, actors as hyper servers on loopback.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use atunnel::ingress::IngressConfig;
-use atunnel::ingress::https::HEADER_READ_TIMEOUT;
+use atunnel_connect::limits::HEADER_READ_TIMEOUT;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use support::ingress::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
@@ -177,6 +175,25 @@ async fn requests_reach_the_actor_over_h1_and_h2_with_headers_rewritten() {
 async fn unknown_invalid_missing_or_inactive_actors_get_421_stale() {
     let f = fixture().await;
     let mut conn = RouterConn::open(&f.pki, f.running.https, false).await;
+    // Host alone never routes: every request names alpha in its one Host
+    // header (replacing `get`'s, not added to it).
+    fn describe_alpha_host(actor: Option<&str>) -> http::request::Builder {
+        let mut b = get("/describe", actor);
+        b.headers_mut().expect("builder").insert(
+            http::header::HOST,
+            http::HeaderValue::from_static("alpha.team-a.actors.resources.substrate.ate.dev"),
+        );
+        b
+    }
+    // Positive control: the same request with a valid, active target is
+    // served on this connection, so the 421s below come from the target.
+    let ok = conn
+        .send(empty(describe_alpha_host(Some("team-a/alpha"))))
+        .await
+        .expect("response");
+    assert_eq!(ok.status(), 200, "a valid, active target is served");
+    let seen = body_text(ok).await;
+    assert!(seen.starts_with("GET /describe HTTP/1.1"), "{seen}");
     for actor in [
         None,
         Some("team-a/unknown"),
@@ -184,10 +201,10 @@ async fn unknown_invalid_missing_or_inactive_actors_get_421_stale() {
         Some("a/b/c"),
         Some("Team-A/alpha"),
     ] {
-        // Host alone never routes.
-        let req = get("/describe", actor)
-            .header("host", "alpha.team-a.actors.resources.substrate.ate.dev");
-        let resp = conn.send(empty(req)).await.expect("response");
+        let resp = conn
+            .send(empty(describe_alpha_host(actor)))
+            .await
+            .expect("response");
         assert_eq!(resp.status(), 421, "{actor:?}");
         assert_eq!(resp.headers()["x-ate-assignment-stale"], "true");
     }
@@ -196,10 +213,11 @@ async fn unknown_invalid_missing_or_inactive_actors_get_421_stale() {
         .deactivate("team-a", "alpha", "uid-1")
         .await;
     let resp = conn
-        .send(empty(get("/describe", Some("team-a/alpha"))))
+        .send(empty(describe_alpha_host(Some("team-a/alpha"))))
         .await
         .expect("response");
     assert_eq!(resp.status(), 421, "inactive actor");
+    assert_eq!(resp.headers()["x-ate-assignment-stale"], "true");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -572,7 +590,7 @@ async fn a_head_not_sent_within_the_header_read_timeout_closes_the_connection() 
 
 #[test]
 fn the_connect_servers_h2_preface_timeout_defaults_to_10_s() {
-    let default = atunnel::connect_server::H2Settings::default();
+    let default = atunnel_connect::server::H2Settings::default();
     assert_eq!(default.preface_timeout, Duration::from_secs(10));
 }
 

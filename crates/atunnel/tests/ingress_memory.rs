@@ -4,8 +4,7 @@
 //! read from the counting allocator, so each bound covers atunnel with room
 //! to spare for the peers.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::alloc::System;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,7 +17,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
-use support::ingress::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 

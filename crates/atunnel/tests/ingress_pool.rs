@@ -2,16 +2,14 @@
 //! closed when idle and when their activation ends. Connections are counted
 //! where the actor accepts them, not by atunnel's own counters.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use atunnel::ingress::routes::PoolSettings;
+use atunnel::ingress::PoolSettings;
 use bytes::Bytes;
 use http_body_util::Full;
-use support::ingress::*;
 use tokio::time::MissedTickBehavior;
 
 /// The actor's answer: this long after the request arrives.

@@ -1,8 +1,7 @@
 //! The `atunnel` binary's own heap (its counting allocator, read from
 //! /stats) while 100 MiB go up and 100 MiB come down through ingress.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -11,12 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use atunnel::host::HostReady;
-use atunnel::stats::{fetch, num};
+use atunnel_support::stats_client::{fetch, num};
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
-use support::ingress::*;
 use tokio::io::AsyncBufReadExt;
 
 static CHUNK: [u8; 64 * 1024] = [b'z'; 64 * 1024];
@@ -52,7 +50,7 @@ async fn actor() -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
     let pki = IngressPki::new();
-    let gw_pki = support::Pki::new();
+    let gw_pki = Pki::new();
     std::fs::write(pki.path("gateway-ca.pem"), gw_pki.gateway_ca.cert_pem()).expect("write");
     std::fs::write(pki.path("actor-ca.pem"), gw_pki.actor_ca.cert_pem()).expect("write");
     std::fs::write(pki.path("actor-ca.key"), gw_pki.actor_ca.key_pem()).expect("write");
@@ -188,5 +186,8 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
     sampler.abort();
     let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline);
     println!("atunnel heap: baseline {baseline} B, peak growth {growth} B moving 100 MiB each way");
-    assert!(growth < 1 << 20, "atunnel's heap grew {growth} bytes");
+    // Measured 131-268 KB over 18 runs (docs/design.md gives ~213 KB; this
+    // test with --nocapture prints it). Without the 64 KiB HTTP/1.1 buffer
+    // cap each hyper buffer may grow to ~408 KiB, which this bound catches.
+    assert!(growth < 512 << 10, "atunnel's heap grew {growth} bytes");
 }

@@ -3,8 +3,7 @@
 //! activation of the same name: ingress over the HTTPS and the CONNECT
 //! listener, and egress toward the gateway.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -13,16 +12,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel::clock::Clock;
-use atunnel::gateway::Mode;
-use atunnel::gateway::sink::SinkConfig;
 use atunnel::ingress::Ingress;
-use atunnel::ingress::routes::{Activation, ActorDialer};
+use atunnel::ingress::{ActorDialer, ActorRoute};
+use atunnel_identity::clock::Clock;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
-use support::ingress::*;
-use support::*;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -197,7 +192,7 @@ struct LateDial {
     dials: Dials,
     /// uid-1, held so that a late connection kept in its pool would stay
     /// open and be caught.
-    first: Arc<Activation>,
+    first: Arc<ActorRoute>,
 }
 
 impl LateDial {
@@ -213,8 +208,7 @@ impl LateDial {
             .expect("activate uid-1");
         let first = running
             .ingress
-            .routes()
-            .lookup("team-a", "alpha")
+            .route("team-a", "alpha")
             .expect("uid-1 routed");
         Self {
             pki,
@@ -257,10 +251,9 @@ impl LateDial {
         let second = self
             .running
             .ingress
-            .routes()
-            .lookup("team-a", "alpha")
+            .route("team-a", "alpha")
             .expect("uid-2 routed");
-        assert_eq!(second.uid, "uid-2");
+        assert_eq!(second.uid(), "uid-2");
         assert_eq!(second.new_connections(), 1);
         assert_eq!(
             self.first.new_connections(),
@@ -326,7 +319,7 @@ async fn connect_alpha(
     )
     .await
     .expect("write head");
-    let head = atunnel::http1::read_head(&mut tls)
+    let head = atunnel_connect::http1::read_head(&mut tls)
         .await
         .expect("answer head");
     (tls, String::from_utf8_lossy(&head).into_owned())
@@ -396,7 +389,7 @@ async fn gated_proxy(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egress_a_gateway_answer_after_deactivation_is_never_handed_to_the_next_activation() {
     let pki = Pki::new();
-    let mut gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let mut gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let (gate, gate_rx) = watch::channel(false);
     let (held, mut proxied) = gated_proxy(gw.addr, gate_rx).await;
     let a = actor("alpha");

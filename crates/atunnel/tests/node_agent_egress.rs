@@ -1,18 +1,14 @@
 //! Actor certificates from the node agent drive egress: minted before the
 //! workload starts, refused closed.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel::clock::Clock;
 use atunnel::egress::ActorEgress;
-use atunnel::gateway::Mode;
-use atunnel::gateway::sink::SinkConfig;
+use atunnel_identity::clock::Clock;
 use atunnel_identity::pki::{ATELET_SPIFFE_ID, CertificateAuthority, Usage, WORKER_SPIFFE_ID};
 use atunnel_nodeagent::{Behavior, FakeAgentTls, FakeNodeAgent, NodeAgentConfig, NodeAgentSource};
-use support::*;
 use tokio_util::sync::CancellationToken;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -20,7 +16,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egress_runs_on_certificates_the_node_agent_mints_and_fails_closed_when_it_refuses() {
     let pki = Pki::new();
-    let gw = gateway(&pki, Mode::Sink(SinkConfig::default()), |_| {}).await;
+    let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let pod_ca = CertificateAuthority::new("pod identity CA").expect("ca");
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("ateom-support.sock");

@@ -2,19 +2,17 @@
 //! behind: no namespace (so no link in one), descriptor or task (root). Its
 //! own test binary, so descriptor and task counts are this test's alone.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atunnel::clock::Clock;
 use atunnel::tunnel::{Tunnel, TunnelConfig};
 use atunnel_dns::RelayConfig;
+use atunnel_identity::clock::Clock;
 use atunnel_sandbox::{netns, require_root};
-use support::*;
 
 fn kernel_bytes() -> u64 {
     let meminfo = std::fs::read_to_string("/proc/meminfo").expect("meminfo");

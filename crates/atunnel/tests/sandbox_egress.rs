@@ -2,8 +2,7 @@
 //! runtime namespace dials any address and is carried through the tunnel,
 //! driven by the worker's calls.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::collections::HashSet;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
@@ -14,24 +13,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use atunnel::clock::Clock;
-use atunnel::gateway::Mode;
-use atunnel::gateway::sink::{Service, SinkConfig};
 use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_dns::RelayConfig;
+use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
 use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR};
 use atunnel_sandbox::{NetNs, NsExecutor, SandboxNetwork, require_root};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{oneshot, watch};
 
-fn echo_sink() -> Mode {
-    Mode::Sink(SinkConfig {
+fn echo_sink() -> SinkConfig {
+    SinkConfig {
         other_ports: Some(Service::Echo),
         ..SinkConfig::default()
-    })
+    }
 }
 
 /// A tunnel whose namespace names are this process's and this test's alone.

@@ -3,23 +3,20 @@
 //! each is found through /proc/self/fd while its tunnel is open and read
 //! back with getsockopt.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::net::SocketAddr;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::Arc;
 
-use atunnel::clock::Clock;
 use atunnel::egress::EgressConfig;
 use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_core::sockopt::{ReadBack, SocketOptions, read_back};
 use atunnel_dns::RelayConfig;
+use atunnel_identity::clock::Clock;
 use atunnel_sandbox::require_root;
 use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR};
 use bytes::Bytes;
 use http_body_util::Full;
-use support::ingress::{IngressPki, RouterConn, body_text, http1_actor, ingress_tuned, router_tls};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc};
@@ -205,7 +202,12 @@ fn tunnel_config(pki: &Pki, sets: &Sets) -> TunnelConfig {
 async fn egress_sockets_carry(sets: Sets) {
     let pki = Pki::new();
     let gw_opts = sets.gateway;
-    let gw = gateway(&pki, forward_loopback(), |cfg| cfg.socket = gw_opts).await;
+    // The gateway's accepted and dialed sockets both take its options.
+    let far = atunnel_gateway::Forward {
+        socket: gw_opts,
+        ..forward_loopback()
+    };
+    let gw = gateway(&pki, far, |cfg| cfg.socket = gw_opts).await;
     let echo = echo_server().await;
     // The tunnel, not the test, builds the gateway client from its egress
     // configuration: that wiring is under test too.
@@ -292,7 +294,7 @@ async fn ingress_sockets_carry(sets: Sets) {
         .write_all(b"CONNECT actor:8080 HTTP/1.1\r\nHost: actor:8080\r\nate-target-actor: team-a/alpha\r\n\r\n")
         .await
         .expect("CONNECT");
-    let head = atunnel::http1::read_head(&mut tunnel)
+    let head = atunnel_connect::http1::read_head(&mut tunnel)
         .await
         .expect("answer");
     assert!(
@@ -310,7 +312,7 @@ async fn ingress_sockets_carry(sets: Sets) {
     // actor stay open after the answer (keep-alive).
     let mut router = RouterConn::open(&pki, running.https, false).await;
     let req = http::Request::builder()
-        .uri(format!("https://{}/", support::ingress::WORKER_NAME))
+        .uri(format!("https://{}/", WORKER_NAME))
         .header("host", "app.example.com")
         .header("ate-target-actor", "team-a/alpha")
         .body(Full::new(Bytes::new()))

@@ -4,23 +4,20 @@
 //! so the ingress and the gateway check the client's leaf after every
 //! handshake; the gateway client does not resume at all.
 
-mod support;
-
+use atunnel_support::prelude::*;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use atunnel::clock::Clock;
 use atunnel::ingress::ROUTER_SPIFFE_ID;
+use atunnel_identity::clock::Clock;
 use atunnel_identity::pki::{Usage, actor_csr, new_actor_key};
 use atunnel_identity::verifier::{LeafValidityError, check_leaf_validity};
 use bytes::Bytes;
 use http_body_util::Full;
 use rustls::HandshakeKind;
 use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer, UnixTime};
-use support::ingress::{IngressPki, WORKER_NAME, http1_actor, ingress};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::verdict::{Verdict, sustainable_rate};
+use crate::scenario::Scenario;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -52,10 +53,10 @@ pub struct Variant {
 }
 
 impl Variant {
-    fn summary(&self, scenario: &str, key: &str) -> Option<&Value> {
+    fn summary(&self, scenario: Scenario, key: &str) -> Option<&Value> {
         self.scenarios
             .iter()
-            .find(|s| s.name == scenario)
+            .find(|s| s.name == scenario.name())
             .and_then(|s| s.summary.get(key))
     }
 }
@@ -69,13 +70,13 @@ pub fn comparison_table(c: &Comparison) -> String {
         "variant", "idle heap B", "idle cgroup B", "tasks", "http cores@8000", "tcp MB/s (3 runs)"
     );
     for v in &c.variants {
-        let num = |s: &str, k: &str| {
+        let num = |s: Scenario, k: &str| {
             v.summary(s, k)
                 .and_then(Value::as_f64)
                 .map_or("-".to_string(), |x| format!("{x}"))
         };
         let tcp = v
-            .summary("egress-tcp", "mb_per_s")
+            .summary(Scenario::EgressTcp, "mb_per_s")
             .and_then(Value::as_array)
             .map(|a| {
                 a.iter()
@@ -88,10 +89,10 @@ pub fn comparison_table(c: &Comparison) -> String {
             out,
             "{:<14} {:>12} {:>14} {:>10} {:>16} {:>22}",
             v.label,
-            num("egress-idle", "heap_bytes_per_conn"),
-            num("egress-idle", "cgroup_bytes_per_conn"),
-            num("egress-idle", "tasks_per_conn"),
-            num("egress-http", "cores_at_8000_rps"),
+            num(Scenario::EgressIdle, "heap_bytes_per_conn"),
+            num(Scenario::EgressIdle, "cgroup_bytes_per_conn"),
+            num(Scenario::EgressIdle, "tasks_per_conn"),
+            num(Scenario::EgressHttp, "cores_at_8000_rps"),
             tcp
         );
     }

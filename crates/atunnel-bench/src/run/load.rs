@@ -8,17 +8,13 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use atunnel_bench::cgroup::CgroupSample;
 use atunnel_bench::load::results::{self, Results, ScenarioResult};
-use atunnel_sandbox::NetNs;
+use atunnel_bench::scenario::Scenario;
 use tokio_util::sync::CancellationToken;
 
-use super::SCENARIOS;
+use super::bench::Bench;
 use super::report::{self, RunInfo};
-use super::scenarios::{self, RouterTls};
-use super::topology::Topology;
-use crate::pki::PkiFiles;
-use crate::worker::{TunnelState, WorkerClient, WorkerStatus};
+use super::scenarios;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct LoadArgs {
@@ -38,8 +34,8 @@ pub struct LoadArgs {
     #[arg(long)]
     pub quick: bool,
     /// Scenarios to run, comma separated (default: all).
-    #[arg(long, value_delimiter = ',')]
-    pub scenarios: Vec<String>,
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub scenarios: Vec<Scenario>,
     /// Idle egress connections held by egress-idle (default 15,000; 1,000 with --quick).
     #[arg(long)]
     pub idle_conns: Option<usize>,
@@ -61,7 +57,11 @@ pub enum Compare {
 }
 
 /// The scenarios a comparison runs under each variant.
-const COMPARED: [&str; 3] = ["egress-idle", "egress-http", "egress-tcp"];
+const COMPARED: [Scenario; 3] = [
+    Scenario::EgressIdle,
+    Scenario::EgressHttp,
+    Scenario::EgressTcp,
+];
 
 impl Compare {
     pub fn name(self) -> &'static str {
@@ -92,40 +92,45 @@ impl Compare {
     }
 }
 
-/// The scenarios to run, in order: the ones named (checked against the
-/// known ones), else all of them; but a comparison with none named runs
-/// only its own.
-pub fn scenarios_to_run(
-    names: &[String],
-    compare: Option<Compare>,
-) -> Result<Vec<String>, atunnel::BoxError> {
-    if names.is_empty() {
-        return Ok(match compare {
+/// The scenarios to run, in order: the ones named (`--scenarios` accepts
+/// only known ones), else all of them; but a comparison with none named
+/// runs only its own.
+pub fn scenarios_to_run(named: &[Scenario], compare: Option<Compare>) -> Vec<Scenario> {
+    if named.is_empty() {
+        return match compare {
             Some(_) => Vec::new(),
-            None => SCENARIOS.iter().map(|s| s.to_string()).collect(),
-        });
+            None => Scenario::ALL.to_vec(),
+        };
     }
-    for s in names {
-        if !SCENARIOS.contains(&s.as_str()) {
-            return Err(format!("unknown scenario {s:?}; known: {}", SCENARIOS.join(", ")).into());
-        }
-    }
-    Ok(names.to_vec())
+    named.to_vec()
 }
 
-pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunnel::BoxError> {
-    let chosen = scenarios_to_run(&args.scenarios, args.compare)?;
+pub async fn run(
+    args: LoadArgs,
+    cancel: CancellationToken,
+) -> Result<(), atunnel_process::BoxError> {
+    let chosen = scenarios_to_run(&args.scenarios, args.compare);
     std::fs::create_dir_all(&args.out)?;
-    let mut bench = Bench::open(&args).await?;
+    let mut bench = Bench::open(
+        &args.control,
+        &args.pki,
+        &args.netns_prefix,
+        args.quick,
+        args.idle_conns
+            .unwrap_or(if args.quick { 1000 } else { 15_000 }),
+        args.sink_pid,
+    )
+    .await?;
+    let names: Vec<&str> = chosen.iter().map(|s| s.name()).collect();
     println!(
         "{}",
-        serde_json::json!({"load": "ready", "scenarios": chosen})
+        serde_json::json!({"load": "ready", "scenarios": names})
     );
     let started = Instant::now();
     let mut results = Results::default();
-    for name in &chosen {
+    for &scenario in &chosen {
         eprintln!(
-            "[{:>5.0}s] scenario {name}",
+            "[{:>5.0}s] scenario {scenario}",
             started.elapsed().as_secs_f64()
         );
         let result = tokio::select! {
@@ -133,10 +138,10 @@ pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunne
                 eprintln!("interrupted: writing what is done");
                 break;
             }
-            r = scenarios::run(&mut bench, name) => r,
+            r = scenarios::run(&mut bench, scenario) => r,
         };
         let result = result.unwrap_or_else(|e| ScenarioResult {
-            name: name.clone(),
+            name: scenario.name().into(),
             notes: vec![format!("scenario failed: {e}")],
             ..ScenarioResult::default()
         });
@@ -164,13 +169,13 @@ pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunne
                 flags,
                 scenarios: Vec::new(),
             };
-            for name in COMPARED {
+            for scenario in COMPARED {
                 let result = tokio::select! {
                     _ = cancel.cancelled() => break 'variants,
-                    r = scenarios::run(&mut bench, name) => r,
+                    r = scenarios::run(&mut bench, scenario) => r,
                 };
                 let result = result.unwrap_or_else(|e| ScenarioResult {
-                    name: name.into(),
+                    name: scenario.name().into(),
                     notes: vec![format!("scenario failed: {e}")],
                     ..ScenarioResult::default()
                 });
@@ -190,7 +195,7 @@ pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunne
     // already gone).
     let status = match bench.worker.status().await {
         Ok(s) => s,
-        Err(_) => bench.status.clone(),
+        Err(_) => bench.last_status().clone(),
     };
     let info = RunInfo {
         quick: args.quick,
@@ -200,7 +205,7 @@ pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunne
         compare: args.compare.map(Compare::name),
         // Named when they are not what the same command without
         // --scenarios would run.
-        scenarios: (chosen != scenarios_to_run(&[], args.compare)?).then(|| chosen.clone()),
+        scenarios: (chosen != scenarios_to_run(&[], args.compare)).then(|| chosen.clone()),
     };
     results::write_results_json(&args.out, &results)?;
     results::write_results_txt(&args.out, &results)?;
@@ -209,157 +214,51 @@ pub async fn run(args: LoadArgs, cancel: CancellationToken) -> Result<(), atunne
     Ok(())
 }
 
-/// What the scenarios drive: atunnel through the worker, the namespaces,
-/// and the tunnel's cgroup.
-pub struct Bench {
-    pub topo: Topology,
-    pub pki: PkiFiles,
-    /// The router's TLS settings, built once.
-    pub(super) router_tls: RouterTls,
-    /// The actors' runtime namespaces (where their programs dial from).
-    pub sandboxes: Vec<NetNs>,
-    pub quick: bool,
-    pub idle_conns: usize,
-    pub worker: WorkerClient,
-    /// The worker's status as last seen (atunnel's ready line among it).
-    status: WorkerStatus,
-    /// The flags last asked for on top of the worker's (a restart that
-    /// failed included).
-    tunnel_args: Vec<String>,
-    sink_pid: Option<u32>,
-}
-
-impl Bench {
-    async fn open(args: &LoadArgs) -> Result<Self, atunnel::BoxError> {
-        let worker = WorkerClient::new(&args.control);
-        let status = worker.settled().await?;
-        let topo = Topology::open(&args.netns_prefix)?;
-        let sandboxes = running(&status)?;
-        let pki = PkiFiles {
-            dir: args.pki.clone(),
-        };
-        Ok(Self {
-            topo,
-            router_tls: RouterTls::new(&pki)?,
-            pki,
-            sandboxes,
-            quick: args.quick,
-            idle_conns: args
-                .idle_conns
-                .unwrap_or(if args.quick { 1000 } else { 15_000 }),
-            worker,
-            tunnel_args: status.extra_args.clone(),
-            status,
-            sink_pid: args.sink_pid,
-        })
-    }
-
-    /// Takes a status from the worker: a fresh atunnel has other sandboxes.
-    fn adopt(&mut self, status: WorkerStatus) -> Result<(), atunnel::BoxError> {
-        if status.generation != self.status.generation || status.tunnel_pid != self.tunnel_pid() {
-            self.sandboxes = running(&status)?;
-        }
-        self.status = status;
-        Ok(())
-    }
-
-    /// Whether atunnel ran without dying since the last look. The worker
-    /// replaces a dead atunnel by itself (logging how it died); this waits
-    /// until the fresh one is ready.
-    pub async fn check_tunnel(&mut self) -> Result<bool, atunnel::BoxError> {
-        let status = self.worker.settled().await?;
-        let alive = status.deaths == self.status.deaths;
-        if status.state == TunnelState::Failed {
-            self.status = status.clone();
-            return Err(format!(
-                "atunnel could not be restarted: {}",
-                status.error.unwrap_or_default()
-            )
-            .into());
-        }
-        self.adopt(status)?;
-        Ok(alive)
-    }
-
-    /// Restarts atunnel (and the actors in its fresh sandboxes) with `extra`
-    /// flags; an empty list returns to the defaults.
-    pub async fn restart_tunnel(&mut self, extra: Vec<String>) -> Result<(), atunnel::BoxError> {
-        self.tunnel_args = extra.clone();
-        let status = self.worker.restart(extra).await?;
-        self.adopt(status)
-    }
-
-    /// The flags atunnel was last asked to run with on top of the worker's.
-    pub fn tunnel_args(&self) -> &[String] {
-        &self.tunnel_args
-    }
-
-    /// atunnel's CPU quota, in cores.
-    pub fn tunnel_cpus(&self) -> f64 {
-        self.status.cpus
-    }
-
-    pub fn tunnel_pid(&self) -> Option<u32> {
-        self.status.tunnel_pid
-    }
-
-    pub fn sink_pid(&self) -> Option<u32> {
-        self.sink_pid
-    }
-
-    pub fn actors_pid(&self) -> Option<u32> {
-        self.status.actors_pid
-    }
-
-    pub fn cgroup_sample(&self) -> CgroupSample {
-        self.status.cgroup.sample().unwrap_or_default()
-    }
-
-    /// atunnel's /stats, read from the load namespace (after releasing free
-    /// memory when `release`).
-    pub async fn stats(&self, release: bool) -> Result<serde_json::Value, atunnel::BoxError> {
-        let addr = self.status.host_ready()?.stats;
-        let s = self.topo.connect_in(&self.topo.load, addr).await?;
-        atunnel::stats::fetch_over(s, release).await
-    }
-}
-
-/// The running atunnel's sandboxes, opened.
-fn running(status: &WorkerStatus) -> Result<Vec<NetNs>, atunnel::BoxError> {
-    if status.state != TunnelState::Running {
-        return Err(format!(
-            "atunnel is not running ({:?}): {}",
-            status.state,
-            status.error.as_deref().unwrap_or("")
-        )
-        .into());
-    }
-    let sandboxes = status
-        .host_ready()?
-        .actors
-        .iter()
-        .filter_map(|a| a.runtime_netns.as_deref())
-        .map(NetNs::open)
-        .collect::<Result<_, _>>()?;
-    Ok(sandboxes)
-}
-
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
 
-    fn names(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| s.to_string()).collect()
+    /// `load`'s flags, parsed as the binary parses them.
+    #[derive(Parser)]
+    struct Load {
+        #[command(flatten)]
+        args: LoadArgs,
+    }
+
+    fn parse(scenarios: &str) -> Result<LoadArgs, clap::Error> {
+        Load::try_parse_from([
+            "load",
+            "--control=worker.sock",
+            "--pki=pki",
+            "--netns-prefix=atb-",
+            "--out=out",
+            &format!("--scenarios={scenarios}"),
+        ])
+        .map(|l| l.args)
     }
 
     #[test]
     fn a_comparison_alone_runs_only_its_own_scenarios() {
         let compare = Some(Compare::CopyMode);
-        assert_eq!(scenarios_to_run(&[], None).expect("all"), names(SCENARIOS));
-        assert!(scenarios_to_run(&[], compare).expect("none").is_empty());
-        let tcp = names(&["egress-tcp"]);
-        assert_eq!(scenarios_to_run(&tcp, compare).expect("named"), tcp);
-        assert_eq!(scenarios_to_run(&tcp, None).expect("named"), tcp);
-        assert!(scenarios_to_run(&names(&["egress-nope"]), compare).is_err());
+        assert_eq!(scenarios_to_run(&[], None), Scenario::ALL);
+        assert!(scenarios_to_run(&[], compare).is_empty());
+        let tcp = [Scenario::EgressTcp];
+        assert_eq!(scenarios_to_run(&tcp, compare), tcp);
+        assert_eq!(scenarios_to_run(&tcp, None), tcp);
+    }
+
+    #[test]
+    fn scenarios_are_named_and_unknown_names_refused_with_the_known_ones() {
+        let args = parse("egress-tcp,ingress-idle").expect("known names");
+        assert_eq!(args.scenarios, [Scenario::EgressTcp, Scenario::IngressIdle]);
+        let error = parse("egress-tcp,egress-nope")
+            .expect_err("an unknown name")
+            .to_string();
+        assert!(error.contains("egress-nope"), "{error}");
+        for s in Scenario::ALL {
+            assert!(error.contains(s.name()), "{s} missing from: {error}");
+        }
     }
 }

@@ -6,36 +6,38 @@
 //! folder: results.txt, results.json, report.md and plots). `run` only sets
 //! the stage and clears it again, whatever happens.
 //!
-//! - [`topology`]: the namespaces and veth links.
-//! - [`load`]: the `load` role; [`scenarios`] and [`report`] are its parts.
-//! - `crate::worker`: the `worker` role and its control socket.
+//! Its modules, each depending only on those below it:
+//!
+//! - this one: the `run` role; it sets the stage and starts the others.
+//! - [`load`]: the `load` role: runs the scenarios, writes the run folder.
+//! - [`report`]: writes report.md.
+//! - [`scenarios`]: the scenarios, and running one.
+//! - [`rung`]: the measurement around one rung, the ladders.
+//! - [`dial`]: dialing from the actors' sandboxes.
+//! - [`bench`]: what the scenarios drive (atunnel through the worker).
+//! - [`router`]: the router's TLS to atunnel's ingress.
+//!
+//! Below `run`: `crate::worker` (the `worker` role and its control
+//! socket), `crate::topology` (the namespaces, veth links and addresses)
+//! and the library's `scenario` (the scenarios' names).
 
-mod ingress_idle;
+mod bench;
+mod dial;
 pub mod load;
 mod report;
+mod router;
+mod rung;
 mod scenarios;
-pub mod topology;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use atunnel_bench::scenario::Scenario;
 use tokio_util::sync::CancellationToken;
 
 use crate::pki;
 use crate::role::{self, Role, arg};
-use topology::{SINK_ADDR, Topology};
-
-/// Scenario names, in the order they run (names are part of the results schema).
-pub const SCENARIOS: &[&str] = &[
-    "egress-idle",
-    "egress-tcp",
-    "egress-http",
-    "egress-new",
-    "ingress-https",
-    "ingress-connect",
-    "socket-memory",
-    "ingress-idle",
-];
+use crate::topology::{self, SINK_ADDR, Topology};
 
 /// How long the load generator gets to write what it has after SIGTERM.
 const LOAD_GRACE: Duration = Duration::from_secs(30);
@@ -55,8 +57,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Scenarios to run, comma separated (default: all).
-    #[arg(long, value_delimiter = ',')]
-    pub scenarios: Vec<String>,
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub scenarios: Vec<Scenario>,
     /// Actors hosted (each with a sandbox, an ingress actor and egress).
     #[arg(long)]
     pub actors: Option<usize>,
@@ -94,12 +96,15 @@ struct Names {
     cgroup: String,
 }
 
-pub async fn run(args: RunArgs, cancel: CancellationToken) -> Result<(), atunnel::BoxError> {
+pub async fn run(
+    args: RunArgs,
+    cancel: CancellationToken,
+) -> Result<(), atunnel_process::BoxError> {
     let out = match &args.out {
         Some(dir) => dir.clone(),
         None => PathBuf::from("runs").join(timestamp()),
     };
-    let chosen = load::scenarios_to_run(&args.scenarios, args.compare)?;
+    let chosen = load::scenarios_to_run(&args.scenarios, args.compare);
     std::fs::create_dir_all(&out)?;
     let pid = std::process::id();
     let names = Names {
@@ -139,9 +144,9 @@ pub async fn run(args: RunArgs, cancel: CancellationToken) -> Result<(), atunnel
 async fn perform(
     args: &RunArgs,
     names: &Names,
-    chosen: &[String],
+    chosen: &[Scenario],
     stage: &mut Stage,
-) -> Result<(), atunnel::BoxError> {
+) -> Result<(), atunnel_process::BoxError> {
     let out = &names.out;
     let pki = pki::write(&out.join("pki"))?;
     let topo = stage.topo.insert(Topology::create(&names.prefix).await?);
@@ -154,7 +159,6 @@ async fn perform(
             arg("cert", pki.gateway_cert().display()),
             arg("key", pki.gateway_key().display()),
             arg("actor-ca", pki.actor_ca_cert().display()),
-            "--mode=sink".into(),
             arg("source-bytes", 1u64 << 30),
         ],
         None,
@@ -188,7 +192,8 @@ async fn perform(
         arg("out", out.display()),
     ];
     if !chosen.is_empty() {
-        load_args.push(arg("scenarios", chosen.join(",")));
+        let names: Vec<&str> = chosen.iter().map(|s| s.name()).collect();
+        load_args.push(arg("scenarios", names.join(",")));
     }
     if let Some(c) = args.compare {
         load_args.push(arg("compare", c.name()));
@@ -276,4 +281,33 @@ fn timestamp() -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    /// `run`'s flags, parsed as the binary parses them.
+    #[derive(Parser)]
+    struct Run {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+
+    #[test]
+    fn help_lists_the_scenarios_and_scenarios_parses_their_names() {
+        let help = Run::command().render_long_help().to_string();
+        for s in Scenario::ALL {
+            assert!(help.contains(s.name()), "{s} missing from:\n{help}");
+        }
+        let run = Run::try_parse_from(["run", "--scenarios", "socket-memory,egress-idle"])
+            .expect("known names");
+        assert_eq!(
+            run.args.scenarios,
+            [Scenario::SocketMemory, Scenario::EgressIdle]
+        );
+        assert!(Run::try_parse_from(["run", "--scenarios", "egress"]).is_err());
+    }
 }

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use atunnel_bench::load::results::{self, Results, ScenarioResult};
+use atunnel_bench::scenario::Scenario;
 
 /// How the run was set up, for the report's opening lines.
 pub struct RunInfo {
@@ -16,45 +17,44 @@ pub struct RunInfo {
     /// The `--compare` setting, if any.
     pub compare: Option<&'static str>,
     /// The scenarios run, when not the ones run without `--scenarios`.
-    pub scenarios: Option<Vec<String>>,
+    pub scenarios: Option<Vec<Scenario>>,
 }
 
 /// What a scenario measures, and the reference's figure where there is one.
-fn about(name: &str) -> (&'static str, &'static str) {
-    match name {
-        "egress-idle" => (
+fn about(scenario: Scenario) -> (&'static str, &'static str) {
+    match scenario {
+        Scenario::EgressIdle => (
             "Idle egress connections held open from every actor's sandbox (opened at 200/s, one byte there and back each, then silent). Per connection: atunnel's live heap (counting allocator, after free memory is released), its whole cgroup's memory (user and kernel, sockets included), tasks, and the CPU it took to open one.",
             "Reference: 26.8 KiB heap, 4 goroutines, ~54 KiB of cgroup memory and ~1 ms of CPU per connection. Targets: <= 2 KiB heap, 1 task, <= 6 KiB cgroup, <= 0.1 ms to open.",
         ),
-        "egress-tcp" => (
+        Scenario::EgressTcp => (
             "Bulk throughput of one egress connection (actor -> tunnel -> gateway sink), three runs, with atunnel held to its CPU quota.",
             "Reference: ~305-311 MB/s per core. Target: >= 915 MB/s at 1 CPU.",
         ),
-        "egress-http" => (
+        Scenario::EgressHttp => (
             "Small HTTP/1.1 requests over 64 reused egress tunnels, open loop, rising rate; atunnel's CPU per rung.",
             "Reference: 0.83-1.00 core at 8,000 req/s.",
         ),
-        "egress-new" => (
+        Scenario::EgressNew => (
             "New egress connections per second (connect from a sandbox, one byte there and back, close): the CPU a new tunnel costs.",
             "Reference: about 1 ms of CPU per new connection. Target: <= 0.1 ms.",
         ),
-        "ingress-https" => (
+        Scenario::IngressHttps => (
             "Requests from the router (HTTP/2 with the router's certificate) through the HTTPS listener to the actors, open loop, rising rate; and how many new connections to actors each 1,000 requests cost after warm-up.",
             "The reference kept two spare connections per actor and opened a new one for many requests under load. Target: < 5 new per 1,000.",
         ),
-        "socket-memory" => (
+        Scenario::SocketMemory => (
             "Kernel socket memory per stalled connection, from SO_MEMINFO on the proxy's own sockets (duplicated with pidfd_getfd), 100 connections, with TCP_NOTSENT_LOWAT off and at 16 KiB: an actor that stops reading from a destination and a router that stops reading a CONNECT tunnel from an actor (atunnel's sockets); a destination that stops reading while an actor keeps writing through a forwarding gateway (the gateway's sockets). Also atunnel's heap per stalled connection (HTTP/2 windows), and bulk throughput with each setting. The notes say what each figure includes, and whether the 5 ms added round trip case ran.",
             "Reference: 48-201 KiB per stalled connection with lowat, up to 1.4 MiB without. Target: <= 32 KiB at the same throughput.",
         ),
-        "ingress-idle" => (
+        Scenario::IngressIdle => (
             "Idle router connections into atunnel, per connection, with hibernation off and on: HTTP/1.1 keep-alive after a short answer and after a 60 KB one, HTTP/2 after one request, and a CONNECT tunnel after one exchange. Heap and cgroup bytes once idle (and hibernated), atunnel's CPU while they went idle, the next request on each (the first after waking when hibernated: CPU and latency), and keep-alive throughput with hibernation off and on.",
             "Reference (seed 003, Bandit): 8.6 KB -> 2.1 KB for a short HTTP/1 answer, 587.7 KB -> 2.1 KB after a 60 KB page, 21.1 KB -> 3.3 KB for HTTP/2; 8-10 us to hibernate; keep-alive throughput within noise. Peers: nginx 15.6 KB, HAProxy 17.3 KB per idle TLS keep-alive connection. Target: <= 4 KiB hibernated.",
         ),
-        "ingress-connect" => (
+        Scenario::IngressConnect => (
             "CONNECT tunnels from the router through the CONNECT listener to actor:80, one request and answer inside each.",
             "",
         ),
-        _ => ("", ""),
     }
 }
 
@@ -79,7 +79,10 @@ fn reproduce(args: &RunInfo, allocator: &str) -> String {
             .unwrap_or_default(),
         args.scenarios
             .as_ref()
-            .map(|s| format!(" --scenarios {}", s.join(",")))
+            .map(|s| {
+                let names: Vec<&str> = s.iter().map(|s| s.name()).collect();
+                format!(" --scenarios {}", names.join(","))
+            })
             .unwrap_or_default(),
         args.tunnel_arg
             .iter()
@@ -110,7 +113,7 @@ pub fn write(
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     for s in &results.scenarios {
-        let (what, reference) = about(&s.name);
+        let (what, reference) = Scenario::from_name(&s.name).map_or(("", ""), about);
         let _ = writeln!(md, "## {}\n\n{what}\n", s.name);
         if !reference.is_empty() {
             let _ = writeln!(md, "{reference}\n");
@@ -186,14 +189,14 @@ pub fn write(
 mod tests {
     use super::*;
 
-    fn info(compare: Option<&'static str>, scenarios: Option<&[&str]>) -> RunInfo {
+    fn info(compare: Option<&'static str>, scenarios: Option<&[Scenario]>) -> RunInfo {
         RunInfo {
             quick: true,
             tunnel_cpus: 1.0,
             tunnel_memory_mib: 1024,
             tunnel_arg: vec!["--wait-buffer=512".into()],
             compare,
-            scenarios: scenarios.map(|s| s.iter().map(|s| s.to_string()).collect()),
+            scenarios: scenarios.map(<[Scenario]>::to_vec),
         }
     }
 
@@ -204,7 +207,10 @@ mod tests {
             "cargo run --release -p atunnel-bench -- run --quick --compare copy-mode --tunnel-arg=--wait-buffer=512"
         );
         assert_eq!(
-            reproduce(&info(None, Some(&["egress-tcp", "egress-new"])), "jemalloc"),
+            reproduce(
+                &info(None, Some(&[Scenario::EgressTcp, Scenario::EgressNew])),
+                "jemalloc"
+            ),
             "cargo run --release -p atunnel-bench --features jemalloc -- run --quick --scenarios egress-tcp,egress-new --tunnel-arg=--wait-buffer=512"
         );
     }

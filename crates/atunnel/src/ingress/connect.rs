@@ -11,8 +11,8 @@ use tokio::net::TcpStream;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::https::{ASSIGNMENT_STALE, target_activation};
-use super::routes::{Activation, Routes};
-use crate::connect_server::{Answer, ConnectHandler, ConnectRequest};
+use super::routes::{ActorRoute, Routes};
+use atunnel_connect::{Answer, ConnectHandler, ConnectRequest};
 
 pub struct IngressConnect {
     pub routes: Arc<Routes>,
@@ -22,7 +22,7 @@ pub struct IngressConnect {
 /// An accepted tunnel: the actor's socket, under its activation.
 pub struct ActorTunnel {
     actor: TcpStream,
-    activation: Arc<Activation>,
+    activation: Arc<ActorRoute>,
     _token: TaskTrackerToken,
 }
 

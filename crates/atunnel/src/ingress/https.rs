@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -21,7 +20,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming};
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
-use super::routes::{Activation, Routes};
+use super::routes::{ActorRoute, Routes};
 
 /// Header naming the actor: `<atespace>/<actor>`.
 pub const TARGET_ACTOR: &str = "ate-target-actor";
@@ -31,8 +30,6 @@ pub const TARGET_PORT: &str = "x-ate-target-port";
 pub const ASSIGNMENT_STALE: &str = "x-ate-assignment-stale";
 /// The actor's port when no valid `X-Ate-Target-Port` is given.
 pub const DEFAULT_ACTOR_PORT: u16 = 80;
-/// How long a client may take to send a request head.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most bytes one HTTP/1.1 connection buffers while reading (hyper grows its
 /// read buffer to ~400 KiB by default; bodies stream in chunks this size at
@@ -78,7 +75,7 @@ fn bad_gateway() -> Response<ProxyBody> {
 }
 
 /// The actor named by `ate-target-actor`, if it is valid and active.
-pub fn target_activation(routes: &Routes, headers: &HeaderMap) -> Option<Arc<Activation>> {
+pub fn target_activation(routes: &Routes, headers: &HeaderMap) -> Option<Arc<ActorRoute>> {
     let value = headers.get(TARGET_ACTOR)?.to_str().ok()?;
     let (atespace, name) = atunnel_identity::identity::parse_target(value.trim()).ok()?;
     routes

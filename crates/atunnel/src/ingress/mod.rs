@@ -3,29 +3,33 @@
 //! CONNECT tunnels (`connect`) are routed by `ate-target-actor` to the
 //! actor's current activation (`routes`).
 
-pub mod connect;
-pub mod https;
-pub mod router_conn;
-pub mod routes;
-pub mod tls;
+mod connect;
+mod https;
+mod router_conn;
+mod routes;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use atunnel_core::BufferPool;
 use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::{BufferPool, Listener, ListenerFigures, ListenerStats};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::connect_server::{ConnectServer, H2Settings};
-use crate::hibernate::Hibernation;
-use crate::server_tls;
-use routes::{ActorDialer, PoolSettings, RouteError, RouteStats, Routes};
+use atunnel_connect::limits::HEADER_READ_TIMEOUT;
+use atunnel_connect::{ConnectServer, H2Settings};
+use atunnel_tls::Hibernation;
+
+use routes::Routes;
+pub use routes::{
+    ActorDialer, ActorRoute, DirectDialer, PoolSettings, RouteError, RouteStats, SandboxDialer,
+};
+pub use tls::IngressTlsError;
 
 /// The router's default SPIFFE ID, the only client ingress admits.
 pub const ROUTER_SPIFFE_ID: &str = "spiffe://cluster.local/ns/ate-system/sa/atenet-router";
@@ -50,35 +54,66 @@ pub struct IngressConfig {
     pub hibernate_after: Duration,
     /// How long an HTTP/1.1 client may take to send a request head, from its
     /// first byte, and an HTTP/2 client (on either listener) its preface,
-    /// once TLS is done (default [`https::HEADER_READ_TIMEOUT`], 10 s). An
+    /// once TLS is done (default [`HEADER_READ_TIMEOUT`], 10 s). An
     /// idle keep-alive connection is not timed by it.
     pub header_read_timeout: Duration,
+}
+
+impl IngressConfig {
+    /// The defaults, serving `credential_bundle` to routers signed by the
+    /// CAs in `trust_bundle`.
+    pub fn new(credential_bundle: PathBuf, trust_bundle: PathBuf) -> Self {
+        Self {
+            credential_bundle,
+            trust_bundle,
+            ..Self::default()
+        }
+    }
+}
+
+/// Every setting's default; the two bundles are empty paths, which
+/// [`Ingress::new`] refuses, naming them: set them (or use
+/// [`IngressConfig::new`]).
+impl Default for IngressConfig {
+    fn default() -> Self {
+        Self {
+            credential_bundle: PathBuf::new(),
+            trust_bundle: PathBuf::new(),
+            allowed_client_id: ROUTER_SPIFFE_ID.to_string(),
+            pools: PoolSettings::default(),
+            socket: SocketOptions::default(),
+            sandbox_socket: SocketOptions::sandbox_default(),
+            drain_timeout: crate::egress::DEFAULT_DRAIN_TIMEOUT,
+            hibernate_after: atunnel_tls::hibernate::DEFAULT_AFTER,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngressError {
     #[error(transparent)]
-    Tls(#[from] tls::IngressTlsError),
+    Tls(#[from] IngressTlsError),
     #[error("loading the trust bundle: {0}")]
-    Trust(#[from] crate::config::ConfigError),
+    Trust(#[from] atunnel_identity::pem_files::PemError),
     #[error(transparent)]
     Route(#[from] RouteError),
 }
-
-static HTTPS_FUTURE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 pub struct Ingress {
     cfg: IngressConfig,
     routes: Arc<Routes>,
     tls: Arc<rustls::ServerConfig>,
     connect: Arc<ConnectServer<connect::IngressConnect>>,
-    connections: TaskTracker,
+    https_listeners: Arc<ListenerStats>,
     hibernation: Arc<Hibernation>,
+    /// The listeners' tasks and the allocator trim, for shutdown to wait on.
+    tasks: TaskTracker,
 }
 
 impl Ingress {
     pub fn new(cfg: IngressConfig, pool: BufferPool) -> Result<Arc<Self>, IngressError> {
-        let trust = crate::config::load_certs(&cfg.trust_bundle)?;
+        let trust = atunnel_identity::pem_files::load_certs(&cfg.trust_bundle)?;
         let tls = tls::server_config(&cfg.credential_bundle, &trust, &cfg.allowed_client_id)?;
         let routes = Arc::new(Routes::new(cfg.pools, cfg.sandbox_socket));
         let hibernation = Hibernation::new(cfg.hibernate_after);
@@ -101,12 +136,14 @@ impl Ingress {
             routes,
             tls,
             connect,
-            connections: TaskTracker::new(),
+            https_listeners: Arc::default(),
+            tasks: TaskTracker::new(),
         }))
     }
 
-    pub fn routes(&self) -> &Arc<Routes> {
-        &self.routes
+    /// The actor's current route, if it is active.
+    pub fn route(&self, atespace: &str, name: &str) -> Option<Arc<ActorRoute>> {
+        self.routes.lookup(atespace, name)
     }
 
     pub fn stats(&self) -> RouteStats {
@@ -121,8 +158,16 @@ impl Ingress {
     /// every idle connection's heap, hibernated or not (docs/memory.md).
     pub fn connection_future_bytes(&self) -> (usize, usize) {
         (
-            HTTPS_FUTURE_BYTES.load(Ordering::Relaxed),
-            crate::connect_server::CONNECTION_FUTURE_BYTES.load(Ordering::Relaxed),
+            self.https_listeners.connection_future_bytes(),
+            self.connect.listener_stats().connection_future_bytes,
+        )
+    }
+
+    /// The HTTPS and CONNECT listeners' figures.
+    pub fn listener_stats(&self) -> (ListenerFigures, ListenerFigures) {
+        (
+            self.https_listeners.figures(),
+            self.connect.listener_stats(),
         )
     }
 
@@ -148,50 +193,42 @@ impl Ingress {
     }
 
     /// Serves the HTTPS listener until `cancel`, then finishes in-flight
-    /// requests gracefully.
+    /// requests gracefully and waits for every connection.
     pub async fn serve_https(&self, listener: TcpListener, cancel: CancellationToken) {
         let acceptor = TlsAcceptor::from(self.tls.clone());
-        loop {
-            let (tcp, client) = tokio::select! {
-                _ = cancel.cancelled() => break,
-                a = listener.accept() => match a {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "ingress accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
+        let listener = Listener::new(listener, "ingress-https");
+        listener
+            .serve(&cancel, &self.https_listeners, |tcp, client| {
+                let acceptor = acceptor.clone();
+                let routes = self.routes.clone();
+                let socket = self.cfg.socket;
+                let cancel = cancel.clone();
+                let hibernation = self.hibernation.clone();
+                let header_read_timeout = self.cfg.header_read_timeout;
+                Some(async move {
+                    if socket.apply(&tcp).is_err() {
+                        return;
                     }
-                },
-            };
-            let acceptor = acceptor.clone();
-            let routes = self.routes.clone();
-            let socket = self.cfg.socket;
-            let cancel = cancel.clone();
-            let hibernation = self.hibernation.clone();
-            let header_read_timeout = self.cfg.header_read_timeout;
-            let fut = async move {
-                if socket.apply(&tcp).is_err() {
-                    return;
-                }
-                // Boxed: the handshake's state is needed only until it ends.
-                let accept = server_tls::accept(&acceptor, tcp, https::HEADER_READ_TIMEOUT);
-                if let Ok(tls) = Box::pin(accept).await {
-                    router_conn::serve(
-                        tls,
-                        routes,
-                        client,
-                        hibernation,
-                        header_read_timeout,
-                        cancel,
-                    )
-                    .await;
-                }
-            };
-            HTTPS_FUTURE_BYTES.store(std::mem::size_of_val(&fut), Ordering::Relaxed);
-            self.connections.spawn(fut);
-        }
-        self.connections.close();
-        self.connections.wait().await;
+                    // Boxed: the handshake's state is needed only until it ends.
+                    let accept = atunnel_tls::accept(&acceptor, tcp, HEADER_READ_TIMEOUT);
+                    let tls = tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        tls = Box::pin(accept) => tls,
+                    };
+                    if let Ok(tls) = tls {
+                        router_conn::serve(
+                            tls,
+                            routes,
+                            client,
+                            hibernation,
+                            header_read_timeout,
+                            cancel,
+                        )
+                        .await;
+                    }
+                })
+            })
+            .await
     }
 
     /// Binds both listeners and serves them in the background.
@@ -202,13 +239,26 @@ impl Ingress {
         cancel: CancellationToken,
     ) -> std::io::Result<(SocketAddr, SocketAddr)> {
         let https = TcpListener::bind(https).await?;
-        tokio::spawn(self.hibernation.clone().trim_until(cancel.clone()));
         let connect = TcpListener::bind(connect).await?;
         let addrs = (https.local_addr()?, connect.local_addr()?);
+        self.tasks
+            .spawn(self.hibernation.clone().trim_until(cancel.clone()));
         let (a, c) = (self.clone(), cancel.clone());
-        tokio::spawn(async move { a.serve_https(https, c).await });
+        self.tasks
+            .spawn(async move { a.serve_https(https, c).await });
         let a = self.clone();
-        tokio::spawn(async move { a.serve_connect(connect, cancel).await });
+        self.tasks
+            .spawn(async move { a.serve_connect(connect, cancel).await });
         Ok(addrs)
+    }
+
+    /// Retires every activation (their requests and tunnels are cancelled,
+    /// waited for up to the drain timeout), then waits for the listeners
+    /// [`Ingress::spawn`] started, whose cancel token the caller has
+    /// cancelled, and every connection they accepted.
+    pub async fn shutdown(&self) {
+        self.routes.deactivate_all(self.cfg.drain_timeout).await;
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 }

@@ -42,17 +42,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::https::{self, ProxyBody};
 use super::routes::Routes;
-use crate::connect_server::read_h2_preface;
-use crate::hibernate::{Activity, ActivityIo, Hibernation, InFlight, with_hibernation};
-use crate::server_tls::{RustlsStream, ServerTls};
-
-/// HTTP/2 receive window per stream, on both sides of the proxy (the router's
-/// connections and the h2c ones to actors): the most a peer that stops
-/// reading can make atunnel hold of one stream (hyper's default is 2 MiB).
-pub const H2_STREAM_WINDOW: u32 = 256 * 1024;
-/// HTTP/2 receive window per connection, on both sides (hyper's default is
-/// 5 MiB).
-pub const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
+use atunnel_connect::limits::{PROXY_CONNECTION_WINDOW, PROXY_STREAM_WINDOW};
+use atunnel_connect::preface::read_h2_preface;
+use atunnel_tls::hibernate::InFlight;
+use atunnel_tls::{Activity, ActivityIo, Hibernation, RustlsStream, ServerTls, with_hibernation};
 
 /// Serves `tls` until the router closes it or `cancel` (then gracefully).
 pub async fn serve(
@@ -110,8 +103,8 @@ async fn serve_h2(
     let service = hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req));
     let conn = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .initial_stream_window_size(PROXY_STREAM_WINDOW)
+        .initial_connection_window_size(PROXY_CONNECTION_WINDOW)
         .serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {

@@ -22,11 +22,10 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// How long dialing the actor may take.
-pub const ACTOR_DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+use atunnel_connect::limits::{ACTOR_DIAL_TIMEOUT, PROXY_CONNECTION_WINDOW, PROXY_STREAM_WINDOW};
 
 /// Body type sent to actors.
-pub type UpstreamBody = UnsyncBoxBody<bytes::Bytes, hyper::Error>;
+pub(crate) type UpstreamBody = UnsyncBoxBody<bytes::Bytes, hyper::Error>;
 
 /// Reaches the actor's program on a port.
 pub trait ActorDialer: Send + Sync + 'static {
@@ -69,7 +68,7 @@ pub enum RouteError {
 /// is refused once the activation is cancelled, and is counted. It dials
 /// `port` if set, else the URI's port.
 #[derive(Clone)]
-pub struct ActivationConnector {
+pub(crate) struct ActivationConnector {
     activation: Arc<Shared>,
     port: Option<u16>,
 }
@@ -124,14 +123,15 @@ fn cancelled() -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionAborted, "actor deactivated")
 }
 
-/// One activation of one actor for ingress.
-pub struct Activation {
-    pub uid: String,
+/// One activation of one actor for ingress: its dialer, its upstream
+/// pools, and its in-flight requests and tunnels.
+pub struct ActorRoute {
+    pub(crate) uid: String,
     shared: Arc<Shared>,
     /// In-flight requests and tunnels; deactivation waits for them.
-    pub tasks: TaskTracker,
+    pub(crate) tasks: TaskTracker,
     /// HTTP/1.1 to the actor (everything but gRPC), by the URI's port.
-    pub http1: Client<ActivationConnector, UpstreamBody>,
+    pub(crate) http1: Client<ActivationConnector, UpstreamBody>,
     /// h2c with prior knowledge (gRPC), one client per actor port, each
     /// made on first use. The port is the client's, not the URI's, so that
     /// the URI keeps the router's authority: h2 sends it as `:authority`.
@@ -160,7 +160,7 @@ impl Default for PoolSettings {
     }
 }
 
-impl Activation {
+impl ActorRoute {
     fn new(
         uid: &str,
         dialer: Box<dyn ActorDialer>,
@@ -188,8 +188,13 @@ impl Activation {
         }
     }
 
+    /// The activation's uid.
+    pub fn uid(&self) -> &str {
+        &self.uid
+    }
+
     /// The h2c client to the actor's `port`.
-    pub fn h2c(&self, port: u16) -> Client<ActivationConnector, UpstreamBody> {
+    pub(crate) fn h2c(&self, port: u16) -> Client<ActivationConnector, UpstreamBody> {
         let mut clients = self.h2c.lock().expect("h2c clients lock poisoned");
         let client = clients.entry(port).or_insert_with(|| {
             let connector = ActivationConnector {
@@ -201,11 +206,11 @@ impl Activation {
         client.clone()
     }
 
-    pub fn cancel_token(&self) -> &CancellationToken {
+    pub(crate) fn cancel_token(&self) -> &CancellationToken {
         &self.shared.cancel
     }
 
-    pub fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.shared.cancel.is_cancelled()
     }
 
@@ -215,7 +220,7 @@ impl Activation {
     }
 
     /// Dials the actor directly (CONNECT), bounded and refused once cancelled.
-    pub async fn dial(&self, port: u16) -> io::Result<TcpStream> {
+    pub(crate) async fn dial(&self, port: u16) -> io::Result<TcpStream> {
         let mut connector = ActivationConnector {
             activation: self.shared.clone(),
             port: Some(port),
@@ -240,8 +245,8 @@ fn client(
         .pool_timer(hyper_util::rt::TokioTimer::new())
         .http2_only(http2)
         // What a router that stops reading a gRPC stream leaves queued here.
-        .http2_initial_stream_window_size(super::router_conn::H2_STREAM_WINDOW)
-        .http2_initial_connection_window_size(super::router_conn::H2_CONNECTION_WINDOW)
+        .http2_initial_stream_window_size(PROXY_STREAM_WINDOW)
+        .http2_initial_connection_window_size(PROXY_CONNECTION_WINDOW)
         .build(connector)
 }
 
@@ -254,8 +259,8 @@ pub struct RouteStats {
 
 /// The registry of active actors, keyed by `<atespace>/<name>`.
 #[derive(Default)]
-pub struct Routes {
-    active: Mutex<HashMap<(String, String), Arc<Activation>>>,
+pub(crate) struct Routes {
+    active: Mutex<HashMap<(String, String), Arc<ActorRoute>>>,
     pools: PoolSettings,
     socket: atunnel_core::sockopt::SocketOptions,
     /// New connections of activations already gone, so totals never drop.
@@ -263,7 +268,7 @@ pub struct Routes {
 }
 
 impl Routes {
-    pub fn new(pools: PoolSettings, socket: atunnel_core::sockopt::SocketOptions) -> Self {
+    pub(crate) fn new(pools: PoolSettings, socket: atunnel_core::sockopt::SocketOptions) -> Self {
         Self {
             pools,
             socket,
@@ -274,7 +279,7 @@ impl Routes {
     /// Routes `<atespace>/<name>` to `dialer`. The same name with another uid
     /// replaces the older incarnation (cancelled, its pools dropped); the
     /// same uid is refused.
-    pub fn activate(
+    pub(crate) fn activate(
         &self,
         atespace: &str,
         name: &str,
@@ -282,7 +287,7 @@ impl Routes {
         dialer: Box<dyn ActorDialer>,
     ) -> Result<(), RouteError> {
         let key = (atespace.to_string(), name.to_string());
-        let activation = Arc::new(Activation::new(uid, dialer, self.pools, self.socket));
+        let activation = Arc::new(ActorRoute::new(uid, dialer, self.pools, self.socket));
         let old = {
             let mut active = self.active.lock().expect("routes lock poisoned");
             if let Some(existing) = active.get(&key)
@@ -301,7 +306,7 @@ impl Routes {
         Ok(())
     }
 
-    fn retire(&self, old: &Activation) {
+    fn retire(&self, old: &ActorRoute) {
         old.shared.cancel.cancel();
         old.tasks.close();
         self.retired_connections
@@ -310,7 +315,7 @@ impl Routes {
 
     /// Stops routing to the actor if `uid` matches, cancels its in-flight
     /// requests and tunnels, and waits for them up to `drain`. Idempotent.
-    pub async fn deactivate(&self, atespace: &str, name: &str, uid: &str, drain: Duration) {
+    pub(crate) async fn deactivate(&self, atespace: &str, name: &str, uid: &str, drain: Duration) {
         let key = (atespace.to_string(), name.to_string());
         let removed = {
             let mut active = self.active.lock().expect("routes lock poisoned");
@@ -326,7 +331,24 @@ impl Routes {
         }
     }
 
-    pub fn lookup(&self, atespace: &str, name: &str) -> Option<Arc<Activation>> {
+    /// Stops routing to every actor, cancels their in-flight requests and
+    /// tunnels, and waits for them up to `drain` in all (shutdown).
+    pub(crate) async fn deactivate_all(&self, drain: Duration) {
+        let removed: Vec<_> = self
+            .active
+            .lock()
+            .expect("routes lock poisoned")
+            .drain()
+            .map(|(_, a)| a)
+            .collect();
+        for old in &removed {
+            self.retire(old);
+        }
+        let all = futures_util::future::join_all(removed.iter().map(|a| a.tasks.wait()));
+        let _ = tokio::time::timeout(drain, all).await;
+    }
+
+    pub(crate) fn lookup(&self, atespace: &str, name: &str) -> Option<Arc<ActorRoute>> {
         self.active
             .lock()
             .expect("routes lock poisoned")

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use crate::config::{load_certs, load_key};
+use atunnel_identity::pem_files::{load_certs, load_key};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngressTlsError {
@@ -96,13 +96,13 @@ pub fn server_config(
     .with_cert_resolver(Arc::new(ReloadingCert::new(credential_bundle)?));
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     // Hibernation keeps an idle connection's traffic keys instead of its
-    // rustls session (crate::server_tls).
+    // rustls session (atunnel_tls::stream).
     cfg.enable_secret_extraction = true;
     // Stateless resumption tickets (encrypted under a rotating key): the
     // default stateful ones keep every session, with the router's
     // certificate chain, in a 256-entry cache, about 550 KB once full.
     // A resumed session is not verified again and its tickets carry the
-    // chain on, so crate::server_tls::accept refuses a router whose leaf
+    // chain on, so atunnel_tls::accept refuses a router whose leaf
     // has expired since.
     cfg.ticketer = rustls::crypto::ring::Ticketer::new()?;
     Ok(Arc::new(cfg))

@@ -1,0 +1,191 @@
+//! [`Bench`], the context every scenario runs in: atunnel through the
+//! worker's control socket (its status, restarts with other flags), the
+//! bench's namespaces and the running atunnel's sandboxes, the tunnel's
+//! cgroup and /stats, and the router's TLS.
+
+use std::path::Path;
+
+use atunnel_bench::cgroup::CgroupSample;
+use atunnel_sandbox::NetNs;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use super::router::{Alpn, RouterTls};
+use crate::pki::PkiFiles;
+use crate::topology::Topology;
+use crate::worker::{TunnelState, WorkerClient, WorkerStatus};
+
+/// What the scenarios drive: atunnel through the worker, the namespaces,
+/// and the tunnel's cgroup.
+pub struct Bench {
+    pub topo: Topology,
+    pub pki: PkiFiles,
+    /// The router's TLS settings, built once.
+    router: RouterTls,
+    /// The actors' runtime namespaces (where their programs dial from).
+    pub sandboxes: Vec<NetNs>,
+    pub quick: bool,
+    pub idle_conns: usize,
+    pub worker: WorkerClient,
+    /// The worker's status as last seen (atunnel's ready line among it).
+    status: WorkerStatus,
+    /// The flags last asked for on top of the worker's (a restart that
+    /// failed included).
+    tunnel_args: Vec<String>,
+    sink_pid: Option<u32>,
+}
+
+impl Bench {
+    /// Opens what `load`'s flags name: the worker's `control` socket (once
+    /// no restart is in progress), the namespaces under `netns_prefix` and
+    /// the running atunnel's sandboxes, and the `pki` folder.
+    pub async fn open(
+        control: &Path,
+        pki: &Path,
+        netns_prefix: &str,
+        quick: bool,
+        idle_conns: usize,
+        sink_pid: Option<u32>,
+    ) -> Result<Self, atunnel_process::BoxError> {
+        let worker = WorkerClient::new(control);
+        let status = worker.settled().await?;
+        let topo = Topology::open(netns_prefix)?;
+        let sandboxes = running(&status)?;
+        let pki = PkiFiles {
+            dir: pki.to_path_buf(),
+        };
+        Ok(Self {
+            topo,
+            router: RouterTls::new(&pki)?,
+            pki,
+            sandboxes,
+            quick,
+            idle_conns,
+            worker,
+            tunnel_args: status.extra_args.clone(),
+            status,
+            sink_pid,
+        })
+    }
+
+    /// The worker's status as last seen.
+    pub fn last_status(&self) -> &WorkerStatus {
+        &self.status
+    }
+
+    /// Takes a status from the worker: a fresh atunnel has other sandboxes.
+    fn adopt(&mut self, status: WorkerStatus) -> Result<(), atunnel_process::BoxError> {
+        if status.generation != self.status.generation || status.tunnel_pid != self.tunnel_pid() {
+            self.sandboxes = running(&status)?;
+        }
+        self.status = status;
+        Ok(())
+    }
+
+    /// Whether atunnel ran without dying since the last look. The worker
+    /// replaces a dead atunnel by itself (logging how it died); this waits
+    /// until the fresh one is ready.
+    pub async fn check_tunnel(&mut self) -> Result<bool, atunnel_process::BoxError> {
+        let status = self.worker.settled().await?;
+        let alive = status.deaths == self.status.deaths;
+        if status.state == TunnelState::Failed {
+            self.status = status.clone();
+            return Err(format!(
+                "atunnel could not be restarted: {}",
+                status.error.unwrap_or_default()
+            )
+            .into());
+        }
+        self.adopt(status)?;
+        Ok(alive)
+    }
+
+    /// Restarts atunnel (and the actors in its fresh sandboxes) with `extra`
+    /// flags; an empty list returns to the defaults.
+    pub async fn restart_tunnel(
+        &mut self,
+        extra: Vec<String>,
+    ) -> Result<(), atunnel_process::BoxError> {
+        self.tunnel_args = extra.clone();
+        let status = self.worker.restart(extra).await?;
+        self.adopt(status)
+    }
+
+    /// The flags atunnel was last asked to run with on top of the worker's.
+    pub fn tunnel_args(&self) -> &[String] {
+        &self.tunnel_args
+    }
+
+    /// atunnel's CPU quota, in cores.
+    pub fn tunnel_cpus(&self) -> f64 {
+        self.status.cpus
+    }
+
+    pub fn tunnel_pid(&self) -> Option<u32> {
+        self.status.tunnel_pid
+    }
+
+    pub fn sink_pid(&self) -> Option<u32> {
+        self.sink_pid
+    }
+
+    pub fn actors_pid(&self) -> Option<u32> {
+        self.status.actors_pid
+    }
+
+    pub fn cgroup_sample(&self) -> CgroupSample {
+        self.status.cgroup.sample().unwrap_or_default()
+    }
+
+    /// atunnel's /stats, read from the load namespace (after releasing free
+    /// memory when `release`).
+    pub async fn stats(
+        &self,
+        release: bool,
+    ) -> Result<serde_json::Value, atunnel_process::BoxError> {
+        let addr = self.status.host_ready()?.stats;
+        let s = self.topo.connect_in(&self.topo.load, addr).await?;
+        atunnel_support::stats_client::fetch_over(s, release).await
+    }
+
+    /// TLS to atunnel's ingress `port` from the load namespace, as the
+    /// router (its certificate), offering `alpn`.
+    pub async fn router_tls(
+        &self,
+        port: u16,
+        alpn: Alpn,
+    ) -> Result<TlsStream<TcpStream>, atunnel_process::BoxError> {
+        self.router.connect(&self.topo, port, alpn).await
+    }
+
+    /// An HTTP/1.1 CONNECT tunnel over TLS from the router, through the
+    /// CONNECT listener, to `actor:port`, once atunnel answered 200; nothing
+    /// after the answer's head is read.
+    pub async fn connect_tunnel(
+        &self,
+        actor: u64,
+        port: u16,
+    ) -> Result<TlsStream<TcpStream>, atunnel_process::BoxError> {
+        self.router.connect_tunnel(&self.topo, actor, port).await
+    }
+}
+
+/// The running atunnel's sandboxes, opened.
+fn running(status: &WorkerStatus) -> Result<Vec<NetNs>, atunnel_process::BoxError> {
+    if status.state != TunnelState::Running {
+        return Err(format!(
+            "atunnel is not running ({:?}): {}",
+            status.state,
+            status.error.as_deref().unwrap_or("")
+        )
+        .into());
+    }
+    let sandboxes = status
+        .host_ready()?
+        .actors
+        .iter()
+        .filter_map(|a| a.runtime_netns.as_deref())
+        .map(NetNs::open)
+        .collect::<Result<_, _>>()?;
+    Ok(sandboxes)
+}

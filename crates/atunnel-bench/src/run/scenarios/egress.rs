@@ -1,0 +1,309 @@
+//! The egress scenarios: traffic from inside the actors' sandboxes through
+//! atunnel to the gateway sink. Idle connections held (egress-idle), bulk
+//! throughput (egress-tcp), requests over reused connections (egress-http)
+//! and new connections (egress-new).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use atunnel_bench::load::results::ScenarioResult;
+use atunnel_bench::load::schedule::{Rung, run_rung};
+use atunnel_bench::scenario::Scenario;
+use atunnel_support::stats_client::num;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::role::process_cpu_seconds;
+use crate::run::bench::Bench;
+use crate::run::dial::{Actors, DISCARD, ECHO, HTTP, HTTP_ANSWER_LEN};
+use crate::run::rung::{Window, ladder, sustainable};
+
+async fn ping(s: &mut TcpStream) -> Result<(), String> {
+    crate::traffic::ping(s).await.map_err(|e| e.to_string())
+}
+
+/// Hold N idle egress connections over every sandbox: heap, cgroup bytes
+/// and tasks per connection, CPU while opening them at 200/s and holding them.
+pub(super) async fn egress_idle(
+    bench: &mut Bench,
+) -> Result<ScenarioResult, atunnel_process::BoxError> {
+    let actors = Actors::of(bench);
+    let mut notes = Vec::new();
+    let mut n = bench.idle_conns;
+    // This process holds one descriptor per connection.
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
+    let room = (soft as usize).saturating_sub(500);
+    if n > room {
+        notes.push(format!(
+            "the generator's fd limit ({soft}) capped the connections at {room} of {n}: the fd limit, not memory, stopped it"
+        ));
+        n = room;
+    }
+    // Warm up: each actor's pooled gateway connection exists before the
+    // baseline (shared by all its tunnels, not a per-connection cost).
+    for i in 0..actors.sandboxes.len() as u64 {
+        let mut s = actors.dial(i, ECHO).await?;
+        ping(&mut s).await?;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = bench.stats(true).await?;
+    let cg0 = bench.cgroup_sample();
+    let held = Arc::new(std::sync::Mutex::new(Vec::with_capacity(n)));
+    let rate = 200.0;
+    let rung = Rung {
+        rate,
+        duration: Duration::from_secs_f64(n as f64 / rate),
+        max_in_flight: 2000,
+    };
+    let window = Window::open(bench, bench.sink_pid());
+    let (a, h) = (actors.clone(), held.clone());
+    let outcome = run_rung(&rung, move |i| {
+        let (a, h) = (a.clone(), h.clone());
+        async move {
+            let mut s = a.dial(i, ECHO).await.map_err(|e| e.to_string())?;
+            ping(&mut s).await?;
+            h.lock().expect("held lock").push(s);
+            Ok(())
+        }
+    })
+    .await;
+    let mut result = window.close(bench, &outcome).await;
+    let cg1 = bench.cgroup_sample();
+    let opened = held.lock().expect("held lock").len();
+    let open_cpu = cg1.cpu_seconds_since(&cg0);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cg2 = bench.cgroup_sample();
+    let hold_cores = cg2.cpu_seconds_since(&cg1) / 3.0;
+    let after = bench.stats(true).await?;
+    let cg3 = bench.cgroup_sample();
+    let per = |v: f64| if opened > 0 { v / opened as f64 } else { 0.0 };
+    let heap =
+        per(num(&after, &["process", "heap_bytes"]) - num(&before, &["process", "heap_bytes"]));
+    let tasks = per(num(&after, &["process", "tasks"]) - num(&before, &["process", "tasks"]));
+    let cgroup = per(cg3.memory_bytes as f64 - cg0.memory_bytes as f64);
+    let sock = per(cg3.socket_bytes as f64 - cg0.socket_bytes as f64);
+    result.tunnel_heap_bytes = num(&after, &["process", "heap_bytes"]) as u64;
+    result.tunnel_cgroup_bytes = cg3.memory_bytes;
+    drop(std::mem::take(&mut *held.lock().expect("held lock")));
+    // Let the tunnel see every close before the next scenario.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let s = bench.stats(false).await?;
+        if num(&s, &["egress", "tunnels_open"]) == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // What the allocator keeps once they are all gone (fragmentation): the
+    // cgroup and RSS above the baseline, after asking it to release memory.
+    let closed = bench.stats(true).await?;
+    let cg4 = bench.cgroup_sample();
+    let retained_cgroup = cg4.memory_bytes as f64 - cg0.memory_bytes as f64;
+    let retained_rss =
+        num(&closed, &["process", "rss_bytes"]) - num(&before, &["process", "rss_bytes"]);
+    Ok(ScenarioResult {
+        name: Scenario::EgressIdle.name().into(),
+        rungs: vec![result],
+        summary: json!({
+            "conns": opened,
+            "heap_bytes_per_conn": heap.round(),
+            "cgroup_bytes_per_conn": cgroup.round(),
+            "socket_bytes_per_conn": sock.round(),
+            "tasks_per_conn": (tasks * 100.0).round() / 100.0,
+            "open_cpu_ms_per_conn": (per(open_cpu) * 1e3 * 1000.0).round() / 1000.0,
+            "hold_cpu_cores": (hold_cores * 1000.0).round() / 1000.0,
+            "actors": actors.sandboxes.len(),
+            "retained_cgroup_bytes_after_close": retained_cgroup.round(),
+            "retained_rss_bytes_after_close": retained_rss.round(),
+            "allocator": crate::allocator::NAME,
+            "tunnel_worker_threads": num(&after, &["process", "worker_threads"]),
+        }),
+        notes,
+    })
+}
+
+/// Bulk throughput from an actor to a destination through the tunnel, three runs.
+pub(super) async fn egress_tcp(
+    bench: &mut Bench,
+) -> Result<ScenarioResult, atunnel_process::BoxError> {
+    let actors = Actors::of(bench);
+    let bytes: u64 = if bench.quick { 256 << 20 } else { 1 << 30 };
+    let mut mbps = Vec::new();
+    let mut cores = Vec::new();
+    let mut sink_cores: Vec<f64> = Vec::new();
+    let mut generator_cores: Vec<f64> = Vec::new();
+    let sink = bench.sink_pid();
+    for run in 0..3 {
+        let cg0 = bench.cgroup_sample();
+        let sink0 = sink.map_or(0.0, process_cpu_seconds);
+        let gen0 = process_cpu_seconds(std::process::id());
+        let t0 = Instant::now();
+        crate::traffic::upload(actors.dial(0, DISCARD).await?, bytes).await?;
+        let secs = t0.elapsed().as_secs_f64();
+        let cg1 = bench.cgroup_sample();
+        let two = |x: f64| (x * 100.0).round() / 100.0;
+        mbps.push((bytes as f64 / 1e6 / secs).round());
+        cores.push(two(cg1.cpu_seconds_since(&cg0) / secs));
+        sink_cores.push(two((sink.map_or(0.0, process_cpu_seconds) - sink0) / secs));
+        generator_cores.push(two((process_cpu_seconds(std::process::id()) - gen0) / secs));
+        eprintln!(
+            "         run {}: {:.0} MB/s, tunnel {:.2} cores, sink {:.2}, generator {:.2}",
+            run + 1,
+            bytes as f64 / 1e6 / secs,
+            cores[run],
+            sink_cores[run],
+            generator_cores[run]
+        );
+    }
+    Ok(ScenarioResult {
+        name: Scenario::EgressTcp.name().into(),
+        rungs: Vec::new(),
+        summary: json!({
+            "mb_per_s": mbps,
+            "tunnel_cores": cores,
+            "sink_cores": sink_cores,
+            "generator_cores": generator_cores,
+            "bytes_per_run": bytes,
+        }),
+        notes: vec![
+            "one TCP connection from actor-0's sandbox to the sink's discard port, through the tunnel's HTTP/2 CONNECT path".into(),
+            "when the tunnel is well under its quota, the sink (TLS decryption) or the generator, sharing the machine's other core, is the limit: compare tunnel_cores with sink_cores".into(),
+        ],
+    })
+}
+
+/// One request over a persistent egress connection to the sink's HTTP port.
+async fn http_exchange(s: &mut TcpStream) -> Result<(), String> {
+    s.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = [0u8; HTTP_ANSWER_LEN];
+    s.read_exact(&mut answer).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Requests over reused egress connections, ladder up to 8,000 req/s and beyond.
+pub(super) async fn egress_http(
+    bench: &mut Bench,
+) -> Result<ScenarioResult, atunnel_process::BoxError> {
+    let actors = Actors::of(bench);
+    let conns = 64;
+    let (tx, rx) = async_channel_pair(conns);
+    for i in 0..conns as u64 {
+        tx.send(actors.dial(i, HTTP).await?)
+            .await
+            .map_err(|_| "pool closed")?;
+    }
+    let (rates, duration) = ladder(
+        bench,
+        &[1000.0, 4000.0, 8000.0],
+        &[1000.0, 2000.0, 4000.0, 8000.0, 12000.0, 16000.0],
+    );
+    let mut rungs = Vec::new();
+    for rate in rates {
+        let window = Window::open(bench, bench.sink_pid());
+        let (tx2, rx2) = (tx.clone(), rx.clone());
+        let outcome = run_rung(
+            &Rung {
+                rate,
+                duration,
+                max_in_flight: 4096,
+            },
+            move |_| {
+                let (tx, rx) = (tx2.clone(), rx2.clone());
+                async move {
+                    let mut s = rx.recv().await.map_err(|_| "pool closed".to_string())?;
+                    let r = http_exchange(&mut s).await;
+                    if r.is_ok() {
+                        let _ = tx.send(s).await;
+                    }
+                    r
+                }
+            },
+        )
+        .await;
+        rungs.push(window.close(bench, &outcome).await);
+    }
+    let cores_at_8000 = rungs
+        .iter()
+        .find(|r| r.offered == 8000.0)
+        .map(|r| r.tunnel_cpu_cores);
+    Ok(ScenarioResult {
+        name: Scenario::EgressHttp.name().into(),
+        summary: json!({
+            "cores_at_8000_rps": cores_at_8000.map(|c| (c * 1000.0).round() / 1000.0),
+            "connections": conns,
+            "sustainable_rps": sustainable(&rungs),
+        }),
+        rungs,
+        notes: vec!["HTTP/1.1 keep-alive requests from the actors' sandboxes to the sink's port 80 over 64 reused tunnels".into()],
+    })
+}
+
+/// New egress connections per second: connect, one byte there and back, close.
+pub(super) async fn egress_new(
+    bench: &mut Bench,
+) -> Result<ScenarioResult, atunnel_process::BoxError> {
+    let actors = Actors::of(bench);
+    let (rates, duration) = ladder(
+        bench,
+        &[200.0, 500.0, 1000.0],
+        &[200.0, 500.0, 1000.0, 2000.0, 3000.0],
+    );
+    let mut rungs = Vec::new();
+    let mut cpu_per_conn = Vec::new();
+    for rate in rates {
+        let window = Window::open(bench, bench.sink_pid());
+        let a = actors.clone();
+        let outcome = run_rung(
+            &Rung {
+                rate,
+                duration,
+                max_in_flight: 4096,
+            },
+            move |i| {
+                let a = a.clone();
+                async move {
+                    let mut s = a.dial(i, ECHO).await.map_err(|e| e.to_string())?;
+                    ping(&mut s).await
+                }
+            },
+        )
+        .await;
+        let r = window.close(bench, &outcome).await;
+        if r.achieved > 0.0 {
+            cpu_per_conn.push(json!({"rate": rate, "tunnel_cpu_ms_per_conn": (r.tunnel_cpu_cores / r.achieved * 1e3 * 1000.0).round() / 1000.0}));
+        }
+        rungs.push(r);
+    }
+    Ok(ScenarioResult {
+        name: Scenario::EgressNew.name().into(),
+        summary: json!({ "sustainable_rate": sustainable(&rungs), "cpu_per_conn": cpu_per_conn }),
+        rungs,
+        notes: Vec::new(),
+    })
+}
+
+/// A bounded multi-producer multi-consumer queue of pooled connections.
+fn async_channel_pair(cap: usize) -> (PoolTx, PoolRx) {
+    let (tx, rx) = tokio::sync::mpsc::channel(cap);
+    (PoolTx(tx), PoolRx(Arc::new(tokio::sync::Mutex::new(rx))))
+}
+
+#[derive(Clone)]
+struct PoolTx(tokio::sync::mpsc::Sender<TcpStream>);
+#[derive(Clone)]
+struct PoolRx(Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<TcpStream>>>);
+
+impl PoolTx {
+    async fn send(&self, s: TcpStream) -> Result<(), TcpStream> {
+        self.0.send(s).await.map_err(|e| e.0)
+    }
+}
+
+impl PoolRx {
+    async fn recv(&self) -> Result<TcpStream, ()> {
+        self.0.lock().await.recv().await.ok_or(())
+    }
+}

@@ -1,0 +1,360 @@
+//! `ingress-idle`: what an idle router connection costs atunnel, awake and
+//! hibernated (the table of seed 003), and what hibernating costs.
+//!
+//! Two passes on fresh atunnels: hibernation off (`--hibernate-after=0`),
+//! then on with a short period. In each, for every case, connections are
+//! opened and serve one request, atunnel's heap and cgroup are read (after
+//! asking the allocator to release free memory) once they are idle, and then
+//! each connection serves one more request: the first after waking when
+//! hibernated. Last, keep-alive throughput at a fixed rate with hibernation
+//! off and on.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use atunnel_bench::load::results::{RungResult, ScenarioResult};
+use atunnel_bench::load::schedule::{Rung, new_histogram, run_rung};
+use atunnel_bench::scenario::Scenario;
+use atunnel_support::stats_client::num;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::{http1, http2};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::run::bench::Bench;
+use crate::run::router::Alpn;
+use crate::run::rung::Window;
+
+/// The bench's hibernation period: short so the scenario stays quick. What
+/// a hibernation frees and costs does not depend on it (default 15 s).
+const PERIOD: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Case {
+    /// HTTP/1.1 keep-alive after a short response.
+    H1Short,
+    /// HTTP/1.1 keep-alive after a 60 KB response.
+    H1Page,
+    /// HTTP/2 after one request.
+    H2,
+    /// An HTTP/1.1 CONNECT tunnel after one exchange through it.
+    Connect,
+}
+
+const CASES: [Case; 4] = [Case::H1Short, Case::H1Page, Case::H2, Case::Connect];
+
+impl Case {
+    fn name(self) -> &'static str {
+        match self {
+            Case::H1Short => "http1-keepalive-short",
+            Case::H1Page => "http1-keepalive-60kb",
+            Case::H2 => "http2-one-request",
+            Case::Connect => "connect-tunnel",
+        }
+    }
+}
+
+enum Conn {
+    H1(http1::SendRequest<Empty<Bytes>>),
+    H2(http2::SendRequest<Empty<Bytes>>),
+    Connect(Box<TlsStream<TcpStream>>),
+}
+
+async fn open(bench: &Bench, case: Case, actor: u64) -> Result<Conn, String> {
+    let e = |e: atunnel_process::BoxError| e.to_string();
+    Ok(match case {
+        Case::H1Short | Case::H1Page => {
+            let tls = bench.router_tls(443, Alpn::Http1).await.map_err(e)?;
+            let (send, conn) = http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            Conn::H1(send)
+        }
+        Case::H2 => {
+            let tls = bench.router_tls(443, Alpn::H2).await.map_err(e)?;
+            let (send, conn) = http2::handshake(
+                hyper_util::rt::TokioExecutor::new(),
+                hyper_util::rt::TokioIo::new(tls),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            Conn::H2(send)
+        }
+        Case::Connect => Conn::Connect(Box::new(bench.connect_tunnel(actor, 80).await.map_err(e)?)),
+    })
+}
+
+/// One request over `conn`; the answer is read entirely.
+async fn request(conn: &mut Conn, case: Case, actor: u64) -> Result<(), String> {
+    let path = if case == Case::H1Page { "/page" } else { "/" };
+    let req = || {
+        http::Request::builder()
+            .uri(format!("https://worker.bench{path}"))
+            .header("ate-target-actor", format!("bench/actor-{actor}"))
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())
+    };
+    let resp = match conn {
+        Conn::H1(s) => {
+            s.ready().await.map_err(|e| e.to_string())?;
+            s.send_request(req()?).await
+        }
+        Conn::H2(s) => {
+            s.ready().await.map_err(|e| e.to_string())?;
+            s.send_request(req()?).await
+        }
+        Conn::Connect(tls) => return exchange_in_tunnel(tls).await,
+    }
+    .map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("status {}", resp.status()));
+    }
+    resp.into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// An HTTP/1.1 request to the actor inside a CONNECT tunnel, its answer
+/// read by Content-Length; the tunnel stays open.
+async fn exchange_in_tunnel(tls: &mut TlsStream<TcpStream>) -> Result<(), String> {
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: actor\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let head = atunnel_connect::http1::read_head(tls)
+        .await
+        .map_err(|e| e.to_string())?;
+    let answer = atunnel_connect::http1::parse_response(&head).map_err(|e| e.to_string())?;
+    if !(200..300).contains(&answer.status) {
+        return Err(format!("status {}", answer.status));
+    }
+    let len = answer
+        .content_length
+        .ok_or("answer without content-length")?;
+    let mut body = vec![0u8; len];
+    tls.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// One case's figures in one pass.
+#[derive(Default)]
+struct Held {
+    heap_per_conn: f64,
+    cgroup_per_conn: f64,
+    /// Tunnel CPU while the connections went idle (and hibernated), per connection.
+    idle_cpu_us_per_conn: f64,
+    /// The next request on each idle connection: CPU and latency.
+    next_cpu_us: f64,
+    next_p50_us: u64,
+    next_p99_us: u64,
+}
+
+async fn hold(
+    bench: &mut Bench,
+    case: Case,
+    n: usize,
+    hibernating: bool,
+) -> Result<Held, atunnel_process::BoxError> {
+    let actors = bench.sandboxes.len().max(1) as u64;
+    // The connections to the actors are pooled per actor, not per router
+    // connection: open them before the baseline (one request of the case's
+    // size to each actor on a connection of its own, closed after; hyper
+    // keeps a pooled connection's grown read buffer) so that the
+    // per-connection figures do not carry them.
+    let warm = if case == Case::H1Page {
+        Case::H1Page
+    } else {
+        Case::H1Short
+    };
+    for i in 0..actors {
+        let mut c = open(bench, warm, i).await?;
+        request(&mut c, warm, i).await?;
+    }
+    let before = bench.stats(true).await?;
+    let fds0 = num(&before, &["process", "open_fds"]);
+    let cg0 = bench.cgroup_sample();
+    let mut conns = Vec::with_capacity(n);
+    for i in 0..n as u64 {
+        let mut c = open(bench, case, i % actors).await?;
+        request(&mut c, case, i % actors).await?;
+        conns.push(c);
+    }
+    let cg1 = bench.cgroup_sample();
+    // Idle: every connection hibernated (when on), and otherwise the same
+    // wait, so both passes measure after a comparable idle time.
+    let idle_since = Instant::now();
+    let deadline = idle_since + PERIOD * 2 + Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let done = if hibernating {
+            let s = bench.stats(false).await?;
+            num(&s, &["hibernation", "hibernating"]) as usize >= n
+        } else {
+            idle_since.elapsed() >= PERIOD * 2 + Duration::from_millis(500)
+        };
+        if done || Instant::now() > deadline {
+            break;
+        }
+    }
+    let cg2 = bench.cgroup_sample();
+    let after = bench.stats(true).await?;
+    let cg3 = bench.cgroup_sample();
+    let per = |x: f64| x / n as f64;
+    let mut held = Held {
+        heap_per_conn: per(
+            num(&after, &["process", "heap_bytes"]) - num(&before, &["process", "heap_bytes"])
+        ),
+        cgroup_per_conn: per(cg3.memory_bytes as f64 - cg0.memory_bytes as f64),
+        idle_cpu_us_per_conn: per(cg2.cpu_seconds_since(&cg1) * 1e6),
+        ..Held::default()
+    };
+    // The next request on each, one at a time so latency is the
+    // connection's own.
+    let mut latency = new_histogram();
+    let cg4 = bench.cgroup_sample();
+    for (i, c) in conns.iter_mut().enumerate() {
+        let t0 = Instant::now();
+        request(c, case, i as u64 % actors).await?;
+        let _ = latency.record(t0.elapsed().as_micros() as u64);
+    }
+    let cg5 = bench.cgroup_sample();
+    held.next_cpu_us = per(cg5.cpu_seconds_since(&cg4) * 1e6);
+    held.next_p50_us = latency.value_at_quantile(0.5);
+    held.next_p99_us = latency.value_at_quantile(0.99);
+    drop(conns);
+    // atunnel closes its side asynchronously: the next case's baseline must
+    // not include these connections being torn down.
+    // Done when back to the starting count, or when the count stops falling
+    // (connections to the actors that the case opened stay pooled).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut last = f64::MAX;
+    while Instant::now() < deadline {
+        let fds = num(&bench.stats(false).await?, &["process", "open_fds"]);
+        if fds <= fds0 + 2.0 || fds >= last {
+            break;
+        }
+        last = fds;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(held)
+}
+
+/// Keep-alive requests at a fixed rate over a few HTTP/1.1 connections.
+async fn keepalive(bench: &mut Bench, rate: f64) -> Result<RungResult, atunnel_process::BoxError> {
+    let actors = bench.sandboxes.len().max(1) as u64;
+    let mut conns = Vec::new();
+    for i in 0..50u64 {
+        conns.push(tokio::sync::Mutex::new(
+            open(bench, Case::H1Short, i % actors).await?,
+        ));
+    }
+    let conns = Arc::new(conns);
+    let window = Window::open(bench, bench.actors_pid());
+    let duration = if bench.quick { 3 } else { 10 };
+    let c = conns.clone();
+    let outcome = run_rung(
+        &Rung {
+            rate,
+            duration: Duration::from_secs(duration),
+            max_in_flight: 2048,
+        },
+        move |i| {
+            let c = c.clone();
+            // One request at a time on a keep-alive connection.
+            async move {
+                let mut conn = c[i as usize % c.len()].lock().await;
+                request(&mut conn, Case::H1Short, i % actors).await
+            }
+        },
+    )
+    .await;
+    Ok(window.close(bench, &outcome).await)
+}
+
+pub(super) async fn ingress_idle(
+    bench: &mut Bench,
+) -> Result<ScenarioResult, atunnel_process::BoxError> {
+    let n = if bench.quick { 150 } else { 1000 };
+    let rate = if bench.quick { 1000.0 } else { 2000.0 };
+    let mut passes: Vec<Vec<Held>> = Vec::new();
+    let mut rungs = Vec::new();
+    let period_s = PERIOD.as_secs_f64();
+    for hibernating in [false, true] {
+        let period = if hibernating { PERIOD } else { Duration::ZERO };
+        bench
+            .restart_tunnel(vec![format!("--hibernate-after={}ms", period.as_millis())])
+            .await?;
+        let mut pass = Vec::new();
+        for case in CASES {
+            eprintln!(
+                "         {} ({}): {n} connections",
+                case.name(),
+                if hibernating { "hibernation on" } else { "off" }
+            );
+            pass.push(hold(bench, case, n, hibernating).await?);
+        }
+        passes.push(pass);
+        let mut rung = keepalive(bench, rate).await?;
+        rung.notes = format!(
+            "keep-alive over 50 HTTP/1.1 connections, hibernation {}",
+            if hibernating {
+                format!("on ({period_s} s)")
+            } else {
+                "off".into()
+            }
+        );
+        rungs.push(rung);
+    }
+    let round = |x: f64| x.round();
+    let cases: Vec<Value> = CASES
+        .iter()
+        .enumerate()
+        .map(|(i, case)| {
+            let (off, on) = (&passes[0][i], &passes[1][i]);
+            json!({
+                "case": case.name(),
+                "heap_bytes_per_conn": round(off.heap_per_conn),
+                "hibernated_heap_bytes_per_conn": round(on.heap_per_conn),
+                "cgroup_bytes_per_conn": round(off.cgroup_per_conn),
+                "hibernated_cgroup_bytes_per_conn": round(on.cgroup_per_conn),
+                "idle_cpu_us_per_conn": round(off.idle_cpu_us_per_conn),
+                "hibernating_cpu_us_per_conn": round(on.idle_cpu_us_per_conn),
+                "next_request_cpu_us": round(off.next_cpu_us),
+                "first_request_after_wake_cpu_us": round(on.next_cpu_us),
+                "next_request_p50_us": off.next_p50_us,
+                "next_request_p99_us": off.next_p99_us,
+                "first_request_after_wake_p50_us": on.next_p50_us,
+                "first_request_after_wake_p99_us": on.next_p99_us,
+            })
+        })
+        .collect();
+    let cores_per_krps = |r: &RungResult| {
+        if r.achieved > 0.0 {
+            (r.tunnel_cpu_cores / r.achieved * 1000.0 * 1000.0).round() / 1000.0
+        } else {
+            0.0
+        }
+    };
+    Ok(ScenarioResult {
+        name: Scenario::IngressIdle.name().into(),
+        summary: json!({
+            "conns": n,
+            "hibernate_after_s": PERIOD.as_secs(),
+            "cases": cases,
+            "keepalive_rps": {"off": rungs[0].achieved, "on": rungs[1].achieved},
+            "keepalive_cores_per_1000_rps": {"off": cores_per_krps(&rungs[0]), "on": cores_per_krps(&rungs[1])},
+        }),
+        rungs,
+        notes: vec![
+            format!("{n} router connections per case, each served one request, then idle; heap and cgroup bytes per connection read after asking the allocator to release free memory; the hibernation period is {period_s} s here (default 15 s), which changes when, not what, it frees"),
+            "every case hibernates its TLS session down to its traffic keys; HTTP/1.1 also drops hyper's buffers and state, while HTTP/2 keeps h2's buffers and HPACK tables for the connection's life (only a GOAWAY, which the router sees, would free them)".into(),
+            "idle CPU is atunnel's CPU from the last request until all had hibernated (or the same wait), per connection; the next-request figures are one request at a time on each idle connection".into(),
+        ],
+    })
+}

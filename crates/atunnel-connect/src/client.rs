@@ -1,0 +1,619 @@
+//! Opens egress tunnels to the gateway: HTTP/2 CONNECT streams over pooled
+//! mutual-TLS connections, or one HTTP/1.1 CONNECT per TLS connection when the
+//! gateway does not speak h2.
+//!
+//! Identity is only the client certificate: the request carries the CONNECT
+//! line and, over HTTP/1.1, `Host`; nothing else.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use atunnel_core::endpoint::{Chunk, Endpoint};
+use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::{BufferPool, H2Stream};
+use bytes::Bytes;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_util::task::TaskTracker;
+
+use atunnel_identity::credential::ActorCredential;
+
+use crate::http1;
+use crate::limits::{
+    INITIAL_MAX_SEND_STREAMS, MAX_REFUSAL_BODY, OPEN_TIMEOUT, REFUSAL_BODY_WAIT,
+    TUNNEL_CONNECTION_WINDOW, TUNNEL_STREAM_WINDOW,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("invalid tunnel destination {0:?}: must be an IP literal and a port 1-65535")]
+    InvalidDestination(String),
+    #[error("gateway {addr} unreachable: {source}")]
+    GatewayUnreachable {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    /// TLS failed, the gateway sent an alert, or hung up before answering the
+    /// CONNECT. Under TLS 1.3 a refused client certificate only shows up here,
+    /// after the client's side of the handshake has finished.
+    #[error("gateway {addr} handshake failed: {reason}")]
+    GatewayHandshake { addr: SocketAddr, reason: String },
+    #[error("gateway refused CONNECT {authority} with status {status}: {body:?}")]
+    ConnectRefused {
+        authority: String,
+        status: u16,
+        body: String,
+    },
+    /// The gateway reset the CONNECT stream with REFUSED_STREAM (it did not
+    /// process it, usually for being at its stream limit), on the retry too.
+    #[error("gateway {addr} refused the stream for CONNECT {authority} (REFUSED_STREAM), twice")]
+    StreamRefused { addr: SocketAddr, authority: String },
+    #[error("opening a tunnel to {authority} took longer than {after:?}")]
+    Timeout { authority: String, after: Duration },
+    #[error("gateway {addr} sent a malformed answer: {reason}")]
+    Protocol { addr: SocketAddr, reason: String },
+}
+
+/// Where and how to reach the gateway.
+#[derive(Clone, Debug)]
+pub struct GatewayClientConfig {
+    pub address: SocketAddr,
+    /// The name the gateway's certificate must carry.
+    pub server_name: ServerName<'static>,
+    /// CAs that sign the gateway's certificate.
+    pub roots: Arc<rustls::RootCertStore>,
+    pub socket: SocketOptions,
+    pub open_timeout: Duration,
+    /// See [`REFUSAL_BODY_WAIT`].
+    pub refusal_body_wait: Duration,
+}
+
+impl GatewayClientConfig {
+    pub fn new(
+        address: SocketAddr,
+        server_name: ServerName<'static>,
+        roots: Arc<rustls::RootCertStore>,
+    ) -> Self {
+        Self {
+            address,
+            server_name,
+            roots,
+            socket: SocketOptions::default(),
+            open_timeout: OPEN_TIMEOUT,
+            refusal_body_wait: REFUSAL_BODY_WAIT,
+        }
+    }
+}
+
+/// Parses a tunnel destination: an IP literal and a non-zero port, checked
+/// before any I/O.
+pub fn parse_destination(authority: &str) -> Result<SocketAddr, OpenError> {
+    match authority.parse::<SocketAddr>() {
+        Ok(addr) if addr.port() != 0 => Ok(addr),
+        _ => Err(OpenError::InvalidDestination(authority.to_string())),
+    }
+}
+
+/// A pooled HTTP/2 connection to the gateway.
+struct H2Conn {
+    send: h2::client::SendRequest<Bytes>,
+    streams: Arc<AtomicUsize>,
+    dead: Arc<AtomicBool>,
+    /// Becomes true once the gateway's SETTINGS have been applied, so
+    /// `current_max_send_streams` is the gateway's limit and not our guess.
+    settled: watch::Receiver<bool>,
+    /// The client certificate it was authenticated with expires here; no new
+    /// streams after that, so expiry is enforced on pooled connections too.
+    cert_not_after: Option<SystemTime>,
+}
+
+impl H2Conn {
+    fn has_capacity(&self, now: SystemTime) -> bool {
+        // Until the gateway's limit is known a fresh connection takes one
+        // stream: more could exceed the limit, and each would be refused
+        // (sent before the SETTINGS arrived) or queued inside h2 until some
+        // stream ends (sent after), which for a tunnel may be never.
+        let limit = if self.is_settled() {
+            self.send.current_max_send_streams()
+        } else {
+            1
+        };
+        !self.dead.load(Ordering::Acquire)
+            && self.cert_not_after.is_none_or(|t| now < t)
+            && self.streams.load(Ordering::Acquire) < limit
+    }
+
+    fn is_settled(&self) -> bool {
+        *self.settled.borrow()
+    }
+
+    fn claim(&self) -> StreamSlot {
+        self.streams.fetch_add(1, Ordering::AcqRel);
+        StreamSlot(self.streams.clone())
+    }
+}
+
+/// Holds one of a pooled connection's stream slots for a tunnel's life.
+pub struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An open tunnel, ready for the relay.
+pub enum GatewayTunnel {
+    H2 {
+        stream: H2Stream,
+        _slot: StreamSlot,
+    },
+    /// Boxed: a TLS session is large and most tunnels are HTTP/2.
+    H1(Box<TlsStream<TcpStream>>),
+}
+
+impl GatewayTunnel {
+    pub fn protocol(&self) -> &'static str {
+        match self {
+            GatewayTunnel::H2 { .. } => "h2",
+            GatewayTunnel::H1(_) => "http/1.1",
+        }
+    }
+
+    fn endpoint(&mut self) -> &mut dyn Endpoint {
+        match self {
+            GatewayTunnel::H2 { stream, .. } => stream,
+            GatewayTunnel::H1(tls) => tls.as_mut(),
+        }
+    }
+}
+
+impl Endpoint for GatewayTunnel {
+    fn poll_read_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        pool: &BufferPool,
+    ) -> Poll<io::Result<Option<Chunk>>> {
+        self.endpoint().poll_read_chunk(cx, pool)
+    }
+    fn consumed(&mut self, n: usize) {
+        self.endpoint().consumed(n)
+    }
+    fn poll_write_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunk: &mut Chunk,
+    ) -> Poll<io::Result<()>> {
+        self.endpoint().poll_write_chunk(cx, chunk)
+    }
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.endpoint().poll_flush(cx)
+    }
+    fn poll_close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.endpoint().poll_close_write(cx)
+    }
+    fn abort(&mut self) {
+        self.endpoint().abort()
+    }
+}
+
+enum Dialed {
+    /// A connection and the stream slot claimed on it; `true` if it came
+    /// from the pool.
+    H2(Arc<H2Conn>, StreamSlot, bool),
+    H1(Box<TlsStream<TcpStream>>),
+}
+
+/// What the pool has for a new stream.
+enum Pooled {
+    Slot(Arc<H2Conn>, StreamSlot),
+    /// No room now, but this fresh connection's limit is about to be known.
+    Settling(watch::Receiver<bool>),
+    Full,
+}
+
+/// Counters for /stats.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct ClientStats {
+    pub h2_connections: usize,
+    pub h2_streams: usize,
+}
+
+/// One actor's tunnel client: its TLS identity and its connection pool.
+pub struct GatewayClient {
+    cfg: GatewayClientConfig,
+    connector: TlsConnector,
+    pool: Mutex<Vec<Arc<H2Conn>>>,
+    /// Serialises dials while the gateway may speak h2, so a burst of opens
+    /// shares one new connection instead of racing to make one each.
+    dial_lock: tokio::sync::Mutex<()>,
+    gateway_is_h1: AtomicBool,
+    credential: Arc<ActorCredential>,
+    connections: TaskTracker,
+}
+
+impl GatewayClient {
+    /// A client presenting `credential`'s current certificate, offering
+    /// ALPN `h2,http/1.1`, TLS 1.2 or 1.3.
+    pub fn new(
+        cfg: GatewayClientConfig,
+        credential: Arc<ActorCredential>,
+    ) -> Result<Self, rustls::Error> {
+        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(cfg.roots.clone())
+        .with_client_cert_resolver(credential.clone());
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        // A pooled connection's expiry must be that of the certificate it
+        // actually authenticated with: a resumed session would carry the
+        // previous certificate's identity past a renewal. HTTP/2 pools its
+        // connections, so full handshakes are rare.
+        tls.resumption = rustls::client::Resumption::disabled();
+        Ok(Self {
+            connector: TlsConnector::from(Arc::new(tls)),
+            cfg,
+            pool: Mutex::new(Vec::new()),
+            dial_lock: tokio::sync::Mutex::new(()),
+            gateway_is_h1: AtomicBool::new(false),
+            credential,
+            connections: TaskTracker::new(),
+        })
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        let pool = self.pool.lock().expect("pool lock poisoned");
+        ClientStats {
+            h2_connections: pool.len(),
+            h2_streams: pool.iter().map(|c| c.streams.load(Ordering::Relaxed)).sum(),
+        }
+    }
+
+    /// Opens a tunnel to `dest`, bounded by the open timeout.
+    pub async fn open(&self, dest: SocketAddr) -> Result<GatewayTunnel, OpenError> {
+        let authority = parse_destination(&dest.to_string())?.to_string();
+        let after = self.cfg.open_timeout;
+        match tokio::time::timeout(after, self.open_unbounded(&authority)).await {
+            Ok(result) => result,
+            Err(_) => Err(OpenError::Timeout { authority, after }),
+        }
+    }
+
+    /// Opens a tunnel to an authority given as text (validated first).
+    pub async fn open_authority(&self, authority: &str) -> Result<GatewayTunnel, OpenError> {
+        self.open(parse_destination(authority)?).await
+    }
+
+    async fn open_unbounded(&self, authority: &str) -> Result<GatewayTunnel, OpenError> {
+        let mut retried = false;
+        loop {
+            let (conn, slot, pooled) = match self.pooled_or_dial().await? {
+                Dialed::H1(tls) => return self.connect_h1(tls, authority).await,
+                Dialed::H2(conn, slot, pooled) => (conn, slot, pooled),
+            };
+            match self.connect_h2(&conn, slot, authority).await {
+                Err(H2Failure::Connection(e)) => {
+                    conn.dead.store(true, Ordering::Release);
+                    self.forget(&conn);
+                    // A pooled connection may have died quietly: one retry
+                    // on a fresh one. A fresh one failing is the gateway
+                    // refusing us.
+                    if pooled && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(self.handshake_error(e));
+                }
+                // The gateway did not process the stream (RFC 9113 §8.7) and
+                // the connection is fine: retry once wherever the pool finds
+                // room, this connection included.
+                Err(H2Failure::Refused) if !retried => retried = true,
+                Err(H2Failure::Refused) => {
+                    return Err(OpenError::StreamRefused {
+                        addr: self.cfg.address,
+                        authority: authority.to_string(),
+                    });
+                }
+                Err(H2Failure::Tunnel(e)) => return Err(e),
+                Ok(tunnel) => return Ok(tunnel),
+            }
+        }
+    }
+
+    fn handshake_error(&self, reason: impl std::fmt::Display) -> OpenError {
+        OpenError::GatewayHandshake {
+            addr: self.cfg.address,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Claims a stream slot on a pooled connection with room. Claiming
+    /// under the pool's lock keeps concurrent opens from all taking the last
+    /// slot.
+    fn pooled(&self) -> Pooled {
+        let now = self.credential.clock().now();
+        let mut pool = self.pool.lock().expect("pool lock poisoned");
+        // Drop dead connections and those whose certificate expired once
+        // their last stream is gone.
+        pool.retain(|c| {
+            !c.dead.load(Ordering::Acquire)
+                && (c.cert_not_after.is_none_or(|t| now < t)
+                    || c.streams.load(Ordering::Acquire) > 0)
+        });
+        if let Some(conn) = pool.iter().find(|c| c.has_capacity(now)) {
+            return Pooled::Slot(conn.clone(), conn.claim());
+        }
+        match pool.iter().find(|c| !c.is_settled()) {
+            Some(conn) => Pooled::Settling(conn.settled.clone()),
+            None => Pooled::Full,
+        }
+    }
+
+    fn forget(&self, conn: &Arc<H2Conn>) {
+        self.pool
+            .lock()
+            .expect("pool lock poisoned")
+            .retain(|c| !Arc::ptr_eq(c, conn));
+    }
+
+    async fn pooled_or_dial(&self) -> Result<Dialed, OpenError> {
+        loop {
+            let mut settling = match self.pooled() {
+                Pooled::Slot(conn, slot) => return Ok(Dialed::H2(conn, slot, true)),
+                Pooled::Settling(settling) => settling,
+                Pooled::Full if self.gateway_is_h1.load(Ordering::Relaxed) => {
+                    return self.dial(None).await;
+                }
+                Pooled::Full => {
+                    let guard = self.dial_lock.lock().await;
+                    match self.pooled() {
+                        Pooled::Slot(conn, slot) => return Ok(Dialed::H2(conn, slot, true)),
+                        Pooled::Settling(settling) => settling,
+                        Pooled::Full => return self.dial(Some(guard)).await,
+                    }
+                }
+            };
+            // A burst waits the one round trip for a fresh connection's
+            // limit rather than dialling a connection each. An error means
+            // the connection ended first: look again.
+            let _ = settling.wait_for(|settled| *settled).await;
+        }
+    }
+
+    /// Dials a connection; an h2 one joins the pool with a slot claimed for
+    /// the caller. `_serialised` is held until then.
+    async fn dial(
+        &self,
+        _serialised: Option<tokio::sync::MutexGuard<'_, ()>>,
+    ) -> Result<Dialed, OpenError> {
+        let tls = self.dial_tls().await?;
+        if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+            self.gateway_is_h1.store(true, Ordering::Relaxed);
+            return Ok(Dialed::H1(Box::new(tls)));
+        }
+        self.gateway_is_h1.store(false, Ordering::Relaxed);
+        let (send, mut connection) = h2::client::Builder::new()
+            .initial_window_size(TUNNEL_STREAM_WINDOW)
+            .initial_connection_window_size(TUNNEL_CONNECTION_WINDOW)
+            .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
+            // We never accept pushed streams.
+            .enable_push(false)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .map_err(|e| self.handshake_error(e))?;
+        let dead = Arc::new(AtomicBool::new(false));
+        let dead_flag = dead.clone();
+        let (settle, settled) = watch::channel(false);
+        let ping_pong = connection
+            .ping_pong()
+            .expect("a new connection's ping handle, taken once");
+        self.connections.spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = settled_by_ping(ping_pong) => {
+                    settle.send_replace(true);
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!(error = %e, "gateway HTTP/2 connection ended");
+            }
+            dead_flag.store(true, Ordering::Release);
+        });
+        let conn = Arc::new(H2Conn {
+            send,
+            streams: Arc::new(AtomicUsize::new(0)),
+            dead,
+            settled,
+            cert_not_after: self.credential.expires_at(),
+        });
+        let slot = conn.claim();
+        self.pool
+            .lock()
+            .expect("pool lock poisoned")
+            .push(conn.clone());
+        Ok(Dialed::H2(conn, slot, false))
+    }
+
+    async fn dial_tls(&self) -> Result<TlsStream<TcpStream>, OpenError> {
+        let addr = self.cfg.address;
+        let tcp = self
+            .cfg
+            .socket
+            .connect(addr, self.cfg.open_timeout)
+            .await
+            .map_err(|source| OpenError::GatewayUnreachable { addr, source })?;
+        self.connector
+            .connect(self.cfg.server_name.clone(), tcp)
+            .await
+            .map_err(|e| self.handshake_error(e))
+    }
+
+    async fn connect_h2(
+        &self,
+        conn: &Arc<H2Conn>,
+        slot: StreamSlot,
+        authority: &str,
+    ) -> Result<GatewayTunnel, H2Failure> {
+        let request = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri(authority)
+            .body(())
+            .map_err(|e| {
+                H2Failure::Tunnel(OpenError::InvalidDestination(format!("{authority}: {e}")))
+            })?;
+        let mut send_request = conn.send.clone();
+        let (response, send) = match send_request.send_request(request, false) {
+            Ok(x) => x,
+            Err(e) => return Err(H2Failure::Connection(e)),
+        };
+        let response = match response.await {
+            Ok(r) => r,
+            Err(e)
+                if e.is_reset()
+                    && !e.is_go_away()
+                    && e.reason() == Some(h2::Reason::REFUSED_STREAM) =>
+            {
+                return Err(H2Failure::Refused);
+            }
+            // A reset of this stream alone is the gateway's answer to it.
+            Err(e) if e.is_reset() && !e.is_go_away() => {
+                return Err(H2Failure::Tunnel(OpenError::Protocol {
+                    addr: self.cfg.address,
+                    reason: format!("gateway reset the CONNECT stream: {e}"),
+                }));
+            }
+            Err(e) => return Err(H2Failure::Connection(e)),
+        };
+        let status = response.status();
+        let mut body = response.into_body();
+        if !status.is_success() {
+            let body = read_refusal_body_h2(&mut body, self.cfg.refusal_body_wait).await;
+            return Err(H2Failure::Tunnel(OpenError::ConnectRefused {
+                authority: authority.to_string(),
+                status: status.as_u16(),
+                body,
+            }));
+        }
+        Ok(GatewayTunnel::H2 {
+            stream: H2Stream::new(send, body),
+            _slot: slot,
+        })
+    }
+
+    async fn connect_h1(
+        &self,
+        mut tls: Box<TlsStream<TcpStream>>,
+        authority: &str,
+    ) -> Result<GatewayTunnel, OpenError> {
+        let request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
+        let write = async {
+            tls.write_all(request.as_bytes()).await?;
+            tls.flush().await
+        };
+        write.await.map_err(|e| self.handshake_error(e))?;
+        let head = http1::read_head(&mut tls)
+            .await
+            .map_err(|e| match e.kind() {
+                // tokio-rustls reports TLS failures (alerts) as InvalidData
+                // too; only our own head parser's complaint is a protocol error.
+                io::ErrorKind::InvalidData if !is_tls_error(&e) => OpenError::Protocol {
+                    addr: self.cfg.address,
+                    reason: e.to_string(),
+                },
+                _ => self.handshake_error(e),
+            })?;
+        let head = http1::parse_response(&head).map_err(|e| OpenError::Protocol {
+            addr: self.cfg.address,
+            reason: e.to_string(),
+        })?;
+        if (200..300).contains(&head.status) {
+            return Ok(GatewayTunnel::H1(tls));
+        }
+        let limit = head
+            .content_length
+            .unwrap_or(MAX_REFUSAL_BODY)
+            .min(MAX_REFUSAL_BODY);
+        let body = read_refusal_body_h1(&mut tls, limit, self.cfg.refusal_body_wait).await;
+        Err(OpenError::ConnectRefused {
+            authority: authority.to_string(),
+            status: head.status,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        })
+    }
+
+    /// Closes pooled connections and waits for their tasks.
+    pub async fn close(&self) {
+        self.pool.lock().expect("pool lock poisoned").clear();
+        self.connections.close();
+        self.connections.wait().await;
+    }
+}
+
+fn is_tls_error(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>())
+}
+
+enum H2Failure {
+    /// The connection (not just this stream) failed before an answer.
+    Connection(h2::Error),
+    /// RST_STREAM(REFUSED_STREAM): not processed, safe to send again.
+    Refused,
+    Tunnel(OpenError),
+}
+
+/// Resolves once the gateway's SETTINGS have been applied, or the connection
+/// ended. The SETTINGS are the gateway's first frame and h2 applies them
+/// before reading another, so the answer to a PING sent now comes after.
+async fn settled_by_ping(mut ping_pong: h2::PingPong) {
+    let _ = ping_pong.ping(h2::Ping::opaque()).await;
+}
+
+/// Up to `limit` bytes of a refusal's body, or what arrived within `wait`.
+/// The body is best effort: the status is the answer.
+async fn read_refusal_body_h1(
+    tls: &mut TlsStream<TcpStream>,
+    limit: usize,
+    wait: Duration,
+) -> Vec<u8> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut body = vec![0u8; limit];
+    let mut filled = 0;
+    while filled < limit {
+        match tokio::time::timeout_at(deadline, tls.read(&mut body[filled..])).await {
+            Ok(Ok(n)) if n > 0 => filled += n,
+            _ => break,
+        }
+    }
+    body.truncate(filled);
+    body
+}
+
+/// Up to [`MAX_REFUSAL_BODY`] bytes of a refusal's body, or what arrived
+/// within `wait`.
+async fn read_refusal_body_h2(body: &mut h2::RecvStream, wait: Duration) -> String {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut out = Vec::new();
+    while out.len() < MAX_REFUSAL_BODY {
+        match tokio::time::timeout_at(deadline, body.data()).await {
+            Ok(Some(Ok(chunk))) => {
+                let _ = body.flow_control().release_capacity(chunk.len());
+                let take = chunk.len().min(MAX_REFUSAL_BODY - out.len());
+                out.extend_from_slice(&chunk[..take]);
+            }
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,103 @@
+//! Every HTTP/2 window, stream limit, frame size and timeout of atunnel's
+//! tunnels and proxies, in one place, each with the reason for its value.
+//! The client to the gateway, the CONNECT server (the gateway and ingress
+//! CONNECT), ingress HTTPS (hyper, toward the router and toward actors) all
+//! take theirs from here; what is settable says which flag sets it.
+
+use std::time::Duration;
+
+// ---- HTTP/2 toward the gateway (the egress client, and the gateway) ----
+
+/// Receive window per stream of a tunnel to the gateway, on both ends: what
+/// the far end may send on one tunnel before the near end reads it. It
+/// bounds the heap one stalled tunnel can pin (this much in h2's receive
+/// queue) and the throughput of one tunnel (window / round trip: 256 KiB
+/// over a 0.25 ms in-datacentre round trip is about 1 GB/s, above what one
+/// core relays).
+pub const TUNNEL_STREAM_WINDOW: u32 = 256 * 1024;
+
+/// Receive window per connection to the gateway, on both ends. Large
+/// enough (1 GiB) that stalled streams, each capped by
+/// [`TUNNEL_STREAM_WINDOW`], can never exhaust it and block their
+/// neighbours on the same connection; it is not memory unless used.
+pub const TUNNEL_CONNECTION_WINDOW: u32 = 1 << 30;
+
+/// Streams the client opens on a new connection before the gateway's
+/// SETTINGS say how many it allows (h2's own default is unlimited). RFC
+/// 9113 §6.5.2 recommends servers allow at least 100, so up to 100 is not
+/// refused by a gateway that follows it. The pool asks for less still: one
+/// stream until the SETTINGS are in.
+pub const INITIAL_MAX_SEND_STREAMS: usize = 100;
+
+/// Streams one HTTP/2 connection may carry at once on a CONNECT server (the
+/// gateway's `--max-concurrent-streams`, and ingress CONNECT). Tunnels are
+/// long-lived, so the limit is high; each stream's cost is capped by its
+/// window.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1000;
+
+/// The first frame an HTTP/2 client sends after the magic is SETTINGS, and
+/// before the server's SETTINGS it may be no larger than the initial
+/// SETTINGS_MAX_FRAME_SIZE (RFC 9113 §4.2): the preface reader refuses a
+/// longer one rather than buffer it.
+pub const MAX_FIRST_FRAME: usize = 16 * 1024;
+
+// ---- HTTP/2 of ingress HTTPS (hyper) ----
+
+/// Receive window per stream on both sides of the ingress proxy (the
+/// router's connections and the h2c ones to actors): the most a peer that
+/// stops reading can make atunnel hold of one stream (hyper's default is
+/// 2 MiB).
+pub const PROXY_STREAM_WINDOW: u32 = 256 * 1024;
+
+/// Receive window per connection on both sides of the ingress proxy
+/// (hyper's default is 5 MiB): a router multiplexes many requests over
+/// one connection, and this bounds them together.
+pub const PROXY_CONNECTION_WINDOW: u32 = 1024 * 1024;
+
+// ---- HTTP/1.1 heads ----
+
+/// Longest CONNECT request or response head accepted: a CONNECT head is a
+/// line and a Host header; 8 KiB is what common servers allow for a whole
+/// request head.
+pub const MAX_HEAD: usize = 8 * 1024;
+
+/// Most headers parsed in a CONNECT head (ours carry one).
+pub const MAX_HEADERS: usize = 32;
+
+/// Most bytes of a CONNECT refusal's body kept for the error message.
+pub const MAX_REFUSAL_BODY: usize = 4 * 1024;
+
+// ---- Timeouts ----
+
+/// How long opening an egress tunnel may take, dial and TLS included
+/// (`--open-timeout` has none yet: the contract's 10 s). The gateway
+/// answers within its 5 s authorization timeout; waiting longer means it
+/// queued us.
+pub const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a refusal's body may take to arrive after its status. A gateway
+/// writes the two back to back; a body without an end (no Content-Length
+/// on a kept-alive HTTP/1.1 connection, no END_STREAM over h2) would
+/// otherwise hold the refusal until the open timeout and turn it into a
+/// timeout.
+pub const REFUSAL_BODY_WAIT: Duration = Duration::from_millis(250);
+
+/// How long a client of a CONNECT server has to finish TLS, and then to
+/// send its CONNECT head (HTTP/1.1) or preface (HTTP/2). Ingress sets the
+/// head and preface part with `header_read_timeout`.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long an ingress client may take to send a request head, from its
+/// first byte, or its HTTP/2 preface once TLS is done. An idle keep-alive
+/// connection is not timed by it: it hibernates instead.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long dialing an actor's program inside its sandbox may take (the
+/// contract's 5 s; a veth round trip is microseconds, so a slow dial is a
+/// program that does not listen).
+pub const ACTOR_DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the gateway's dial to a tunnel's destination may take; within
+/// the client's [`OPEN_TIMEOUT`], so a slow destination is a 502 the
+/// client can read rather than its own timeout.
+pub const DESTINATION_DIAL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,0 +1,348 @@
+//! A mutual-TLS server for CONNECT tunnels over HTTP/2 and HTTP/1.1, shared
+//! by the egress gateway and atunnel's ingress CONNECT listener. What a
+//! tunnel may reach, and what happens inside it, is the handler's.
+//!
+//! HTTP/2 CONNECT streams are read and written in place (h2 crate, no
+//! upgrade layer), HTTP/1.1 heads are read without over-reading, so the relay
+//! gets bare streams it can wait on without a buffer. A connection that
+//! idles for the hibernation period drops its rustls session for its
+//! traffic keys (atunnel_tls::stream), tunnels open or not.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atunnel_core::H2Stream;
+use atunnel_core::endpoint::Endpoint;
+use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::{Listener, ListenerFigures, ListenerStats};
+use bytes::Bytes;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use atunnel_tls::{Activity, ActivityIo, Hibernation, ServerTls, with_hibernation};
+
+use crate::http1;
+use crate::limits::{
+    HANDSHAKE_TIMEOUT, MAX_CONCURRENT_STREAMS, TUNNEL_CONNECTION_WINDOW, TUNNEL_STREAM_WINDOW,
+};
+use crate::preface::read_h2_preface;
+
+/// One CONNECT (or other) request as received.
+pub struct ConnectRequest<'a> {
+    pub protocol: &'static str,
+    pub method: &'a str,
+    pub authority: &'a str,
+    /// Every header besides the method and authority (HTTP/2 pseudo-headers
+    /// are not headers here).
+    pub headers: &'a http::HeaderMap,
+    pub client: SocketAddr,
+}
+
+/// The handler's answer to a request.
+pub enum Answer<T> {
+    Open(T),
+    Refuse {
+        status: u16,
+        reason: &'static str,
+        body: String,
+        headers: &'static [(&'static str, &'static str)],
+    },
+}
+
+impl<T> Answer<T> {
+    pub fn refuse(status: u16, reason: &'static str, body: impl Into<String>) -> Self {
+        Answer::Refuse {
+            status,
+            reason,
+            body: body.into(),
+            headers: &[],
+        }
+    }
+}
+
+/// What a CONNECT server does with its peers and their tunnels.
+pub trait ConnectHandler: Send + Sync + 'static {
+    /// Who the TLS peer is, checked once per connection.
+    type Peer: Clone + Send + Sync + 'static;
+    /// What an accepted tunnel leads to.
+    type Target: Send + 'static;
+
+    fn peer(&self, tls: &rustls::ServerConnection) -> io::Result<Self::Peer>;
+
+    /// Decides on a request; every method arrives here (refuse what is not
+    /// CONNECT with 405).
+    fn open(
+        &self,
+        peer: &Self::Peer,
+        req: ConnectRequest<'_>,
+    ) -> impl Future<Output = Answer<Self::Target>> + Send;
+
+    /// Runs an accepted tunnel to its end.
+    fn run<E: Endpoint + Send>(
+        &self,
+        target: Self::Target,
+        tunnel: &mut E,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// HTTP/2 settings of a CONNECT server.
+#[derive(Clone, Copy, Debug)]
+pub struct H2Settings {
+    pub max_concurrent_streams: u32,
+    pub stream_window: u32,
+    pub connection_window: u32,
+    /// How long a client has, once TLS is done, to send its preface
+    /// ([`read_h2_preface`]; default [`HANDSHAKE_TIMEOUT`]).
+    pub preface_timeout: Duration,
+}
+
+impl Default for H2Settings {
+    fn default() -> Self {
+        Self {
+            max_concurrent_streams: MAX_CONCURRENT_STREAMS,
+            stream_window: TUNNEL_STREAM_WINDOW,
+            connection_window: TUNNEL_CONNECTION_WINDOW,
+            preface_timeout: HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+pub struct ConnectServer<H: ConnectHandler> {
+    handler: Arc<H>,
+    acceptor: TlsAcceptor,
+    socket: SocketOptions,
+    h2: H2Settings,
+    hibernation: Arc<Hibernation>,
+    listeners: Arc<ListenerStats>,
+}
+
+impl<H: ConnectHandler> ConnectServer<H> {
+    pub fn new(
+        handler: Arc<H>,
+        tls: Arc<rustls::ServerConfig>,
+        socket: SocketOptions,
+        h2: H2Settings,
+        hibernation: Arc<Hibernation>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            handler,
+            acceptor: TlsAcceptor::from(tls),
+            socket,
+            h2,
+            hibernation,
+            listeners: Arc::default(),
+        })
+    }
+
+    /// Connections accepted and open, and one connection's task size.
+    pub fn listener_stats(&self) -> ListenerFigures {
+        self.listeners.figures()
+    }
+
+    /// Accepts until `cancel`, then closes connections (their tunnels reset)
+    /// and waits for them.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
+        let listener = Listener::new(listener, "connect");
+        listener
+            .serve(&cancel, &self.listeners, |tcp, client| {
+                let (this, cancel) = (self.clone(), cancel.clone());
+                Some(async move {
+                    tokio::select! {
+                        _ = cancel.cancelled() => {}
+                        r = this.connection(tcp, client) => if let Err(e) = r {
+                            tracing::debug!(%client, error = %e, "CONNECT connection ended");
+                        }
+                    }
+                })
+            })
+            .await
+    }
+
+    async fn connection(self: &Arc<Self>, tcp: TcpStream, client: SocketAddr) -> io::Result<()> {
+        self.socket.apply(&tcp)?;
+        // The handshake's state, the TLS stream (over a kilobyte, copied
+        // into each future it moves through) and h2's connection state are
+        // boxed: a future keeps room for its largest state for the whole
+        // connection, idle or not.
+        let tls = Box::pin(atunnel_tls::accept(&self.acceptor, tcp, HANDSHAKE_TIMEOUT)).await?;
+        let peer = self.handler.peer(tls.get_ref().1)?;
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        let activity = Arc::new(Activity::default());
+        let io = ActivityIo::new(
+            ServerTls::Rustls(tls),
+            activity.clone(),
+            self.hibernation.clone(),
+        );
+        if h2 {
+            Box::pin(self.serve_h2(io, &activity, peer, client)).await
+        } else {
+            self.serve_h1(io, &activity, peer, client).await
+        }
+    }
+
+    async fn serve_h2(
+        self: &Arc<Self>,
+        mut io: ActivityIo,
+        activity: &Activity,
+        peer: H::Peer,
+        client: SocketAddr,
+    ) -> io::Result<()> {
+        Box::pin(read_h2_preface(&mut io, self.h2.preface_timeout)).await?;
+        let mut conn = h2::server::Builder::new()
+            .max_concurrent_streams(self.h2.max_concurrent_streams)
+            .initial_window_size(self.h2.stream_window)
+            .initial_connection_window_size(self.h2.connection_window)
+            .handshake::<_, Bytes>(io)
+            .await
+            .map_err(io::Error::other)?;
+        let streams = TaskTracker::new();
+        // Accepting drives the whole connection, open streams included.
+        while let Some(accepted) =
+            with_hibernation(pin!(conn.accept()), activity, &self.hibernation).await
+        {
+            let (request, mut respond) = accepted.map_err(io::Error::other)?;
+            let this = self.clone();
+            let peer = peer.clone();
+            streams.spawn(async move {
+                // The request head lives only in this block, not for the
+                // tunnel's whole life.
+                let (answer, body) = {
+                    let (parts, body) = request.into_parts();
+                    let authority = parts
+                        .uri
+                        .authority()
+                        .map(|a| a.to_string())
+                        .unwrap_or_default();
+                    let req = ConnectRequest {
+                        protocol: "h2",
+                        method: parts.method.as_str(),
+                        authority: &authority,
+                        headers: &parts.headers,
+                        client,
+                    };
+                    (Box::pin(this.handler.open(&peer, req)).await, body)
+                };
+                match answer {
+                    Answer::Refuse {
+                        status,
+                        body,
+                        headers,
+                        ..
+                    } => {
+                        let _ = respond_h2(&mut respond, status, headers, &body);
+                    }
+                    Answer::Open(target) => {
+                        let Ok(send) = respond.send_response(http::Response::new(()), false) else {
+                            return;
+                        };
+                        let mut stream = H2Stream::new(send, body);
+                        this.handler.run(target, &mut stream).await;
+                    }
+                }
+            });
+        }
+        streams.close();
+        streams.wait().await;
+        Ok(())
+    }
+
+    async fn serve_h1(
+        &self,
+        mut tls: ActivityIo,
+        activity: &Activity,
+        peer: H::Peer,
+        client: SocketAddr,
+    ) -> io::Result<()> {
+        // The request head and its parsed form live only in this block, not
+        // for the tunnel's whole life; boxed, so that neither does room for
+        // reading the head and opening the target (a dial and its timers).
+        let answer = Box::pin(async {
+            let head = tokio::time::timeout(HANDSHAKE_TIMEOUT, http1::read_head(&mut tls))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "CONNECT head timed out"))??;
+            let request = match http1::parse_request(&head) {
+                Ok(r) => r,
+                Err(e) => return Ok(Answer::refuse(400, "Bad Request", e.to_string())),
+            };
+            let mut headers = http::HeaderMap::new();
+            for (name, value) in &request.headers {
+                if let (Ok(n), Ok(v)) = (
+                    http::HeaderName::from_bytes(name.as_bytes()),
+                    http::HeaderValue::from_str(value),
+                ) {
+                    headers.append(n, v);
+                }
+            }
+            let req = ConnectRequest {
+                protocol: "http/1.1",
+                method: &request.method,
+                authority: &request.target,
+                headers: &headers,
+                client,
+            };
+            io::Result::Ok(self.handler.open(&peer, req).await)
+        })
+        .await?;
+        match answer {
+            Answer::Refuse {
+                status,
+                reason,
+                body,
+                headers,
+            } => respond_h1(&mut tls, status, reason, headers, &body).await,
+            Answer::Open(target) => {
+                tls.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                    .await?;
+                tls.flush().await?;
+                let run = pin!(self.handler.run(target, &mut tls));
+                with_hibernation(run, activity, &self.hibernation).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+type ExtraHeaders = &'static [(&'static str, &'static str)];
+
+fn respond_h2(
+    respond: &mut h2::server::SendResponse<Bytes>,
+    status: u16,
+    headers: ExtraHeaders,
+    body: &str,
+) -> Result<(), h2::Error> {
+    let mut response = http::Response::builder()
+        .status(status)
+        .header("content-type", "text/plain");
+    for (k, v) in headers {
+        response = response.header(*k, *v);
+    }
+    let response = response.body(()).expect("static response parts are valid");
+    let mut send = respond.send_response(response, false)?;
+    send.send_data(Bytes::copy_from_slice(body.as_bytes()), true)
+}
+
+async fn respond_h1(
+    tls: &mut (impl tokio::io::AsyncWrite + Unpin),
+    status: u16,
+    reason: &str,
+    headers: ExtraHeaders,
+    body: &str,
+) -> io::Result<()> {
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    let response = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(response.as_bytes()).await?;
+    tls.shutdown().await
+}

@@ -1,0 +1,112 @@
+//! The gateway as a process: its flags, and serving until stopped.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use atunnel_identity::pem_files::{load_certs, load_key};
+use atunnel_process::{BoxError, PoolArgs, SocketArgs};
+use ipnet::IpNet;
+use tokio_util::sync::CancellationToken;
+
+use crate::{FarEnd, Forward, GatewayConfig};
+
+/// The flags of every gateway process, whatever its far end.
+#[derive(clap::Args, Clone, Debug)]
+pub struct GatewayArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:443")]
+    pub listen: SocketAddr,
+    /// Server certificate chain (PEM).
+    #[arg(long)]
+    pub cert: PathBuf,
+    /// Server private key (PEM).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// CA certificates that sign actor certificates (PEM).
+    #[arg(long)]
+    pub actor_ca: PathBuf,
+    /// ALPN protocols offered, comma separated ("http/1.1" alone acts like the Envoy gateway).
+    #[arg(long, value_delimiter = ',', default_values_t = crate::DEFAULT_ALPN.map(String::from))]
+    pub alpn: Vec<String>,
+    /// HTTP/2 streams one connection may carry at once.
+    #[arg(long, default_value_t = atunnel_connect::limits::MAX_CONCURRENT_STREAMS)]
+    pub max_concurrent_streams: u32,
+    #[command(flatten)]
+    pub socket: SocketArgs,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+}
+
+/// `atunnel-gateway`: the gateway forwarding to allowed destinations.
+#[derive(clap::Parser, Clone, Debug)]
+#[command(
+    version,
+    about = "atunnel-gateway: the egress gateway for actors' CONNECT tunnels"
+)]
+pub struct ForwardArgs {
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+    /// Destination CIDR allowed (repeatable; default: none).
+    #[arg(long)]
+    pub allow: Vec<IpNet>,
+}
+
+impl ForwardArgs {
+    pub fn far_end(&self) -> Forward {
+        Forward {
+            allow: self.allow.clone(),
+            socket: self.gateway.socket.options(),
+        }
+    }
+}
+
+/// Serves a gateway with `far` as its far end until `cancel`. Prints
+/// `listening <addr>` once bound.
+pub async fn run<F: FarEnd>(
+    args: &GatewayArgs,
+    far: F,
+    cancel: CancellationToken,
+) -> Result<(), BoxError> {
+    let mut cfg = GatewayConfig::new(
+        load_certs(&args.cert)?,
+        load_key(&args.key)?,
+        load_certs(&args.actor_ca)?,
+    );
+    cfg.alpn = args.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
+    cfg.max_concurrent_streams = args.max_concurrent_streams;
+    cfg.socket = args.socket.options();
+    let gateway = crate::new(cfg, far, args.pool.pool())?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    println!("listening {}", listener.local_addr()?);
+    gateway.serve(listener, cancel).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::ForwardArgs;
+
+    #[test]
+    fn the_flags_defaults_are_the_librarys() {
+        let argv = ["atunnel-gateway", "--cert=c", "--key=k", "--actor-ca=a"];
+        let args = ForwardArgs::try_parse_from(argv).expect("flags parse");
+        assert_eq!(args.gateway.alpn, crate::DEFAULT_ALPN.map(String::from));
+        assert_eq!(
+            args.gateway.max_concurrent_streams,
+            atunnel_connect::limits::MAX_CONCURRENT_STREAMS
+        );
+        assert_eq!(args.gateway.socket.options(), Default::default());
+        assert!(args.allow.is_empty(), "forwarding is default deny");
+        let alpn = [
+            "atunnel-gateway",
+            "--cert=c",
+            "--key=k",
+            "--actor-ca=a",
+            "--alpn=http/1.1",
+        ];
+        let args = ForwardArgs::try_parse_from(alpn).expect("flags parse");
+        assert_eq!(args.gateway.alpn, ["http/1.1"]);
+    }
+}

@@ -1,0 +1,282 @@
+//! The egress gateway: accepts HTTP/2 and HTTP/1.1 CONNECT over mutual TLS
+//! from actors and hands each authorised tunnel to its far end: in
+//! production [`Forward`], which dials the destination if the allow list
+//! contains it. The far end is a trait ([`FarEnd`]) so that a benchmark can
+//! answer tunnels itself without this crate carrying its code.
+//!
+//! Only clients holding an actor certificate from the actor CA get past the
+//! handshake: exactly one actor-form URI SAN, ClientAuth, not a CA, exactly
+//! one actor-identity extension for atunnel (checked by
+//! `atunnel_identity::verifier`).
+//!
+//! Depends on the core, identity, TLS and CONNECT crates; nothing but the
+//! bench and tests depends on it.
+
+pub mod cli;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use atunnel_connect::limits::{DESTINATION_DIAL_TIMEOUT, MAX_CONCURRENT_STREAMS};
+use atunnel_connect::{
+    Answer, ConnectHandler, ConnectRequest, ConnectServer, H2Settings, parse_destination,
+};
+use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::{BufferPool, Endpoint, relay};
+use atunnel_identity::identity::{ActorIdentity, verify_actor_leaf};
+use ipnet::IpNet;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("gateway TLS configuration: {0}")]
+    Tls(String),
+}
+
+/// A refusal of an authorised CONNECT by the far end: the status and body
+/// the client reads.
+#[derive(Debug)]
+pub struct Refusal {
+    pub status: u16,
+    pub reason: &'static str,
+    pub body: String,
+}
+
+/// What an authorised tunnel leads to.
+pub trait FarEnd: Send + Sync + 'static {
+    /// An opened far end, held for the tunnel's life.
+    type Target: Send + 'static;
+
+    /// Opens the far end for `dest` (a valid IP literal and port), or
+    /// refuses it.
+    fn open(&self, dest: SocketAddr) -> impl Future<Output = Result<Self::Target, Refusal>> + Send;
+
+    /// Carries the tunnel to its end; an error resets the tunnel.
+    fn run<E: Endpoint + Send>(
+        &self,
+        target: Self::Target,
+        tunnel: &mut E,
+        pool: &BufferPool,
+    ) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+/// The production far end: dial the destination if an allow-list entry
+/// contains it (default deny), and relay.
+#[derive(Clone, Debug)]
+pub struct Forward {
+    pub allow: Vec<IpNet>,
+    pub socket: SocketOptions,
+}
+
+impl FarEnd for Forward {
+    type Target = TcpStream;
+
+    async fn open(&self, dest: SocketAddr) -> Result<TcpStream, Refusal> {
+        if !self.allow.iter().any(|net| net.contains(&dest.ip())) {
+            return Err(Refusal {
+                status: 403,
+                reason: "Forbidden",
+                body: "egress denied".into(),
+            });
+        }
+        self.socket
+            .connect(dest, DESTINATION_DIAL_TIMEOUT)
+            .await
+            .map_err(|e| Refusal {
+                status: 502,
+                reason: "Bad Gateway",
+                body: format!("dialing {dest}: {e}"),
+            })
+    }
+
+    async fn run<E: Endpoint + Send>(
+        &self,
+        mut tcp: TcpStream,
+        tunnel: &mut E,
+        pool: &BufferPool,
+    ) -> io::Result<()> {
+        // Both sides reset unless the relay ends cleanly, also when
+        // shutdown drops this future mid-relay.
+        relay(tunnel, &mut tcp, pool)
+            .await
+            .map(drop)
+            .map_err(io::Error::other)
+    }
+}
+
+/// A CONNECT as the gateway received it; tests use it to see exactly what
+/// atunnel sent.
+#[derive(Clone, Debug)]
+pub struct ConnectSeen {
+    pub protocol: &'static str,
+    pub method: String,
+    pub authority: String,
+    /// Every header besides the method and authority (pseudo-headers of
+    /// HTTP/2 are not headers here).
+    pub headers: Vec<(String, String)>,
+    pub identity: ActorIdentity,
+}
+
+/// ALPN a gateway offers unless told otherwise.
+pub const DEFAULT_ALPN: [&str; 2] = ["h2", "http/1.1"];
+
+pub struct GatewayConfig {
+    pub cert_chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+    /// CAs that sign actor certificates.
+    pub actor_ca: Vec<CertificateDer<'static>>,
+    /// Options of the sockets actors connect with.
+    pub socket: SocketOptions,
+    /// ALPN offered; `["http/1.1"]` behaves like the Envoy gateway.
+    pub alpn: Vec<Vec<u8>>,
+    /// TLS versions allowed (both by default).
+    pub tls_versions: Vec<&'static rustls::SupportedProtocolVersion>,
+    /// Streams one HTTP/2 connection may carry at once.
+    pub max_concurrent_streams: u32,
+    pub observer: Option<mpsc::UnboundedSender<ConnectSeen>>,
+}
+
+impl GatewayConfig {
+    pub fn new(
+        cert_chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+        actor_ca: Vec<CertificateDer<'static>>,
+    ) -> Self {
+        Self {
+            cert_chain,
+            key,
+            actor_ca,
+            socket: SocketOptions::default(),
+            alpn: DEFAULT_ALPN.iter().map(|p| p.as_bytes().to_vec()).collect(),
+            tls_versions: rustls::ALL_VERSIONS.to_vec(),
+            max_concurrent_streams: MAX_CONCURRENT_STREAMS,
+            observer: None,
+        }
+    }
+}
+
+/// The gateway's side of each tunnel: identity check, method and
+/// authority, then the far end.
+pub struct GatewayHandler<F: FarEnd> {
+    far: F,
+    pool: BufferPool,
+    observer: Option<mpsc::UnboundedSender<ConnectSeen>>,
+}
+
+impl<F: FarEnd> ConnectHandler for GatewayHandler<F> {
+    type Peer = ActorIdentity;
+    type Target = F::Target;
+
+    fn peer(&self, tls: &rustls::ServerConnection) -> io::Result<ActorIdentity> {
+        let leaf = tls
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::PermissionDenied, "no client certificate")
+            })?;
+        verify_actor_leaf(leaf).map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))
+    }
+
+    async fn open(&self, identity: &ActorIdentity, req: ConnectRequest<'_>) -> Answer<F::Target> {
+        if let Some(tx) = &self.observer {
+            let _ = tx.send(ConnectSeen {
+                protocol: req.protocol,
+                method: req.method.to_string(),
+                authority: req.authority.to_string(),
+                headers: req
+                    .headers
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.to_string(),
+                            String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                        )
+                    })
+                    .collect(),
+                identity: identity.clone(),
+            });
+        }
+        if req.method != "CONNECT" {
+            return Answer::refuse(405, "Method Not Allowed", "method not allowed");
+        }
+        let Ok(dest) = parse_destination(req.authority) else {
+            return Answer::refuse(
+                400,
+                "Bad Request",
+                format!("invalid authority {:?}", req.authority),
+            );
+        };
+        match self.far.open(dest).await {
+            Ok(target) => Answer::Open(target),
+            Err(r) => Answer::refuse(r.status, r.reason, r.body),
+        }
+    }
+
+    async fn run<E: Endpoint + Send>(&self, target: F::Target, tunnel: &mut E) {
+        if let Err(e) = self.far.run(target, tunnel, &self.pool).await {
+            tunnel.abort();
+            tracing::debug!(error = %e, "gateway tunnel failed");
+        }
+    }
+}
+
+/// A gateway: a CONNECT server with the gateway's handler.
+pub type Gateway<F> = ConnectServer<GatewayHandler<F>>;
+
+/// Builds a gateway from its configuration and far end.
+pub fn new<F: FarEnd>(
+    cfg: GatewayConfig,
+    far: F,
+    pool: BufferPool,
+) -> Result<Arc<Gateway<F>>, GatewayError> {
+    let verifier = atunnel_identity::verifier::actor_client_verifier(&cfg.actor_ca)
+        .map_err(|e| GatewayError::Tls(e.to_string()))?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&cfg.tls_versions)
+    .map_err(|e| GatewayError::Tls(e.to_string()))?
+    .with_client_cert_verifier(verifier)
+    .with_single_cert(cfg.cert_chain.clone(), cfg.key.clone_key())
+    .map_err(|e| GatewayError::Tls(e.to_string()))?;
+    tls.alpn_protocols = cfg.alpn.clone();
+    // rustls' default session cache and tickets stay: resumption skips the
+    // verifier, and atunnel_tls::accept refuses an actor whose leaf has
+    // expired since its session began.
+    let h2 = H2Settings {
+        max_concurrent_streams: cfg.max_concurrent_streams,
+        ..H2Settings::default()
+    };
+    let handler = Arc::new(GatewayHandler {
+        far,
+        pool,
+        observer: cfg.observer,
+    });
+    // The gateway stands for a remote service; its connections do not
+    // hibernate.
+    let hibernation = atunnel_tls::Hibernation::disabled();
+    Ok(ConnectServer::new(
+        handler,
+        Arc::new(tls),
+        cfg.socket,
+        h2,
+        hibernation,
+    ))
+}
+
+/// Binds and serves a gateway on `addr` in the background; returns the bound
+/// address. Used by tests and the bench.
+pub async fn spawn<F: FarEnd>(
+    gateway: Arc<Gateway<F>>,
+    addr: SocketAddr,
+    cancel: CancellationToken,
+) -> io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    Ok((local, tokio::spawn(gateway.serve(listener, cancel))))
+}

@@ -1,0 +1,17 @@
+//! What every atunnel process (the tunnel, the gateway, the bench's roles)
+//! does at its entry point: logging, a runtime with as many workers as the
+//! cgroup's CPU quota allows, a stop token for Ctrl-C and SIGTERM
+//! ([`run_main`]), and the flags they all share ([`args`]).
+//!
+//! Depends on `atunnel-core` only; every binary of the workspace may depend
+//! on it, no library below the binaries' own does.
+
+pub mod args;
+pub mod cpu_quota;
+mod entry;
+
+pub use args::{FlagDuration, PoolArgs, SocketArgs, parse_duration};
+pub use entry::run_main;
+
+/// Errors at process entry points, where the message is all that is left.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,0 +1,137 @@
+//! Gateways on loopback (with the sink or forwarding), actors' gateway
+//! clients, and egress listeners for them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atunnel::egress::{ActorEgress, Destination, Egress, EgressConfig};
+use atunnel_connect::{GatewayClient, GatewayClientConfig, GatewayTunnel};
+use atunnel_core::BufferPool;
+use atunnel_core::sockopt::SocketOptions;
+use atunnel_gateway::{ConnectSeen, FarEnd, GatewayConfig};
+use atunnel_identity::identity::ActorRef;
+use rustls::pki_types::ServerName;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::pki::*;
+
+/// A destination a sink gateway answers by echoing (port 7); the address
+/// itself is only named, never dialled.
+pub const SINK_ECHO: &str = "192.0.2.10:7";
+
+pub struct RunningGateway {
+    pub addr: SocketAddr,
+    pub seen: mpsc::UnboundedReceiver<ConnectSeen>,
+    pub cancel: CancellationToken,
+}
+
+impl Drop for RunningGateway {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Starts a gateway on loopback. `alpn` of `["http/1.1"]` makes it an
+/// HTTP/1.1-only gateway like the Envoy one.
+pub async fn gateway(
+    pki: &Pki,
+    far: impl FarEnd,
+    tune: impl FnOnce(&mut GatewayConfig),
+) -> RunningGateway {
+    let (tx, seen) = mpsc::unbounded_channel();
+    let mut cfg = GatewayConfig::new(
+        pki.gateway_cert.chain.clone(),
+        pki.gateway_cert.key(),
+        vec![pki.actor_ca.cert_der()],
+    );
+    cfg.observer = Some(tx);
+    tune(&mut cfg);
+    let gw = atunnel_gateway::new(cfg, far, BufferPool::default()).expect("gateway");
+    let cancel = CancellationToken::new();
+    let (addr, _task) =
+        atunnel_gateway::spawn(gw, "127.0.0.1:0".parse().expect("addr"), cancel.clone())
+            .await
+            .expect("gateway bind");
+    RunningGateway { addr, seen, cancel }
+}
+
+pub fn h1_only(cfg: &mut GatewayConfig) {
+    cfg.alpn = vec![b"http/1.1".to_vec()];
+}
+
+/// The production far end, allowed to reach loopback destinations.
+pub fn forward_loopback() -> atunnel_gateway::Forward {
+    atunnel_gateway::Forward {
+        allow: vec!["127.0.0.0/8".parse().expect("cidr")],
+        socket: SocketOptions::default(),
+    }
+}
+
+pub fn client_config(pki: &Pki, gateway: SocketAddr) -> GatewayClientConfig {
+    GatewayClientConfig::new(
+        gateway,
+        ServerName::try_from(GATEWAY_NAME).expect("name"),
+        pki.gateway_roots(),
+    )
+}
+
+pub fn actor(name: &str) -> ActorRef {
+    ActorRef::new("team-a", name, format!("uid-{name}")).expect("actor")
+}
+
+pub async fn prepare(
+    pki: &Pki,
+    gateway: SocketAddr,
+    actor: ActorRef,
+    source: Arc<TestSource>,
+) -> ActorEgress {
+    let clock = source.clock.clone();
+    ActorEgress::prepare(actor, client_config(pki, gateway), source, clock)
+        .await
+        .expect("prepare egress")
+}
+
+/// An egress listener on loopback for `uid`, sending everything to `dest`.
+pub async fn listen(
+    egress: &Arc<Egress>,
+    uid: &str,
+    dest: SocketAddr,
+    cancel: &CancellationToken,
+) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    egress.serve_listener(uid, listener, Destination::Fixed(dest), cancel.clone());
+    addr
+}
+
+pub fn egress() -> Arc<Egress> {
+    egress_config(EgressConfig::default())
+}
+
+pub fn egress_config(cfg: EgressConfig) -> Arc<Egress> {
+    Egress::new(
+        EgressConfig {
+            drain_timeout: Duration::from_secs(5),
+            ..cfg
+        },
+        BufferPool::default(),
+    )
+}
+
+/// `n` tunnels to `authority`, opened at once.
+pub async fn open_at_once(
+    client: &Arc<GatewayClient>,
+    n: usize,
+    authority: &str,
+) -> Vec<GatewayTunnel> {
+    let opens = (0..n).map(|_| client.open_authority(authority));
+    futures_util::future::join_all(opens)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, opened)| opened.unwrap_or_else(|e| panic!("tunnel {i}: {e}")))
+        .collect()
+}

@@ -1,0 +1,21 @@
+//! TLS for connections that sit idle most of their life.
+//!
+//! - [`admission`]: where every mutual-TLS listener admits a client (a
+//!   bounded handshake, then the validity check rustls skips on resumption).
+//! - [`stream`]: the server TLS stream that, once idle, trades its rustls
+//!   session (about 8 KiB) for its TLS 1.3 traffic keys.
+//! - [`records`]: the TLS 1.3 record layer that stream goes on with.
+//! - [`hibernate`]: idle detection, and asking a connection to hibernate.
+//!
+//! Depends on `atunnel-core` (readiness) and `atunnel-identity` (certificate
+//! validity); knows nothing of actors, HTTP or CONNECT. The CONNECT server,
+//! the gateway and ingress depend on it.
+
+pub mod admission;
+pub mod hibernate;
+pub mod records;
+pub mod stream;
+
+pub use admission::accept;
+pub use hibernate::{Activity, ActivityIo, Hibernation, HibernationStats, with_hibernation};
+pub use stream::{RecordStream, RecordTracking, RustlsStream, ServerTls};

@@ -1,0 +1,322 @@
+//! A server TLS stream putting rustls down for its traffic keys
+//! (`ServerTls::hibernate`), against a real rustls client over real
+//! sockets: bytes both ways before, between and after hibernations, a clean
+//! close_notify, and the cases where it must refuse (part of a record
+//! received, TLS 1.2) or end the connection (a key update, a forged record).
+
+use std::io::Write;
+use std::sync::Arc;
+
+use atunnel_tls::stream::{RecordTracking, ServerTls};
+use rand::{Rng, RngCore};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+struct Pki {
+    cert: CertificateDer<'static>,
+    key: PrivateKeyDer<'static>,
+}
+
+fn pki() -> Pki {
+    let c = rcgen::generate_simple_self_signed(vec!["server.test".into()]).expect("cert");
+    Pki {
+        cert: c.cert.der().clone(),
+        key: PrivateKeyDer::Pkcs8(c.signing_key.serialize_der().into()),
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn server_config(
+    pki: &Pki,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<rustls::ServerConfig> {
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(versions)
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![pki.cert.clone()], pki.key.clone_key())
+        .expect("server cert");
+    cfg.enable_secret_extraction = true;
+    Arc::new(cfg)
+}
+
+fn client_config(pki: &Pki) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.cert.clone()).expect("root");
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+/// A connected pair: atunnel's server stream and a tokio-rustls client.
+async fn pair(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> (ServerTls, tokio_rustls::client::TlsStream<TcpStream>) {
+    let pki = pki();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&pki, versions));
+    let server = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let tls = acceptor
+            .accept(RecordTracking::new(tcp))
+            .await
+            .expect("server handshake");
+        ServerTls::new(tls)
+    });
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let client = tokio_rustls::TlsConnector::from(client_config(&pki))
+        .connect(ServerName::try_from("server.test").expect("name"), tcp)
+        .await
+        .expect("client handshake");
+    (server.await.expect("server task"), client)
+}
+
+fn random_bytes(len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rand::rng().fill_bytes(&mut v);
+    v
+}
+
+/// `to_server` from the client and `to_client` from the server, both at
+/// once, each checked intact on arrival.
+async fn both_ways(
+    server: &mut ServerTls,
+    client: &mut tokio_rustls::client::TlsStream<TcpStream>,
+    to_server: &[u8],
+    to_client: &[u8],
+) {
+    let (mut sr, mut sw) = tokio::io::split(server);
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let client_writes = async {
+        cw.write_all(to_server).await.expect("client write");
+        cw.flush().await.expect("client flush");
+    };
+    let server_writes = async {
+        sw.write_all(to_client).await.expect("server write");
+        sw.flush().await.expect("server flush");
+    };
+    let server_reads = async {
+        let mut got = vec![0u8; to_server.len()];
+        sr.read_exact(&mut got).await.expect("server read");
+        assert!(got == to_server, "server received other bytes than sent");
+    };
+    let client_reads = async {
+        let mut got = vec![0u8; to_client.len()];
+        cr.read_exact(&mut got).await.expect("client read");
+        assert!(got == to_client, "client received other bytes than sent");
+    };
+    tokio::join!(client_writes, server_writes, server_reads, client_reads);
+}
+
+#[tokio::test]
+async fn bytes_flow_both_ways_before_between_and_after_hibernations() {
+    let (mut server, mut client) = pair(rustls::DEFAULT_VERSIONS).await;
+    let mut rng = rand::rng();
+    both_ways(&mut server, &mut client, b"before", b"hello").await;
+    assert!(!server.is_records());
+    for round in 0..3 {
+        assert!(
+            server.hibernate(),
+            "round {round}: an idle TLS 1.3 stream hibernates"
+        );
+        assert!(server.is_records());
+        // Up to 4 MiB each way: many full records and a partial one.
+        let up = random_bytes(rng.random_range(1..4 << 20));
+        let down = random_bytes(rng.random_range(1..4 << 20));
+        both_ways(&mut server, &mut client, &up, &down).await;
+        both_ways(&mut server, &mut client, b"x", b"y").await;
+    }
+    // Half-close from the client: the server reads a clean end, can still
+    // answer, then closes; the client sees close_notify, not an error.
+    client.shutdown().await.expect("client close_notify");
+    let mut rest = Vec::new();
+    server
+        .read_to_end(&mut rest)
+        .await
+        .expect("server sees a clean end");
+    assert!(rest.is_empty());
+    server
+        .write_all(b"bye")
+        .await
+        .expect("answer after half-close");
+    server.shutdown().await.expect("server close_notify");
+    let mut tail = Vec::new();
+    client
+        .read_to_end(&mut tail)
+        .await
+        .expect("client sees close_notify");
+    assert_eq!(tail, b"bye");
+}
+
+#[tokio::test]
+async fn tls12_connections_stay_with_rustls_and_keep_working() {
+    let (mut server, mut client) = pair(&[&rustls::version::TLS12]).await;
+    both_ways(&mut server, &mut client, b"ping", b"pong").await;
+    assert!(!server.hibernate());
+    assert!(!server.is_records());
+    both_ways(&mut server, &mut client, &random_bytes(100_000), b"ok").await;
+}
+
+#[tokio::test]
+async fn a_key_update_after_hibernation_ends_the_connection_with_a_clear_error() {
+    let (mut server, mut client) = pair(rustls::DEFAULT_VERSIONS).await;
+    both_ways(&mut server, &mut client, b"a", b"b").await;
+    assert!(server.hibernate());
+    client
+        .get_mut()
+        .1
+        .refresh_traffic_keys()
+        .expect("client key update");
+    client.write_all(b"after").await.expect("write");
+    client.flush().await.expect("flush");
+    let err = server
+        .read(&mut [0u8; 64])
+        .await
+        .expect_err("a key update cannot be followed");
+    assert_eq!(err.kind(), std::io::ErrorKind::Unsupported, "{err}");
+}
+
+/// A blocking rustls client on a plain socket, for sending records byte by
+/// byte or altered.
+struct RawClient {
+    tcp: std::net::TcpStream,
+    conn: rustls::ClientConnection,
+}
+
+impl RawClient {
+    /// The TLS records carrying `data`.
+    fn records(&mut self, data: &[u8]) -> Vec<u8> {
+        self.conn.writer().write_all(data).expect("plaintext");
+        let mut out = Vec::new();
+        while self.conn.wants_write() {
+            self.conn.write_tls(&mut out).expect("records");
+        }
+        out
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.tcp.write_all(bytes).expect("send");
+    }
+}
+
+async fn raw_pair() -> (ServerTls, RawClient) {
+    let pki = pki();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&pki, rustls::DEFAULT_VERSIONS));
+    let client_cfg = client_config(&pki);
+    let client = tokio::task::spawn_blocking(move || {
+        let mut tcp = std::net::TcpStream::connect(addr).expect("connect");
+        let name = ServerName::try_from("server.test").expect("name");
+        let mut conn = rustls::ClientConnection::new(client_cfg, name).expect("client");
+        while conn.is_handshaking() {
+            conn.complete_io(&mut tcp).expect("client handshake");
+        }
+        RawClient { tcp, conn }
+    });
+    let (tcp, _) = listener.accept().await.expect("accept");
+    let tls = acceptor
+        .accept(RecordTracking::new(tcp))
+        .await
+        .expect("server handshake");
+    let mut server = ServerTls::new(tls);
+    let mut client = client.await.expect("client task");
+    // The server's session tickets arrive after the handshake; read them so
+    // that nothing is left in flight toward the client.
+    let ping = client.records(b"ping");
+    client.send(&ping);
+    let mut got = [0u8; 4];
+    server.read_exact(&mut got).await.expect("ping");
+    assert_eq!(&got, b"ping");
+    (server, client)
+}
+
+/// Polls one read without waiting: the server takes in whatever the socket
+/// has and reports whether that made plaintext.
+async fn read_available(server: &mut ServerTls) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 256];
+    std::future::poll_fn(|cx| {
+        let mut rb = tokio::io::ReadBuf::new(&mut buf);
+        match std::pin::Pin::new(&mut *server).poll_read(cx, &mut rb) {
+            std::task::Poll::Pending => std::task::Poll::Ready(None),
+            std::task::Poll::Ready(r) => {
+                r.expect("read");
+                std::task::Poll::Ready(Some(rb.filled().to_vec()))
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn part_of_a_record_received_keeps_the_connection_with_rustls() {
+    let (mut server, mut client) = raw_pair().await;
+    let record = client.records(b"split across hibernation attempts");
+    client.send(&record[..3]);
+    server
+        .tcp()
+        .expect("socket")
+        .readable()
+        .await
+        .expect("readable");
+    assert_eq!(
+        read_available(&mut server).await,
+        None,
+        "only part of a record"
+    );
+    assert!(!server.hibernate(), "rustls holds part of a record");
+    assert!(!server.is_records());
+    client.send(&record[3..]);
+    let mut got = vec![0u8; b"split across hibernation attempts".len()];
+    server.read_exact(&mut got).await.expect("read");
+    assert_eq!(got, b"split across hibernation attempts");
+    // At a record boundary it goes, and the next record, sent one byte at
+    // a time, still arrives whole.
+    assert!(server.hibernate());
+    let record = client.records(b"byte by byte");
+    for b in &record {
+        client.send(std::slice::from_ref(b));
+    }
+    let mut got = vec![0u8; b"byte by byte".len()];
+    server.read_exact(&mut got).await.expect("read");
+    assert_eq!(got, b"byte by byte");
+}
+
+#[tokio::test]
+async fn an_altered_record_after_hibernation_is_refused() {
+    let (mut server, mut client) = raw_pair().await;
+    assert!(server.hibernate());
+    let mut record = client.records(b"genuine");
+    let last = record.len() - 1;
+    record[last] ^= 1;
+    client.send(&record);
+    let err = server
+        .read(&mut [0u8; 64])
+        .await
+        .expect_err("a forged record must not be read");
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
+    assert!(err.to_string().contains("bad_record_mac"), "{err}");
+}
+
+#[tokio::test]
+async fn a_peer_closing_without_close_notify_is_an_error_not_an_end() {
+    let (mut server, client) = raw_pair().await;
+    assert!(server.hibernate());
+    // A FIN with no close_notify before it (dropping the socket would reset
+    // it: the client left the server's session tickets unread).
+    client.tcp.shutdown(std::net::Shutdown::Write).expect("FIN");
+    let err = server
+        .read(&mut [0u8; 64])
+        .await
+        .expect_err("truncation is not a clean end");
+    assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
+}
