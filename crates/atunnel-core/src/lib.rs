@@ -3,6 +3,8 @@
 //! Nothing here knows about actors, sandboxes or certificates: it moves bytes
 //! between two streams while holding as little memory as possible when they
 //! are idle.
+//!
+//! Depends on no other atunnel crate; every other one may depend on it.
 
 pub mod alloc;
 pub mod endpoint;

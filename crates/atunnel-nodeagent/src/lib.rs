@@ -1,4 +1,6 @@
-//! Actor certificates from the node agent (atelet).
+//! Actor certificates from the node agent (atelet). Depends on
+//! `atunnel-identity` (the certificate source it implements); the tunnel
+//! and the bench depend on it.
 //!
 //! atunnel asks atelet, over a node-local Unix socket, to sign each actor's
 //! CSR (gRPC `AteomSupport.MintActorCertificate`). The socket is protected

@@ -4,6 +4,8 @@
 //! async runtime's threads ever changing namespace.
 //!
 //! Everything here needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN).
+//!
+//! Depends on `atunnel-core` only; the tunnel (and the bench) depend on it.
 
 pub mod link;
 pub mod netns;

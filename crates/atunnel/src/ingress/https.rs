@@ -31,11 +31,6 @@ pub const ASSIGNMENT_STALE: &str = "x-ate-assignment-stale";
 /// The actor's port when no valid `X-Ate-Target-Port` is given.
 pub const DEFAULT_ACTOR_PORT: u16 = 80;
 
-/// Most bytes one HTTP/1.1 connection buffers while reading (hyper grows its
-/// read buffer to ~400 KiB by default; bodies stream in chunks this size at
-/// no cost in throughput on loopback and veth).
-pub const MAX_H1_BUFFER: usize = 64 * 1024;
-
 pub type ProxyBody = UnsyncBoxBody<Bytes, crate::BoxError>;
 
 /// Hop-by-hop headers, which describe one connection and never cross a proxy.

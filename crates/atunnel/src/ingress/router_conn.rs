@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::https::{self, ProxyBody};
 use super::routes::Routes;
-use atunnel_connect::limits::{PROXY_CONNECTION_WINDOW, PROXY_STREAM_WINDOW};
+use atunnel_connect::limits::{PROXY_CONNECTION_WINDOW, PROXY_H1_MAX_BUFFER, PROXY_STREAM_WINDOW};
 use atunnel_connect::preface::read_h2_preface;
 use atunnel_tls::hibernate::InFlight;
 use atunnel_tls::{Activity, ActivityIo, Hibernation, RustlsStream, ServerTls, with_hibernation};
@@ -158,7 +158,7 @@ async fn serve_h1(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
-        .max_buf_size(https::MAX_H1_BUFFER);
+        .max_buf_size(PROXY_H1_MAX_BUFFER);
     loop {
         if !wait_for_request(&mut io, &activity, hibernation, &cancel).await {
             return;

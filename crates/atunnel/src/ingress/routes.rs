@@ -22,7 +22,9 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use atunnel_connect::limits::{ACTOR_DIAL_TIMEOUT, PROXY_CONNECTION_WINDOW, PROXY_STREAM_WINDOW};
+use atunnel_connect::limits::{
+    ACTOR_DIAL_TIMEOUT, PROXY_CONNECTION_WINDOW, PROXY_H1_MAX_BUFFER, PROXY_STREAM_WINDOW,
+};
 
 /// Body type sent to actors.
 pub(crate) type UpstreamBody = UnsyncBoxBody<bytes::Bytes, hyper::Error>;
@@ -239,7 +241,7 @@ fn client(
     http2: bool,
 ) -> Client<ActivationConnector, UpstreamBody> {
     Client::builder(TokioExecutor::new())
-        .http1_max_buf_size(super::https::MAX_H1_BUFFER)
+        .http1_max_buf_size(PROXY_H1_MAX_BUFFER)
         .pool_idle_timeout(pools.idle_timeout)
         .pool_max_idle_per_host(pools.max_idle_per_actor)
         .pool_timer(hyper_util::rt::TokioTimer::new())
