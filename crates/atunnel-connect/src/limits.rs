@@ -79,9 +79,9 @@ pub const MAX_REFUSAL_BODY: usize = 4 * 1024;
 // ---- Timeouts ----
 
 /// How long opening an egress tunnel may take, dial and TLS included
-/// (`--open-timeout` has none yet: the contract's 10 s). The gateway
-/// answers within its 5 s authorization timeout; waiting longer means it
-/// queued us.
+/// (10 s, the bound required of an egress open; no flag sets it yet). The
+/// gateway answers within its 5 s authorization timeout; waiting longer
+/// means it queued us.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a refusal's body may take to arrive after its status. A gateway
@@ -101,9 +101,9 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection is not timed by it: it hibernates instead.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long dialing an actor's program inside its sandbox may take (the
-/// contract's 5 s; a veth round trip is microseconds, so a slow dial is a
-/// program that does not listen).
+/// How long dialing an actor's program inside its sandbox may take (5 s,
+/// the bound required of it; a veth round trip is microseconds, so a slow
+/// dial is a program that does not listen).
 pub const ACTOR_DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long the gateway's dial to a tunnel's destination may take; within

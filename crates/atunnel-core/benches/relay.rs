@@ -46,7 +46,9 @@ const IO: usize = 256 * 1024;
 static ZEROS: [u8; IO] = [0; IO];
 /// Moved before criterion starts, so pool, queues and windows are warm.
 const WARM_UP_CHUNKS: u64 = 256;
-/// HTTP/2 windows as the gateway client sets them (gateway_client.rs).
+/// HTTP/2 windows as the gateway client sets them (`TUNNEL_STREAM_WINDOW`
+/// and `TUNNEL_CONNECTION_WINDOW` in atunnel-connect's `limits`, copied:
+/// this crate does not depend on atunnel-connect).
 const STREAM_WINDOW: u32 = 256 * 1024;
 const CONNECTION_WINDOW: u32 = 1 << 30;
 

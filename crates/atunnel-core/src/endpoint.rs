@@ -136,33 +136,27 @@ fn tls_has_pending<D>(conn: &mut rustls::ConnectionCommon<D>) -> bool {
     }
 }
 
-impl<IO: ReadReady> ReadReady for tokio_rustls::client::TlsStream<IO> {
-    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let (io, conn) = self.get_mut();
-        if tls_has_pending(conn) {
-            return Poll::Ready(Ok(()));
-        }
-        io.poll_read_ready(cx)
-    }
+/// Client and server TLS streams are ready alike: rustls first, then the
+/// socket.
+macro_rules! tls_read_ready {
+    ($($stream:ident),*) => {$(
+        impl<IO: ReadReady> ReadReady for tokio_rustls::$stream::TlsStream<IO> {
+            fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                let (io, conn) = self.get_mut();
+                if tls_has_pending(conn) {
+                    return Poll::Ready(Ok(()));
+                }
+                io.poll_read_ready(cx)
+            }
 
-    fn reset_on_close(&self) {
-        self.get_ref().0.reset_on_close()
-    }
+            fn reset_on_close(&self) {
+                self.get_ref().0.reset_on_close()
+            }
+        }
+    )*};
 }
 
-impl<IO: ReadReady> ReadReady for tokio_rustls::server::TlsStream<IO> {
-    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let (io, conn) = self.get_mut();
-        if tls_has_pending(conn) {
-            return Poll::Ready(Ok(()));
-        }
-        io.poll_read_ready(cx)
-    }
-
-    fn reset_on_close(&self) {
-        self.get_ref().0.reset_on_close()
-    }
-}
+tls_read_ready!(client, server);
 
 impl<T: ReadReady + ?Sized> ReadReady for Box<T> {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

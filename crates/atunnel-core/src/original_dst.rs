@@ -139,16 +139,20 @@ mod tests {
         assert!(matches!(err, OriginalDstError::Io { .. }), "{err:?}");
     }
 
-    #[tokio::test]
-    async fn unredirected_ipv4_connection_is_a_clear_error() {
-        let s = accepted_via("127.0.0.1:0", "127.0.0.1:0".parse().expect("addr")).await;
-        let err = original_dst(&s).expect_err("not redirected");
-        match err {
+    /// `s` has no original destination: the kernel says ENOENT.
+    fn is_not_redirected(s: &TcpStream) {
+        match original_dst(s).expect_err("not redirected") {
             OriginalDstError::NotRedirected { source, .. } => {
                 assert_eq!(source.raw_os_error(), Some(libc::ENOENT));
             }
             other => panic!("expected NotRedirected, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn unredirected_ipv4_connection_is_a_clear_error() {
+        let s = accepted_via("127.0.0.1:0", "127.0.0.1:0".parse().expect("addr")).await;
+        is_not_redirected(&s);
     }
 
     #[tokio::test]
@@ -170,13 +174,7 @@ mod tests {
             "{local}"
         );
         assert!(asks_ipv4_table(local), "{local}");
-        let err = original_dst(&s).expect_err("not redirected");
-        match err {
-            OriginalDstError::NotRedirected { source, .. } => {
-                assert_eq!(source.raw_os_error(), Some(libc::ENOENT));
-            }
-            other => panic!("expected NotRedirected, got {other:?}"),
-        }
+        is_not_redirected(&s);
     }
 
     #[tokio::test]

@@ -49,7 +49,7 @@ struct Free {
 }
 
 /// Counters read by /stats and by tests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PoolStats {
     /// Buffers currently borrowed.
     pub in_use: usize,

@@ -205,14 +205,38 @@ pub fn closed_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
+/// How a test actor answers each request.
+pub trait Answer<Fut>:
+    Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static
+{
+}
+
+impl<F, Fut> Answer<Fut> for F where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static
+{
+}
+
+/// A response body a test actor can send.
+pub trait ActorBody:
+    hyper::body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+    + Send
+    + 'static
+{
+}
+
+impl<B> ActorBody for B where
+    B: hyper::body::Body<Data: Send, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + 'static
+{
+}
+
 /// An actor on loopback: HTTP/1.1, each request answered by `answer`.
 pub async fn http1_actor<F, Fut, B>(answer: F) -> SocketAddr
 where
-    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    F: Answer<Fut>,
     Fut: Future<Output = http::Response<B>> + Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: ActorBody,
 {
     counted_http1_actor(answer).await.0
 }
@@ -248,11 +272,9 @@ impl ActorConnections {
 /// [`http1_actor`] that also reports its connections.
 pub async fn counted_http1_actor<F, Fut, B>(answer: F) -> (SocketAddr, ActorConnections)
 where
-    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    F: Answer<Fut>,
     Fut: Future<Output = http::Response<B>> + Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: ActorBody,
 {
     counted_actor(answer, false).await
 }
@@ -261,22 +283,18 @@ where
 /// do: each request answered by `answer`.
 pub async fn h2c_actor<F, Fut, B>(answer: F) -> SocketAddr
 where
-    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    F: Answer<Fut>,
     Fut: Future<Output = http::Response<B>> + Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: ActorBody,
 {
     counted_actor(answer, true).await.0
 }
 
 async fn counted_actor<F, Fut, B>(answer: F, h2c: bool) -> (SocketAddr, ActorConnections)
 where
-    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    F: Answer<Fut>,
     Fut: Future<Output = http::Response<B>> + Send + 'static,
-    B: hyper::body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: ActorBody,
 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -325,4 +343,29 @@ pub async fn count_body(req: http::Request<hyper::body::Incoming>) -> Full<Bytes
         n += frame.data_ref().map_or(0, |d| d.len() as u64);
     }
     Full::new(Bytes::from(n.to_string()))
+}
+
+/// A tunnel's configuration with ingress on loopback (ports chosen by the
+/// kernel) from `pki`'s files, `drain` as its drain timeout, and egress
+/// certificates from `egress_pki` (no gateway needed unless egress is used).
+pub fn tunnel_with_ingress(
+    pki: &IngressPki,
+    egress_pki: &crate::pki::Pki,
+    drain: Duration,
+) -> atunnel::tunnel::TunnelConfig {
+    let source = Arc::new(crate::pki::TestSource::new(
+        egress_pki.actor_ca.clone(),
+        atunnel_identity::clock::Clock::new(),
+    ));
+    let mut cfg = atunnel::tunnel::TunnelConfig::new(egress_pki.gateway_roots(), source);
+    let local: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    cfg.ingress = Some(atunnel::tunnel::IngressListen {
+        config: IngressConfig {
+            drain_timeout: drain,
+            ..pki.ingress_config()
+        },
+        https: local,
+        connect: local,
+    });
+    cfg
 }

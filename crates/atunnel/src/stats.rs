@@ -36,34 +36,11 @@ pub struct ProcessStats {
 #[derive(Debug, Serialize)]
 pub struct Stats {
     pub process: ProcessStats,
-    pub pool: PoolStatsJson,
+    pub pool: PoolStats,
     pub egress: Option<EgressStats>,
     pub ingress: Option<crate::ingress::RouteStats>,
     /// Ingress connections hibernated now, and counts so far.
     pub hibernation: Option<atunnel_tls::HibernationStats>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct PoolStatsJson {
-    pub in_use: usize,
-    pub idle: usize,
-    pub buffer_size: usize,
-    pub acquired_total: u64,
-    pub allocated_total: u64,
-    pub waited_total: u64,
-}
-
-impl From<PoolStats> for PoolStatsJson {
-    fn from(s: PoolStats) -> Self {
-        Self {
-            in_use: s.in_use,
-            idle: s.idle,
-            buffer_size: s.buffer_size,
-            acquired_total: s.acquired_total,
-            allocated_total: s.allocated_total,
-            waited_total: s.waited_total,
-        }
-    }
 }
 
 pub(crate) fn process_stats() -> ProcessStats {
@@ -116,7 +93,7 @@ impl StatsSource {
         }
         Stats {
             process: process_stats(),
-            pool: self.pool.stats().into(),
+            pool: self.pool.stats(),
             egress: self.egress.as_ref().map(|e| e.stats()),
             ingress: self.ingress.as_ref().map(|i| i.stats()),
             hibernation: self.ingress.as_ref().map(|i| i.hibernation().stats()),

@@ -8,9 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel::ingress::IngressConfig;
-use atunnel::tunnel::{IngressListen, Tunnel, TunnelConfig};
-use atunnel_identity::clock::Clock;
+use atunnel::tunnel::Tunnel;
 use atunnel_identity::identity::ActorRef;
 use atunnel_sandbox::require_root;
 use atunnel_sandbox::sandbox::ACTOR_ADDR;
@@ -60,21 +58,10 @@ struct Fixture {
 async fn fixture(test: &str) -> Fixture {
     require_root("gRPC through ingress into a sandbox");
     let pki = IngressPki::new();
-    let egress_pki = Pki::new();
-    let source = Arc::new(TestSource::new(egress_pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(egress_pki.gateway_roots(), source);
+    // A long drain, so a deactivation that returns promptly shows that the
+    // in-flight streams were cancelled rather than waited out.
+    let mut cfg = tunnel_with_ingress(&pki, &Pki::new(), Duration::from_secs(60));
     cfg.netns_prefix = format!("atnt-{}-{test}-", std::process::id());
-    let local: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    cfg.ingress = Some(IngressListen {
-        config: IngressConfig {
-            // Long, so a deactivation that returns promptly shows that the
-            // in-flight streams were cancelled rather than waited out.
-            drain_timeout: Duration::from_secs(60),
-            ..pki.ingress_config()
-        },
-        https: local,
-        connect: local,
-    });
     let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
     let (_, https, _) = tunnel.ingress().expect("tunnel serves ingress");
     let actor = actor("alpha");

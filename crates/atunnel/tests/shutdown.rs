@@ -4,12 +4,9 @@
 //! connections, /stats and its connections) has ended when it returns.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel::ingress::IngressConfig;
-use atunnel::tunnel::{IngressListen, Tunnel, TunnelConfig};
-use atunnel_identity::clock::Clock;
+use atunnel::tunnel::Tunnel;
 use atunnel_support::prelude::*;
 use atunnel_support::stats_client::fetch;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,21 +23,10 @@ fn alive_tasks() -> usize {
 #[tokio::test]
 async fn shutdown_retires_ingress_and_waits_for_every_task_it_started() {
     let pki = IngressPki::new();
-    let egress_pki = Pki::new();
-    let source = Arc::new(TestSource::new(egress_pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(egress_pki.gateway_roots(), source);
-    let local = "127.0.0.1:0".parse().expect("addr");
-    cfg.ingress = Some(IngressListen {
-        config: IngressConfig {
-            // Long, so a shutdown that returns promptly shows that the open
-            // tunnel was cut rather than waited out.
-            drain_timeout: Duration::from_secs(60),
-            ..pki.ingress_config()
-        },
-        https: local,
-        connect: local,
-    });
-    cfg.stats = Some(local);
+    // A long drain, so a shutdown that returns promptly shows that the open
+    // tunnel was cut rather than waited out.
+    let mut cfg = tunnel_with_ingress(&pki, &Pki::new(), Duration::from_secs(60));
+    cfg.stats = Some("127.0.0.1:0".parse().expect("addr"));
     // The actor's program, accepted by the test itself (no task of its own).
     let program = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = program.local_addr().expect("addr").port();
