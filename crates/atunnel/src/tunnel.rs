@@ -156,6 +156,20 @@ impl Tunnel {
             // Checked once here so a bad configuration fails start, not a sandbox.
             DnsRelay::new(dns.clone()).map_err(TunnelError::Dns)?;
         }
+        // Every listener is bound before any is served, so a failure leaves
+        // nothing running.
+        let stats_listener = match cfg.stats {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(TunnelError::Listen)?,
+            ),
+            None => None,
+        };
+        let stats = match &stats_listener {
+            Some(l) => Some(l.local_addr().map_err(TunnelError::Listen)?),
+            None => None,
+        };
         let cancel = CancellationToken::new();
         let ingress = match &cfg.ingress {
             Some(listen) => {
@@ -169,22 +183,14 @@ impl Tunnel {
             None => None,
         };
         let tasks = TaskTracker::new();
-        let stats = match cfg.stats {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(TunnelError::Listen)?;
-                let bound = listener.local_addr().map_err(TunnelError::Listen)?;
-                let source = Arc::new(StatsSource {
-                    pool: cfg.pool.clone(),
-                    egress: Some(egress.clone()),
-                    ingress: ingress.as_ref().map(|(i, _, _)| i.clone()),
-                });
-                tasks.spawn(crate::stats::serve(listener, source, cancel.clone()));
-                Some(bound)
-            }
-            None => None,
-        };
+        if let Some(listener) = stats_listener {
+            let source = Arc::new(StatsSource {
+                pool: cfg.pool.clone(),
+                egress: Some(egress.clone()),
+                ingress: ingress.as_ref().map(|(i, _, _)| i.clone()),
+            });
+            tasks.spawn(crate::stats::serve(listener, source, cancel.clone()));
+        }
         Ok(Arc::new(Self {
             cfg,
             exec,
@@ -371,8 +377,16 @@ impl Tunnel {
         if let Some((ingress, _, _)) = &self.ingress {
             ingress.activate(&actor.atespace, &actor.name, &actor.uid, dialer)?;
         }
-        if let Some(egress) = egress {
-            self.egress.activate(&actor.uid, egress)?;
+        if let Some(egress) = egress
+            && let Err(e) = self.egress.activate(&actor.uid, egress)
+        {
+            // All or nothing: the route just made goes again.
+            if let Some((ingress, _, _)) = &self.ingress {
+                ingress
+                    .deactivate(&actor.atespace, &actor.name, &actor.uid)
+                    .await;
+            }
+            return Err(e.into());
         }
         Ok(())
     }
