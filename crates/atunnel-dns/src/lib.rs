@@ -4,7 +4,7 @@
 //! Each sandbox gets a small relay listening on `169.254.17.1:53` (UDP and
 //! TCP) inside the sandbox's gateway network namespace; it forwards every
 //! query to the worker's resolvers and hands the answer back. It depends
-//! on no other atunnel crate; the tunnel depends on it.
+//! on `atunnel-core` (its accept loop); the tunnel depends on it.
 //!
 //! # What the relay does not do
 //!

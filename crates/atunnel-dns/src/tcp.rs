@@ -3,20 +3,15 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
 
+use atunnel_core::{Listener, ListenerStats};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::message::{HEADER_LEN, answers};
 use crate::{DnsError, DnsRelay};
-
-/// Pause after a failed `accept` (typically out of file descriptors), so the
-/// loop does not spin while the condition lasts.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// What reading one length-prefixed message produced.
 enum Frame {
@@ -71,39 +66,20 @@ impl DnsRelay {
     /// On cancel, stops accepting, lets queries already being forwarded be
     /// answered, closes every connection, and returns once all have ended.
     pub async fn serve_tcp(&self, listener: TcpListener, cancel: CancellationToken) {
-        let tracker = TaskTracker::new();
-        loop {
-            let accepted = tokio::select! {
-                biased;
-                () = cancel.cancelled() => break,
-                accepted = listener.accept() => accepted,
-            };
-            let (stream, client) = match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "DNS relay: TCP accept failed");
-                    tokio::select! {
-                        () = cancel.cancelled() => break,
-                        () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
-                    }
-                }
-            };
-            let Some(permit) = self.try_admit() else {
-                tracing::debug!(%client, "DNS relay: in-flight limit reached; refusing TCP connection");
-                self.counters().dropped();
-                continue;
-            };
-            tracker.spawn(
-                self.clone()
-                    .serve_connection(stream, client, cancel.clone(), permit),
-            );
-        }
-        // Close the listener now rather than after the drain, so clients
-        // trying to connect are refused at once instead of waiting in the
-        // backlog for a server that will never accept them.
-        drop(listener);
-        tracker.close();
-        tracker.wait().await;
+        let stats = ListenerStats::default();
+        Listener::new(listener, "dns-tcp")
+            .serve(&cancel, &stats, |stream, client| {
+                let Some(permit) = self.try_admit() else {
+                    tracing::debug!(%client, "DNS relay: in-flight limit reached; refusing TCP connection");
+                    self.counters().dropped();
+                    return None;
+                };
+                Some(
+                    self.clone()
+                        .serve_connection(stream, client, cancel.clone(), permit),
+                )
+            })
+            .await
     }
 
     async fn serve_connection(
