@@ -20,12 +20,8 @@ use tokio::net::TcpStream;
 
 use crate::pki;
 use crate::role::{self, Role};
-use crate::traffic::upload;
+use crate::traffic::{DISCARD, ECHO, SOURCE, upload};
 use atunnel_support::stats_client::{fetch, num};
-
-const ECHO: &str = "192.0.2.10:7";
-const DISCARD: &str = "192.0.2.10:9";
-const SOURCE: &str = "192.0.2.10:19";
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DemoArgs {

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use atunnel_identity::pki::{self, CertificateAuthority, Usage};
 
-/// The name the bench gateway's certificate carries.
-pub const GATEWAY_NAME: &str = "atenet-egress.ate-system.svc";
+/// The name the bench gateway's certificate carries: the fixtures' gateway
+/// name, the cluster's egress service.
+pub use atunnel_support::pki::GATEWAY_NAME;
 
 /// File names inside a PKI folder.
 pub struct PkiFiles {
@@ -72,15 +73,13 @@ pub fn write(dir: &Path) -> Result<PkiFiles, atunnel_process::BoxError> {
     write_private(&files.actor_ca_key(), &actor_ca.key_pem())?;
     let servicedns = CertificateAuthority::new("servicedns CA")?;
     std::fs::write(files.gateway_ca(), servicedns.cert_pem())?;
-    let gateway = servicedns.issue(
-        Some(pki::GATEWAY_SPIFFE_ID),
+    issue_to(
+        &servicedns,
+        pki::GATEWAY_SPIFFE_ID,
         &[GATEWAY_NAME],
-        &[],
         Usage::Server,
-        Duration::from_secs(7 * 24 * 3600),
+        (&files.gateway_cert(), &files.gateway_key()),
     )?;
-    std::fs::write(files.gateway_cert(), &gateway.cert_pem)?;
-    write_private(&files.gateway_key(), &gateway.key_pem)?;
     let pod_ca = CertificateAuthority::new("pod identity CA")?;
     std::fs::write(files.pod_ca(), pod_ca.cert_pem())?;
     let worker = pod_ca.issue(
@@ -88,31 +87,45 @@ pub fn write(dir: &Path) -> Result<PkiFiles, atunnel_process::BoxError> {
         &[WORKER_NAME],
         &[],
         Usage::ServerAndClient,
-        Duration::from_secs(7 * 24 * 3600),
+        LIFETIME,
     )?;
     write_private(
         &files.worker_bundle(),
         &format!("{}{}", worker.cert_pem, worker.key_pem),
     )?;
-    let router = pod_ca.issue(
-        Some(pki::ROUTER_SPIFFE_ID),
-        &[],
+    issue_to(
+        &pod_ca,
+        pki::ROUTER_SPIFFE_ID,
         &[],
         Usage::Client,
-        Duration::from_secs(7 * 24 * 3600),
+        (&files.router_cert(), &files.router_key()),
     )?;
-    std::fs::write(files.router_cert(), &router.cert_pem)?;
-    write_private(&files.router_key(), &router.key_pem)?;
-    let atelet = pod_ca.issue(
-        Some(pki::ATELET_SPIFFE_ID),
-        &[],
+    issue_to(
+        &pod_ca,
+        pki::ATELET_SPIFFE_ID,
         &[],
         Usage::Server,
-        Duration::from_secs(7 * 24 * 3600),
+        (&files.atelet_cert(), &files.atelet_key()),
     )?;
-    std::fs::write(files.atelet_cert(), &atelet.cert_pem)?;
-    write_private(&files.atelet_key(), &atelet.key_pem)?;
     Ok(files)
+}
+
+/// How long the bench's certificates last.
+const LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Issues `spiffe_id`'s certificate for `names` from `ca` and writes it and
+/// its key (readable by the owner only) to `(cert, key)`.
+fn issue_to(
+    ca: &CertificateAuthority,
+    spiffe_id: &str,
+    names: &[&str],
+    usage: Usage,
+    (cert, key): (&Path, &Path),
+) -> Result<(), atunnel_process::BoxError> {
+    let issued = ca.issue(Some(spiffe_id), names, &[], usage, LIFETIME)?;
+    std::fs::write(cert, &issued.cert_pem)?;
+    write_private(key, &issued.key_pem)?;
+    Ok(())
 }
 
 fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {

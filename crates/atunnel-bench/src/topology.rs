@@ -84,24 +84,7 @@ impl Topology {
 
     /// A TCP connection made from inside `ns`.
     pub async fn connect_in(&self, ns: &NetNs, addr: SocketAddr) -> std::io::Result<TcpStream> {
-        let socket = self
-            .exec
-            .run_in(ns, move || {
-                let s = socket2::Socket::new(
-                    socket2::Domain::for_address(addr),
-                    socket2::Type::STREAM,
-                    None,
-                )?;
-                s.set_nonblocking(true)?;
-                Ok::<std::net::TcpStream, std::io::Error>(s.into())
-            })
-            .await
-            .map_err(std::io::Error::other)??;
-        let stream = tokio::net::TcpSocket::from_std_stream(socket)
-            .connect(addr)
-            .await?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
+        connect_in(&self.exec, ns, addr).await
     }
 
     /// Removes the three namespaces (their veth links go with them).
@@ -110,4 +93,30 @@ impl Topology {
             let _ = self.exec.delete(ns.name()).await;
         }
     }
+}
+
+/// A TCP connection to `addr` (no Nagle delay) from a socket that `exec`
+/// made inside `ns`: it lives in that namespace whichever thread uses it.
+pub async fn connect_in(
+    exec: &NsExecutor,
+    ns: &NetNs,
+    addr: SocketAddr,
+) -> std::io::Result<TcpStream> {
+    let socket = exec
+        .run_in(ns, move || {
+            let s = socket2::Socket::new(
+                socket2::Domain::for_address(addr),
+                socket2::Type::STREAM,
+                None,
+            )?;
+            s.set_nonblocking(true)?;
+            Ok::<std::net::TcpStream, std::io::Error>(s.into())
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+    let stream = tokio::net::TcpSocket::from_std_stream(socket)
+        .connect(addr)
+        .await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
 }

@@ -1,7 +1,17 @@
-//! The few byte patterns the bench drives through tunnels.
+//! The sink's services as the actors dial them, and the few byte patterns
+//! the bench drives through tunnels to them.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// The sink's services, as the actors dial them (the sink answers by port
+/// and dials nothing; its echo is the one the fixtures name).
+pub const ECHO: &str = atunnel_support::gateway::SINK_ECHO;
+pub const DISCARD: &str = "192.0.2.10:9";
+pub const HTTP: &str = "192.0.2.10:80";
+pub const SOURCE: &str = "192.0.2.10:19";
+/// The sink's answer to each request on port 80 (64-byte body).
+pub const HTTP_ANSWER_LEN: usize = "HTTP/1.1 200 OK\r\nContent-Length: 64\r\n\r\n".len() + 64;
 
 static ZEROS: [u8; 256 * 1024] = [0x5a; 256 * 1024];
 

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use atunnel_bench::load::{
-    Latency, Results, Rung, RungEvidence, RungResult, ScenarioResult, Verdict, run_rung,
-    sustainable_rate, verdict, write_plots, write_results_json, write_results_txt,
+    Results, Rung, RungEvidence, RungResult, ScenarioResult, Verdict, run_rung, sustainable_rate,
+    verdict, write_plots, write_results_json, write_results_txt,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -33,13 +33,8 @@ async fn short_rung_on_the_real_clock_keeps_its_rate_and_reports() {
     assert!(out.elapsed < Duration::from_secs(3), "{:?}", out.elapsed);
 
     let evidence = RungEvidence {
-        offered: out.offered,
-        achieved: out.achieved,
-        errors: out.errors,
-        completed: out.completed,
-        shed: out.shed,
         dispatch_lag_p99_us: 0, // the real lag depends on the machine's load
-        ..RungEvidence::default()
+        ..RungEvidence::of(&out)
     };
     let v = verdict(&evidence);
     assert_eq!(v, Verdict::Ok);
@@ -48,19 +43,7 @@ async fn short_rung_on_the_real_clock_keeps_its_rate_and_reports() {
         comparisons: Vec::new(),
         scenarios: vec![ScenarioResult {
             name: "smoke".to_string(),
-            rungs: vec![RungResult {
-                offered: out.offered,
-                achieved: out.achieved,
-                errors: out.errors,
-                verdict: v,
-                tunnel_cpu_cores: 0.0,
-                tunnel_heap_bytes: 0,
-                tunnel_cgroup_bytes: 0,
-                latency_us: Latency::from_histogram(&out.latency),
-                shed: out.shed,
-                dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
-                notes: String::new(),
-            }],
+            rungs: vec![RungResult::of(&out, v)],
             summary: serde_json::json!({"sustainable_rps": sustainable_rate(&[(out.offered, out.offered, v)])}),
             notes: vec![],
         }],

@@ -22,6 +22,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::schedule::RungOutcome;
 use super::verdict::{Verdict, sustainable_rate};
 use crate::scenario::Scenario;
 
@@ -150,6 +151,27 @@ pub struct RungResult {
     pub dispatch_lag_p99_us: u64,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub notes: String,
+}
+
+impl RungResult {
+    /// A rung's result from what the scheduler counted and its verdict: the
+    /// first error as its notes, the tunnel's CPU and memory zero (unknown)
+    /// until the caller adds what it measured around the rung.
+    pub fn of(out: &RungOutcome, verdict: Verdict) -> Self {
+        RungResult {
+            offered: out.offered,
+            achieved: out.achieved,
+            errors: out.errors,
+            verdict,
+            tunnel_cpu_cores: 0.0,
+            tunnel_heap_bytes: 0,
+            tunnel_cgroup_bytes: 0,
+            latency_us: Latency::from_histogram(&out.latency),
+            shed: out.shed,
+            dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
+            notes: out.first_error.clone().unwrap_or_default(),
+        }
+    }
 }
 
 /// Latency percentiles in microseconds.

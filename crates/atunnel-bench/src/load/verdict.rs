@@ -36,6 +36,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::schedule::RungOutcome;
+
 /// The share of a CPU budget at which a participant counts as saturated.
 pub const CPU_SATURATED: f64 = 0.9;
 /// The dispatch lag p99 above which the generator counts as behind.
@@ -101,6 +103,23 @@ pub struct RungEvidence {
     /// The cores the far end may use (0 = unknown).
     pub far_end_cpu_available: f64,
     pub tunnel_died: bool,
+}
+
+impl RungEvidence {
+    /// What the scheduler counted of a rung: its rates, units and dispatch
+    /// lag; CPU figures zero (unknown) and the tunnel alive until the caller
+    /// adds what it measured around the rung.
+    pub fn of(out: &RungOutcome) -> Self {
+        RungEvidence {
+            offered: out.offered,
+            achieved: out.achieved,
+            errors: out.errors,
+            completed: out.completed,
+            shed: out.shed,
+            dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
+            ..RungEvidence::default()
+        }
+    }
 }
 
 /// The rung's verdict by the rules in the module doc.

@@ -133,6 +133,12 @@ impl Bench {
         self.status.actors_pid
     }
 
+    /// How many actors the scenarios spread units over: the running
+    /// atunnel's sandboxes, at least one.
+    pub fn actor_count(&self) -> u64 {
+        self.sandboxes.len().max(1) as u64
+    }
+
     pub fn cgroup_sample(&self) -> CgroupSample {
         self.status.cgroup.sample().unwrap_or_default()
     }

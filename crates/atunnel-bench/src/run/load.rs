@@ -133,21 +133,10 @@ pub async fn run(
             "[{:>5.0}s] scenario {scenario}",
             started.elapsed().as_secs_f64()
         );
-        let result = tokio::select! {
-            _ = cancel.cancelled() => {
-                eprintln!("interrupted: writing what is done");
-                break;
-            }
-            r = scenarios::run(&mut bench, scenario) => r,
+        let Some(result) = run_scenario(&mut bench, scenario, &cancel).await else {
+            eprintln!("interrupted: writing what is done");
+            break;
         };
-        let result = result.unwrap_or_else(|e| ScenarioResult {
-            name: scenario.name().into(),
-            notes: vec![format!("scenario failed: {e}")],
-            ..ScenarioResult::default()
-        });
-        for line in report::summary_lines(&result) {
-            eprintln!("         {line}");
-        }
         results.scenarios.push(result);
         // Keep what is done even if a later scenario fails hard.
         results::write_results_json(&args.out, &results)?;
@@ -170,18 +159,9 @@ pub async fn run(
                 scenarios: Vec::new(),
             };
             for scenario in COMPARED {
-                let result = tokio::select! {
-                    _ = cancel.cancelled() => break 'variants,
-                    r = scenarios::run(&mut bench, scenario) => r,
+                let Some(result) = run_scenario(&mut bench, scenario, &cancel).await else {
+                    break 'variants;
                 };
-                let result = result.unwrap_or_else(|e| ScenarioResult {
-                    name: scenario.name().into(),
-                    notes: vec![format!("scenario failed: {e}")],
-                    ..ScenarioResult::default()
-                });
-                for line in report::summary_lines(&result) {
-                    eprintln!("         {line}");
-                }
                 variant.scenarios.push(result);
             }
             comparison.variants.push(variant);
@@ -212,6 +192,28 @@ pub async fn run(
     let plots = results::write_plots(&args.out, &results)?;
     report::write(&args.out, &info, &results, &plots, &status.events)?;
     Ok(())
+}
+
+/// Runs `scenario` and prints its summary lines; a scenario that failed is
+/// a result with the error in its notes. `None` once `cancel` fires.
+async fn run_scenario(
+    bench: &mut Bench,
+    scenario: Scenario,
+    cancel: &CancellationToken,
+) -> Option<ScenarioResult> {
+    let result = tokio::select! {
+        _ = cancel.cancelled() => return None,
+        r = scenarios::run(bench, scenario) => r,
+    };
+    let result = result.unwrap_or_else(|e| ScenarioResult {
+        name: scenario.name().into(),
+        notes: vec![format!("scenario failed: {e}")],
+        ..ScenarioResult::default()
+    });
+    for line in report::summary_lines(&result) {
+        eprintln!("         {line}");
+    }
+    Some(result)
 }
 
 #[cfg(test)]

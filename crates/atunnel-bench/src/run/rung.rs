@@ -1,11 +1,12 @@
 //! Measuring rungs: the CPU and memory window around one (and its
 //! verdict), the ladders of rates, and the sustainable rate of a ladder.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use atunnel_bench::cgroup::CgroupSample;
 use atunnel_bench::load::results::{Latency, RungResult};
-use atunnel_bench::load::schedule::RungOutcome;
+use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung};
 use atunnel_bench::load::verdict::{RungEvidence, Verdict, sustainable_rate, verdict};
 use atunnel_support::stats_client::num;
 
@@ -42,25 +43,16 @@ impl Window {
         // generator and the far end.
         let others = (cores() - bench.tunnel_cpus()).max(0.5);
         let evidence = RungEvidence {
-            offered: out.offered,
-            achieved: out.achieved,
-            errors: out.errors,
-            completed: out.completed,
-            shed: out.shed,
-            dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
             tunnel_cpu_cores: cg.cpu_seconds_since(&self.cg) / secs,
             tunnel_cpu_quota: bench.tunnel_cpus(),
             tunnel_throttled: cg.throttled_since(&self.cg),
             generator_cpu_cores: (process_cpu_seconds(std::process::id()) - self.generator) / secs,
             generator_cpu_available: others,
-            far_end_cpu_cores: self.far_pid.map_or(0.0, process_cpu_seconds) - self.far_end,
+            far_end_cpu_cores: (self.far_pid.map_or(0.0, process_cpu_seconds) - self.far_end)
+                / secs,
             far_end_cpu_available: others,
             tunnel_died: !alive,
-        };
-        let far_end_cpu_cores = evidence.far_end_cpu_cores / secs;
-        let evidence = RungEvidence {
-            far_end_cpu_cores,
-            ..evidence
+            ..RungEvidence::of(out)
         };
         let v = verdict(&evidence);
         eprintln!(
@@ -76,32 +68,71 @@ impl Window {
             v
         );
         RungResult {
-            offered: out.offered,
-            achieved: out.achieved,
-            errors: out.errors,
-            verdict: v,
             tunnel_cpu_cores: evidence.tunnel_cpu_cores,
             tunnel_heap_bytes: num(&stats, &["process", "heap_bytes"]) as u64,
             tunnel_cgroup_bytes: cg.memory_bytes,
-            latency_us: Latency::from_histogram(&out.latency),
-            shed: out.shed,
-            dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
-            notes: out.first_error.clone().unwrap_or_default(),
+            ..RungResult::of(out, v)
         }
     }
+}
+
+/// Runs `work` for one rung inside a [`Window`] whose far end is
+/// `far(bench)`: the rung's result with its verdict, and what the scheduler
+/// counted.
+pub(super) async fn measure<F, Fut>(
+    bench: &mut Bench,
+    far: fn(&Bench) -> Option<u32>,
+    rung: &Rung,
+    work: F,
+) -> (RungResult, RungOutcome)
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), String>> + Send + 'static,
+{
+    let window = Window::open(bench, far(bench));
+    let outcome = run_rung(rung, work).await;
+    (window.close(bench, &outcome).await, outcome)
+}
+
+/// Climbs a ladder (its rates and how long each rung lasts): one
+/// [`measure`]d rung per rate, at most `max_in_flight` units at once.
+pub(super) async fn climb<F, Fut>(
+    bench: &mut Bench,
+    far: fn(&Bench) -> Option<u32>,
+    (rates, duration): (Vec<f64>, Duration),
+    max_in_flight: usize,
+    work: F,
+) -> Vec<RungResult>
+where
+    F: Fn(u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), String>> + Send + 'static,
+{
+    let mut rungs = Vec::new();
+    for rate in rates {
+        let rung = Rung {
+            rate,
+            duration,
+            max_in_flight,
+        };
+        rungs.push(measure(bench, far, &rung, work.clone()).await.0);
+    }
+    rungs
 }
 
 fn cores() -> f64 {
     std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
-/// The rates of a ladder and how long each rung lasts, short with `--quick`.
+/// How long a rung lasts: short with `--quick`.
+pub(super) fn rung_duration(bench: &Bench) -> Duration {
+    Duration::from_secs(if bench.quick { 3 } else { 10 })
+}
+
+/// The rates of a ladder, `quick` ones with `--quick`, and how long each
+/// rung lasts.
 pub(super) fn ladder(bench: &Bench, quick: &[f64], full: &[f64]) -> (Vec<f64>, Duration) {
-    if bench.quick {
-        (quick.to_vec(), Duration::from_secs(3))
-    } else {
-        (full.to_vec(), Duration::from_secs(10))
-    }
+    let rates = if bench.quick { quick } else { full };
+    (rates.to_vec(), rung_duration(bench))
 }
 
 /// The ladder's sustainable rate: its highest `ok` rung that kept up.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atunnel_bench::load::results::ScenarioResult;
-use atunnel_bench::load::schedule::{Rung, run_rung};
+use atunnel_bench::load::schedule::Rung;
 use atunnel_bench::scenario::Scenario;
 use atunnel_support::stats_client::num;
 use serde_json::json;
@@ -16,8 +16,9 @@ use tokio::net::TcpStream;
 
 use crate::role::process_cpu_seconds;
 use crate::run::bench::Bench;
-use crate::run::dial::{Actors, DISCARD, ECHO, HTTP, HTTP_ANSWER_LEN};
-use crate::run::rung::{Window, ladder, sustainable};
+use crate::run::dial::Actors;
+use crate::run::rung::{climb, ladder, measure, sustainable};
+use crate::traffic::{DISCARD, ECHO, HTTP, HTTP_ANSWER_LEN};
 
 async fn ping(s: &mut TcpStream) -> Result<(), String> {
     crate::traffic::ping(s).await.map_err(|e| e.to_string())
@@ -56,9 +57,8 @@ pub(super) async fn egress_idle(
         duration: Duration::from_secs_f64(n as f64 / rate),
         max_in_flight: 2000,
     };
-    let window = Window::open(bench, bench.sink_pid());
     let (a, h) = (actors.clone(), held.clone());
-    let outcome = run_rung(&rung, move |i| {
+    let (mut result, _) = measure(bench, Bench::sink_pid, &rung, move |i| {
         let (a, h) = (a.clone(), h.clone());
         async move {
             let mut s = a.dial(i, ECHO).await.map_err(|e| e.to_string())?;
@@ -68,7 +68,6 @@ pub(super) async fn egress_idle(
         }
     })
     .await;
-    let mut result = window.close(bench, &outcome).await;
     let cg1 = bench.cgroup_sample();
     let opened = held.lock().expect("held lock").len();
     let open_cpu = cg1.cpu_seconds_since(&cg0);
@@ -195,36 +194,23 @@ pub(super) async fn egress_http(
             .await
             .map_err(|_| "pool closed")?;
     }
-    let (rates, duration) = ladder(
+    let ladder = ladder(
         bench,
         &[1000.0, 4000.0, 8000.0],
         &[1000.0, 2000.0, 4000.0, 8000.0, 12000.0, 16000.0],
     );
-    let mut rungs = Vec::new();
-    for rate in rates {
-        let window = Window::open(bench, bench.sink_pid());
-        let (tx2, rx2) = (tx.clone(), rx.clone());
-        let outcome = run_rung(
-            &Rung {
-                rate,
-                duration,
-                max_in_flight: 4096,
-            },
-            move |_| {
-                let (tx, rx) = (tx2.clone(), rx2.clone());
-                async move {
-                    let mut s = rx.recv().await.map_err(|_| "pool closed".to_string())?;
-                    let r = http_exchange(&mut s).await;
-                    if r.is_ok() {
-                        let _ = tx.send(s).await;
-                    }
-                    r
-                }
-            },
-        )
-        .await;
-        rungs.push(window.close(bench, &outcome).await);
-    }
+    let rungs = climb(bench, Bench::sink_pid, ladder, 4096, move |_| {
+        let (tx, rx) = (tx.clone(), rx.clone());
+        async move {
+            let mut s = rx.recv().await.map_err(|_| "pool closed".to_string())?;
+            let r = http_exchange(&mut s).await;
+            if r.is_ok() {
+                let _ = tx.send(s).await;
+            }
+            r
+        }
+    })
+    .await;
     let cores_at_8000 = rungs
         .iter()
         .find(|r| r.offered == 8000.0)
@@ -246,37 +232,25 @@ pub(super) async fn egress_new(
     bench: &mut Bench,
 ) -> Result<ScenarioResult, atunnel_process::BoxError> {
     let actors = Actors::of(bench);
-    let (rates, duration) = ladder(
+    let ladder = ladder(
         bench,
         &[200.0, 500.0, 1000.0],
         &[200.0, 500.0, 1000.0, 2000.0, 3000.0],
     );
-    let mut rungs = Vec::new();
-    let mut cpu_per_conn = Vec::new();
-    for rate in rates {
-        let window = Window::open(bench, bench.sink_pid());
+    let rungs = climb(bench, Bench::sink_pid, ladder, 4096, move |i| {
         let a = actors.clone();
-        let outcome = run_rung(
-            &Rung {
-                rate,
-                duration,
-                max_in_flight: 4096,
-            },
-            move |i| {
-                let a = a.clone();
-                async move {
-                    let mut s = a.dial(i, ECHO).await.map_err(|e| e.to_string())?;
-                    ping(&mut s).await
-                }
-            },
-        )
-        .await;
-        let r = window.close(bench, &outcome).await;
-        if r.achieved > 0.0 {
-            cpu_per_conn.push(json!({"rate": rate, "tunnel_cpu_ms_per_conn": (r.tunnel_cpu_cores / r.achieved * 1e3 * 1000.0).round() / 1000.0}));
+        async move {
+            let mut s = a.dial(i, ECHO).await.map_err(|e| e.to_string())?;
+            ping(&mut s).await
         }
-        rungs.push(r);
-    }
+    })
+    .await;
+    // A rung's offered rate is its ladder rate (every rate is positive).
+    let cpu_per_conn: Vec<_> = rungs
+        .iter()
+        .filter(|r| r.achieved > 0.0)
+        .map(|r| json!({"rate": r.offered, "tunnel_cpu_ms_per_conn": (r.tunnel_cpu_cores / r.achieved * 1e3 * 1000.0).round() / 1000.0}))
+        .collect();
     Ok(ScenarioResult {
         name: Scenario::EgressNew.name().into(),
         summary: json!({ "sustainable_rate": sustainable(&rungs), "cpu_per_conn": cpu_per_conn }),

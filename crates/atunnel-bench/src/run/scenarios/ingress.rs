@@ -3,29 +3,50 @@
 //! listeners to the actors: HTTPS (ingress-https) and CONNECT tunnels
 //! (ingress-connect).
 
+use std::future::Future;
 use std::sync::Arc;
 
 use atunnel_bench::load::results::ScenarioResult;
-use atunnel_bench::load::schedule::{Rung, run_rung};
+use atunnel_bench::load::schedule::Rung;
 use atunnel_bench::scenario::Scenario;
 use atunnel_support::stats_client::num;
 use bytes::Bytes;
 use serde_json::json;
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
 use crate::run::bench::Bench;
 use crate::run::router::Alpn;
-use crate::run::rung::{Window, ladder, sustainable};
+use crate::run::rung::{climb, ladder, measure, sustainable};
 
-/// A router-side HTTP/2 connection to the tunnel's ingress.
-async fn router_h2(
+/// Router connections each scenario spreads its units over.
+const ROUTER_CONNS: usize = 4;
+
+/// [`ROUTER_CONNS`] HTTP/2 connections as the router to the tunnel's ingress
+/// `port`, each made by `handshake` over the router's TLS.
+async fn router_conns<S, F, Fut>(
     bench: &Bench,
     port: u16,
+    handshake: F,
+) -> Result<Arc<Vec<S>>, atunnel_process::BoxError>
+where
+    F: Fn(TlsStream<TcpStream>) -> Fut,
+    Fut: Future<Output = Result<S, atunnel_process::BoxError>>,
+{
+    let mut conns = Vec::with_capacity(ROUTER_CONNS);
+    for _ in 0..ROUTER_CONNS {
+        conns.push(handshake(bench.router_tls(port, Alpn::H2).await?).await?);
+    }
+    Ok(Arc::new(conns))
+}
+
+/// An HTTP/2 client (hyper's) over `tls`, its connection driven by a task.
+async fn hyper_h2(
+    tls: TlsStream<TcpStream>,
 ) -> Result<
     hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
     atunnel_process::BoxError,
 > {
-    let tls = router_tls(bench, port).await?;
     let (send, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         hyper_util::rt::TokioIo::new(tls),
@@ -35,23 +56,22 @@ async fn router_h2(
     Ok(send)
 }
 
-async fn router_tls(
-    bench: &Bench,
-    port: u16,
-) -> Result<tokio_rustls::client::TlsStream<TcpStream>, atunnel_process::BoxError> {
-    bench.router_tls(port, Alpn::H2).await
+/// An HTTP/2 client (h2's, for CONNECT streams) over `tls`, its connection
+/// driven by a task.
+async fn h2_client(
+    tls: TlsStream<TcpStream>,
+) -> Result<h2::client::SendRequest<Bytes>, atunnel_process::BoxError> {
+    let (send, conn) = h2::client::handshake(tls).await?;
+    tokio::spawn(conn);
+    Ok(send)
 }
 
 /// Requests through the router-facing HTTPS listener to the ingress actors.
 pub(super) async fn ingress_https(
     bench: &mut Bench,
 ) -> Result<ScenarioResult, atunnel_process::BoxError> {
-    let mut senders = Vec::new();
-    for _ in 0..4 {
-        senders.push(router_h2(bench, 443).await?);
-    }
-    let senders = Arc::new(senders);
-    let actors = bench.sandboxes.len().max(1) as u64;
+    let senders = router_conns(bench, 443, hyper_h2).await?;
+    let actors = bench.actor_count();
     let (rates, duration) = ladder(
         bench,
         &[1000.0, 2000.0, 4000.0],
@@ -64,9 +84,10 @@ pub(super) async fn ingress_https(
             &bench.stats(false).await?,
             &["ingress", "new_upstream_connections"],
         );
-        let window = Window::open(bench, bench.actors_pid());
         let s = senders.clone();
-        let outcome = run_rung(
+        let (r, outcome) = measure(
+            bench,
+            Bench::actors_pid,
             &Rung {
                 rate,
                 duration,
@@ -92,7 +113,6 @@ pub(super) async fn ingress_https(
             },
         )
         .await;
-        let r = window.close(bench, &outcome).await;
         let after = num(
             &bench.stats(false).await?,
             &["ingress", "new_upstream_connections"],
@@ -126,38 +146,18 @@ pub(super) async fn ingress_https(
 pub(super) async fn ingress_connect(
     bench: &mut Bench,
 ) -> Result<ScenarioResult, atunnel_process::BoxError> {
-    let mut senders = Vec::new();
-    for _ in 0..4 {
-        let tls = router_tls(bench, 8443).await?;
-        let (send, conn) = h2::client::handshake(tls).await?;
-        tokio::spawn(conn);
-        senders.push(send);
-    }
-    let senders = Arc::new(senders);
-    let actors = bench.sandboxes.len().max(1) as u64;
-    let (rates, duration) = ladder(
+    let senders = router_conns(bench, 8443, h2_client).await?;
+    let actors = bench.actor_count();
+    let ladder = ladder(
         bench,
         &[500.0, 1000.0, 2000.0],
         &[500.0, 1000.0, 2000.0, 4000.0, 8000.0],
     );
-    let mut rungs = Vec::new();
-    for rate in rates {
-        let window = Window::open(bench, bench.actors_pid());
-        let s = senders.clone();
-        let outcome = run_rung(
-            &Rung {
-                rate,
-                duration,
-                max_in_flight: 2048,
-            },
-            move |i| {
-                let send = s[i as usize % s.len()].clone();
-                async move { connect_exchange(send, i % actors).await }
-            },
-        )
-        .await;
-        rungs.push(window.close(bench, &outcome).await);
-    }
+    let rungs = climb(bench, Bench::actors_pid, ladder, 2048, move |i| {
+        let send = senders[i as usize % senders.len()].clone();
+        async move { connect_exchange(send, i % actors).await }
+    })
+    .await;
     Ok(ScenarioResult {
         name: Scenario::IngressConnect.name().into(),
         summary: json!({ "sustainable_rps": sustainable(&rungs) }),

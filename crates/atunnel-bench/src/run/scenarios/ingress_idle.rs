@@ -1,5 +1,7 @@
 //! `ingress-idle`: what an idle router connection costs atunnel, awake and
-//! hibernated (the table of seed 003), and what hibernating costs.
+//! hibernated, for each case (HTTP/1.1 keep-alive after a short and after a
+//! 60 KB answer, HTTP/2 after one request, a CONNECT tunnel after one
+//! exchange), and what hibernating costs.
 //!
 //! Two passes on fresh atunnels: hibernation off (`--hibernate-after=0`),
 //! then on with a short period. In each, for every case, connections are
@@ -13,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atunnel_bench::load::results::{RungResult, ScenarioResult};
-use atunnel_bench::load::schedule::{Rung, new_histogram, run_rung};
+use atunnel_bench::load::schedule::{Rung, new_histogram};
 use atunnel_bench::scenario::Scenario;
 use atunnel_support::stats_client::num;
 use bytes::Bytes;
@@ -26,7 +28,7 @@ use tokio_rustls::client::TlsStream;
 
 use crate::run::bench::Bench;
 use crate::run::router::Alpn;
-use crate::run::rung::Window;
+use crate::run::rung::{measure, rung_duration};
 
 /// The bench's hibernation period: short so the scenario stays quick. What
 /// a hibernation frees and costs does not depend on it (default 15 s).
@@ -161,7 +163,7 @@ async fn hold(
     n: usize,
     hibernating: bool,
 ) -> Result<Held, atunnel_process::BoxError> {
-    let actors = bench.sandboxes.len().max(1) as u64;
+    let actors = bench.actor_count();
     // The connections to the actors are pooled per actor, not per router
     // connection: open them before the baseline (one request of the case's
     // size to each actor on a connection of its own, closed after; hyper
@@ -247,7 +249,7 @@ async fn hold(
 
 /// Keep-alive requests at a fixed rate over a few HTTP/1.1 connections.
 async fn keepalive(bench: &mut Bench, rate: f64) -> Result<RungResult, atunnel_process::BoxError> {
-    let actors = bench.sandboxes.len().max(1) as u64;
+    let actors = bench.actor_count();
     let mut conns = Vec::new();
     for i in 0..50u64 {
         conns.push(tokio::sync::Mutex::new(
@@ -255,13 +257,13 @@ async fn keepalive(bench: &mut Bench, rate: f64) -> Result<RungResult, atunnel_p
         ));
     }
     let conns = Arc::new(conns);
-    let window = Window::open(bench, bench.actors_pid());
-    let duration = if bench.quick { 3 } else { 10 };
     let c = conns.clone();
-    let outcome = run_rung(
+    let (result, _) = measure(
+        bench,
+        Bench::actors_pid,
         &Rung {
             rate,
-            duration: Duration::from_secs(duration),
+            duration: rung_duration(bench),
             max_in_flight: 2048,
         },
         move |i| {
@@ -274,7 +276,9 @@ async fn keepalive(bench: &mut Bench, rate: f64) -> Result<RungResult, atunnel_p
         },
     )
     .await;
-    Ok(window.close(bench, &outcome).await)
+    // The connections stay open until the rung's window has closed.
+    drop(conns);
+    Ok(result)
 }
 
 pub(super) async fn ingress_idle(

@@ -16,8 +16,9 @@ use tokio::net::TcpStream;
 
 use crate::role::{self, Role};
 use crate::run::bench::Bench;
-use crate::run::dial::{Actors, DISCARD, SOURCE};
+use crate::run::dial::Actors;
 use crate::topology::SINK_ADDR;
+use crate::traffic::{DISCARD, SOURCE};
 
 /// Waits until atunnel's socket memory stops growing (the stalled
 /// connections' queues are full), then returns it.
