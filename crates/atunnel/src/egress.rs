@@ -259,14 +259,18 @@ impl Egress {
         dest: Destination,
         cancel: CancellationToken,
     ) {
-        let task = self.listener_task(uid, listener, dest, cancel);
-        let stop = self.stop.clone();
+        // The listener stops at the caller's cancel or at shutdown, and in
+        // either case waits for its tunnels (shutdown has cancelled them).
+        let stopping = self.stop.child_token();
+        let (caller, listener_stop) = (cancel, stopping.clone());
         self.listeners.spawn(async move {
             tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = task => {}
+                _ = caller.cancelled() => listener_stop.cancel(),
+                _ = listener_stop.cancelled() => {}
             }
         });
+        self.listeners
+            .spawn(self.listener_task(uid, listener, dest, stopping));
     }
 
     /// The accept loop [`Egress::serve_listener`] spawns, for a caller that
