@@ -40,6 +40,8 @@ enum Command {
     Tunnel(Box<atunnel::host::HostArgs>),
     /// The egress gateway in bench mode (answers by destination port).
     Sink(atunnel_support::sink::SinkArgs),
+    /// The production egress gateway (forwarding to allowed destinations).
+    Gateway(atunnel_gateway::cli::ForwardArgs),
     /// The actors' programs: an HTTP server in every sandbox (ingress far end).
     Actors(actors::ActorsArgs),
     /// Writes throwaway certificates shaped like the cluster's.
@@ -62,6 +64,10 @@ fn main() -> std::process::ExitCode {
             Command::Actors(args) => actors::run(args, cancel).await,
             Command::Tunnel(args) => atunnel::host::run(*args, cancel).await,
             Command::Sink(args) => atunnel_support::sink::run(args, cancel).await,
+            Command::Gateway(args) => {
+                let far = args.far_end();
+                atunnel_gateway::cli::run(&args.gateway, far, cancel).await
+            }
             Command::Pki { out } => pki::write(&out).map(|f| println!("wrote {}", f.dir.display())),
         }
     })

@@ -88,7 +88,7 @@ impl ForwardGateway {
             &topo.exec,
             &topo.sink,
             &[
-                "sink".into(),
+                "gateway".into(),
                 format!(
                     "--listen={}",
                     SocketAddr::from((SINK_ADDR, FORWARD_GATEWAY_PORT))
@@ -96,7 +96,6 @@ impl ForwardGateway {
                 format!("--cert={}", p.gateway_cert().display()),
                 format!("--key={}", p.gateway_key().display()),
                 format!("--actor-ca={}", p.actor_ca_cert().display()),
-                "--mode=forward".into(),
                 // The sink's link (198.18.0.0/30): the destination only.
                 "--allow=198.18.0.0/30".into(),
                 format!("--tcp-notsent-lowat={lowat}"),
