@@ -155,8 +155,6 @@ fn create_limits_and_sample() {
         "{after:?}"
     );
     assert!(after.cpu_throttled_ns > 0, "{after:?}");
-    // (memory_bytes may be 0 on v1: charges made before the move stay behind.)
-    assert!(after.memory_max_usage_bytes <= 64 * MIB || after.memory_max_usage_bytes == 0);
 
     cgroup.remove().expect("remove");
     assert_gone(&paths);
@@ -197,8 +195,20 @@ fn oom_kill_is_counted() {
     eprintln!("{status:?}; {sample:?}");
     assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
     assert!(sample.oom_kills >= 1, "{sample:?}");
-    if sample.memory_max_usage_bytes > 0 {
-        assert!(sample.memory_max_usage_bytes <= 32 * MIB, "{sample:?}");
+    // Killed at the limit, so the peak reached it: 33,554,432 B (32 MiB) on
+    // this machine (v1). v1 always has memory.max_usage_in_bytes; v2 has
+    // memory.peak from Linux 5.19 (the sample reads 0 without it).
+    let peak_known = cgroup.version() == CgroupVersion::V1
+        || cgroup
+            .paths()
+            .iter()
+            .any(|p| p.join("memory.peak").exists());
+    if peak_known {
+        assert!(
+            (16 * MIB..=32 * MIB).contains(&sample.memory_max_usage_bytes),
+            "peak {} B under a 32 MiB limit: {sample:?}",
+            sample.memory_max_usage_bytes
+        );
     }
 
     cgroup.remove().expect("remove");

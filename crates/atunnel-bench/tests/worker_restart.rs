@@ -161,6 +161,10 @@ async fn worker_replaces_a_killed_atunnel() {
         .as_ref()
         .ok()
         .and_then(|s| s["status"]["cgroup"]["memory"].as_str().map(String::from));
+    // Seen before the SIGTERM; checked after the clean-up below.
+    let cgroup_existed = cgroup_dir
+        .as_deref()
+        .is_some_and(|dir| Path::new(dir).is_dir());
 
     // SIGTERM: the worker stops atunnel and the actors, removes its cgroup.
     if let Some(pid) = worker.id() {
@@ -203,9 +207,10 @@ async fn worker_replaces_a_killed_atunnel() {
             "child {pid} still running after the worker stopped"
         );
     }
-    if let Some(dir) = cgroup_dir {
-        assert!(!Path::new(&dir).exists(), "cgroup {dir} left behind");
-    }
+    let dir = cgroup_dir.expect("the worker's status names its cgroup");
+    assert!(dir.ends_with(&cgroup), "{dir} is not the cgroup {cgroup}");
+    assert!(cgroup_existed, "cgroup {dir} missing while the worker ran");
+    assert!(!Path::new(&dir).exists(), "cgroup {dir} left behind");
     assert!(!socket.exists(), "control socket left behind");
     let sandboxes: Vec<&String> = leftovers
         .iter()

@@ -261,10 +261,27 @@ async fn worker_with_the_wrong_identity_is_refused() {
     let node = Node::start(ATELET_SPIFFE_ID).await;
     let source = node.source(IMPOSTOR_ID, Duration::from_secs(10));
     let err = mint(&source).await.expect_err("impostor worker");
-    assert!(matches!(err, MintError::Failed(_)), "{err:?}");
+    let MintError::Failed(message) = &err else {
+        panic!("want Failed, got {err:?}");
+    };
     assert!(!err.is_terminal());
+    // Reached this agent's socket and was refused in the TLS handshake.
+    assert!(
+        message.contains(&node.socket.display().to_string()),
+        "{message}"
+    );
+    assert!(
+        message.contains("received fatal alert: CertificateUnknown"),
+        "{message}"
+    );
     assert_eq!(node.agent.calls(), 0);
     assert_eq!(node.agent.connections(), 0);
+
+    // Positive control: the same agent serves the real worker identity.
+    mint(&node.worker_source())
+        .await
+        .expect("the worker identity is served by the same agent");
+    assert_eq!((node.agent.calls(), node.agent.connections()), (1, 1));
 }
 
 #[tokio::test]
@@ -380,7 +397,10 @@ async fn setup_errors_name_what_is_wrong() {
     )
     .await
     .expect_err("not a socket");
-    assert!(err.to_string().contains("file"), "{err}");
+    assert!(
+        matches!(&err, NodeAgentError::NotASocket { path } if *path == not_a_socket),
+        "{err:?}"
+    );
     assert_eq!(
         std::fs::read(&not_a_socket).expect("still there"),
         b"keep me"

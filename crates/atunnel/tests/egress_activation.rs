@@ -84,6 +84,18 @@ async fn expiry_rejects_new_but_preserves_established() {
         closes_with_no_bytes(&mut late).await,
         "a new tunnel opened on an expired certificate"
     );
+    // Refused at admission for the expired certificate, not a tunnel that
+    // tried to open and failed.
+    let stats = egress.stats();
+    assert_eq!(
+        (
+            stats.rejected_total,
+            stats.tunnels_total,
+            stats.open_failed_total
+        ),
+        (1, 1, 0),
+        "{stats:?}"
+    );
     assert!(echoes(&mut established, b"after expiry, still draining").await);
     assert_eq!(source.mints.load(Ordering::SeqCst), 1);
 }
@@ -267,6 +279,13 @@ async fn deactivation_closes_one_actors_tunnels_and_leaves_the_others() {
         closes_with_no_bytes(&mut again).await,
         "a admitted after deactivation"
     );
+    // Refused at admission, not a tunnel of the old activation that closed.
+    let stats = egress.stats();
+    assert_eq!(
+        (stats.rejected_total, stats.tunnels_total),
+        (1, 2),
+        "{stats:?}"
+    );
     assert!(echoes(&mut sb, b"b unaffected").await);
     // Idempotent.
     egress
@@ -434,8 +453,14 @@ async fn shutdown_stops_listeners_whose_callers_never_cancel_them() {
         closes_with_no_bytes(&mut open).await,
         "the tunnel outlived shutdown"
     );
-    let refused = TcpStream::connect(addr).await;
-    assert!(refused.is_err(), "the listener outlived shutdown");
+    let refused = TcpStream::connect(addr)
+        .await
+        .expect_err("the listener outlived shutdown");
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::ConnectionRefused,
+        "{refused}"
+    );
 }
 
 /// Answers every CSR with a certificate for a key of its own: a node agent
@@ -489,7 +514,11 @@ async fn a_minted_certificate_that_fails_its_checks_fails_closed() {
         .await
         .err()
         .expect("refused");
-    assert!(err.to_string().to_lowercase().contains("client"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("the leaf lacks the ClientAuth extended key usage"),
+        "{err}"
+    );
     // Expired by the time it arrives: the worker's clock is two hours ahead
     // of the node agent's.
     let late = Clock::new();
@@ -502,4 +531,12 @@ async fn a_minted_certificate_that_fails_its_checks_fails_closed() {
     .err()
     .expect("refused");
     assert!(err.to_string().contains("expired"), "{err}");
+    // Positive control: the same preparation with a certificate that passes
+    // its checks succeeds, so the refusals above are the checks' doing.
+    prepare_with(
+        Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new())),
+        Clock::new(),
+    )
+    .await
+    .expect("a certificate that passes its checks is accepted");
 }

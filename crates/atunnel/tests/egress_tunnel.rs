@@ -314,6 +314,17 @@ async fn unreachable_gateway_closes_the_actor_socket_with_no_bytes() {
     .await;
     egress.activate(&a.uid, prepared).expect("activate");
     assert!(bytes_before_close(addr).await.is_empty());
+    // Admitted, then closed because the tunnel could not open.
+    let stats = egress.stats();
+    assert_eq!(
+        (
+            stats.tunnels_total,
+            stats.open_failed_total,
+            stats.rejected_total
+        ),
+        (1, 1, 0),
+        "{stats:?}"
+    );
 }
 
 #[tokio::test]
@@ -452,8 +463,16 @@ async fn opening_a_tunnel_is_bounded_in_time() {
         .await
         .err()
         .expect("fails");
-    assert!(matches!(err, OpenError::Timeout { .. }), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    let took = started.elapsed();
+    assert!(
+        matches!(err, OpenError::Timeout { after, .. } if after == Duration::from_millis(300)),
+        "{err}"
+    );
+    // The configured 300 ms, not some other bound: measured 301-303 ms.
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+        "the open gave up after {took:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -609,6 +628,13 @@ async fn sink_services_answer_by_port() {
     s.read_exact(&mut got).await.expect("two responses");
     assert_eq!(&got[..one.len()], one);
     assert_eq!(&got[one.len()..], one);
+    // Every port above opened its tunnel: discard's silence is the sink's.
+    let stats = egress.stats();
+    assert_eq!(
+        (stats.tunnels_total, stats.open_failed_total),
+        (3, 0),
+        "{stats:?}"
+    );
     // Unknown port: refused.
     let err = client
         .open_authority("192.0.2.10:4444")

@@ -605,8 +605,10 @@ async fn a_refusal_whose_body_never_ends_comes_back_promptly_with_what_arrived()
             }
             e => panic!("{proto:?}: expected a refusal, got {e}"),
         }
+        // The configured 200 ms wait for the body (after the handshake),
+        // not the open timeout or another bound: measured 244-248 ms.
         assert!(
-            took < DEFAULT_OPEN_TIMEOUT / 2,
+            took >= Duration::from_millis(200) && took < Duration::from_secs(2),
             "{proto:?}: the refusal took {took:?}"
         );
     }

@@ -1,6 +1,7 @@
 //! Ingress connections to actors: pooled per activation, reused under load,
 //! closed when idle and when their activation ends. Connections are counted
-//! where the actor accepts them, not by atunnel's own counters.
+//! where the actor accepts them; atunnel's own counter (for /stats) is
+//! checked against that count.
 
 use atunnel_support::prelude::*;
 use std::sync::Arc;
@@ -142,8 +143,12 @@ async fn each_activation_has_its_own_connections_closed_when_it_ends() {
     let (actor, mut connections) = counted_http1_actor(|_req| async { answer_ok() }).await;
     running.activate_alpha(&[(80, actor.port())]);
     let mut router = RouterConn::open(&pki, running.https, false).await;
+    // atunnel's counter agrees with the actor, including connections of
+    // activations that have ended.
+    let counted = || running.ingress.stats().new_upstream_connections;
     ok(&mut router).await;
     assert_eq!(connections.accepted(), 1);
+    assert_eq!(counted(), 1);
 
     running.ingress.deactivate("team-a", "alpha", "uid-1").await;
     assert!(
@@ -162,6 +167,7 @@ async fn each_activation_has_its_own_connections_closed_when_it_ends() {
         2,
         "the new activation dials its own connection"
     );
+    assert_eq!(counted(), 2);
 
     // A newer activation replacing uid-2 without a deactivate closes uid-2's
     // connection just the same, and dials its own.
@@ -175,6 +181,7 @@ async fn each_activation_has_its_own_connections_closed_when_it_ends() {
     );
     ok(&mut router).await;
     assert_eq!(connections.accepted(), 3);
+    assert_eq!(counted(), 3);
 }
 
 #[tokio::test]

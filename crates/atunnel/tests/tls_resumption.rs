@@ -148,12 +148,25 @@ async fn resumption_ends_when_the_certificate_expires(
                 client.what,
                 String::from_utf8_lossy(&answer[..answer.len().min(64)])
             ),
-            Err(e) => assert_ne!(
-                e.kind(),
-                io::ErrorKind::TimedOut,
-                "{}: the server should close the connection at once",
-                client.what
-            ),
+            // Closed at once, with nothing served: reset, or closed under
+            // TLS (rustls' no-close_notify error, seen on every listener
+            // here), or a clean end before any byte arrived.
+            Err(e) => {
+                let message = e.to_string();
+                let closed_at_once = match e.kind() {
+                    io::ErrorKind::ConnectionReset => true,
+                    io::ErrorKind::UnexpectedEof => {
+                        !message.starts_with("closed after") || message == r#"closed after """#
+                    }
+                    _ => false,
+                };
+                assert!(
+                    closed_at_once,
+                    "{}: the server should close the connection at once, got {:?}: {e}",
+                    client.what,
+                    e.kind()
+                );
+            }
         }
     }
 }
