@@ -120,7 +120,7 @@ pub struct ConnectServer<H: ConnectHandler> {
     socket: SocketOptions,
     h2: H2Settings,
     hibernation: Arc<Hibernation>,
-    listeners: Arc<ListenerStats>,
+    listeners: ListenerStats,
 }
 
 impl<H: ConnectHandler> ConnectServer<H> {
@@ -137,7 +137,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
             socket,
             h2,
             hibernation,
-            listeners: Arc::default(),
+            listeners: ListenerStats::default(),
         })
     }
 

@@ -135,3 +135,23 @@ pub async fn open_at_once(
         .map(|(i, opened)| opened.unwrap_or_else(|e| panic!("tunnel {i}: {e}")))
         .collect()
 }
+
+/// An egress's tunnel counters, compared as one value.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TunnelCounts {
+    /// Closed at admission with no bytes (inactive or certificate invalid).
+    pub rejected: u64,
+    /// Admitted as tunnels.
+    pub admitted: u64,
+    /// Admitted, then closed because the CONNECT failed.
+    pub failed: u64,
+}
+
+pub fn tunnel_counts(egress: &Egress) -> TunnelCounts {
+    let s = egress.stats();
+    TunnelCounts {
+        rejected: s.rejected_total,
+        admitted: s.tunnels_total,
+        failed: s.open_failed_total,
+    }
+}

@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel::ingress::{ActorDialer, PoolSettings};
+use atunnel::ingress::ActorDialer;
 use atunnel::ingress::{Ingress, IngressConfig, ROUTER_SPIFFE_ID};
 use atunnel_core::BufferPool;
 use atunnel_core::sockopt::SocketOptions;
@@ -96,19 +96,15 @@ impl IngressPki {
         self.path("trust-bundle.pem")
     }
 
-    /// The config tests start from: this PKI's files, production defaults,
+    /// The config tests start from: this PKI's files, production defaults
     /// and a 5 s drain.
     pub fn ingress_config(&self) -> IngressConfig {
         IngressConfig {
-            credential_bundle: self.bundle_path(),
-            trust_bundle: self.trust_path(),
-            allowed_client_id: ROUTER_SPIFFE_ID.to_string(),
-            pools: PoolSettings::default(),
-            socket: SocketOptions::default(),
+            // Autotuned like the network side: the actors here are on
+            // loopback, not behind veth.
             sandbox_socket: SocketOptions::default(),
             drain_timeout: Duration::from_secs(5),
-            hibernate_after: atunnel_tls::hibernate::DEFAULT_AFTER,
-            header_read_timeout: atunnel_connect::limits::HEADER_READ_TIMEOUT,
+            ..IngressConfig::new(self.bundle_path(), self.trust_path())
         }
     }
 

@@ -209,7 +209,7 @@ pub struct Egress {
     stop: CancellationToken,
     counters: Counters,
     /// Every egress listener's figures, together.
-    listener_stats: Arc<ListenerStats>,
+    listener_stats: ListenerStats,
 }
 
 impl Egress {
@@ -221,7 +221,7 @@ impl Egress {
             listeners: TaskTracker::new(),
             stop: CancellationToken::new(),
             counters: Counters::default(),
-            listener_stats: Arc::default(),
+            listener_stats: ListenerStats::default(),
         })
     }
 
@@ -297,10 +297,9 @@ impl Egress {
         dest: Destination,
         cancel: CancellationToken,
     ) {
-        let stats = self.listener_stats.clone();
         let listener = Listener::new(listener, "egress");
         listener
-            .serve(&cancel, &stats, |tcp, _| {
+            .serve(&cancel, &self.listener_stats, |tcp, _| {
                 let Some(activation) = binding.current().filter(|a| a.admits()) else {
                     // Closed with no bytes: inactive, deactivated or expired.
                     self.counters.rejected.fetch_add(1, Ordering::Relaxed);

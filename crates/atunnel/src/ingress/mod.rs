@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atunnel_core::sockopt::SocketOptions;
-use atunnel_core::{BufferPool, Listener, ListenerFigures, ListenerStats};
+use atunnel_core::{BufferPool, Listener, ListenerStats};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -105,7 +105,7 @@ pub struct Ingress {
     routes: Arc<Routes>,
     tls: Arc<rustls::ServerConfig>,
     connect: Arc<ConnectServer<connect::IngressConnect>>,
-    https_listeners: Arc<ListenerStats>,
+    https_listeners: ListenerStats,
     hibernation: Arc<Hibernation>,
     /// The listeners' tasks and the allocator trim, for shutdown to wait on.
     tasks: TaskTracker,
@@ -136,7 +136,7 @@ impl Ingress {
             routes,
             tls,
             connect,
-            https_listeners: Arc::default(),
+            https_listeners: ListenerStats::default(),
             tasks: TaskTracker::new(),
         }))
     }
@@ -160,14 +160,6 @@ impl Ingress {
         (
             self.https_listeners.connection_future_bytes(),
             self.connect.listener_stats().connection_future_bytes,
-        )
-    }
-
-    /// The HTTPS and CONNECT listeners' figures.
-    pub fn listener_stats(&self) -> (ListenerFigures, ListenerFigures) {
-        (
-            self.https_listeners.figures(),
-            self.connect.listener_stats(),
         )
     }
 
