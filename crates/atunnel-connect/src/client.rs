@@ -178,12 +178,25 @@ impl GatewayTunnel {
 }
 
 impl Endpoint for GatewayTunnel {
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.endpoint().poll_readable(cx)
+    }
+    fn poll_send_capacity(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.endpoint().poll_send_capacity(cx)
+    }
+    fn idle(&mut self) {
+        self.endpoint().idle()
+    }
+    fn reads_into_pool(&self) -> bool {
+        matches!(self, GatewayTunnel::H1(_))
+    }
     fn poll_read_chunk(
         &mut self,
         cx: &mut Context<'_>,
         pool: &BufferPool,
+        max: usize,
     ) -> Poll<io::Result<Option<Chunk>>> {
-        self.endpoint().poll_read_chunk(cx, pool)
+        self.endpoint().poll_read_chunk(cx, pool, max)
     }
     fn consumed(&mut self, n: usize) {
         self.endpoint().consumed(n)

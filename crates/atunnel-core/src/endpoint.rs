@@ -51,6 +51,16 @@ impl Chunk {
         }
     }
 
+    /// Copies the unwritten bytes out of a pooled buffer, which goes back to
+    /// the pool; shared bytes stay as they are. True if a buffer went back.
+    pub fn spill(&mut self) -> bool {
+        let pooled = matches!(self, Chunk::Pooled { .. });
+        if pooled {
+            *self = Chunk::Shared(Bytes::copy_from_slice(self.remaining()));
+        }
+        pooled
+    }
+
     /// Splits off the first `n` bytes as `Bytes`. A pooled buffer becomes
     /// shared with its new owner and returns to the pool when the last piece
     /// is dropped.
@@ -71,13 +81,48 @@ impl Chunk {
 }
 
 /// A side of a relay.
+///
+/// The relay asks, in this order, whether the source has bytes
+/// ([`poll_readable`](Self::poll_readable)), whether the destination can
+/// take them now ([`poll_send_capacity`](Self::poll_send_capacity)), and
+/// only then reads: behind a peer that stopped reading, bytes wait in the
+/// source's kernel queue (bounded by its socket buffer) or under HTTP/2 flow
+/// control, and no pooled buffer is held for them.
 pub trait Endpoint {
-    /// The next bytes this side has to give, `None` at end of stream. While
-    /// nothing is readable no buffer is held.
+    /// Ready once a read would make progress (bytes, end of stream or an
+    /// error), holding no buffer. The default cannot tell and says ready.
+    fn poll_readable(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// Ready once this side can take bytes now, with how many at most
+    /// (`usize::MAX` when it cannot tell). HTTP/2 waits for flow-control
+    /// window here; a socket for room in its send queue.
+    fn poll_send_capacity(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        Poll::Ready(Ok(usize::MAX))
+    }
+
+    /// False for a side whose chunks are bytes it has already received
+    /// (HTTP/2 DATA, bounded by the window it granted): the relay takes
+    /// them at once instead of first waiting for the destination, since
+    /// holding them costs nothing more, and a stalled write then means
+    /// bytes really are waiting.
+    fn reads_into_pool(&self) -> bool {
+        true
+    }
+
+    /// The relay waits for new bytes from the other side: give back
+    /// whatever was set aside for them (HTTP/2 returns reserved window to
+    /// its connection, where other streams can use it).
+    fn idle(&mut self) {}
+
+    /// The next bytes this side has to give, at most `max` of them, `None`
+    /// at end of stream. While nothing is readable no buffer is held.
     fn poll_read_chunk(
         &mut self,
         cx: &mut Context<'_>,
         pool: &BufferPool,
+        max: usize,
     ) -> Poll<io::Result<Option<Chunk>>>;
 
     /// `n` bytes this side produced have reached the other side's socket.
@@ -105,6 +150,13 @@ pub trait Endpoint {
 pub trait ReadReady: AsyncRead + AsyncWrite + Unpin {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 
+    /// Ready once a write would take bytes: bytes this stream queued itself
+    /// (TLS records) are out and its socket has room. The default cannot
+    /// tell and says ready.
+    fn poll_write_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
     /// Makes closing the socket under this stream reset the connection (RST,
     /// unsent bytes dropped) instead of ending it with FIN (and, for TLS, no
     /// close_notify is sent). A stream that does not forward this to its
@@ -115,6 +167,11 @@ pub trait ReadReady: AsyncRead + AsyncWrite + Unpin {
 impl ReadReady for TcpStream {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         TcpStream::poll_read_ready(self, cx)
+    }
+
+    /// With `TCP_NOTSENT_LOWAT`, writable once the unsent bytes are below it.
+    fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        TcpStream::poll_write_ready(self, cx)
     }
 
     /// `SO_LINGER` 0: closing sends RST and drops unsent bytes.
@@ -149,6 +206,13 @@ macro_rules! tls_read_ready {
                 io.poll_read_ready(cx)
             }
 
+            /// rustls queues records up to its buffer limit: they go out
+            /// first, then the socket must have room.
+            fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                ready!(Pin::new(&mut *self).poll_flush(cx))?;
+                self.get_mut().0.poll_write_ready(cx)
+            }
+
             fn reset_on_close(&self) {
                 self.get_ref().0.reset_on_close()
             }
@@ -163,20 +227,36 @@ impl<T: ReadReady + ?Sized> ReadReady for Box<T> {
         (**self).poll_read_ready(cx)
     }
 
+    fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        (**self).poll_write_ready(cx)
+    }
+
     fn reset_on_close(&self) {
         (**self).reset_on_close()
     }
 }
 
 impl<T: ReadReady> Endpoint for T {
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_read_ready(cx)
+    }
+
+    fn poll_send_capacity(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        ready!(self.poll_write_ready(cx))?;
+        Poll::Ready(Ok(usize::MAX))
+    }
+
     fn poll_read_chunk(
         &mut self,
         cx: &mut Context<'_>,
         pool: &BufferPool,
+        max: usize,
     ) -> Poll<io::Result<Option<Chunk>>> {
         ready!(self.poll_read_ready(cx))?;
         let mut buf = ready!(pool.poll_acquire(cx));
-        let mut read_buf = ReadBuf::new(buf.as_mut_slice());
+        let slice = buf.as_mut_slice();
+        let len = slice.len().min(max.max(1));
+        let mut read_buf = ReadBuf::new(&mut slice[..len]);
         // On Pending (readiness was spurious, or TLS got only part of a
         // record) the buffer goes straight back to the pool.
         ready!(Pin::new(&mut *self).poll_read(cx, &mut read_buf))?;
@@ -247,11 +327,47 @@ fn h2_to_io(e: h2::Error) -> io::Error {
     io::Error::new(kind, e)
 }
 
+fn closed_for_sending() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::BrokenPipe,
+        "HTTP/2 stream closed for sending",
+    )
+}
+
 impl Endpoint for H2Stream {
+    /// Waits for the peer's flow-control window: asks h2 for up to
+    /// [`MAX_SEND_RESERVE`] and says what it granted, so the relay reads no
+    /// more than can be sent at once and h2 queues nothing.
+    fn poll_send_capacity(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        loop {
+            let capacity = self.send.capacity();
+            if capacity > 0 {
+                return Poll::Ready(Ok(capacity));
+            }
+            self.send.reserve_capacity(MAX_SEND_RESERVE);
+            match ready!(self.send.poll_capacity(cx)) {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
+                None => return Poll::Ready(Err(closed_for_sending())),
+            }
+        }
+    }
+
+    fn reads_into_pool(&self) -> bool {
+        false
+    }
+
+    fn idle(&mut self) {
+        if self.send.capacity() > 0 {
+            self.send.reserve_capacity(0);
+        }
+    }
+
     fn poll_read_chunk(
         &mut self,
         cx: &mut Context<'_>,
         _pool: &BufferPool,
+        _max: usize,
     ) -> Poll<io::Result<Option<Chunk>>> {
         loop {
             return match ready!(self.recv.poll_data(cx)) {
@@ -285,12 +401,7 @@ impl Endpoint for H2Stream {
             match ready!(self.send.poll_capacity(cx)) {
                 Some(Ok(_)) => continue,
                 Some(Err(e)) => return Poll::Ready(Err(h2_to_io(e))),
-                None => {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::BrokenPipe,
-                        "HTTP/2 stream closed for sending",
-                    )));
-                }
+                None => return Poll::Ready(Err(closed_for_sending())),
             }
         }
     }
@@ -321,7 +432,7 @@ pub async fn read_chunk<E: Endpoint + ?Sized>(
     ep: &mut E,
     pool: &BufferPool,
 ) -> io::Result<Option<Chunk>> {
-    std::future::poll_fn(|cx| ep.poll_read_chunk(cx, pool)).await
+    std::future::poll_fn(|cx| ep.poll_read_chunk(cx, pool, usize::MAX)).await
 }
 
 /// Writes all of `chunk` to `ep` and flushes.
@@ -362,10 +473,15 @@ impl<T> WaitBuffered<T> {
 }
 
 impl<T: ReadReady> Endpoint for WaitBuffered<T> {
+    fn poll_send_capacity(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        self.inner.poll_send_capacity(cx)
+    }
+
     fn poll_read_chunk(
         &mut self,
         cx: &mut Context<'_>,
         pool: &BufferPool,
+        max: usize,
     ) -> Poll<io::Result<Option<Chunk>>> {
         if let Some(e) = self.deferred.take() {
             return Poll::Ready(Err(e));
@@ -383,7 +499,9 @@ impl<T: ReadReady> Endpoint for WaitBuffered<T> {
         let mut buf = ready!(pool.poll_acquire(cx));
         let held = std::mem::take(&mut self.held);
         buf.as_mut_slice()[..held].copy_from_slice(&self.wait[..held]);
-        let mut rest = ReadBuf::new(&mut buf.as_mut_slice()[held..]);
+        let slice = buf.as_mut_slice();
+        let room = slice.len().min(max.max(held));
+        let mut rest = ReadBuf::new(&mut slice[held..room]);
         let more = match Pin::new(&mut self.inner).poll_read(cx, &mut rest) {
             Poll::Ready(Ok(())) => rest.filled().len(),
             Poll::Ready(Err(e)) => {

@@ -36,6 +36,7 @@ struct Inner {
     acquired_total: AtomicU64,
     allocated_total: AtomicU64,
     waited_total: AtomicU64,
+    spilled_total: AtomicU64,
 }
 
 #[derive(Default)]
@@ -63,6 +64,9 @@ pub struct PoolStats {
     pub allocated_total: u64,
     /// Borrows that had to wait because `max_buffers` were out.
     pub waited_total: u64,
+    /// Buffers given back by a write blocked behind a peer that stopped
+    /// reading (the unwritten rest copied out; see the relay).
+    pub spilled_total: u64,
 }
 
 impl BufferPool {
@@ -83,6 +87,7 @@ impl BufferPool {
                 acquired_total: AtomicU64::new(0),
                 allocated_total: AtomicU64::new(0),
                 waited_total: AtomicU64::new(0),
+                spilled_total: AtomicU64::new(0),
             }),
         }
     }
@@ -131,6 +136,11 @@ impl BufferPool {
         drop(drained);
     }
 
+    /// Counts a buffer given back by a blocked write.
+    pub(crate) fn count_spill(&self) {
+        self.inner.spilled_total.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn stats(&self) -> PoolStats {
         let inner = &self.inner;
         let idle = inner.free.lock().expect("pool lock poisoned").buffers.len();
@@ -141,6 +151,7 @@ impl BufferPool {
             acquired_total: inner.acquired_total.load(Ordering::Relaxed),
             allocated_total: inner.allocated_total.load(Ordering::Relaxed),
             waited_total: inner.waited_total.load(Ordering::Relaxed),
+            spilled_total: inner.spilled_total.load(Ordering::Relaxed),
         }
     }
 }

@@ -2,16 +2,26 @@
 //!
 //! Both directions are polled from the same future, so a tunnel costs one
 //! task, and a direction holds a buffer only between reading a chunk and
-//! finishing writing it. End of stream on one side becomes a half-close on
-//! the other while the opposite direction keeps flowing; the relay ends when
-//! both directions have ended, or at the first error. A relay that does not
-//! end cleanly (an error, or its future dropped) aborts both sides: a peer
-//! sees a reset, never a clean end of a stream cut short.
+//! finishing writing it. It reads only once the destination can take bytes
+//! ([`Endpoint::poll_send_capacity`]), so bytes behind a peer that stopped
+//! reading wait upstream, under flow control, and a write blocked anyway
+//! gives its pooled buffer back after [`SPILL_AFTER`] (the rest is copied
+//! out). End of stream on one side becomes a half-close on the other while
+//! the opposite direction keeps flowing; the relay ends when both
+//! directions have ended, or at the first error, or at a [`RelayBounds`]
+//! bound: a tunnel that can never finish does not live forever. A relay
+//! that does not end cleanly (an error, a bound, or its future dropped)
+//! aborts both sides: a peer sees a reset, never a clean end of a stream cut
+//! short.
 
 use std::fmt;
 use std::future::{Future, poll_fn};
 use std::io;
+use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
 
 use crate::endpoint::{Chunk, Endpoint};
 use crate::pool::BufferPool;
@@ -19,6 +29,40 @@ use crate::pool::BufferPool;
 /// Chunks one direction may move in one poll before yielding, so a fast
 /// direction cannot starve the other or the runtime.
 const CHUNKS_PER_POLL: usize = 16;
+
+/// How long a write may stay blocked holding a pooled buffer before the
+/// unwritten rest is copied into memory of its own and the buffer goes
+/// back to the pool: a peer that stopped reading must not take a buffer
+/// the other tunnels share. A socket drained by a live reader is writable
+/// again well within this, so a transfer in flight never pays the copy.
+pub const SPILL_AFTER: Duration = Duration::from_millis(20);
+
+/// Default of [`RelayBounds::write_stall`].
+pub const DEFAULT_WRITE_STALL: Duration = Duration::from_secs(60);
+
+/// Default of [`RelayBounds::half_closed_idle`].
+pub const DEFAULT_HALF_CLOSED_IDLE: Duration = Duration::from_secs(60);
+
+/// Bounds on a relay that cannot finish; past either, both sides reset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RelayBounds {
+    /// How long a direction may have bytes to write and write none (its
+    /// destination stopped reading, or grants no HTTP/2 window). Also ends
+    /// a tunnel whose source has closed while its last bytes wait.
+    pub write_stall: Duration,
+    /// How long the open direction may move nothing once the other one
+    /// has ended (a half-closed tunnel left idle).
+    pub half_closed_idle: Duration,
+}
+
+impl Default for RelayBounds {
+    fn default() -> Self {
+        Self {
+            write_stall: DEFAULT_WRITE_STALL,
+            half_closed_idle: DEFAULT_HALF_CLOSED_IDLE,
+        }
+    }
+}
 
 /// Bytes moved in each direction.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,6 +83,10 @@ pub enum Op {
     Write,
     Flush,
     CloseWrite,
+    /// A write made no progress for [`RelayBounds::write_stall`].
+    StalledWrite,
+    /// Half-closed and idle for [`RelayBounds::half_closed_idle`].
+    HalfClosedIdle,
 }
 
 /// Why a relay stopped early; carries the bytes moved until then.
@@ -50,6 +98,13 @@ pub struct RelayError {
     pub stats: RelayStats,
     #[source]
     pub source: io::Error,
+}
+
+impl RelayError {
+    /// True when a [`RelayBounds`] bound ended the relay.
+    pub fn is_bound(&self) -> bool {
+        matches!(self.op, Op::StalledWrite | Op::HalfClosedIdle)
+    }
 }
 
 enum State {
@@ -76,6 +131,9 @@ struct Direction {
     /// Written since the last flush: flush before waiting on the source again,
     /// or TLS would hold the tail of a burst.
     unflushed: bool,
+    /// Since when bytes have been waiting for the destination (its window
+    /// or its socket), with nothing written.
+    blocked_since: Option<Instant>,
 }
 
 /// An error from one direction: which end (source or destination) and what.
@@ -91,6 +149,7 @@ impl Direction {
             state: State::Reading,
             bytes: 0,
             unflushed: false,
+            blocked_since: None,
         }
     }
 
@@ -98,13 +157,44 @@ impl Direction {
         matches!(self.state, State::Done)
     }
 
+    fn blocked(&mut self) {
+        if self.blocked_since.is_none() {
+            self.blocked_since = Some(Instant::now());
+        }
+    }
+
+    /// When this direction's pooled buffer should be spilled, if it holds one
+    /// behind a blocked write.
+    fn spill_at(&self) -> Option<Instant> {
+        match (&self.state, self.blocked_since) {
+            (
+                State::Writing {
+                    chunk: Chunk::Pooled { .. },
+                    ..
+                },
+                Some(t),
+            ) => Some(t + SPILL_AFTER),
+            _ => None,
+        }
+    }
+
+    fn spill(&mut self, pool: &BufferPool) {
+        if let State::Writing { chunk, .. } = &mut self.state
+            && chunk.spill()
+        {
+            pool.count_spill();
+        }
+    }
+
+    /// Moves what it can; `Ok(moved)` with the chunks written when it has to
+    /// wait.
     fn poll<S: Endpoint + ?Sized, D: Endpoint + ?Sized>(
         &mut self,
         cx: &mut Context<'_>,
         src: &mut S,
         dst: &mut D,
         pool: &BufferPool,
-    ) -> Poll<Result<(), DirError>> {
+    ) -> Poll<Result<usize, DirError>> {
         let dst_err = |op| {
             move |err| DirError {
                 at_source: false,
@@ -112,38 +202,64 @@ impl Direction {
                 err,
             }
         };
+        let src_err = |err| DirError {
+            at_source: true,
+            op: Op::Read,
+            err,
+        };
         let mut moved = 0;
         loop {
             match &mut self.state {
                 State::Reading => {
                     if moved == CHUNKS_PER_POLL {
                         cx.waker().wake_by_ref();
-                        return Poll::Pending;
+                        return Poll::Ready(Ok(moved));
                     }
-                    match src.poll_read_chunk(cx, pool) {
+                    // No buffer until the source has bytes and the
+                    // destination room for them.
+                    let read = match src.poll_readable(cx) {
+                        Poll::Ready(Ok(())) if !src.reads_into_pool() => {
+                            src.poll_read_chunk(cx, pool, usize::MAX)
+                        }
+                        Poll::Ready(Ok(())) => match dst.poll_send_capacity(cx) {
+                            Poll::Ready(Ok(room)) => src.poll_read_chunk(cx, pool, room),
+                            Poll::Ready(Err(e)) => return Poll::Ready(Err(dst_err(Op::Write)(e))),
+                            Poll::Pending => {
+                                self.blocked();
+                                return Poll::Ready(Ok(moved));
+                            }
+                        },
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(src_err(e))),
+                        Poll::Pending => Poll::Pending,
+                    };
+                    match read {
                         Poll::Pending => {
+                            // Waiting on the source is not a stalled write.
+                            self.blocked_since = None;
+                            dst.idle();
                             if self.unflushed {
                                 ready!(dst.poll_flush(cx)).map_err(dst_err(Op::Flush))?;
                                 self.unflushed = false;
                             }
-                            return Poll::Pending;
+                            return Poll::Ready(Ok(moved));
                         }
                         Poll::Ready(Ok(Some(chunk))) => {
                             let len = chunk.len();
                             self.state = State::Writing { chunk, len };
                         }
                         Poll::Ready(Ok(None)) => self.state = State::Closing,
-                        Poll::Ready(Err(err)) => {
-                            return Poll::Ready(Err(DirError {
-                                at_source: true,
-                                op: Op::Read,
-                                err,
-                            }));
-                        }
+                        Poll::Ready(Err(err)) => return Poll::Ready(Err(src_err(err))),
                     }
                 }
                 State::Writing { chunk, len } => {
-                    ready!(dst.poll_write_chunk(cx, chunk)).map_err(dst_err(Op::Write))?;
+                    match dst.poll_write_chunk(cx, chunk) {
+                        Poll::Ready(r) => r.map_err(dst_err(Op::Write))?,
+                        Poll::Pending => {
+                            self.blocked();
+                            return Poll::Ready(Ok(moved));
+                        }
+                    }
+                    self.blocked_since = None;
                     if chunk.is_empty() {
                         let len = *len;
                         // Drops the chunk: a pooled buffer goes back now.
@@ -155,11 +271,18 @@ impl Direction {
                     }
                 }
                 State::Closing => {
-                    ready!(dst.poll_close_write(cx)).map_err(dst_err(Op::CloseWrite))?;
+                    match dst.poll_close_write(cx) {
+                        Poll::Ready(r) => r.map_err(dst_err(Op::CloseWrite))?,
+                        Poll::Pending => {
+                            self.blocked();
+                            return Poll::Ready(Ok(moved));
+                        }
+                    }
+                    self.blocked_since = None;
                     self.unflushed = false;
                     self.state = State::Done;
                 }
-                State::Done => return Poll::Ready(Ok(())),
+                State::Done => return Poll::Ready(Ok(moved)),
             }
         }
     }
@@ -182,16 +305,57 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> Drop for Sides<'_, A, B> {
     }
 }
 
-/// Relays between `a` and `b` until both directions have ended.
-///
-/// Unless it ends cleanly, both sides are aborted ([`Endpoint::abort`]): on
-/// an error, and when the returned future is dropped first (cancelled, its
-/// task aborted, its server shutting down), polled or not. Dropping it also
-/// drops any chunk in flight, which returns its buffer to `pool`.
+/// The relay's one timer, boxed and made only while a bound or a spill is
+/// pending: an idle tunnel holds none.
+#[derive(Default)]
+struct Timer(Option<Pin<Box<Sleep>>>);
+
+impl Timer {
+    /// Polls a timer set to `at` (none: dropped); ready once `at` passed.
+    fn poll(&mut self, cx: &mut Context<'_>, at: Option<Instant>) -> Poll<()> {
+        let Some(at) = at else {
+            self.0 = None;
+            return Poll::Pending;
+        };
+        let sleep = match &mut self.0 {
+            Some(sleep) => {
+                if sleep.deadline() != at {
+                    sleep.as_mut().reset(at);
+                }
+                sleep
+            }
+            none => none.insert(Box::pin(tokio::time::sleep_until(at))),
+        };
+        sleep.as_mut().poll(cx)
+    }
+}
+
+/// Relays between `a` and `b` until both directions have ended, within
+/// the default [`RelayBounds`].
 pub fn relay<'a, A, B>(
     a: &'a mut A,
     b: &'a mut B,
     pool: &'a BufferPool,
+) -> impl Future<Output = Result<RelayStats, RelayError>>
+where
+    A: Endpoint + ?Sized,
+    B: Endpoint + ?Sized,
+{
+    relay_within(a, b, pool, RelayBounds::default())
+}
+
+/// Relays between `a` and `b` until both directions have ended.
+///
+/// Unless it ends cleanly, both sides are aborted ([`Endpoint::abort`]): on
+/// an error, at a bound, and when the returned future is dropped first
+/// (cancelled, its task aborted, its server shutting down), polled or not.
+/// Dropping it also drops any chunk in flight, which returns its buffer to
+/// `pool`.
+pub fn relay_within<'a, A, B>(
+    a: &'a mut A,
+    b: &'a mut B,
+    pool: &'a BufferPool,
+    bounds: RelayBounds,
 ) -> impl Future<Output = Result<RelayStats, RelayError>>
 where
     A: Endpoint + ?Sized,
@@ -204,23 +368,92 @@ where
         let mut sides = sides;
         let mut a_to_b = Direction::new();
         let mut b_to_a = Direction::new();
+        let mut timer = Timer::default();
+        // Since when one direction has ended and the other moved nothing.
+        let mut half_closed_since: Option<Instant> = None;
         let result = poll_fn(|cx| {
             let stats = |x: &Direction, y: &Direction| RelayStats {
                 a_to_b: x.bytes,
                 b_to_a: y.bytes,
             };
-            if let Poll::Ready(Err(e)) = a_to_b.poll(cx, sides.a, sides.b, pool) {
-                let side = if e.at_source { Side::A } else { Side::B };
-                return Poll::Ready(Err((side, e, stats(&a_to_b, &b_to_a))));
-            }
-            if let Poll::Ready(Err(e)) = b_to_a.poll(cx, sides.b, sides.a, pool) {
-                let side = if e.at_source { Side::B } else { Side::A };
-                return Poll::Ready(Err((side, e, stats(&a_to_b, &b_to_a))));
-            }
-            if a_to_b.is_done() && b_to_a.is_done() {
-                Poll::Ready(Ok(stats(&a_to_b, &b_to_a)))
-            } else {
-                Poll::Pending
+            loop {
+                let moved = match a_to_b.poll(cx, sides.a, sides.b, pool) {
+                    Poll::Ready(Ok(n)) => n,
+                    Poll::Ready(Err(e)) => {
+                        let side = if e.at_source { Side::A } else { Side::B };
+                        return Poll::Ready(Err((side, e, stats(&a_to_b, &b_to_a))));
+                    }
+                    Poll::Pending => 0,
+                };
+                let moved = moved
+                    + match b_to_a.poll(cx, sides.b, sides.a, pool) {
+                        Poll::Ready(Ok(n)) => n,
+                        Poll::Ready(Err(e)) => {
+                            let side = if e.at_source { Side::B } else { Side::A };
+                            return Poll::Ready(Err((side, e, stats(&a_to_b, &b_to_a))));
+                        }
+                        Poll::Pending => 0,
+                    };
+                match (a_to_b.is_done(), b_to_a.is_done()) {
+                    (true, true) => return Poll::Ready(Ok(stats(&a_to_b, &b_to_a))),
+                    (false, false) => half_closed_since = None,
+                    _ if moved > 0 || half_closed_since.is_none() => {
+                        half_closed_since = Some(Instant::now())
+                    }
+                    _ => {}
+                }
+                let stall = [a_to_b.blocked_since, b_to_a.blocked_since]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .map(|t| t + bounds.write_stall);
+                let idle = half_closed_since.map(|t| t + bounds.half_closed_idle);
+                let spill = a_to_b.spill_at().into_iter().chain(b_to_a.spill_at()).min();
+                let next = [stall, idle, spill].into_iter().flatten().min();
+                if timer.poll(cx, next).is_pending() {
+                    return Poll::Pending;
+                }
+                // The timer fired, so `next` is due, whatever the clock reads.
+                let now = next.map_or_else(Instant::now, |t| t.max(Instant::now()));
+                let bound = |op, side, what: &str| {
+                    let e = DirError {
+                        at_source: false,
+                        op,
+                        err: io::Error::new(io::ErrorKind::TimedOut, what.to_string()),
+                    };
+                    Poll::Ready(Err((side, e, stats(&a_to_b, &b_to_a))))
+                };
+                if stall.is_some_and(|t| t <= now) {
+                    let side = if a_to_b
+                        .blocked_since
+                        .is_some_and(|t| t + bounds.write_stall <= now)
+                    {
+                        Side::B
+                    } else {
+                        Side::A
+                    };
+                    return bound(
+                        Op::StalledWrite,
+                        side,
+                        &format!("no byte written for {:?}", bounds.write_stall),
+                    );
+                }
+                if idle.is_some_and(|t| t <= now) {
+                    // The side whose bytes never came.
+                    let side = if a_to_b.is_done() { Side::B } else { Side::A };
+                    return bound(
+                        Op::HalfClosedIdle,
+                        side,
+                        &format!("half-closed and idle for {:?}", bounds.half_closed_idle),
+                    );
+                }
+                // Neither bound was due, so a spill was.
+                for d in [&mut a_to_b, &mut b_to_a] {
+                    if d.spill_at().is_some_and(|t| t <= now) {
+                        d.spill(pool);
+                    }
+                }
+                // A spill came due: poll again, with the timer re-set.
             }
         })
         .await;
@@ -250,6 +483,7 @@ mod tests {
             &mut self,
             _: &mut Context<'_>,
             _: &BufferPool,
+            _: usize,
         ) -> Poll<io::Result<Option<Chunk>>> {
             Poll::Ready(Ok(None))
         }
@@ -280,5 +514,145 @@ mod tests {
         let stats = relay(&mut a, &mut b, &pool).await.expect("both ended");
         assert_eq!(stats, RelayStats::default());
         assert_eq!((a.aborts, b.aborts), (0, 0), "ended cleanly");
+    }
+
+    /// Gives one pooled chunk of `len` bytes, then waits forever.
+    struct OneChunk {
+        len: usize,
+        given: bool,
+    }
+
+    impl Endpoint for OneChunk {
+        fn poll_read_chunk(
+            &mut self,
+            cx: &mut Context<'_>,
+            pool: &BufferPool,
+            max: usize,
+        ) -> Poll<io::Result<Option<Chunk>>> {
+            if self.given {
+                return Poll::Pending;
+            }
+            let mut buf = ready!(pool.poll_acquire(cx));
+            let end = self.len.min(max).min(buf.as_mut_slice().len());
+            for (i, b) in buf.as_mut_slice()[..end].iter_mut().enumerate() {
+                *b = i as u8;
+            }
+            self.given = true;
+            Poll::Ready(Ok(Some(Chunk::Pooled { buf, start: 0, end })))
+        }
+        fn poll_write_chunk(&mut self, _: &mut Context<'_>, _: &mut Chunk) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+        fn poll_flush(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_close_write(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Pending
+        }
+    }
+
+    /// Says it has room, then takes nothing until opened; keeps what it took.
+    #[derive(Default)]
+    struct Gate {
+        open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        waker: std::sync::Arc<std::sync::Mutex<Option<std::task::Waker>>>,
+        got: Vec<u8>,
+        aborted: bool,
+    }
+
+    impl Endpoint for Gate {
+        fn poll_read_chunk(
+            &mut self,
+            _: &mut Context<'_>,
+            _: &BufferPool,
+            _: usize,
+        ) -> Poll<io::Result<Option<Chunk>>> {
+            Poll::Pending
+        }
+        fn poll_write_chunk(
+            &mut self,
+            cx: &mut Context<'_>,
+            chunk: &mut Chunk,
+        ) -> Poll<io::Result<()>> {
+            if !self.open.load(std::sync::atomic::Ordering::SeqCst) {
+                *self.waker.lock().expect("lock") = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            self.got.extend_from_slice(chunk.remaining());
+            chunk.advance(chunk.len());
+            Poll::Ready(Ok(()))
+        }
+        fn poll_flush(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_close_write(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn abort(&mut self) {
+            self.aborted = true;
+        }
+    }
+
+    /// A write blocked for SPILL_AFTER gives its pooled buffer back with
+    /// its bytes copied out; they are all written once the destination
+    /// takes bytes again. Blocked for `write_stall`, the relay ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_blocked_write_spills_its_buffer_and_loses_nothing() {
+        let pool = BufferPool::new(4096, 4, 4);
+        let mut src = OneChunk {
+            len: 1000,
+            given: false,
+        };
+        let mut dst = Gate::default();
+        let (open, waker) = (dst.open.clone(), dst.waker.clone());
+        let bounds = RelayBounds {
+            write_stall: Duration::from_secs(10),
+            half_closed_idle: Duration::from_secs(10),
+        };
+        {
+            let mut relay = std::pin::pin!(relay_within(&mut src, &mut dst, &pool, bounds));
+            let mut poll_once = || {
+                let waker = std::task::Waker::noop();
+                relay
+                    .as_mut()
+                    .poll(&mut Context::from_waker(waker))
+                    .is_pending()
+            };
+            assert!(poll_once());
+            assert_eq!(pool.stats().in_use, 1, "the chunk waits in its buffer");
+            tokio::time::advance(SPILL_AFTER).await;
+            assert!(poll_once());
+            let s = pool.stats();
+            assert_eq!((s.in_use, s.spilled_total), (0, 1), "spilled: {s:?}");
+            open.store(true, std::sync::atomic::Ordering::SeqCst);
+            if let Some(w) = waker.lock().expect("lock").take() {
+                w.wake();
+            }
+            assert!(poll_once());
+        }
+        let want: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        assert_eq!(dst.got, want);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_blocked_past_the_bound_ends_the_relay_and_aborts_both() {
+        let pool = BufferPool::new(4096, 4, 4);
+        let mut src = OneChunk {
+            len: 1000,
+            given: false,
+        };
+        let mut dst = Gate::default();
+        let bounds = RelayBounds {
+            write_stall: Duration::from_secs(10),
+            half_closed_idle: Duration::from_secs(10),
+        };
+        let t0 = Instant::now();
+        let err = relay_within(&mut src, &mut dst, &pool, bounds)
+            .await
+            .expect_err("the bound");
+        assert_eq!((err.op, err.side), (Op::StalledWrite, Side::B));
+        assert_eq!(t0.elapsed(), Duration::from_secs(10));
+        assert!(dst.aborted);
+        assert_eq!(pool.stats().in_use, 0);
     }
 }

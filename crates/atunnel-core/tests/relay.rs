@@ -255,22 +255,25 @@ async fn idle_tunnels_hold_no_buffer() {
     }
 }
 
-/// A tunnel whose reader stopped holds exactly the buffer it could not write.
+/// A tunnel whose reader stopped: it holds no pooled buffer (it read
+/// only what b's socket had room for, or gave back the buffer of a write
+/// left blocked).
 async fn stalled(pool: &BufferPool) -> Relayed {
     let (mut a, b, task) = relayed(pool).await;
     let payload = vec![1u8; 64 << 20];
-    // b never reads: the kernel queues fill and the relay is left holding a chunk.
+    // b never reads: the kernel queues fill and the write cannot finish.
     let write = a.write_all(&payload);
-    let _ = tokio::time::timeout(Duration::from_millis(500), write).await;
-    until("the relay holds the chunk it cannot write", || {
-        pool.stats().in_use == 1
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), write)
+            .await
+            .is_err(),
+        "64 MiB fit in the kernel's queues: nothing stalled"
+    );
+    until("a stalled direction holds no buffer", || {
+        pool.stats().in_use == 0
     })
     .await;
-    assert_eq!(
-        pool.stats().in_use,
-        1,
-        "a stalled direction holds one buffer"
-    );
+    assert!(!task.is_finished(), "the relay waits for b");
     (a, b, task)
 }
 
@@ -622,4 +625,64 @@ async fn a_relay_to_tcp_resets_it_when_dropped_and_closes_cleanly_when_done() {
         .await
         .expect("a clean end is FIN, not a reset");
     assert!(got == data, "{} of {QUEUED} bytes arrived", got.len());
+}
+
+/// An upload to an HTTP/2 peer that grants window and never reads holds
+/// no pooled buffer: the relay reads only what the window lets it send,
+/// and the rest waits in the actor's socket, under TCP flow control.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_waiting_for_http2_window_holds_no_buffer() {
+    const WINDOW: u32 = 64 * 1024;
+    let pool = BufferPool::default();
+    let (h2_client_io, h2_server_io) = tcp_pair().await;
+    let (got_tx, got_rx) = tokio::sync::oneshot::channel::<usize>();
+    let peer = tokio::spawn(async move {
+        let mut conn = h2::server::Builder::new()
+            .initial_window_size(WINDOW)
+            .initial_connection_window_size(1 << 30)
+            .handshake::<_, bytes::Bytes>(h2_server_io)
+            .await
+            .expect("server handshake");
+        let (req, mut respond) = conn.accept().await.expect("a stream").expect("stream ok");
+        let _send = respond
+            .send_response(http::Response::new(()), false)
+            .expect("200");
+        let mut recv = req.into_body();
+        // Takes the window's worth without releasing any of it.
+        let drive = tokio::spawn(async move { while conn.accept().await.is_some() {} });
+        let mut got = 0;
+        while got < WINDOW as usize {
+            got += recv.data().await.expect("data").expect("data ok").len();
+        }
+        got_tx.send(got).expect("test waiting");
+        drive.await.expect("connection");
+    });
+    let (mut stream, _client_conn) = connect_stream(h2_client_io).await;
+    let (actor, mut inner) = tcp_pair().await;
+    let relay_pool = pool.clone();
+    let tunnel = tokio::spawn(async move { relay(&mut inner, &mut stream, &relay_pool).await });
+    let (_actor_r, mut actor_w) = actor.into_split();
+    let writer = tokio::spawn(async move {
+        let block = vec![5u8; 1 << 20];
+        while actor_w.write_all(&block).await.is_ok() {}
+    });
+    assert_eq!(
+        got_rx.await.expect("peer"),
+        WINDOW as usize,
+        "the window's worth arrived"
+    );
+    let acquired = pool.stats().acquired_total;
+    assert!(acquired > 0, "the relay read through the pool");
+    until("the stalled upload holds no buffer", || {
+        pool.stats().in_use == 0
+    })
+    .await;
+    // Still waiting, holding nothing: the next read waits for window.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let s = pool.stats();
+    assert_eq!((s.in_use, s.spilled_total), (0, 0), "{s:?}");
+    assert!(!tunnel.is_finished());
+    tunnel.abort();
+    writer.abort();
+    peer.abort();
 }

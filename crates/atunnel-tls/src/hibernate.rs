@@ -338,6 +338,10 @@ impl ReadReady for ActivityIo {
         r
     }
 
+    fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.inner.poll_write_ready(cx)
+    }
+
     fn reset_on_close(&self) {
         self.inner.reset_on_close()
     }

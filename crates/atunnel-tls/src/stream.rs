@@ -124,6 +124,10 @@ impl ReadReady for RecordTracking {
         self.tcp.poll_read_ready(cx)
     }
 
+    fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.tcp.poll_write_ready(cx)
+    }
+
     fn reset_on_close(&self) {
         self.tcp.reset_on_close()
     }
@@ -477,6 +481,18 @@ impl ReadReady for ServerTls {
                     return Poll::Ready(Ok(()));
                 }
                 r.tcp.poll_read_ready(cx)
+            }
+            Self::Lost => Poll::Ready(Err(lost())),
+        }
+    }
+
+    /// Sealed records still queued go out first, then the socket must have room.
+    fn poll_write_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Self::Rustls(tls) => tls.poll_write_ready(cx),
+            Self::Records(r) => {
+                ready!(Pin::new(&mut **r).poll_flush(cx))?;
+                r.tcp.poll_write_ready(cx)
             }
             Self::Lost => Poll::Ready(Err(lost())),
         }
