@@ -10,11 +10,16 @@ pub mod alloc;
 pub mod endpoint;
 pub mod listener;
 pub mod original_dst;
+pub mod overload;
 pub mod pool;
 pub mod relay;
 pub mod sockopt;
 
 pub use endpoint::{Chunk, Endpoint, H2Stream};
 pub use listener::{Listener, ListenerFigures, ListenerStats};
+pub use overload::{
+    OverloadConfig, OverloadFigures, OverloadGuard, OverloadState, Overloaded, Resource, Shed,
+    ShedAction,
+};
 pub use pool::{BufferPool, PoolStats, PooledBuf};
 pub use relay::{RelayError, RelayStats, relay};
