@@ -336,7 +336,7 @@ fn closed_for_sending() -> io::Error {
 
 impl Endpoint for H2Stream {
     /// Waits for the peer's flow-control window: asks h2 for up to
-    /// [`MAX_SEND_RESERVE`] and says what it granted, so the relay reads no
+    /// `MAX_SEND_RESERVE` and says what it granted, so the relay reads no
     /// more than can be sent at once and h2 queues nothing.
     fn poll_send_capacity(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         loop {

@@ -21,5 +21,5 @@ pub use overload::{
     OverloadConfig, OverloadFigures, OverloadGuard, OverloadState, Overloaded, Resource, Shed,
     ShedAction,
 };
-pub use pool::{BufferPool, PoolStats, PooledBuf};
+pub use pool::{BufferPool, PoolStats, PooledBuf, ShareStats};
 pub use relay::{RelayError, RelayStats, relay};

@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 
 /// Default buffer size: 32 KiB matches a TLS record's worth of plaintext twice
 /// over and is what the reference copies with.
@@ -21,10 +21,58 @@ pub const DEFAULT_MAX_BUFFERS: usize = 4096;
 /// Default number of free buffers kept for reuse (2 MiB at 32 KiB).
 pub const DEFAULT_MAX_IDLE: usize = 64;
 
-/// Shared pool handle; cheap to clone.
+/// Shared pool handle; cheap to clone. A handle made by
+/// [`BufferPool::share`] also counts against its share's own cap.
 #[derive(Clone)]
 pub struct BufferPool {
     inner: Arc<Inner>,
+    share: Option<Arc<Share>>,
+}
+
+/// One borrower's part of a pool (an actor's): at most `max` of its
+/// buffers out at once. Past it, that borrower waits while every other
+/// keeps borrowing, so no one of them can take the whole pool.
+struct Share {
+    max: usize,
+    in_use: AtomicUsize,
+    waited_total: AtomicU64,
+    waiters: Mutex<Vec<Waker>>,
+}
+
+impl Share {
+    /// Takes a place, or registers `cx` to be woken when one frees.
+    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut waiters = self.waiters.lock().expect("share lock poisoned");
+        if self.in_use.load(Ordering::Relaxed) >= self.max {
+            self.waited_total.fetch_add(1, Ordering::Relaxed);
+            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                waiters.push(cx.waker().clone());
+            }
+            return Poll::Pending;
+        }
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        Poll::Ready(())
+    }
+
+    fn give_back(&self) {
+        let waiters = {
+            let mut waiters = self.waiters.lock().expect("share lock poisoned");
+            self.in_use.fetch_sub(1, Ordering::Relaxed);
+            std::mem::take(&mut *waiters)
+        };
+        for w in waiters {
+            w.wake();
+        }
+    }
+}
+
+/// A share's figures, for /stats.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ShareStats {
+    pub in_use: usize,
+    pub max: usize,
+    /// Borrows that waited because this share's cap was out.
+    pub waited_total: u64,
 }
 
 struct Inner {
@@ -89,7 +137,32 @@ impl BufferPool {
                 waited_total: AtomicU64::new(0),
                 spilled_total: AtomicU64::new(0),
             }),
+            share: None,
         }
+    }
+
+    /// A handle on the same buffers whose borrows also count against a
+    /// share of their own, at most `max` out at once (each call makes a
+    /// new share).
+    pub fn share(&self, max: usize) -> BufferPool {
+        BufferPool {
+            inner: self.inner.clone(),
+            share: Some(Arc::new(Share {
+                max: max.max(1),
+                in_use: AtomicUsize::new(0),
+                waited_total: AtomicU64::new(0),
+                waiters: Mutex::new(Vec::new()),
+            })),
+        }
+    }
+
+    /// This handle's share, if it has one.
+    pub fn share_stats(&self) -> Option<ShareStats> {
+        self.share.as_ref().map(|s| ShareStats {
+            in_use: s.in_use.load(Ordering::Relaxed),
+            max: s.max,
+            waited_total: s.waited_total.load(Ordering::Relaxed),
+        })
     }
 
     pub fn buffer_size(&self) -> usize {
@@ -98,12 +171,19 @@ impl BufferPool {
 
     /// Borrows a buffer, or registers `cx` to be woken when one is returned.
     pub fn poll_acquire(&self, cx: &mut Context<'_>) -> Poll<PooledBuf> {
+        if let Some(share) = &self.share {
+            ready!(share.poll_take(cx));
+        }
         let inner = &self.inner;
         let mut free = inner.free.lock().expect("pool lock poisoned");
         if inner.in_use.load(Ordering::Relaxed) >= inner.max_buffers {
             inner.waited_total.fetch_add(1, Ordering::Relaxed);
             if !free.waiters.iter().any(|w| w.will_wake(cx.waker())) {
                 free.waiters.push(cx.waker().clone());
+            }
+            drop(free);
+            if let Some(share) = &self.share {
+                share.give_back();
             }
             return Poll::Pending;
         }
@@ -118,6 +198,7 @@ impl BufferPool {
         Poll::Ready(PooledBuf {
             buf: Some(buf),
             pool: self.inner.clone(),
+            share: self.share.clone(),
         })
     }
 
@@ -174,6 +255,7 @@ impl std::fmt::Debug for BufferPool {
 pub struct PooledBuf {
     buf: Option<Box<[u8]>>,
     pool: Arc<Inner>,
+    share: Option<Arc<Share>>,
 }
 
 impl PooledBuf {
@@ -191,6 +273,9 @@ impl AsRef<[u8]> for PooledBuf {
 impl Drop for PooledBuf {
     fn drop(&mut self) {
         let Some(buf) = self.buf.take() else { return };
+        if let Some(share) = &self.share {
+            share.give_back();
+        }
         let inner = &self.pool;
         let mut free = inner.free.lock().expect("pool lock poisoned");
         inner.in_use.fetch_sub(1, Ordering::Relaxed);
@@ -349,5 +434,35 @@ mod tests {
             v.push(pool.acquire().await);
         }
         v
+    }
+
+    /// A share at its cap waits while another share and the plain pool
+    /// borrow on; a buffer it gives back wakes it and it borrows again.
+    #[test]
+    fn a_share_at_its_cap_waits_alone() {
+        let pool = BufferPool::new(1024, 16, 16);
+        let (greedy, other) = (pool.share(2), pool.share(2));
+        let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(counter.clone());
+        let mut cx = Context::from_waker(&waker);
+        let ready = |p: Poll<PooledBuf>| match p {
+            Poll::Ready(b) => b,
+            Poll::Pending => panic!("should have borrowed"),
+        };
+        let first = ready(greedy.poll_acquire(&mut cx));
+        let _second = ready(greedy.poll_acquire(&mut cx));
+        assert!(greedy.poll_acquire(&mut cx).is_pending(), "past its cap");
+        let _others = [
+            ready(other.poll_acquire(&mut cx)),
+            ready(pool.poll_acquire(&mut cx)),
+        ];
+        assert_eq!(pool.stats().in_use, 4);
+        let s = greedy.share_stats().expect("a share");
+        assert_eq!((s.in_use, s.max, s.waited_total), (2, 2, 1));
+        drop(first);
+        assert_eq!(counter.0.load(Ordering::SeqCst), 1, "the waiter woke");
+        let _third = ready(greedy.poll_acquire(&mut cx));
+        assert_eq!(greedy.share_stats().map(|s| s.in_use), Some(2));
+        assert_eq!(pool.share_stats(), None);
     }
 }

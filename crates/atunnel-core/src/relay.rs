@@ -131,9 +131,11 @@ struct Direction {
     /// Written since the last flush: flush before waiting on the source again,
     /// or TLS would hold the tail of a burst.
     unflushed: bool,
-    /// Since when bytes have been waiting for the destination (its window
-    /// or its socket), with nothing written.
-    blocked_since: Option<Instant>,
+    /// Bytes are waiting for the destination (its window or its socket)
+    /// and none were written since; the relay's [`Clocks`] time it.
+    blocked: bool,
+    /// Some bytes were written since the relay last looked.
+    wrote: bool,
 }
 
 /// An error from one direction: which end (source or destination) and what.
@@ -149,8 +151,14 @@ impl Direction {
             state: State::Reading,
             bytes: 0,
             unflushed: false,
-            blocked_since: None,
+            blocked: false,
+            wrote: false,
         }
+    }
+
+    /// (blocked now, wrote since the last call).
+    fn take_progress(&mut self) -> (bool, bool) {
+        (self.blocked, std::mem::take(&mut self.wrote))
     }
 
     fn is_done(&self) -> bool {
@@ -158,15 +166,13 @@ impl Direction {
     }
 
     fn blocked(&mut self) {
-        if self.blocked_since.is_none() {
-            self.blocked_since = Some(Instant::now());
-        }
+        self.blocked = true;
     }
 
-    /// When this direction's pooled buffer should be spilled, if it holds one
-    /// behind a blocked write.
-    fn spill_at(&self) -> Option<Instant> {
-        match (&self.state, self.blocked_since) {
+    /// When this direction's pooled buffer should be spilled, if it holds
+    /// one behind a write blocked since `since`.
+    fn spill_at(&self, since: Option<Instant>) -> Option<Instant> {
+        match (&self.state, since) {
             (
                 State::Writing {
                     chunk: Chunk::Pooled { .. },
@@ -235,7 +241,7 @@ impl Direction {
                     match read {
                         Poll::Pending => {
                             // Waiting on the source is not a stalled write.
-                            self.blocked_since = None;
+                            self.blocked = false;
                             dst.idle();
                             if self.unflushed {
                                 ready!(dst.poll_flush(cx)).map_err(dst_err(Op::Flush))?;
@@ -259,7 +265,8 @@ impl Direction {
                             return Poll::Ready(Ok(moved));
                         }
                     }
-                    self.blocked_since = None;
+                    self.blocked = false;
+                    self.wrote = true;
                     if chunk.is_empty() {
                         let len = *len;
                         // Drops the chunk: a pooled buffer goes back now.
@@ -278,7 +285,7 @@ impl Direction {
                             return Poll::Ready(Ok(moved));
                         }
                     }
-                    self.blocked_since = None;
+                    self.blocked = false;
                     self.unflushed = false;
                     self.state = State::Done;
                 }
@@ -305,28 +312,105 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> Drop for Sides<'_, A, B> {
     }
 }
 
-/// The relay's one timer, boxed and made only while a bound or a spill is
-/// pending: an idle tunnel holds none.
+/// How long a relay with nothing to time keeps its [`Clocks`]: a tunnel
+/// moving bytes reuses them (a write blocked between chunks costs no
+/// allocation), an idle one gives them back.
+const CLOCKS_KEPT: Duration = Duration::from_secs(1);
+
+/// The relay's timing: when each direction's write blocked, since when it
+/// is half-closed and idle, and the one timer for the next deadline.
+/// Boxed, made at the first blocked write or half-close and dropped once
+/// the relay has had nothing to time for [`CLOCKS_KEPT`]: an idle tunnel
+/// holds none of it.
+struct Clocks {
+    blocked_since: [Option<Instant>; 2],
+    half_closed_since: Option<Instant>,
+    sleep: Pin<Box<Sleep>>,
+    /// The timer counts down [`CLOCKS_KEPT`], not a deadline.
+    releasing: bool,
+}
+
 #[derive(Default)]
-struct Timer(Option<Pin<Box<Sleep>>>);
+struct Timer(Option<Box<Clocks>>);
 
 impl Timer {
-    /// Polls a timer set to `at` (none: dropped); ready once `at` passed.
+    /// The clocks, made if the relay has none.
+    fn clocks(&mut self) -> &mut Clocks {
+        self.0.get_or_insert_with(|| {
+            Box::new(Clocks {
+                blocked_since: [None, None],
+                half_closed_since: None,
+                sleep: Box::pin(tokio::time::sleep(CLOCKS_KEPT)),
+                releasing: false,
+            })
+        })
+    }
+
+    /// Times each direction's blocked write, given (blocked now, wrote
+    /// since last time): from when it was seen blocked with nothing
+    /// written since, until it writes.
+    fn track_blocked(&mut self, progress: [(bool, bool); 2]) {
+        if progress.iter().any(|(blocked, _)| *blocked) {
+            let clocks = self.clocks();
+            for (since, (blocked, wrote)) in clocks.blocked_since.iter_mut().zip(progress) {
+                match (blocked, *since) {
+                    (false, _) => *since = None,
+                    (true, None) => *since = Some(Instant::now()),
+                    (true, Some(_)) if wrote => *since = Some(Instant::now()),
+                    (true, Some(_)) => {}
+                }
+            }
+        } else if let Some(clocks) = &mut self.0 {
+            clocks.blocked_since = [None, None];
+        }
+    }
+
+    /// Times a half-closed relay: from its last byte, or the half-close.
+    fn track_half_closed(&mut self, half_closed: bool, moved: bool) {
+        if half_closed {
+            let clocks = self.clocks();
+            if moved || clocks.half_closed_since.is_none() {
+                clocks.half_closed_since = Some(Instant::now());
+            }
+        } else if let Some(clocks) = &mut self.0 {
+            clocks.half_closed_since = None;
+        }
+    }
+
+    fn blocked_since(&self) -> [Option<Instant>; 2] {
+        self.0.as_ref().map_or([None, None], |c| c.blocked_since)
+    }
+
+    fn half_closed_since(&self) -> Option<Instant> {
+        self.0.as_ref().and_then(|c| c.half_closed_since)
+    }
+
+    /// Polls the timer set to `at`; ready once `at` passed. With nothing to
+    /// time, it counts down [`CLOCKS_KEPT`] and then drops the clocks.
     fn poll(&mut self, cx: &mut Context<'_>, at: Option<Instant>) -> Poll<()> {
-        let Some(at) = at else {
-            self.0 = None;
+        let Some(clocks) = &mut self.0 else {
             return Poll::Pending;
         };
-        let sleep = match &mut self.0 {
-            Some(sleep) => {
-                if sleep.deadline() != at {
-                    sleep.as_mut().reset(at);
-                }
-                sleep
+        let deadline = match at {
+            Some(at) => {
+                clocks.releasing = false;
+                at
             }
-            none => none.insert(Box::pin(tokio::time::sleep_until(at))),
+            None if clocks.releasing => clocks.sleep.deadline(),
+            None => {
+                clocks.releasing = true;
+                Instant::now() + CLOCKS_KEPT
+            }
         };
-        sleep.as_mut().poll(cx)
+        if clocks.sleep.deadline() != deadline {
+            clocks.sleep.as_mut().reset(deadline);
+        }
+        ready!(clocks.sleep.as_mut().poll(cx));
+        if at.is_none() {
+            self.0 = None;
+            return Poll::Pending;
+        }
+        Poll::Ready(())
     }
 }
 
@@ -341,8 +425,15 @@ where
     A: Endpoint + ?Sized,
     B: Endpoint + ?Sized,
 {
-    relay_within(a, b, pool, RelayBounds::default())
+    relay_within(a, b, pool, &DEFAULT_BOUNDS)
 }
+
+/// [`RelayBounds::default`], for [`relay`] to borrow: a bound held by
+/// reference costs each tunnel's future 8 bytes, not 32.
+static DEFAULT_BOUNDS: RelayBounds = RelayBounds {
+    write_stall: DEFAULT_WRITE_STALL,
+    half_closed_idle: DEFAULT_HALF_CLOSED_IDLE,
+};
 
 /// Relays between `a` and `b` until both directions have ended.
 ///
@@ -355,7 +446,7 @@ pub fn relay_within<'a, A, B>(
     a: &'a mut A,
     b: &'a mut B,
     pool: &'a BufferPool,
-    bounds: RelayBounds,
+    bounds: &'a RelayBounds,
 ) -> impl Future<Output = Result<RelayStats, RelayError>>
 where
     A: Endpoint + ?Sized,
@@ -369,8 +460,6 @@ where
         let mut a_to_b = Direction::new();
         let mut b_to_a = Direction::new();
         let mut timer = Timer::default();
-        // Since when one direction has ended and the other moved nothing.
-        let mut half_closed_since: Option<Instant> = None;
         let result = poll_fn(|cx| {
             let stats = |x: &Direction, y: &Direction| RelayStats {
                 a_to_b: x.bytes,
@@ -394,21 +483,26 @@ where
                         }
                         Poll::Pending => 0,
                     };
-                match (a_to_b.is_done(), b_to_a.is_done()) {
-                    (true, true) => return Poll::Ready(Ok(stats(&a_to_b, &b_to_a))),
-                    (false, false) => half_closed_since = None,
-                    _ if moved > 0 || half_closed_since.is_none() => {
-                        half_closed_since = Some(Instant::now())
-                    }
-                    _ => {}
+                let (a_done, b_done) = (a_to_b.is_done(), b_to_a.is_done());
+                if a_done && b_done {
+                    return Poll::Ready(Ok(stats(&a_to_b, &b_to_a)));
                 }
-                let stall = [a_to_b.blocked_since, b_to_a.blocked_since]
+                timer.track_half_closed(a_done != b_done, moved > 0);
+                timer.track_blocked([a_to_b.take_progress(), b_to_a.take_progress()]);
+                let since = timer.blocked_since();
+                let stall = since
                     .into_iter()
                     .flatten()
                     .min()
                     .map(|t| t + bounds.write_stall);
-                let idle = half_closed_since.map(|t| t + bounds.half_closed_idle);
-                let spill = a_to_b.spill_at().into_iter().chain(b_to_a.spill_at()).min();
+                let idle = timer
+                    .half_closed_since()
+                    .map(|t| t + bounds.half_closed_idle);
+                let spill = a_to_b
+                    .spill_at(since[0])
+                    .into_iter()
+                    .chain(b_to_a.spill_at(since[1]))
+                    .min();
                 let next = [stall, idle, spill].into_iter().flatten().min();
                 if timer.poll(cx, next).is_pending() {
                     return Poll::Pending;
@@ -424,10 +518,7 @@ where
                     Poll::Ready(Err((side, e, stats(&a_to_b, &b_to_a))))
                 };
                 if stall.is_some_and(|t| t <= now) {
-                    let side = if a_to_b
-                        .blocked_since
-                        .is_some_and(|t| t + bounds.write_stall <= now)
-                    {
+                    let side = if since[0].is_some_and(|t| t + bounds.write_stall <= now) {
                         Side::B
                     } else {
                         Side::A
@@ -448,8 +539,8 @@ where
                     );
                 }
                 // Neither bound was due, so a spill was.
-                for d in [&mut a_to_b, &mut b_to_a] {
-                    if d.spill_at().is_some_and(|t| t <= now) {
+                for (d, since) in [&mut a_to_b, &mut b_to_a].into_iter().zip(since) {
+                    if d.spill_at(since).is_some_and(|t| t <= now) {
                         d.spill(pool);
                     }
                 }
@@ -610,7 +701,7 @@ mod tests {
             half_closed_idle: Duration::from_secs(10),
         };
         {
-            let mut relay = std::pin::pin!(relay_within(&mut src, &mut dst, &pool, bounds));
+            let mut relay = std::pin::pin!(relay_within(&mut src, &mut dst, &pool, &bounds));
             let mut poll_once = || {
                 let waker = std::task::Waker::noop();
                 relay
@@ -647,7 +738,7 @@ mod tests {
             half_closed_idle: Duration::from_secs(10),
         };
         let t0 = Instant::now();
-        let err = relay_within(&mut src, &mut dst, &pool, bounds)
+        let err = relay_within(&mut src, &mut dst, &pool, &bounds)
             .await
             .expect_err("the bound");
         assert_eq!((err.op, err.side), (Op::StalledWrite, Side::B));

@@ -42,7 +42,7 @@ async fn relayed(
         SocketOptions::default().apply(s).expect("socket options");
     }
     let pool = pool.clone();
-    let task = tokio::spawn(async move { relay_within(&mut a, &mut b, &pool, bounds).await });
+    let task = tokio::spawn(async move { relay_within(&mut a, &mut b, &pool, &bounds).await });
     (outer_a, outer_b, task)
 }
 
@@ -137,10 +137,10 @@ async fn write_until_error(mut s: TcpStream) -> ErrorKind {
         // The RST for the first byte has to come back: yield to it.
         tokio::task::yield_now().await;
         let mut one = [0u8; 1];
-        if let Err(e) = s.try_read(&mut one) {
-            if e.kind() != ErrorKind::WouldBlock {
-                return e.kind();
-            }
+        if let Err(e) = s.try_read(&mut one)
+            && e.kind() != ErrorKind::WouldBlock
+        {
+            return e.kind();
         }
     }
     panic!("100 writes to a reset peer succeeded");
