@@ -75,6 +75,8 @@ pub struct GatewayClientConfig {
     pub open_timeout: Duration,
     /// See [`REFUSAL_BODY_WAIT`].
     pub refusal_body_wait: Duration,
+    /// Receive window per tunnel (see [`TUNNEL_STREAM_WINDOW`]).
+    pub stream_window: u32,
 }
 
 impl GatewayClientConfig {
@@ -90,6 +92,7 @@ impl GatewayClientConfig {
             socket: SocketOptions::default(),
             open_timeout: OPEN_TIMEOUT,
             refusal_body_wait: REFUSAL_BODY_WAIT,
+            stream_window: TUNNEL_STREAM_WINDOW,
         }
     }
 }
@@ -416,7 +419,7 @@ impl GatewayClient {
         }
         self.gateway_is_h1.store(false, Ordering::Relaxed);
         let (send, mut connection) = h2::client::Builder::new()
-            .initial_window_size(TUNNEL_STREAM_WINDOW)
+            .initial_window_size(self.cfg.stream_window)
             .initial_connection_window_size(TUNNEL_CONNECTION_WINDOW)
             .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
             // We never accept pushed streams.

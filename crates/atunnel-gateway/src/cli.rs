@@ -31,6 +31,14 @@ pub struct GatewayArgs {
     /// HTTP/2 streams one connection may carry at once.
     #[arg(long, default_value_t = atunnel_connect::limits::MAX_CONCURRENT_STREAMS)]
     pub max_concurrent_streams: u32,
+    /// HTTP/2 receive window per tunnel, in bytes: the most a tunnel whose
+    /// destination stopped reading makes the gateway hold; a tunnel's
+    /// upload rate is at most this per round trip to atunnel.
+    #[arg(long, default_value_t = atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
+          value_parser = clap::value_parser!(u32).range(4096..=(1 << 31) - 1))]
+    pub stream_window: u32,
+    #[command(flatten)]
+    pub relay: atunnel_process::RelayArgs,
     #[command(flatten)]
     pub socket: SocketArgs,
     #[command(flatten)]
@@ -56,6 +64,7 @@ impl ForwardArgs {
         Forward {
             allow: self.allow.clone(),
             socket: self.gateway.socket.options(),
+            bounds: self.gateway.relay.bounds(),
         }
     }
 }
@@ -74,6 +83,7 @@ pub async fn run<F: FarEnd>(
     );
     cfg.alpn = args.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     cfg.max_concurrent_streams = args.max_concurrent_streams;
+    cfg.stream_window = args.stream_window;
     cfg.socket = args.socket.options();
     let gateway = crate::new(cfg, far, args.pool.pool())?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;

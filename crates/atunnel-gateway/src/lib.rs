@@ -24,7 +24,8 @@ use atunnel_connect::{
     Answer, ConnectHandler, ConnectRequest, ConnectServer, H2Settings, parse_destination,
 };
 use atunnel_core::sockopt::SocketOptions;
-use atunnel_core::{BufferPool, Endpoint, relay};
+use atunnel_core::relay::{RelayBounds, relay_within};
+use atunnel_core::{BufferPool, Endpoint};
 use atunnel_identity::identity::{ActorIdentity, verify_actor_leaf};
 use ipnet::IpNet;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -71,6 +72,8 @@ pub trait FarEnd: Send + Sync + 'static {
 pub struct Forward {
     pub allow: Vec<IpNet>,
     pub socket: SocketOptions,
+    /// When tunnels that cannot finish are reset.
+    pub bounds: RelayBounds,
 }
 
 impl FarEnd for Forward {
@@ -102,10 +105,15 @@ impl FarEnd for Forward {
     ) -> io::Result<()> {
         // Both sides reset unless the relay ends cleanly, also when
         // shutdown drops this future mid-relay.
-        relay(tunnel, &mut tcp, pool)
+        relay_within(tunnel, &mut tcp, pool, &self.bounds)
             .await
             .map(drop)
-            .map_err(io::Error::other)
+            .map_err(|e| {
+                if e.is_bound() {
+                    tracing::debug!(error = %e, "tunnel reset at a bound");
+                }
+                io::Error::other(e)
+            })
     }
 }
 
@@ -138,6 +146,9 @@ pub struct GatewayConfig {
     pub tls_versions: Vec<&'static rustls::SupportedProtocolVersion>,
     /// Streams one HTTP/2 connection may carry at once.
     pub max_concurrent_streams: u32,
+    /// Receive window per tunnel: what one tunnel whose destination stopped
+    /// reading makes the gateway hold.
+    pub stream_window: u32,
     pub observer: Option<mpsc::UnboundedSender<ConnectSeen>>,
 }
 
@@ -155,6 +166,7 @@ impl GatewayConfig {
             alpn: DEFAULT_ALPN.iter().map(|p| p.as_bytes().to_vec()).collect(),
             tls_versions: rustls::ALL_VERSIONS.to_vec(),
             max_concurrent_streams: MAX_CONCURRENT_STREAMS,
+            stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
             observer: None,
         }
     }
@@ -250,6 +262,7 @@ pub fn new<F: FarEnd>(
     // expired since its session began.
     let h2 = H2Settings {
         max_concurrent_streams: cfg.max_concurrent_streams,
+        stream_window: cfg.stream_window,
         ..H2Settings::default()
     };
     let handler = Arc::new(GatewayHandler {

@@ -4,6 +4,7 @@
 
 use atunnel_core::BufferPool;
 use atunnel_core::pool::{DEFAULT_BUFFER_SIZE, DEFAULT_MAX_BUFFERS, DEFAULT_MAX_IDLE};
+use atunnel_core::relay::RelayBounds;
 use atunnel_core::sockopt::SocketOptions;
 
 /// Socket options for every accepted or dialed TCP socket. The defaults
@@ -90,6 +91,30 @@ impl PoolArgs {
             self.max_buffers.max(1),
             self.max_idle_buffers,
         )
+    }
+}
+
+/// Bounds on tunnels that can never finish (the relay's [`RelayBounds`]).
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+pub struct RelayArgs {
+    /// How long a tunnel may have bytes to write toward a peer that takes
+    /// none (it stopped reading, or grants no HTTP/2 window) before it is
+    /// reset ("60s"). Also ends a tunnel whose sender has closed while its
+    /// last bytes wait.
+    #[arg(long, default_value_t = FlagDuration(RelayBounds::default().write_stall))]
+    pub stalled_write_timeout: FlagDuration,
+    /// How long a half-closed tunnel (one side sent FIN) may move nothing
+    /// before it is reset ("60s").
+    #[arg(long, default_value_t = FlagDuration(RelayBounds::default().half_closed_idle))]
+    pub half_closed_timeout: FlagDuration,
+}
+
+impl RelayArgs {
+    pub fn bounds(&self) -> RelayBounds {
+        RelayBounds {
+            write_stall: self.stalled_write_timeout.0,
+            half_closed_idle: self.half_closed_timeout.0,
+        }
     }
 }
 

@@ -67,6 +67,7 @@ pub fn forward_loopback() -> atunnel_gateway::Forward {
     atunnel_gateway::Forward {
         allow: vec!["127.0.0.0/8".parse().expect("cidr")],
         socket: SocketOptions::default(),
+        bounds: Default::default(),
     }
 }
 

@@ -9,13 +9,16 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use atunnel_core::endpoint::ReadReady;
 use atunnel_core::original_dst::original_dst;
+use atunnel_core::overload::OverloadGuard;
+use atunnel_core::relay::{Op, RelayBounds, RelayError, relay_within};
 use atunnel_core::sockopt::SocketOptions;
-use atunnel_core::{BufferPool, Listener, ListenerStats, relay};
+use atunnel_core::{BufferPool, Listener, ListenerStats};
 use atunnel_identity::cert_source::CertificateSource;
 use atunnel_identity::identity::ActorRef;
 use tokio::net::{TcpListener, TcpStream};
@@ -121,13 +124,156 @@ impl Activation {
     }
 }
 
-/// A listener's actor and its current activation, if any.
+/// What one actor may make egress hold at once. Past a bound its new
+/// connections are reset, counted for it in /stats; other actors see no
+/// change and its established tunnels go on. Past its buffer share, its
+/// relays wait (backpressure on that actor alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActorBudget {
+    /// Concurrent egress tunnels (open and opening).
+    pub max_tunnels: usize,
+    /// Tunnels being opened (dialling or waiting for the gateway's answer).
+    pub max_opening: usize,
+    /// Pooled relay buffers in use at once, of the shared pool's.
+    pub max_buffers: usize,
+}
+
+/// Default of [`ActorBudget::max_tunnels`]: 4,096 tunnels, a sixteenth of
+/// what one sandbox's source ports allow; idle they cost 6 MB, stalled at
+/// most 64 KiB each.
+pub const DEFAULT_ACTOR_MAX_TUNNELS: usize = 4096;
+/// Default of [`ActorBudget::max_opening`]: 256 opens in flight; a pooled
+/// gateway connection answers an open in about a round trip.
+pub const DEFAULT_ACTOR_MAX_OPENING: usize = 256;
+/// Default of [`ActorBudget::max_buffers`]: 256 of the pool's 4,096
+/// (8 MiB at 32 KiB), so sixteen actors moving bytes at once cannot take
+/// the whole pool; a relay holds one only while bytes move.
+pub const DEFAULT_ACTOR_MAX_BUFFERS: usize = 256;
+
+impl Default for ActorBudget {
+    fn default() -> Self {
+        Self {
+            max_tunnels: DEFAULT_ACTOR_MAX_TUNNELS,
+            max_opening: DEFAULT_ACTOR_MAX_OPENING,
+            max_buffers: DEFAULT_ACTOR_MAX_BUFFERS,
+        }
+    }
+}
+
+/// Why a connection was refused before it became a tunnel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    Tunnels,
+    Opening,
+    Overload,
+}
+
+/// One actor's use of its budget, and its refusals.
 #[derive(Default)]
+struct Usage {
+    tunnels: AtomicUsize,
+    opening: AtomicUsize,
+    refused_tunnels: AtomicU64,
+    refused_opening: AtomicU64,
+    refused_overload: AtomicU64,
+    shed: AtomicU64,
+}
+
+/// An actor's figures in /stats.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ActorEgressStats {
+    pub actor: String,
+    pub tunnels: usize,
+    pub opening: usize,
+    pub buffers: usize,
+    /// Connections reset because the actor had `max_tunnels` open.
+    pub refused_tunnels_total: u64,
+    /// Connections reset because the actor had `max_opening` opening.
+    pub refused_opening_total: u64,
+    /// Connections reset because the process was overloaded.
+    pub refused_overload_total: u64,
+    /// Tunnels reset by the overload guard shedding this actor.
+    pub shed_total: u64,
+    /// Relay borrows that waited for the actor's buffer share.
+    pub buffer_waits_total: u64,
+}
+
+/// A place in an actor's tunnel budget, and while opening in its opening
+/// budget; given back when dropped.
+struct Slot {
+    binding: Arc<Binding>,
+    opening: bool,
+}
+
+impl Slot {
+    fn opened(&mut self) {
+        if std::mem::take(&mut self.opening) {
+            self.binding.usage.opening.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.opened();
+        self.binding.usage.tunnels.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A listener's actor and its current activation, if any.
 struct Binding {
     activation: Mutex<Option<Arc<Activation>>>,
+    usage: Usage,
+    /// The actor's share of the relay buffers.
+    pool: BufferPool,
+    /// Cancelled to shed the actor's tunnels (the overload guard), then
+    /// replaced, so tunnels opened later are not shed with them.
+    shed: Mutex<CancellationToken>,
 }
 
 impl Binding {
+    fn new(pool: BufferPool) -> Self {
+        Self {
+            activation: Mutex::new(None),
+            usage: Usage::default(),
+            pool,
+            shed: Mutex::new(CancellationToken::new()),
+        }
+    }
+
+    /// Takes a place in the budget, or says which bound refuses it.
+    fn admit(self: &Arc<Self>, budget: &ActorBudget) -> Result<Slot, Refusal> {
+        let u = &self.usage;
+        if u.tunnels.fetch_add(1, Ordering::Relaxed) >= budget.max_tunnels {
+            u.tunnels.fetch_sub(1, Ordering::Relaxed);
+            u.refused_tunnels.fetch_add(1, Ordering::Relaxed);
+            return Err(Refusal::Tunnels);
+        }
+        if u.opening.fetch_add(1, Ordering::Relaxed) >= budget.max_opening {
+            u.opening.fetch_sub(1, Ordering::Relaxed);
+            u.tunnels.fetch_sub(1, Ordering::Relaxed);
+            u.refused_opening.fetch_add(1, Ordering::Relaxed);
+            return Err(Refusal::Opening);
+        }
+        Ok(Slot {
+            binding: self.clone(),
+            opening: true,
+        })
+    }
+
+    fn shed_token(&self) -> CancellationToken {
+        self.shed.lock().expect("shed lock poisoned").clone()
+    }
+
+    /// Resets every tunnel the actor has now; later ones are not affected.
+    fn shed_tunnels(&self) {
+        let old = std::mem::replace(
+            &mut *self.shed.lock().expect("shed lock poisoned"),
+            CancellationToken::new(),
+        );
+        old.cancel();
+    }
+
     fn current(&self) -> Option<Arc<Activation>> {
         self.activation
             .lock()
@@ -143,6 +289,13 @@ pub struct EgressConfig {
     /// Sandbox side: the actors' accepted connections.
     pub sandbox_socket: SocketOptions,
     pub drain_timeout: Duration,
+    /// What each actor may make egress hold.
+    pub budget: ActorBudget,
+    /// Receive window per tunnel on the gateway connections: what one
+    /// tunnel whose actor stopped reading can make atunnel hold.
+    pub stream_window: u32,
+    /// When tunnels that cannot finish are reset.
+    pub relay: RelayBounds,
     /// How tunnels relay when the bench compares designs (lean otherwise).
     #[cfg(feature = "comparison")]
     pub comparison: crate::comparison::RelayVariant,
@@ -154,6 +307,9 @@ impl Default for EgressConfig {
             socket: SocketOptions::default(),
             sandbox_socket: SocketOptions::sandbox_default(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            budget: ActorBudget::default(),
+            stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
+            relay: RelayBounds::default(),
             #[cfg(feature = "comparison")]
             comparison: crate::comparison::RelayVariant::default(),
         }
@@ -169,6 +325,10 @@ pub struct EgressStats {
     pub rejected_total: u64,
     /// Tunnels whose CONNECT failed or was refused.
     pub open_failed_total: u64,
+    /// Tunnels reset because a write made no progress for the stalled-write timeout.
+    pub stalled_write_ends_total: u64,
+    /// Tunnels reset because they stayed half-closed and idle past the half-closed timeout.
+    pub half_closed_ends_total: u64,
     /// Size of one tunnel's task future (its state lives in the task's one
     /// heap allocation), for the memory accounting in docs/memory.md.
     pub tunnel_future_bytes: usize,
@@ -180,6 +340,20 @@ struct Counters {
     total: AtomicU64,
     rejected: AtomicU64,
     open_failed: AtomicU64,
+    stalled_write: AtomicU64,
+    half_closed: AtomicU64,
+}
+
+impl Counters {
+    /// Counts a tunnel that a relay bound ended.
+    fn count_end(&self, e: &RelayError) {
+        let counter = match e.op {
+            Op::StalledWrite => &self.stalled_write,
+            Op::HalfClosedIdle => &self.half_closed,
+            _ => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Counts a tunnel as open until dropped.
@@ -210,11 +384,23 @@ pub struct Egress {
     counters: Counters,
     /// Every egress listener's figures, together.
     listener_stats: ListenerStats,
+    /// Refuses new tunnels while the process is overloaded.
+    overload: Option<Arc<OverloadGuard>>,
 }
 
 impl Egress {
     pub fn new(cfg: EgressConfig, pool: BufferPool) -> Arc<Self> {
+        Self::with_overload(cfg, pool, None)
+    }
+
+    /// As [`Egress::new`], refusing new tunnels while `overload` does.
+    pub fn with_overload(
+        cfg: EgressConfig,
+        pool: BufferPool,
+        overload: Option<Arc<OverloadGuard>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            overload,
             cfg,
             pool,
             bindings: Mutex::new(HashMap::new()),
@@ -236,6 +422,8 @@ impl Egress {
             tunnels_total: c.total.load(Ordering::Relaxed),
             rejected_total: c.rejected.load(Ordering::Relaxed),
             open_failed_total: c.open_failed.load(Ordering::Relaxed),
+            stalled_write_ends_total: c.stalled_write.load(Ordering::Relaxed),
+            half_closed_ends_total: c.half_closed.load(Ordering::Relaxed),
             tunnel_future_bytes: self.listener_stats.connection_future_bytes(),
         }
     }
@@ -245,8 +433,54 @@ impl Egress {
             .lock()
             .expect("bindings lock poisoned")
             .entry(uid.to_string())
-            .or_default()
+            .or_insert_with(|| Arc::new(Binding::new(self.pool.share(self.cfg.budget.max_buffers))))
             .clone()
+    }
+
+    /// Each actor's use of its budget and its refusals, by actor.
+    pub fn actor_stats(&self) -> Vec<ActorEgressStats> {
+        let bindings = self.bindings.lock().expect("bindings lock poisoned");
+        let mut all: Vec<_> = bindings
+            .iter()
+            .map(|(uid, b)| {
+                let u = &b.usage;
+                let share = b.pool.share_stats().unwrap_or_default();
+                ActorEgressStats {
+                    actor: uid.clone(),
+                    tunnels: u.tunnels.load(Ordering::Relaxed),
+                    opening: u.opening.load(Ordering::Relaxed),
+                    buffers: share.in_use,
+                    refused_tunnels_total: u.refused_tunnels.load(Ordering::Relaxed),
+                    refused_opening_total: u.refused_opening.load(Ordering::Relaxed),
+                    refused_overload_total: u.refused_overload.load(Ordering::Relaxed),
+                    shed_total: u.shed.load(Ordering::Relaxed),
+                    buffer_waits_total: share.waited_total,
+                }
+            })
+            .collect();
+        all.sort_by(|a, b| a.actor.cmp(&b.actor));
+        all
+    }
+
+    /// Resets the tunnels of the actor holding the most (the overload
+    /// guard's hard threshold): every tunnel it has now, so that what the
+    /// process holds for it goes at once; its new tunnels are admitted
+    /// again, within its budget, once the guard lets work in.
+    pub fn shed_largest(&self) -> Option<(String, usize)> {
+        let bindings = self.bindings.lock().expect("bindings lock poisoned");
+        let (uid, binding) = bindings
+            .iter()
+            .max_by_key(|(_, b)| b.usage.tunnels.load(Ordering::Relaxed))?;
+        let tunnels = binding.usage.tunnels.load(Ordering::Relaxed);
+        if tunnels == 0 {
+            return None;
+        }
+        binding
+            .usage
+            .shed
+            .fetch_add(tunnels as u64, Ordering::Relaxed);
+        binding.shed_tunnels();
+        Some((uid.clone(), tunnels))
     }
 
     /// Serves `listener` as actor `uid`'s egress listener until `cancel`.
@@ -305,10 +539,32 @@ impl Egress {
                     self.counters.rejected.fetch_add(1, Ordering::Relaxed);
                     return None;
                 };
+                let admitted = match &self.overload {
+                    Some(guard) if guard.admit().is_err() => Err(Refusal::Overload),
+                    _ => binding.admit(&self.cfg.budget),
+                };
+                let slot = match admitted {
+                    Ok(slot) => slot,
+                    Err(refusal) => {
+                        if refusal == Refusal::Overload {
+                            binding
+                                .usage
+                                .refused_overload
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        // Reset, no bytes: the actor sees ECONNRESET at once.
+                        tcp.reset_on_close();
+                        return None;
+                    }
+                };
                 // Taken now, not when the task first runs: a deactivation
                 // that begins in between must wait for this tunnel too.
                 let drained = activation.tasks.token();
-                Some(self.clone().tunnel(tcp, activation, dest, drained))
+                let shed = binding.shed_token();
+                Some(
+                    self.clone()
+                        .tunnel(tcp, activation, dest, drained, slot, shed),
+                )
             })
             .await
     }
@@ -319,6 +575,8 @@ impl Egress {
         activation: Arc<Activation>,
         dest: Destination,
         _drained: TaskTrackerToken,
+        mut slot: Slot,
+        shed: CancellationToken,
     ) {
         let _open = OpenTunnel::new(&self.counters);
         if let Err(e) = self.cfg.sandbox_socket.apply(&actor) {
@@ -344,6 +602,7 @@ impl Egress {
             _ = activation.cancel.cancelled() => return,
             r = Box::pin(client.open(dest)) => r,
         };
+        slot.opened();
         let mut tunnel = match opened {
             Ok(t) => t,
             Err(e) => {
@@ -359,10 +618,14 @@ impl Egress {
         #[cfg(feature = "comparison")]
         if !self.cfg.comparison.is_lean() {
             let relay = crate::comparison::relay(self.cfg.comparison, actor, tunnel, &self.pool);
-            return relay_until_cancelled(Box::pin(relay).as_mut(), cancel, dest).await;
+            relay_until_cancelled(Box::pin(relay).as_mut(), cancel, &shed, dest).await;
+            return;
         }
-        let relay = std::pin::pin!(relay(&mut actor, &mut tunnel, &self.pool));
-        relay_until_cancelled(relay, cancel, dest).await
+        let pool = &slot.binding.pool;
+        let relay = std::pin::pin!(relay_within(&mut actor, &mut tunnel, pool, &self.cfg.relay));
+        if let Some(e) = relay_until_cancelled(relay, cancel, &shed, dest).await {
+            self.counters.count_end(&e);
+        }
     }
 
     /// Arms egress for actor `uid`: its listener's connections are admitted
@@ -468,13 +731,17 @@ impl Egress {
 pub(crate) async fn relay_until_cancelled<T, E: std::fmt::Display>(
     relay: std::pin::Pin<&mut impl Future<Output = Result<T, E>>>,
     cancel: &CancellationToken,
+    shed: &CancellationToken,
     dest: SocketAddr,
-) {
+) -> Option<E> {
     tokio::select! {
         biased;
-        _ = cancel.cancelled() => {}
-        r = relay => if let Err(e) = r {
+        _ = cancel.cancelled() => None,
+        _ = shed.cancelled() => None,
+        r = relay => {
+            let e = r.err()?;
             tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
+            Some(e)
         }
     }
 }

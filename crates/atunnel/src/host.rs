@@ -22,9 +22,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use atunnel_identity::pem_files::{load_certs, load_key, load_roots};
-use atunnel_process::{BoxError, FlagDuration, PoolArgs, SocketArgs};
+use atunnel_process::{BoxError, FlagDuration, PoolArgs, RelayArgs, SocketArgs};
 
-use crate::egress::{Destination, EgressConfig};
+use crate::egress::{ActorBudget, Destination, EgressConfig};
 use crate::ingress::IngressConfig;
 use crate::ingress::{DirectDialer, PoolSettings};
 use crate::tunnel::{GatewaySpec, IngressListen, Tunnel, TunnelConfig};
@@ -119,10 +119,47 @@ pub struct HostArgs {
     /// Where /stats is served.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub stats: SocketAddr,
+    /// HTTP/2 receive window per egress tunnel, in bytes: the most a tunnel
+    /// whose actor stopped reading makes atunnel hold; a tunnel's download
+    /// rate is at most this per gateway round trip.
+    #[arg(long, default_value_t = EgressConfig::default().stream_window,
+          value_parser = clap::value_parser!(u32).range(4096..=(1 << 31) - 1))]
+    pub gateway_stream_window: u32,
+    #[command(flatten)]
+    pub relay: RelayArgs,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
     #[command(flatten)]
     pub socket: SocketArgs,
     #[command(flatten)]
     pub pool: PoolArgs,
+}
+
+/// What each actor may make egress hold (see [`ActorBudget`]).
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+pub struct BudgetArgs {
+    /// Concurrent egress tunnels per actor; past it the actor's new
+    /// connections are reset.
+    #[arg(long, default_value_t = ActorBudget::default().max_tunnels)]
+    pub actor_max_tunnels: usize,
+    /// Egress tunnels per actor being opened at once; past it the actor's
+    /// new connections are reset.
+    #[arg(long, default_value_t = ActorBudget::default().max_opening)]
+    pub actor_max_opening: usize,
+    /// Pooled relay buffers one actor's tunnels may hold at once; past it
+    /// its relays wait.
+    #[arg(long, default_value_t = ActorBudget::default().max_buffers)]
+    pub actor_max_buffers: usize,
+}
+
+impl BudgetArgs {
+    pub fn budget(&self) -> ActorBudget {
+        ActorBudget {
+            max_tunnels: self.actor_max_tunnels,
+            max_opening: self.actor_max_opening,
+            max_buffers: self.actor_max_buffers,
+        }
+    }
 }
 
 /// One hosted actor, as printed when ready.
@@ -191,6 +228,9 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
         socket: args.socket.options(),
         sandbox_socket: args.socket.sandbox_options(),
         drain_timeout: args.drain_timeout.0,
+        budget: args.budget.budget(),
+        stream_window: args.gateway_stream_window,
+        relay: args.relay.bounds(),
         #[cfg(feature = "comparison")]
         comparison: args.comparison,
     };

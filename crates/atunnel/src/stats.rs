@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::egress::{Egress, EgressStats};
+use crate::egress::{ActorEgressStats, Egress, EgressStats};
 
 #[derive(Debug, Serialize)]
 pub struct ProcessStats {
@@ -38,7 +38,11 @@ pub struct Stats {
     pub process: ProcessStats,
     pub pool: PoolStats,
     pub egress: Option<EgressStats>,
+    /// Each actor's egress budget use and refusals.
+    pub egress_actors: Vec<ActorEgressStats>,
     pub ingress: Option<crate::ingress::RouteStats>,
+    /// The overload guard's state, readings and actions.
+    pub overload: Option<atunnel_core::overload::OverloadFigures>,
     /// Ingress connections hibernated now, and counts so far.
     pub hibernation: Option<atunnel_tls::HibernationStats>,
 }
@@ -81,6 +85,7 @@ fn timeval_s(t: nix::sys::time::TimeVal) -> f64 {
 /// The figures `/stats` serves.
 pub(crate) struct StatsSource {
     pub pool: BufferPool,
+    pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
     pub egress: Option<Arc<Egress>>,
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
 }
@@ -95,7 +100,12 @@ impl StatsSource {
             process: process_stats(),
             pool: self.pool.stats(),
             egress: self.egress.as_ref().map(|e| e.stats()),
+            egress_actors: self
+                .egress
+                .as_ref()
+                .map_or_else(Vec::new, |e| e.actor_stats()),
             ingress: self.ingress.as_ref().map(|i| i.stats()),
+            overload: self.overload.as_ref().map(|o| o.figures()),
             hibernation: self.ingress.as_ref().map(|i| i.hibernation().stats()),
         }
     }

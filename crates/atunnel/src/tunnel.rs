@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use atunnel_connect::GatewayClientConfig;
 use atunnel_core::BufferPool;
+use atunnel_core::overload::{OverloadConfig, OverloadGuard, Shed, ShedAction};
 use atunnel_dns::{DnsRelay, RelayConfig};
 use atunnel_identity::cert_source::CertificateSource;
 use atunnel_identity::clock::Clock;
@@ -38,6 +39,8 @@ use crate::stats::StatsSource;
 pub enum TunnelError {
     #[error("starting the namespace executor: {0}")]
     Executor(#[source] atunnel_sandbox::NetnsError),
+    #[error("the overload guard: {0}")]
+    Overload(#[source] atunnel_core::overload::OverloadError),
     #[error("invalid gateway address {address:?}: {reason}")]
     Gateway { address: String, reason: String },
     #[error(transparent)]
@@ -83,6 +86,10 @@ pub struct TunnelConfig {
     pub ingress: Option<IngressListen>,
     /// Where `/stats` is served; `None` serves none.
     pub stats: Option<SocketAddr>,
+    /// The overload guard: past its soft threshold new egress tunnels are
+    /// reset and ingress answers 503, past its hard one the actor with the
+    /// most tunnels is shed. `None` runs none.
+    pub overload: Option<OverloadConfig>,
 }
 
 /// Where ingress listens, and how.
@@ -111,7 +118,24 @@ impl TunnelConfig {
             clock: Clock::new(),
             ingress: None,
             stats: None,
+            overload: Some(OverloadConfig::default()),
         }
+    }
+}
+
+/// The overload guard sheds through egress: the actor with the most tunnels
+/// loses them (weak: the guard's task must not keep egress alive).
+struct ShedEgress(std::sync::Weak<Egress>);
+
+impl Shed for ShedEgress {
+    fn shed_largest(&self) -> Option<ShedAction> {
+        let (who, tunnels) = self.0.upgrade()?.shed_largest()?;
+        Some(ShedAction {
+            who,
+            // Not measured per actor; the tunnels are what it held.
+            bytes: 0,
+            tunnels: tunnels as u64,
+        })
     }
 }
 
@@ -151,7 +175,11 @@ pub struct Tunnel {
 impl Tunnel {
     pub async fn start(cfg: TunnelConfig) -> Result<Arc<Self>, TunnelError> {
         let exec = NsExecutor::start().map_err(TunnelError::Executor)?;
-        let egress = Egress::new(cfg.egress, cfg.pool.clone());
+        let overload = match &cfg.overload {
+            Some(o) => Some(OverloadGuard::new(o.clone()).map_err(TunnelError::Overload)?),
+            None => None,
+        };
+        let egress = Egress::with_overload(cfg.egress, cfg.pool.clone(), overload.clone());
         if let Some(dns) = &cfg.dns {
             // Checked once here so a bad configuration fails start, not a sandbox.
             DnsRelay::new(dns.clone()).map_err(TunnelError::Dns)?;
@@ -173,7 +201,11 @@ impl Tunnel {
         let cancel = CancellationToken::new();
         let ingress = match &cfg.ingress {
             Some(listen) => {
-                let ingress = Ingress::new(listen.config.clone(), cfg.pool.clone())?;
+                let ingress = Ingress::with_overload(
+                    listen.config.clone(),
+                    cfg.pool.clone(),
+                    overload.clone(),
+                )?;
                 let (https, connect) = ingress
                     .spawn(listen.https, listen.connect, cancel.clone())
                     .await
@@ -183,9 +215,14 @@ impl Tunnel {
             None => None,
         };
         let tasks = TaskTracker::new();
+        if let Some(guard) = &overload {
+            guard.set_shedder(Arc::new(ShedEgress(Arc::downgrade(&egress))));
+            tasks.spawn(guard.clone().run(cancel.clone()));
+        }
         if let Some(listener) = stats_listener {
             let source = Arc::new(StatsSource {
                 pool: cfg.pool.clone(),
+                overload: overload.clone(),
                 egress: Some(egress.clone()),
                 ingress: ingress.as_ref().map(|(i, _, _)| i.clone()),
             });
@@ -251,6 +288,7 @@ impl Tunnel {
         let mut client =
             GatewayClientConfig::new(address, server_name, self.cfg.gateway_roots.clone());
         client.socket = self.cfg.egress.socket;
+        client.stream_window = self.cfg.egress.stream_window;
         Ok(ActorEgress::prepare(
             actor.clone(),
             client,

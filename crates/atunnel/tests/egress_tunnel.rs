@@ -245,6 +245,7 @@ async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
         atunnel_gateway::Forward {
             allow: vec![],
             socket: Default::default(),
+            bounds: Default::default(),
         },
         proto.tune(),
     )

@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// `--tunnel-arg=--sandbox-receive-buffer=65536`, to compare settings.
     #[arg(long, allow_hyphen_values = true)]
     pub tunnel_arg: Vec<String>,
+    /// An extra flag for the sink (the bench's gateway) for the whole run
+    /// (repeatable), e.g. `--sink-arg=--stream-window=65536`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub sink_arg: Vec<String>,
 }
 
 /// What `run` started, so that it can all be stopped whatever happened.
@@ -150,20 +154,16 @@ async fn perform(
     let out = &names.out;
     let pki = pki::write(&out.join("pki"))?;
     let topo = stage.topo.insert(Topology::create(&names.prefix).await?);
-    let sink = role::start_in(
-        &topo.exec,
-        &topo.sink,
-        &[
-            "sink".into(),
-            arg("listen", std::net::SocketAddr::from((SINK_ADDR, 443))),
-            arg("cert", pki.gateway_cert().display()),
-            arg("key", pki.gateway_key().display()),
-            arg("actor-ca", pki.actor_ca_cert().display()),
-            arg("source-bytes", 1u64 << 30),
-        ],
-        None,
-    )
-    .await?;
+    let mut sink_args = vec![
+        "sink".into(),
+        arg("listen", std::net::SocketAddr::from((SINK_ADDR, 443))),
+        arg("cert", pki.gateway_cert().display()),
+        arg("key", pki.gateway_key().display()),
+        arg("actor-ca", pki.actor_ca_cert().display()),
+        arg("source-bytes", 1u64 << 30),
+    ];
+    sink_args.extend(args.sink_arg.iter().cloned());
+    let sink = role::start_in(&topo.exec, &topo.sink, &sink_args, None).await?;
     let sink_pid = sink.pid();
     stage.sink = Some(sink);
     let control = out.join("worker.sock");

@@ -27,6 +27,9 @@ pub struct ActorTunnel {
 }
 
 const STALE: &[(&str, &str)] = &[(ASSIGNMENT_STALE, "true")];
+/// A CONNECT refused for overload says the guard's default retry (the
+/// refusal's headers are static); HTTPS answers say the configured one.
+const RETRY: &[(&str, &str)] = &[("retry-after", "5")];
 
 /// The port of a CONNECT authority (`host:port`; the host is ignored: the
 /// actor is always 169.254.17.2 inside its sandbox).
@@ -47,6 +50,14 @@ impl ConnectHandler for IngressConnect {
     async fn open(&self, _: &(), req: ConnectRequest<'_>) -> Answer<ActorTunnel> {
         if req.method != "CONNECT" {
             return Answer::refuse(405, "Method Not Allowed", "method not allowed\n");
+        }
+        if self.routes.overloaded().is_some() {
+            return Answer::Refuse {
+                status: 503,
+                reason: "Service Unavailable",
+                body: "overloaded\n".into(),
+                headers: RETRY,
+            };
         }
         let Some(activation) = target_activation(&self.routes, req.headers) else {
             return Answer::Refuse {

@@ -57,6 +57,16 @@ fn text(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
     r
 }
 
+/// 503 with `Retry-After`: the process is overloaded and takes no new work.
+pub fn unavailable(retry_after: std::time::Duration) -> Response<ProxyBody> {
+    let mut r = text(StatusCode::SERVICE_UNAVAILABLE, "overloaded\n");
+    r.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(retry_after.as_secs().max(1)),
+    );
+    r
+}
+
 /// 421 with `X-Ate-Assignment-Stale: true`: the router should re-resolve.
 pub fn misdirected() -> Response<ProxyBody> {
     let mut r = text(StatusCode::MISDIRECTED_REQUEST, "misdirected request\n");
@@ -174,6 +184,9 @@ async fn forward(
     req: Request<Incoming>,
     grpc: bool,
 ) -> Response<ProxyBody> {
+    if let Some(refused) = routes.overloaded() {
+        return unavailable(refused.retry_after);
+    }
     let Some(activation) = target_activation(&routes, req.headers()) else {
         return misdirected();
     };

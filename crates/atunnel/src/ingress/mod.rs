@@ -113,9 +113,19 @@ pub struct Ingress {
 
 impl Ingress {
     pub fn new(cfg: IngressConfig, pool: BufferPool) -> Result<Arc<Self>, IngressError> {
+        Self::with_overload(cfg, pool, None)
+    }
+
+    /// As [`Ingress::new`], answering new requests and tunnels 503 while
+    /// `overload` refuses work.
+    pub fn with_overload(
+        cfg: IngressConfig,
+        pool: BufferPool,
+        overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+    ) -> Result<Arc<Self>, IngressError> {
         let trust = atunnel_identity::pem_files::load_certs(&cfg.trust_bundle)?;
         let tls = tls::server_config(&cfg.credential_bundle, &trust, &cfg.allowed_client_id)?;
-        let routes = Arc::new(Routes::new(cfg.pools, cfg.sandbox_socket));
+        let routes = Arc::new(Routes::new(cfg.pools, cfg.sandbox_socket, overload));
         let hibernation = Hibernation::new(cfg.hibernate_after);
         let connect = ConnectServer::new(
             Arc::new(connect::IngressConnect {

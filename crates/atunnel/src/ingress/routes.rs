@@ -257,6 +257,8 @@ fn client(
 pub struct RouteStats {
     pub active_actors: usize,
     pub new_upstream_connections: u64,
+    /// Requests and tunnels answered 503 because the process was overloaded.
+    pub refused_overload_total: u64,
 }
 
 /// The registry of active actors, keyed by `<atespace>/<name>`.
@@ -267,15 +269,30 @@ pub(crate) struct Routes {
     socket: atunnel_core::sockopt::SocketOptions,
     /// New connections of activations already gone, so totals never drop.
     retired_connections: AtomicU64,
+    /// Refuses new requests and tunnels while the process is overloaded.
+    overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+    refused_overload: AtomicU64,
 }
 
 impl Routes {
-    pub(crate) fn new(pools: PoolSettings, socket: atunnel_core::sockopt::SocketOptions) -> Self {
+    pub(crate) fn new(
+        pools: PoolSettings,
+        socket: atunnel_core::sockopt::SocketOptions,
+        overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+    ) -> Self {
         Self {
             pools,
             socket,
+            overload,
             ..Self::default()
         }
+    }
+
+    /// Why new work must be refused now (the process is overloaded); counted.
+    pub(crate) fn overloaded(&self) -> Option<atunnel_core::overload::Overloaded> {
+        let refused = self.overload.as_ref()?.admit().err()?;
+        self.refused_overload.fetch_add(1, Ordering::Relaxed);
+        Some(refused)
     }
 
     /// Routes `<atespace>/<name>` to `dialer`. The same name with another uid
@@ -364,6 +381,7 @@ impl Routes {
             active_actors: active.len(),
             new_upstream_connections: self.retired_connections.load(Ordering::Relaxed)
                 + active.values().map(|a| a.new_connections()).sum::<u64>(),
+            refused_overload_total: self.refused_overload.load(Ordering::Relaxed),
         }
     }
 }

@@ -1,0 +1,279 @@
+//! Per-actor egress budgets and the overload guard, over real sockets and a
+//! real TLS gateway: an actor past a bound has its new connections reset
+//! (counted for it), its established tunnels go on, and another actor sees
+//! no change; an overloaded process refuses new tunnels and sheds the actor
+//! holding the most.
+
+use atunnel_support::prelude::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atunnel::egress::{ActorBudget, ActorEgressStats, Egress, EgressConfig};
+use atunnel_core::BufferPool;
+use atunnel_core::overload::{OverloadConfig, OverloadGuard, Shed, ShedAction};
+use atunnel_identity::clock::Clock;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// Actors `names` with egress on `egress`, each through `gateway` to `dest`;
+/// their listeners' addresses.
+async fn actors_through(
+    pki: &Pki,
+    egress: &Arc<Egress>,
+    gateway: SocketAddr,
+    dest: SocketAddr,
+    names: &[&str],
+    cancel: &CancellationToken,
+) -> Vec<SocketAddr> {
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let mut addrs = Vec::new();
+    for name in names {
+        let a = actor(name);
+        let prepared = prepare(pki, gateway, a.clone(), source.clone()).await;
+        addrs.push(listen(egress, &a.uid, dest, cancel).await);
+        egress.activate(&a.uid, prepared).expect("activate");
+    }
+    addrs
+}
+
+/// A tunnel that echoed `n` bytes both ways, still open.
+async fn echoing(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"ping").await.expect("write");
+    let mut got = [0u8; 4];
+    s.read_exact(&mut got).await.expect("echo");
+    assert_eq!(&got, b"ping");
+    s
+}
+
+/// Still carries bytes both ways.
+async fn still_echoes(s: &mut TcpStream) {
+    s.write_all(b"more").await.expect("write");
+    let mut got = [0u8; 4];
+    s.read_exact(&mut got).await.expect("echo");
+    assert_eq!(&got, b"more");
+}
+
+/// A connection the listener accepted and reset with no bytes (on loopback
+/// the reset can beat `connect`'s return, which then reports it).
+async fn is_reset(addr: SocketAddr) {
+    let mut s = match TcpStream::connect(addr).await {
+        Ok(s) => s,
+        Err(e) => return assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    };
+    let _ = s.write_all(b"ping").await;
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("refused at once, not after the open timeout");
+    match r {
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        Ok(n) => panic!("expected a reset, read {n} bytes (0: a FIN)"),
+    }
+}
+
+fn figures(egress: &Egress, name: &str) -> ActorEgressStats {
+    let uid = actor(name).uid;
+    egress
+        .actor_stats()
+        .into_iter()
+        .find(|s| s.actor == uid)
+        .expect("the actor's figures")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_past_its_tunnel_budget_is_reset_and_no_one_else_notices() {
+    let pki = Pki::new();
+    let gw = gateway(&pki, forward_loopback(), |_| {}).await;
+    let echo = echo_server().await;
+    let egress = egress_config(EgressConfig {
+        budget: ActorBudget {
+            max_tunnels: 3,
+            ..ActorBudget::default()
+        },
+        ..EgressConfig::default()
+    });
+    let cancel = CancellationToken::new();
+    let addrs = actors_through(&pki, &egress, gw.addr, echo, &["alpha", "beta"], &cancel).await;
+    let (alpha, beta) = (addrs[0], addrs[1]);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(echoing(alpha).await);
+    }
+    is_reset(alpha).await;
+    is_reset(alpha).await;
+    let a = figures(&egress, "alpha");
+    assert_eq!((a.tunnels, a.refused_tunnels_total), (3, 2), "{a:?}");
+    // Its established tunnels go on; the other actor has its whole budget.
+    for s in &mut held {
+        still_echoes(s).await;
+    }
+    let mut others = Vec::new();
+    for _ in 0..3 {
+        others.push(echoing(beta).await);
+    }
+    let b = figures(&egress, "beta");
+    assert_eq!((b.tunnels, b.refused_tunnels_total), (3, 0), "{b:?}");
+    // A place that frees is taken by the next tunnel.
+    drop(held.pop());
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while figures(&egress, "alpha").tunnels > 2 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the closed tunnel never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut again = echoing(alpha).await;
+    still_echoes(&mut again).await;
+    assert_eq!(figures(&egress, "alpha").refused_tunnels_total, 2);
+}
+
+/// A gateway that accepts TCP and never answers: every open hangs.
+async fn silent_gateway() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            held.push(s);
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_opening_past_its_budget_is_reset_and_another_opens_as_usual() {
+    let pki = Pki::new();
+    let (silent, _silent) = silent_gateway().await;
+    let gw = gateway(&pki, forward_loopback(), |_| {}).await;
+    let echo = echo_server().await;
+    let egress = egress_config(EgressConfig {
+        budget: ActorBudget {
+            max_opening: 2,
+            ..ActorBudget::default()
+        },
+        ..EgressConfig::default()
+    });
+    let cancel = CancellationToken::new();
+    let alpha = actors_through(&pki, &egress, silent, echo, &["alpha"], &cancel).await[0];
+    let beta = actors_through(&pki, &egress, gw.addr, echo, &["beta"], &cancel).await[0];
+    // Two opens hang on the silent gateway (until the open timeout).
+    let _hanging = [
+        TcpStream::connect(alpha).await.expect("connect"),
+        TcpStream::connect(alpha).await.expect("connect"),
+    ];
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while figures(&egress, "alpha").opening < 2 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the opens never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    is_reset(alpha).await;
+    let a = figures(&egress, "alpha");
+    assert_eq!((a.opening, a.refused_opening_total), (2, 1), "{a:?}");
+    let mut b = echoing(beta).await;
+    still_echoes(&mut b).await;
+    assert_eq!(figures(&egress, "beta").refused_opening_total, 0);
+}
+
+/// Fake cgroup v2 memory files the guard reads: `used` of 1000 bytes.
+fn write_memory(dir: &std::path::Path, used: u64) {
+    std::fs::write(dir.join("memory.current"), format!("{used}\n")).expect("write");
+    std::fs::write(dir.join("memory.max"), "1000\n").expect("write");
+    std::fs::write(dir.join("memory.stat"), "anon 0\ninactive_file 0\n").expect("write");
+}
+
+/// Sheds through the egress, like the tunnel's own shedder, and says so.
+struct ShedVia(Arc<Egress>, tokio::sync::mpsc::UnboundedSender<String>);
+
+impl Shed for ShedVia {
+    fn shed_largest(&self) -> Option<ShedAction> {
+        let (who, tunnels) = self.0.shed_largest()?;
+        let _ = self.1.send(who.clone());
+        Some(ShedAction {
+            who,
+            bytes: 0,
+            tunnels: tunnels as u64,
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_process_refuses_new_tunnels_and_sheds_the_largest_actor() {
+    let pki = Pki::new();
+    let gw = gateway(&pki, forward_loopback(), |_| {}).await;
+    let echo = echo_server().await;
+    let memory = tempfile::tempdir().expect("tempdir");
+    write_memory(memory.path(), 100);
+    let guard = OverloadGuard::new(OverloadConfig {
+        memory_cgroup: Some(memory.path().to_path_buf()),
+        interval: Duration::from_millis(20),
+        ..OverloadConfig::default()
+    })
+    .expect("guard");
+    let egress = Egress::with_overload(
+        EgressConfig {
+            drain_timeout: Duration::from_secs(5),
+            ..EgressConfig::default()
+        },
+        BufferPool::default(),
+        Some(guard.clone()),
+    );
+    let (shed_tx, mut shed_rx) = tokio::sync::mpsc::unbounded_channel();
+    guard.set_shedder(Arc::new(ShedVia(egress.clone(), shed_tx)));
+    let cancel = CancellationToken::new();
+    let addrs = actors_through(&pki, &egress, gw.addr, echo, &["alpha", "beta"], &cancel).await;
+    let (alpha, beta) = (addrs[0], addrs[1]);
+    let mut greedy = Vec::new();
+    for _ in 0..3 {
+        greedy.push(echoing(alpha).await);
+    }
+    let mut modest = echoing(beta).await;
+
+    // Soft (90 % of the limit): new tunnels are reset, established ones go on.
+    write_memory(memory.path(), 900);
+    guard.sample();
+    is_reset(beta).await;
+    still_echoes(&mut modest).await;
+    assert_eq!(figures(&egress, "beta").refused_overload_total, 1);
+
+    // Hard: the run loop sheds the actor with the most tunnels first.
+    let run = tokio::spawn(guard.clone().run(cancel.clone()));
+    write_memory(memory.path(), 990);
+    let first = tokio::time::timeout(Duration::from_secs(5), shed_rx.recv())
+        .await
+        .expect("a shed within 5 s")
+        .expect("shedder alive");
+    write_memory(memory.path(), 100);
+    assert_eq!(first, actor("alpha").uid, "the largest goes first");
+    for mut s in greedy {
+        let mut buf = [0u8; 4];
+        let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("the shed tunnel ends at once");
+        assert!(
+            matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+            "{r:?}"
+        );
+    }
+    assert_eq!(figures(&egress, "alpha").shed_total, 3);
+    // Back to normal: new tunnels are admitted again.
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while guard.admit().is_err() {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the guard never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut after = echoing(alpha).await;
+    still_echoes(&mut after).await;
+    assert!(guard.figures().shed_total >= 1);
+    cancel.cancel();
+    run.await.expect("the guard's loop ends at cancel");
+}
