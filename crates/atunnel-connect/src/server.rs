@@ -142,6 +142,11 @@ impl<H: ConnectHandler> ConnectServer<H> {
     }
 
     /// Connections accepted and open, and one connection's task size.
+    /// The handler every connection's tunnels go to.
+    pub fn handler(&self) -> &Arc<H> {
+        &self.handler
+    }
+
     pub fn listener_stats(&self) -> ListenerFigures {
         self.listeners.figures()
     }

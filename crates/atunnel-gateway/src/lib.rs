@@ -12,6 +12,7 @@
 //! Depends on the core, identity, TLS and CONNECT crates; nothing but the
 //! bench and tests depends on it.
 
+pub mod budget;
 pub mod cli;
 
 use std::future::Future;
@@ -23,10 +24,12 @@ use atunnel_connect::limits::{DESTINATION_DIAL_TIMEOUT, MAX_CONCURRENT_STREAMS};
 use atunnel_connect::{
     Answer, ConnectHandler, ConnectRequest, ConnectServer, H2Settings, parse_destination,
 };
-use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::overload::OverloadGuard;
 use atunnel_core::relay::{RelayBounds, relay_within};
+use atunnel_core::sockopt::SocketOptions;
 use atunnel_core::{BufferPool, Endpoint};
 use atunnel_identity::identity::{ActorIdentity, verify_actor_leaf};
+use budget::{Admitted, BudgetStats, Budgets, IdentityBudget};
 use ipnet::IpNet;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
@@ -149,6 +152,10 @@ pub struct GatewayConfig {
     /// Receive window per tunnel: what one tunnel whose destination stopped
     /// reading makes the gateway hold.
     pub stream_window: u32,
+    /// What each client identity may make the gateway hold.
+    pub budget: IdentityBudget,
+    /// Past its soft threshold new CONNECTs are refused (503).
+    pub overload: Option<Arc<OverloadGuard>>,
     pub observer: Option<mpsc::UnboundedSender<ConnectSeen>>,
 }
 
@@ -167,6 +174,8 @@ impl GatewayConfig {
             tls_versions: rustls::ALL_VERSIONS.to_vec(),
             max_concurrent_streams: MAX_CONCURRENT_STREAMS,
             stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
+            budget: IdentityBudget::default(),
+            overload: None,
             observer: None,
         }
     }
@@ -176,13 +185,27 @@ impl GatewayConfig {
 /// authority, then the far end.
 pub struct GatewayHandler<F: FarEnd> {
     far: F,
-    pool: BufferPool,
+    budgets: Arc<Budgets>,
+    overload: Option<Arc<OverloadGuard>>,
     observer: Option<mpsc::UnboundedSender<ConnectSeen>>,
+}
+
+impl<F: FarEnd> GatewayHandler<F> {
+    /// Identities with tunnels open and the refusals of their budgets.
+    pub fn budget_stats(&self) -> BudgetStats {
+        self.budgets.stats()
+    }
+}
+
+/// An opened far end and the tunnel's place in its identity's budget.
+pub struct Opened<T> {
+    target: T,
+    admitted: Admitted,
 }
 
 impl<F: FarEnd> ConnectHandler for GatewayHandler<F> {
     type Peer = ActorIdentity;
-    type Target = F::Target;
+    type Target = Opened<F::Target>;
 
     fn peer(&self, tls: &rustls::ServerConnection) -> io::Result<ActorIdentity> {
         let leaf = tls
@@ -194,7 +217,11 @@ impl<F: FarEnd> ConnectHandler for GatewayHandler<F> {
         verify_actor_leaf(leaf).map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))
     }
 
-    async fn open(&self, identity: &ActorIdentity, req: ConnectRequest<'_>) -> Answer<F::Target> {
+    async fn open(
+        &self,
+        identity: &ActorIdentity,
+        req: ConnectRequest<'_>,
+    ) -> Answer<Opened<F::Target>> {
         if let Some(tx) = &self.observer {
             let _ = tx.send(ConnectSeen {
                 protocol: req.protocol,
@@ -223,14 +250,27 @@ impl<F: FarEnd> ConnectHandler for GatewayHandler<F> {
                 format!("invalid authority {:?}", req.authority),
             );
         };
+        if let Some(guard) = &self.overload
+            && let Err(e) = guard.admit()
+        {
+            return Answer::refuse(503, "Service Unavailable", format!("gateway {e}"));
+        }
+        let Some(admitted) = self.budgets.admit(identity) else {
+            return Answer::refuse(
+                429,
+                "Too Many Requests",
+                "too many tunnels open for this identity",
+            );
+        };
         match self.far.open(dest).await {
-            Ok(target) => Answer::Open(target),
+            Ok(target) => Answer::Open(Opened { target, admitted }),
             Err(r) => Answer::refuse(r.status, r.reason, r.body),
         }
     }
 
-    async fn run<E: Endpoint + Send>(&self, target: F::Target, tunnel: &mut E) {
-        if let Err(e) = self.far.run(target, tunnel, &self.pool).await {
+    async fn run<E: Endpoint + Send>(&self, opened: Opened<F::Target>, tunnel: &mut E) {
+        let Opened { target, admitted } = opened;
+        if let Err(e) = self.far.run(target, tunnel, admitted.pool()).await {
             tunnel.abort();
             tracing::debug!(error = %e, "gateway tunnel failed");
         }
@@ -267,7 +307,8 @@ pub fn new<F: FarEnd>(
     };
     let handler = Arc::new(GatewayHandler {
         far,
-        pool,
+        budgets: Budgets::new(cfg.budget, pool),
+        overload: cfg.overload,
         observer: cfg.observer,
     });
     // The gateway stands for a remote service; its connections do not
