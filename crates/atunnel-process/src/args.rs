@@ -3,6 +3,7 @@
 //! the duration syntax of every time flag.
 
 use atunnel_core::BufferPool;
+use atunnel_core::overload::OverloadConfig;
 use atunnel_core::pool::{DEFAULT_BUFFER_SIZE, DEFAULT_MAX_BUFFERS, DEFAULT_MAX_IDLE};
 use atunnel_core::relay::RelayBounds;
 use atunnel_core::sockopt::SocketOptions;
@@ -115,6 +116,38 @@ impl RelayArgs {
             write_stall: self.stalled_write_timeout.0,
             half_closed_idle: self.half_closed_timeout.0,
         }
+    }
+}
+
+/// The overload guard (see [`OverloadConfig`]): memory against the
+/// process's cgroup limit and descriptors against RLIMIT_NOFILE.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct OverloadArgs {
+    /// Pressure (used / limit, of memory or descriptors) past which new
+    /// work is refused (egress tunnels reset, ingress and CONNECT 503).
+    #[arg(long, default_value_t = OverloadConfig::default().soft)]
+    pub overload_soft: f64,
+    /// Pressure past which the largest consumer is shed, one per interval.
+    #[arg(long, default_value_t = OverloadConfig::default().hard)]
+    pub overload_hard: f64,
+    /// Memory limit in bytes the pressure is taken against (0: the
+    /// process's cgroup limit, or the machine's memory without one).
+    #[arg(long, default_value_t = 0)]
+    pub overload_memory_limit: u64,
+    /// Run no overload guard.
+    #[arg(long)]
+    pub no_overload_guard: bool,
+}
+
+impl OverloadArgs {
+    /// The guard's configuration; `None` with `--no-overload-guard`.
+    pub fn config(&self) -> Option<OverloadConfig> {
+        (!self.no_overload_guard).then(|| OverloadConfig {
+            soft: self.overload_soft,
+            hard: self.overload_hard,
+            memory_limit: (self.overload_memory_limit > 0).then_some(self.overload_memory_limit),
+            ..OverloadConfig::default()
+        })
     }
 }
 

@@ -10,7 +10,7 @@ pub mod args;
 pub mod cpu_quota;
 mod entry;
 
-pub use args::{FlagDuration, PoolArgs, RelayArgs, SocketArgs, parse_duration};
+pub use args::{FlagDuration, OverloadArgs, PoolArgs, RelayArgs, SocketArgs, parse_duration};
 pub use entry::run_main;
 
 /// Errors at process entry points, where the message is all that is left.

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use atunnel_identity::pem_files::{load_certs, load_key, load_roots};
-use atunnel_process::{BoxError, FlagDuration, PoolArgs, RelayArgs, SocketArgs};
+use atunnel_process::{BoxError, FlagDuration, OverloadArgs, PoolArgs, RelayArgs, SocketArgs};
 
 use crate::egress::{ActorBudget, Destination, EgressConfig};
 use crate::ingress::IngressConfig;
@@ -130,6 +130,8 @@ pub struct HostArgs {
     #[command(flatten)]
     pub budget: BudgetArgs,
     #[command(flatten)]
+    pub overload: OverloadArgs,
+    #[command(flatten)]
     pub socket: SocketArgs,
     #[command(flatten)]
     pub pool: PoolArgs,
@@ -150,6 +152,10 @@ pub struct BudgetArgs {
     /// its relays wait.
     #[arg(long, default_value_t = ActorBudget::default().max_buffers)]
     pub actor_max_buffers: usize,
+    /// Ingress requests and CONNECT tunnels in flight to one actor; past it
+    /// the router gets 503 for that actor.
+    #[arg(long, default_value_t = PoolSettings::default().max_in_flight)]
+    pub actor_max_ingress_in_flight: usize,
 }
 
 impl BudgetArgs {
@@ -242,7 +248,10 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
                 credential_bundle: bundle.clone(),
                 trust_bundle: trust.clone(),
                 allowed_client_id: args.client_identity.clone(),
-                pools: PoolSettings::default(),
+                pools: PoolSettings {
+                    max_in_flight: args.budget.actor_max_ingress_in_flight,
+                    ..PoolSettings::default()
+                },
                 socket: args.socket.options(),
                 sandbox_socket: args.socket.sandbox_options(),
                 drain_timeout: args.drain_timeout.0,
@@ -260,6 +269,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
         });
     }
     cfg.stats = Some(args.stats);
+    cfg.overload = args.overload.config();
     let tunnel = Tunnel::start(cfg).await?;
     let stats = tunnel.stats_addr().expect("asked for /stats");
     let result = host_actors(&args, &tunnel, stats, &cancel).await;

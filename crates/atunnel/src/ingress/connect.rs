@@ -30,6 +30,7 @@ const STALE: &[(&str, &str)] = &[(ASSIGNMENT_STALE, "true")];
 /// A CONNECT refused for overload says the guard's default retry (the
 /// refusal's headers are static); HTTPS answers say the configured one.
 const RETRY: &[(&str, &str)] = &[("retry-after", "5")];
+const BUSY: &[(&str, &str)] = &[("retry-after", "1")];
 
 /// The port of a CONNECT authority (`host:port`; the host is ignored: the
 /// actor is always 169.254.17.2 inside its sandbox).
@@ -67,6 +68,14 @@ impl ConnectHandler for IngressConnect {
                 headers: STALE,
             };
         };
+        if !activation.admits_more() {
+            return Answer::Refuse {
+                status: 503,
+                reason: "Service Unavailable",
+                body: "actor busy\n".into(),
+                headers: BUSY,
+            };
+        }
         let Some(port) = authority_port(req.authority) else {
             return Answer::refuse(
                 400,

@@ -57,7 +57,11 @@ fn text(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
     r
 }
 
-/// 503 with `Retry-After`: the process is overloaded and takes no new work.
+/// `Retry-After` of a 503 for an actor at its in-flight budget.
+const ACTOR_BUSY_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// 503 with `Retry-After`: the process is overloaded and takes no new work,
+/// or the actor has as much in flight as it may.
 pub fn unavailable(retry_after: std::time::Duration) -> Response<ProxyBody> {
     let mut r = text(StatusCode::SERVICE_UNAVAILABLE, "overloaded\n");
     r.headers_mut().insert(
@@ -190,6 +194,9 @@ async fn forward(
     let Some(activation) = target_activation(&routes, req.headers()) else {
         return misdirected();
     };
+    if !activation.admits_more() {
+        return unavailable(ACTOR_BUSY_RETRY);
+    }
     let token = activation.tasks.token();
     let port = target_port(req.headers());
     let (mut parts, body) = req.into_parts();

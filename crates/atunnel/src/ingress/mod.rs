@@ -27,7 +27,8 @@ use atunnel_tls::Hibernation;
 
 use routes::Routes;
 pub use routes::{
-    ActorDialer, ActorRoute, DirectDialer, PoolSettings, RouteError, RouteStats, SandboxDialer,
+    ActorDialer, ActorIngressStats, ActorRoute, DEFAULT_MAX_IN_FLIGHT_PER_ACTOR, DirectDialer,
+    PoolSettings, RouteError, RouteStats, SandboxDialer,
 };
 pub use tls::IngressTlsError;
 

@@ -79,6 +79,8 @@ struct Shared {
     dialer: Box<dyn ActorDialer>,
     cancel: CancellationToken,
     new_connections: AtomicU64,
+    /// Requests and tunnels refused: the actor had `max_in_flight`.
+    refused_in_flight: AtomicU64,
     socket: atunnel_core::sockopt::SocketOptions,
     dial_timeout: Duration,
 }
@@ -150,7 +152,16 @@ pub struct PoolSettings {
     pub idle_timeout: Duration,
     /// How long dialing the actor may take ([`ACTOR_DIAL_TIMEOUT`]).
     pub dial_timeout: Duration,
+    /// Requests and CONNECT tunnels in flight to one actor at once; past
+    /// it the router gets 503 for that actor alone
+    /// ([`DEFAULT_MAX_IN_FLIGHT_PER_ACTOR`]).
+    pub max_in_flight: usize,
 }
+
+/// Default of [`PoolSettings::max_in_flight`]: 1,024 requests and tunnels
+/// per actor. An actor that answers nothing or never reads a body holds
+/// that many of the router's streams at most, each bounded by its window.
+pub const DEFAULT_MAX_IN_FLIGHT_PER_ACTOR: usize = 1024;
 
 impl Default for PoolSettings {
     fn default() -> Self {
@@ -158,6 +169,7 @@ impl Default for PoolSettings {
             max_idle_per_actor: 128,
             idle_timeout: Duration::from_secs(90),
             dial_timeout: ACTOR_DIAL_TIMEOUT,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT_PER_ACTOR,
         }
     }
 }
@@ -173,6 +185,7 @@ impl ActorRoute {
             dialer,
             cancel: CancellationToken::new(),
             new_connections: AtomicU64::new(0),
+            refused_in_flight: AtomicU64::new(0),
             socket,
             dial_timeout: pools.dial_timeout,
         });
@@ -193,6 +206,26 @@ impl ActorRoute {
     /// The activation's uid.
     pub fn uid(&self) -> &str {
         &self.uid
+    }
+
+    /// False (counted) when the actor already has `max_in_flight` requests
+    /// and tunnels: the caller answers 503.
+    pub(crate) fn admits_more(&self) -> bool {
+        if self.tasks.len() < self.pools.max_in_flight {
+            return true;
+        }
+        self.shared
+            .refused_in_flight
+            .fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    fn figures(&self) -> ActorIngressStats {
+        ActorIngressStats {
+            actor: self.uid.clone(),
+            in_flight: self.tasks.len(),
+            refused_in_flight_total: self.shared.refused_in_flight.load(Ordering::Relaxed),
+        }
     }
 
     /// The h2c client to the actor's `port`.
@@ -253,12 +286,23 @@ fn client(
 }
 
 /// Counters for /stats and the bench.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct RouteStats {
     pub active_actors: usize,
     pub new_upstream_connections: u64,
     /// Requests and tunnels answered 503 because the process was overloaded.
     pub refused_overload_total: u64,
+    /// Each active actor's requests and tunnels in flight and refusals.
+    pub actors: Vec<ActorIngressStats>,
+}
+
+/// One actor's ingress figures.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ActorIngressStats {
+    pub actor: String,
+    pub in_flight: usize,
+    /// Requests and tunnels answered 503: the actor had `max_in_flight`.
+    pub refused_in_flight_total: u64,
 }
 
 /// The registry of active actors, keyed by `<atespace>/<name>`.
@@ -382,6 +426,11 @@ impl Routes {
             new_upstream_connections: self.retired_connections.load(Ordering::Relaxed)
                 + active.values().map(|a| a.new_connections()).sum::<u64>(),
             refused_overload_total: self.refused_overload.load(Ordering::Relaxed),
+            actors: {
+                let mut actors: Vec<_> = active.values().map(|a| a.figures()).collect();
+                actors.sort_by(|a, b| a.actor.cmp(&b.actor));
+                actors
+            },
         }
     }
 }

@@ -1,0 +1,159 @@
+//! Ingress per-actor in-flight budget and the overload guard, through real
+//! mTLS and HTTP/2 from the router to loopback actors: an actor that holds
+//! its budget's worth of requests gets 503 for the next while another
+//! actor is served, and an overloaded process answers 503 with Retry-After.
+
+use atunnel_support::prelude::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atunnel::ingress::{Ingress, PoolSettings};
+use atunnel_core::BufferPool;
+use atunnel_core::overload::{OverloadConfig, OverloadGuard};
+use bytes::Bytes;
+use http_body_util::Full;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// A GET to `team-a/<actor>` on a new stream, not awaited.
+fn get(router: &mut h2::client::SendRequest<Bytes>, actor: &str) -> h2::client::ResponseFuture {
+    let req = http::Request::get("https://w/")
+        .header("ate-target-actor", format!("team-a/{actor}"))
+        .body(())
+        .expect("request");
+    router.send_request(req, true).expect("send").0
+}
+
+fn activate(ingress: &Ingress, name: &str, uid: &str, port: u16) {
+    ingress
+        .activate(
+            "team-a",
+            name,
+            uid,
+            Box::new(LoopbackDialer([(80, port)].into_iter().collect())),
+        )
+        .expect("activate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_at_its_in_flight_budget_gets_503_and_another_is_served() {
+    let pki = IngressPki::new();
+    let running = ingress_tuned(&pki, |cfg| {
+        cfg.pools = PoolSettings {
+            max_in_flight: 2,
+            ..PoolSettings::default()
+        }
+    })
+    .await;
+    // alpha answers nothing until released; beta answers at once.
+    let release = Arc::new(Notify::new());
+    let r = release.clone();
+    let slow = http1_actor(move |_req| {
+        let r = r.clone();
+        async move {
+            r.notified().await;
+            http::Response::new(Full::new(Bytes::from_static(b"late")))
+        }
+    })
+    .await;
+    let quick =
+        http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"now"))) })
+            .await;
+    activate(&running.ingress, "alpha", "uid-1", slow.port());
+    activate(&running.ingress, "beta", "uid-2", quick.port());
+    let mut router = h2_router(&pki, running.https).await;
+    router = router.ready().await.expect("ready");
+    let held = [get(&mut router, "alpha"), get(&mut router, "alpha")];
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while running
+        .ingress
+        .stats()
+        .actors
+        .iter()
+        .find(|a| a.actor == "uid-1")
+        .map(|a| a.in_flight)
+        != Some(2)
+    {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the requests never reached alpha"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let refused = get(&mut router, "alpha").await.expect("an answer");
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let served = get(&mut router, "beta").await.expect("an answer");
+    assert_eq!(served.status(), 200, "another actor is served as usual");
+    let stats = running.ingress.stats();
+    let alpha = stats
+        .actors
+        .iter()
+        .find(|a| a.actor == "uid-1")
+        .expect("alpha");
+    assert_eq!(alpha.refused_in_flight_total, 1);
+    let beta = stats
+        .actors
+        .iter()
+        .find(|a| a.actor == "uid-2")
+        .expect("beta");
+    assert_eq!(beta.refused_in_flight_total, 0);
+    // The held requests were never cut: released, they are answered.
+    release.notify_waiters();
+    for r in held {
+        assert_eq!(r.await.expect("answered").status(), 200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overloaded_process_answers_503_with_retry_after() {
+    let pki = IngressPki::new();
+    let memory = tempfile::tempdir().expect("tempdir");
+    let write = |used: u64| {
+        std::fs::write(memory.path().join("memory.current"), format!("{used}\n")).expect("w");
+        std::fs::write(memory.path().join("memory.max"), "1000\n").expect("w");
+        std::fs::write(memory.path().join("memory.stat"), "inactive_file 0\n").expect("w");
+    };
+    write(100);
+    let guard = OverloadGuard::new(OverloadConfig {
+        memory_cgroup: Some(memory.path().to_path_buf()),
+        retry_after: Duration::from_secs(7),
+        ..OverloadConfig::default()
+    })
+    .expect("guard");
+    let ingress = Ingress::with_overload(
+        pki.ingress_config(),
+        BufferPool::default(),
+        Some(guard.clone()),
+    )
+    .expect("ingress");
+    let cancel = CancellationToken::new();
+    let local = "127.0.0.1:0".parse().expect("addr");
+    let (https, _connect) = ingress
+        .spawn(local, local, cancel.clone())
+        .await
+        .expect("listen");
+    let actor =
+        http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
+            .await;
+    activate(&ingress, "alpha", "uid-1", actor.port());
+    let mut router = h2_router(&pki, https).await;
+    router = router.ready().await.expect("ready");
+    assert_eq!(
+        get(&mut router, "alpha").await.expect("answer").status(),
+        200
+    );
+    write(900);
+    guard.sample();
+    let refused = get(&mut router, "alpha").await.expect("answer");
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "7");
+    assert_eq!(ingress.stats().refused_overload_total, 1);
+    write(100);
+    guard.sample();
+    assert_eq!(
+        get(&mut router, "alpha").await.expect("answer").status(),
+        200
+    );
+    cancel.cancel();
+}
