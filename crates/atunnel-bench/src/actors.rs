@@ -1,15 +1,20 @@
 //! `atunnel-bench actors`: the actors' programs for ingress, one small HTTP
 //! server (HTTP/1.1 and h2c) inside every sandbox's runtime namespace, at
-//! 169.254.17.2:<port>. A process of its own, so its CPU is the far end's,
-//! not the tunnel's or the generator's.
+//! 169.254.17.2:<port>, and two ports for stalled peers (one that floods,
+//! one that never reads). A process of its own, so its CPU is the far
+//! end's, not the tunnel's or the generator's.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use atunnel_sandbox::sandbox::ACTOR_ADDR;
 use atunnel_sandbox::{NetNs, NsExecutor};
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{Either, Full};
+use hyper::body::Frame;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio_util::sync::CancellationToken;
@@ -29,6 +34,11 @@ pub struct ActorsArgs {
     /// readers that stop reading).
     #[arg(long, default_value_t = 9000)]
     pub flood_port: u16,
+    /// A port where each connection is accepted and never read (for
+    /// uploads and request bodies that stall at the actor); held until the
+    /// peer closes, or for 120 s at most.
+    #[arg(long, default_value_t = 9001)]
+    pub hold_port: u16,
 }
 
 static FLOOD: [u8; 64 * 1024] = [b'f'; 64 * 1024];
@@ -64,6 +74,57 @@ async fn flood(listener: tokio::net::TcpListener, cancel: CancellationToken) {
     }
 }
 
+/// The longest a held connection is kept: a peer whose FIN waits behind
+/// bytes this side never reads is never seen to close (its FIN is outside
+/// the zero window), so the descriptor goes after this at the latest.
+pub const HOLD_LIMIT: Duration = Duration::from_secs(120);
+
+/// Accepts every connection and never reads from it or writes to it.
+async fn hold(listener: tokio::net::TcpListener, cancel: CancellationToken) {
+    while let Some(tcp) = accept(&listener, &cancel).await {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                _ = tokio::time::sleep(HOLD_LIMIT) => {}
+                _ = closed_unread(&tcp) => {}
+            }
+        });
+    }
+}
+
+/// Returns once the peer has closed or reset `tcp`, without reading a byte:
+/// readiness is cleared by hand until it says the read side is closed.
+async fn closed_unread(tcp: &tokio::net::TcpStream) {
+    use tokio::io::Interest;
+    loop {
+        match tcp.ready(Interest::READABLE | Interest::ERROR).await {
+            Ok(r) if !r.is_read_closed() && !r.is_error() => {
+                let _ = tcp.try_io(Interest::READABLE, || {
+                    Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+                });
+            }
+            _ => return,
+        }
+    }
+}
+
+/// A response body that never ends: 64 KiB chunks for as long as the
+/// client takes them (HTTP/1.1 sends it chunked).
+struct Endless;
+
+impl hyper::body::Body for Endless {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(&FLOOD)))))
+    }
+}
+
 static PAGE: [u8; 60_000] = [b'p'; 60_000];
 
 pub async fn run(
@@ -80,6 +141,10 @@ pub async fn run(
         let flood_addr = SocketAddr::from((ACTOR_ADDR, args.flood_port));
         let flooder = tokio::net::TcpListener::from_std(listen(flood_addr).await??)?;
         tokio::spawn(flood(flooder, cancel.clone()));
+        let holder = tokio::net::TcpListener::from_std(
+            listen(SocketAddr::from((ACTOR_ADDR, args.hold_port))).await??,
+        )?;
+        tokio::spawn(hold(holder, cancel.clone()));
         let body = body.clone();
         let cancel = cancel.clone();
         tokio::spawn(async move {
@@ -88,13 +153,15 @@ pub async fn run(
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                         // `/page`: a 60 KB answer (a rendered page, for the
-                        // hibernation table); anything else the short body.
-                        let body = if req.uri().path() == "/page" {
-                            Bytes::from_static(&PAGE)
-                        } else {
-                            body.clone()
+                        // hibernation table); `/endless`: an answer that
+                        // never ends (for routers that stop reading);
+                        // anything else the short body.
+                        let body = match req.uri().path() {
+                            "/page" => Either::Left(Full::new(Bytes::from_static(&PAGE))),
+                            "/endless" => Either::Right(Endless),
+                            _ => Either::Left(Full::new(body.clone())),
                         };
-                        async move { Ok::<_, Infallible>(hyper::Response::new(Full::new(body))) }
+                        async move { Ok::<_, Infallible>(hyper::Response::new(body)) }
                     });
                     let mut builder =
                         hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());

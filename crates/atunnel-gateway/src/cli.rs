@@ -2,12 +2,14 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use atunnel_identity::pem_files::{load_certs, load_key};
 use atunnel_process::{BoxError, PoolArgs, SocketArgs};
 use ipnet::IpNet;
 use tokio_util::sync::CancellationToken;
 
+use crate::stats::StatsSource;
 use crate::{FarEnd, Forward, GatewayConfig};
 
 /// The flags of every gateway process, whatever its far end.
@@ -37,8 +39,21 @@ pub struct GatewayArgs {
     #[arg(long, default_value_t = atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
           value_parser = clap::value_parser!(u32).range(4096..=(1 << 31) - 1))]
     pub stream_window: u32,
+    /// Address to serve `GET /stats` on (JSON: the process's heap, the
+    /// buffer pool, the CONNECT listener); off unless given.
+    #[arg(long)]
+    pub stats: Option<SocketAddr>,
     #[command(flatten)]
     pub relay: atunnel_process::RelayArgs,
+    /// Concurrent tunnels per client identity (actor); past it its new
+    /// CONNECTs are refused with 429.
+    #[arg(long, default_value_t = crate::budget::DEFAULT_IDENTITY_MAX_TUNNELS)]
+    pub identity_max_tunnels: usize,
+    /// Pooled relay buffers one identity's tunnels may hold at once.
+    #[arg(long, default_value_t = crate::budget::DEFAULT_IDENTITY_MAX_BUFFERS)]
+    pub identity_max_buffers: usize,
+    #[command(flatten)]
+    pub overload: atunnel_process::OverloadArgs,
     #[command(flatten)]
     pub socket: SocketArgs,
     #[command(flatten)]
@@ -69,8 +84,9 @@ impl ForwardArgs {
     }
 }
 
-/// Serves a gateway with `far` as its far end until `cancel`. Prints
-/// `listening <addr>` once bound.
+/// Serves a gateway with `far` as its far end (and `/stats` when
+/// `--stats` names an address) until `cancel`. Prints `listening <addr>`
+/// once both are bound.
 pub async fn run<F: FarEnd>(
     args: &GatewayArgs,
     far: F,
@@ -84,11 +100,48 @@ pub async fn run<F: FarEnd>(
     cfg.alpn = args.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     cfg.max_concurrent_streams = args.max_concurrent_streams;
     cfg.stream_window = args.stream_window;
+    cfg.budget = crate::budget::IdentityBudget {
+        max_tunnels: args.identity_max_tunnels,
+        max_buffers: args.identity_max_buffers,
+    };
+    let overload = match args.overload.config() {
+        Some(c) => Some(atunnel_core::overload::OverloadGuard::new(c)?),
+        None => None,
+    };
+    cfg.overload = overload.clone();
     cfg.socket = args.socket.options();
-    let gateway = crate::new(cfg, far, args.pool.pool())?;
+    let pool = args.pool.pool();
+    let gateway = crate::new(cfg, far, pool.clone())?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let stats = match args.stats {
+        Some(addr) => {
+            let tcp = tokio::net::TcpListener::bind(addr).await?;
+            let g = gateway.clone();
+            let source = StatsSource {
+                pool,
+                listener: Box::new(move || g.listener_stats()),
+                budgets: {
+                    let g = gateway.clone();
+                    Box::new(move || g.handler().budget_stats())
+                },
+                overload: overload.clone(),
+            };
+            Some((tcp, Arc::new(source)))
+        }
+        None => None,
+    };
     println!("listening {}", listener.local_addr()?);
-    gateway.serve(listener, cancel).await;
+    let stats = async {
+        if let Some((tcp, source)) = stats {
+            crate::stats::serve(tcp, source, cancel.clone()).await;
+        }
+    };
+    let guard = async {
+        if let Some(guard) = overload {
+            guard.run(cancel.clone()).await;
+        }
+    };
+    tokio::join!(gateway.serve(listener, cancel.clone()), stats, guard);
     Ok(())
 }
 
@@ -109,6 +162,7 @@ mod tests {
         );
         assert_eq!(args.gateway.socket.options(), Default::default());
         assert!(args.allow.is_empty(), "forwarding is default deny");
+        assert_eq!(args.gateway.stats, None, "/stats is off unless asked for");
         let alpn = [
             "atunnel-gateway",
             "--cert=c",

@@ -14,6 +14,7 @@
 
 pub mod budget;
 pub mod cli;
+mod stats;
 
 use std::future::Future;
 use std::io;

@@ -696,9 +696,11 @@ mod tests {
                     name: "socket-memory".to_string(),
                     rungs: vec![],
                     summary: json!({"cases": [
-                        {"case": "idle", "off_kib": 256, "lowat_kib": 16},
-                        {"case": "bulk", "off_kib": 4096, "lowat_kib": 512},
-                    ]}),
+                        {"case": "actor-stops-reading", "measured": "atunnel",
+                         "kernel_kib": 20, "heap_kib": 2, "total_kib": 22, "pass": true},
+                        {"case": "destination-stops-reading", "measured": "gateway",
+                         "kernel_kib": 4096, "heap_kib": 8, "total_kib": 4104, "pass": false},
+                    ], "bound_kib": 64}),
                     notes: vec!["run as root for SO_RCVLOWAT".to_string()],
                 },
             ],
@@ -824,7 +826,7 @@ mod tests {
         assert_eq!(plain["verdict"], "ok");
         assert_eq!(noted["verdict"], "tunnel-cpu");
         assert_eq!(plain["latency_us"]["p99"], 2500);
-        assert_eq!(scenarios[1]["summary"]["cases"][1]["off_kib"], 4096);
+        assert_eq!(scenarios[1]["summary"]["cases"][1]["total_kib"], 4104);
     }
 
     #[test]
@@ -853,7 +855,7 @@ mod tests {
             "tunnel-cpu",
             "sustainable: 2000/s",
             "cores_at_8000_rps: 0.812",
-            "case=idle lowat_kib=16 off_kib=256",
+            "case=actor-stops-reading heap_kib=2 kernel_kib=20 measured=atunnel pass=true total_kib=22",
             "note: run as root for SO_RCVLOWAT",
             "at 8000/s: throttled 12 times",
         ] {

@@ -44,8 +44,8 @@ fn about(scenario: Scenario) -> (&'static str, &'static str) {
             "The reference kept two spare connections per actor and opened a new one for many requests under load. Target: < 5 new per 1,000.",
         ),
         Scenario::SocketMemory => (
-            "Kernel socket memory per stalled connection, from SO_MEMINFO on the proxy's own sockets (duplicated with pidfd_getfd), 100 connections, with TCP_NOTSENT_LOWAT off and at 16 KiB: an actor that stops reading from a destination and a router that stops reading a CONNECT tunnel from an actor (atunnel's sockets); a destination that stops reading while an actor keeps writing through a forwarding gateway (the gateway's sockets). Also atunnel's heap per stalled connection (HTTP/2 windows), and bulk throughput with each setting. The notes say what each figure includes, and whether the 5 ms added round trip case ran.",
-            "Reference: 48-201 KiB per stalled connection with lowat, up to 1.4 MiB without. Target: <= 32 KiB at the same throughput.",
+            "The total memory one stalled connection holds on the proxy that holds it, 100 connections per case, with the run's flags: kernel socket memory (SO_MEMINFO on the proxy's own sockets, duplicated with pidfd_getfd) plus heap (the proxy's /stats after it released free memory), each over the proxy's idle baseline. Cases: an actor that stops reading a download; a destination that stops reading an upload, measured on atunnel and on a forwarding gateway; a router that stops reading an HTTP/1.1 CONNECT tunnel or an HTTPS response that never ends; an actor that stops reading an ingress request body. The notes say what each figure includes, the bulk throughput with the same flags, and whether the 5 ms added round trip case ran.",
+            "Reference: 48-201 KiB of kernel memory per stalled connection with lowat, up to 1.4 MiB without. Bound: <= 64 KiB heap plus kernel per stalled connection, in every case.",
         ),
         Scenario::IngressIdle => (
             "Idle router connections into atunnel, per connection, with hibernation off and on: HTTP/1.1 keep-alive after a short answer and after a 60 KB one, HTTP/2 after one request, and a CONNECT tunnel after one exchange. Heap and cgroup bytes once idle (and hibernated), atunnel's CPU while they went idle, the next request on each (the first after waking when hibernated: CPU and latency), and keep-alive throughput with hibernation off and on.",
@@ -142,6 +142,9 @@ pub fn write(
             }
             let _ = writeln!(md);
         }
+        if s.name == Scenario::SocketMemory.name() {
+            md.push_str(&stall_table(&s.summary));
+        }
         let _ = writeln!(md, "Summary: `{}`\n", s.summary);
         for n in &s.notes {
             let _ = writeln!(md, "- {n}");
@@ -185,6 +188,37 @@ pub fn write(
     results::write_whole(&dir.join("report.md"), md)
 }
 
+/// socket-memory's cases as a table: per stalled connection, kernel, heap
+/// and their total, and the verdict against the bound.
+fn stall_table(summary: &serde_json::Value) -> String {
+    let Some(cases) = summary["cases"].as_array().filter(|c| !c.is_empty()) else {
+        return String::new();
+    };
+    let bound = summary["bound_kib"].as_f64().unwrap_or(64.0);
+    let kib = |v: &serde_json::Value| v.as_f64().map_or("-".into(), |x| format!("{x:.1}"));
+    let mut md = format!(
+        "| case | proxy | kernel KiB | heap KiB | total KiB | verdict (<= {bound} KiB) |\n|---|---|---|---|---|---|\n"
+    );
+    for c in cases {
+        let verdict = match c["pass"].as_bool() {
+            Some(true) => "pass",
+            Some(false) => "FAIL",
+            None => "-",
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {verdict} |",
+            c["case"].as_str().unwrap_or("?"),
+            c["measured"].as_str().unwrap_or("?"),
+            kib(&c["kernel_kib"]),
+            kib(&c["heap_kib"]),
+            kib(&c["total_kib"]),
+        );
+    }
+    md.push('\n');
+    md
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +232,26 @@ mod tests {
             compare,
             scenarios: scenarios.map(<[Scenario]>::to_vec),
         }
+    }
+
+    #[test]
+    fn the_stall_table_has_a_row_per_case_with_the_total_and_its_verdict() {
+        let summary = serde_json::json!({"bound_kib": 64.0, "cases": [
+            {"case": "actor-stops-reading", "measured": "atunnel", "kernel_kib": 20.0,
+             "heap_kib": 1.5, "total_kib": 21.5, "pass": true},
+            {"case": "destination-stops-reading", "measured": "gateway", "kernel_kib": 300.0,
+             "heap_kib": 0.0, "total_kib": 300.0, "pass": false},
+        ]});
+        let table = stall_table(&summary);
+        assert!(
+            table.contains("| actor-stops-reading | atunnel | 20.0 | 1.5 | 21.5 | pass |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| destination-stops-reading | gateway | 300.0 | 0.0 | 300.0 | FAIL |"),
+            "{table}"
+        );
+        assert_eq!(stall_table(&serde_json::json!({})), "");
     }
 
     #[test]

@@ -1,0 +1,214 @@
+//! `/stats`: what the gateway process costs, as JSON on a local address
+//! (off unless `--stats` names one).
+//!
+//! `GET /stats` reads the figures; `GET /stats?release=1` (or `?trim=1`)
+//! first returns free pool buffers and asks the allocator to give free
+//! memory back, as atunnel's /stats does, so heap figures are taken the
+//! same way every time. `heap_bytes` is the live heap through
+//! `atunnel_core::alloc`'s counting allocator, 0 when the binary did not
+//! install it (atunnel-bench's gateway role does).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use atunnel_core::{BufferPool, Listener, ListenerFigures, ListenerStats, PoolStats};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+/// /stats connections open at once: a reader or two, never a crowd (the
+/// next one waits in the backlog).
+const MAX_CONNECTIONS: usize = 4;
+/// How long a client has to send a request head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ProcessStats {
+    pub pid: u32,
+    pub rss_bytes: u64,
+    /// Live heap through the counting allocator; 0 if it is not installed.
+    pub heap_bytes: usize,
+    pub open_fds: usize,
+    /// Tasks alive on this runtime (includes the stats server's own).
+    pub tasks: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct Stats {
+    pub process: ProcessStats,
+    pub pool: PoolStats,
+    /// The CONNECT listener's figures.
+    pub listener: ListenerFigures,
+    /// Client identities with tunnels open, and budget refusals.
+    pub budgets: crate::budget::BudgetStats,
+    /// The overload guard's state and actions, when one runs.
+    pub overload: Option<atunnel_core::overload::OverloadFigures>,
+}
+
+fn process_stats() -> ProcessStats {
+    let rss_pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(4096) as u64;
+    ProcessStats {
+        pid: std::process::id(),
+        rss_bytes: rss_pages * page,
+        heap_bytes: atunnel_core::alloc::live_bytes(),
+        open_fds: std::fs::read_dir("/proc/self/fd")
+            .map(|d| d.count())
+            .unwrap_or(0),
+        tasks: tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_alive_tasks()),
+    }
+}
+
+/// The figures `/stats` serves.
+pub(crate) struct StatsSource {
+    pub pool: BufferPool,
+    /// Reads the CONNECT listener's figures (the gateway's far end type is
+    /// generic; this hides it).
+    pub listener: Box<dyn Fn() -> ListenerFigures + Send + Sync>,
+    pub budgets: Box<dyn Fn() -> crate::budget::BudgetStats + Send + Sync>,
+    pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+}
+
+impl StatsSource {
+    fn collect(&self, release: bool) -> Stats {
+        if release {
+            self.pool.trim(0);
+            atunnel_core::alloc::release_free_memory();
+        }
+        Stats {
+            process: process_stats(),
+            pool: self.pool.stats(),
+            listener: (self.listener)(),
+            budgets: (self.budgets)(),
+            overload: self.overload.as_ref().map(|o| o.figures()),
+        }
+    }
+}
+
+/// Serves `/stats` on `listener` until `cancel`, then closes its
+/// connections and waits for them.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    source: Arc<StatsSource>,
+    cancel: CancellationToken,
+) {
+    let stats = ListenerStats::default();
+    let listener =
+        Listener::new(listener, "stats").with_cap(Arc::new(Semaphore::new(MAX_CONNECTIONS)));
+    listener
+        .serve(&cancel, &stats, |tcp, _| {
+            let (source, cancel) = (source.clone(), cancel.clone());
+            Some(async move {
+                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let source = source.clone();
+                    async move { Ok::<_, Infallible>(answer(&source, &req)) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .serve_connection(TokioIo::new(tcp), service);
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = conn => {}
+                }
+            })
+        })
+        .await
+}
+
+/// Whether the query asks for free memory to be released first.
+fn wants_release(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|p| p == "release=1" || p == "trim=1"))
+}
+
+fn answer(
+    source: &StatsSource,
+    req: &hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<Full<Bytes>> {
+    let response = if req.uri().path() == "/stats" {
+        let stats = source.collect(wants_release(req.uri().query()));
+        let body = serde_json::to_vec(&stats).unwrap_or_default();
+        hyper::Response::builder()
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+    } else {
+        hyper::Response::builder()
+            .status(404)
+            .body(Full::new(Bytes::from_static(b"not found\n")))
+    };
+    response.expect("static response parts are valid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_is_asked_by_either_name_and_only_as_a_whole_parameter() {
+        assert!(wants_release(Some("release=1")));
+        assert!(wants_release(Some("x=2&trim=1")));
+        assert!(!wants_release(None));
+        assert!(!wants_release(Some("release=10")));
+        assert!(!wants_release(Some("norelease=1")));
+    }
+
+    #[tokio::test]
+    async fn stats_serves_heap_pool_and_listener_figures_as_json() {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("addr");
+        let source = Arc::new(StatsSource {
+            pool: BufferPool::default(),
+            listener: Box::new(|| ListenerFigures {
+                accepted_total: 7,
+                ..ListenerFigures::default()
+            }),
+            budgets: Box::new(|| crate::budget::BudgetStats {
+                refused_total: 3,
+                ..Default::default()
+            }),
+            overload: None,
+        });
+        let cancel = CancellationToken::new();
+        let server = tokio::spawn(serve(tcp, source, cancel.clone()));
+        let get = |query: &'static str| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            s.write_all(format!("GET /stats{query} HTTP/1.0\r\n\r\n").as_bytes())
+                .await
+                .expect("write");
+            let mut raw = Vec::new();
+            s.read_to_end(&mut raw).await.expect("read");
+            let at = raw
+                .windows(4)
+                .position(|w| w == b"\r\n\r\n")
+                .expect("a head")
+                + 4;
+            serde_json::from_slice::<serde_json::Value>(&raw[at..]).expect("JSON")
+        };
+        for query in ["", "?release=1"] {
+            let v = get(query).await;
+            assert!(v["process"]["heap_bytes"].is_u64(), "{v}");
+            assert_eq!(v["process"]["pid"], std::process::id());
+            assert_eq!(v["pool"]["in_use"], 0, "{v}");
+            assert_eq!(v["listener"]["accepted_total"], 7, "{v}");
+            assert_eq!(v["budgets"]["refused_total"], 3, "{v}");
+        }
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("stops when cancelled")
+            .expect("no panic");
+    }
+}
