@@ -10,6 +10,13 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::stream::{RecordTracking, RustlsStream};
 
+/// Most bytes rustls queues for sending on an accepted connection (its
+/// default is 64 KiB): behind a peer that stopped reading, what waits in
+/// heap on top of the kernel's send queue. The kernel's queue, not this
+/// one, carries a transfer between the peer's reads, so it costs no
+/// throughput.
+pub const SEND_QUEUE_LIMIT: usize = 16 * 1024;
+
 /// Accepts mutual TLS on `tcp` within `timeout`, then refuses a client
 /// that resumed a session with a leaf certificate outside its validity
 /// period now. The stream comes boxed: it is over a kilobyte, and a future
@@ -42,8 +49,11 @@ pub async fn accept(
                 "TLS handshake timed out",
             ));
         }
-        Ok(Ok(tls)) => match check_resumed_client(tls.get_ref().1) {
-            Ok(()) => return Ok(Box::new(tls)),
+        Ok(Ok(mut tls)) => match check_resumed_client(tls.get_ref().1) {
+            Ok(()) => {
+                tls.get_mut().1.set_buffer_limit(Some(SEND_QUEUE_LIMIT));
+                return Ok(Box::new(tls));
+            }
             Err(e) => (e, tls.into_inner().0),
         },
         Ok(Err((e, tcp))) => (e, tcp),
