@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atunnel_core::{BufferPool, Listener, ListenerFigures, ListenerStats, PoolStats};
+use atunnel_process::process_stats::{ProcessStats, process_stats};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
@@ -29,17 +30,6 @@ const MAX_CONNECTIONS: usize = 4;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Serialize)]
-pub(crate) struct ProcessStats {
-    pub pid: u32,
-    pub rss_bytes: u64,
-    /// Live heap through the counting allocator; 0 if it is not installed.
-    pub heap_bytes: usize,
-    pub open_fds: usize,
-    /// Tasks alive on this runtime (includes the stats server's own).
-    pub tasks: usize,
-}
-
-#[derive(Debug, Serialize)]
 pub(crate) struct Stats {
     pub process: ProcessStats,
     pub pool: PoolStats,
@@ -49,26 +39,6 @@ pub(crate) struct Stats {
     pub budgets: crate::budget::BudgetStats,
     /// The overload guard's state and actions, when one runs.
     pub overload: Option<atunnel_core::overload::OverloadFigures>,
-}
-
-fn process_stats() -> ProcessStats {
-    let rss_pages = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0);
-    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .unwrap_or(4096) as u64;
-    ProcessStats {
-        pid: std::process::id(),
-        rss_bytes: rss_pages * page,
-        heap_bytes: atunnel_core::alloc::live_bytes(),
-        open_fds: std::fs::read_dir("/proc/self/fd")
-            .map(|d| d.count())
-            .unwrap_or(0),
-        tasks: tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_alive_tasks()),
-    }
 }
 
 /// The figures `/stats` serves.

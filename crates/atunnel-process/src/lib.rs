@@ -9,6 +9,7 @@
 pub mod args;
 pub mod cpu_quota;
 mod entry;
+pub mod process_stats;
 
 pub use args::{FlagDuration, OverloadArgs, PoolArgs, RelayArgs, SocketArgs, parse_duration};
 pub use entry::run_main;

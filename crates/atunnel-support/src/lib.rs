@@ -13,6 +13,7 @@
 
 pub mod gateway;
 pub mod ingress;
+pub mod overload;
 pub mod peers;
 pub mod pki;
 pub mod router;
@@ -23,6 +24,7 @@ pub mod stats_client;
 pub mod prelude {
     pub use crate::gateway::*;
     pub use crate::ingress::*;
+    pub use crate::overload::*;
     pub use crate::peers::*;
     pub use crate::pki::*;
     pub use crate::router::*;

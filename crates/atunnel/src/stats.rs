@@ -16,22 +16,9 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::egress::{ActorEgressStats, Egress, EgressStats};
+use atunnel_process::process_stats::{ProcessStats, process_stats};
 
-#[derive(Debug, Serialize)]
-pub struct ProcessStats {
-    pub pid: u32,
-    pub cpu_user_s: f64,
-    pub cpu_system_s: f64,
-    pub rss_bytes: u64,
-    /// Live heap through the counting allocator; 0 if it is not installed.
-    pub heap_bytes: usize,
-    pub open_fds: usize,
-    /// Tasks alive on this runtime (includes the stats server's own).
-    pub tasks: usize,
-    /// The runtime's worker threads (the cgroup's CPU quota, rounded up).
-    pub worker_threads: usize,
-}
+use crate::egress::{ActorEgressStats, Egress, EgressStats};
 
 #[derive(Debug, Serialize)]
 pub struct Stats {
@@ -45,41 +32,6 @@ pub struct Stats {
     pub overload: Option<atunnel_core::overload::OverloadFigures>,
     /// Ingress connections hibernated now, and counts so far.
     pub hibernation: Option<atunnel_tls::HibernationStats>,
-}
-
-pub(crate) fn process_stats() -> ProcessStats {
-    let runtime = tokio::runtime::Handle::try_current()
-        .ok()
-        .map(|h| h.metrics());
-    let (user, system) =
-        match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
-            Ok(u) => (timeval_s(u.user_time()), timeval_s(u.system_time())),
-            Err(_) => (0.0, 0.0),
-        };
-    let rss_pages = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0);
-    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .unwrap_or(4096) as u64;
-    ProcessStats {
-        pid: std::process::id(),
-        cpu_user_s: user,
-        cpu_system_s: system,
-        rss_bytes: rss_pages * page,
-        heap_bytes: atunnel_core::alloc::live_bytes(),
-        open_fds: std::fs::read_dir("/proc/self/fd")
-            .map(|d| d.count())
-            .unwrap_or(0),
-        tasks: runtime.as_ref().map_or(0, |m| m.num_alive_tasks()),
-        worker_threads: runtime.as_ref().map_or(0, |m| m.num_workers()),
-    }
-}
-
-fn timeval_s(t: nix::sys::time::TimeVal) -> f64 {
-    t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6
 }
 
 /// The figures `/stats` serves.

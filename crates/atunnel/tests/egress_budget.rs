@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use atunnel::egress::{ActorBudget, ActorEgressStats, Egress, EgressConfig};
 use atunnel_core::BufferPool;
-use atunnel_core::overload::{OverloadConfig, OverloadGuard, Shed, ShedAction};
+use atunnel_core::overload::{OverloadConfig, Shed, ShedAction};
 use atunnel_identity::clock::Clock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -181,13 +181,6 @@ async fn an_actor_opening_past_its_budget_is_reset_and_another_opens_as_usual() 
     assert_eq!(figures(&egress, "beta").refused_opening_total, 0);
 }
 
-/// Fake cgroup v2 memory files the guard reads: `used` of 1000 bytes.
-fn write_memory(dir: &std::path::Path, used: u64) {
-    std::fs::write(dir.join("memory.current"), format!("{used}\n")).expect("write");
-    std::fs::write(dir.join("memory.max"), "1000\n").expect("write");
-    std::fs::write(dir.join("memory.stat"), "anon 0\ninactive_file 0\n").expect("write");
-}
-
 /// Sheds through the egress, like the tunnel's own shedder, and says so.
 struct ShedVia(Arc<Egress>, tokio::sync::mpsc::UnboundedSender<String>);
 
@@ -208,14 +201,11 @@ async fn an_overloaded_process_refuses_new_tunnels_and_sheds_the_largest_actor()
     let pki = Pki::new();
     let gw = gateway(&pki, forward_loopback(), |_| {}).await;
     let echo = echo_server().await;
-    let memory = tempfile::tempdir().expect("tempdir");
-    write_memory(memory.path(), 100);
-    let guard = OverloadGuard::new(OverloadConfig {
-        memory_cgroup: Some(memory.path().to_path_buf()),
+    let memory = FakeMemoryCgroup::new(100);
+    let guard = memory.guard(OverloadConfig {
         interval: Duration::from_millis(20),
         ..OverloadConfig::default()
-    })
-    .expect("guard");
+    });
     let egress = Egress::with_overload(
         EgressConfig {
             drain_timeout: Duration::from_secs(5),
@@ -236,7 +226,7 @@ async fn an_overloaded_process_refuses_new_tunnels_and_sheds_the_largest_actor()
     let mut modest = echoing(beta).await;
 
     // Soft (90 % of the limit): new tunnels are reset, established ones go on.
-    write_memory(memory.path(), 900);
+    memory.set(900);
     guard.sample();
     is_reset(beta).await;
     still_echoes(&mut modest).await;
@@ -244,12 +234,12 @@ async fn an_overloaded_process_refuses_new_tunnels_and_sheds_the_largest_actor()
 
     // Hard: the run loop sheds the actor with the most tunnels first.
     let run = tokio::spawn(guard.clone().run(cancel.clone()));
-    write_memory(memory.path(), 990);
+    memory.set(990);
     let first = tokio::time::timeout(Duration::from_secs(5), shed_rx.recv())
         .await
         .expect("a shed within 5 s")
         .expect("shedder alive");
-    write_memory(memory.path(), 100);
+    memory.set(100);
     assert_eq!(first, actor("alpha").uid, "the largest goes first");
     for mut s in greedy {
         let mut buf = [0u8; 4];

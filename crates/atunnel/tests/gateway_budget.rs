@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atunnel_connect::client::OpenError;
-use atunnel_core::overload::{OverloadConfig, OverloadGuard};
+use atunnel_core::overload::OverloadConfig;
 use atunnel_gateway::budget::IdentityBudget;
 use atunnel_identity::clock::Clock;
 
@@ -62,31 +62,21 @@ async fn an_identity_past_its_budget_is_refused_and_another_opens_as_usual() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overloaded_gateway_refuses_new_tunnels_with_503() {
     let pki = Pki::new();
-    let memory = tempfile::tempdir().expect("tempdir");
-    let write = |used: u64| {
-        std::fs::write(memory.path().join("memory.current"), format!("{used}\n")).expect("w");
-        std::fs::write(memory.path().join("memory.max"), "1000\n").expect("w");
-        std::fs::write(memory.path().join("memory.stat"), "inactive_file 0\n").expect("w");
-    };
-    write(100);
-    let guard = OverloadGuard::new(OverloadConfig {
-        memory_cgroup: Some(memory.path().to_path_buf()),
-        ..OverloadConfig::default()
-    })
-    .expect("guard");
+    let memory = FakeMemoryCgroup::new(100);
+    let guard = memory.guard(OverloadConfig::default());
     let g = guard.clone();
     let gw = gateway(&pki, forward_loopback(), move |cfg| cfg.overload = Some(g)).await;
     let echo = echo_server().await.to_string();
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let alpha = prepare(&pki, gw.addr, actor("alpha"), source).await;
     let _first = open_at_once(alpha.client(), 1, &echo).await;
-    write(900);
+    memory.set(900);
     guard.sample();
     assert_eq!(
         refused_with(alpha.client().open_authority(&echo).await),
         503
     );
-    write(100);
+    memory.set(100);
     guard.sample();
     let _again = open_at_once(alpha.client(), 1, &echo).await;
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use atunnel::ingress::{Ingress, PoolSettings};
 use atunnel_core::BufferPool;
-use atunnel_core::overload::{OverloadConfig, OverloadGuard};
+use atunnel_core::overload::OverloadConfig;
 use bytes::Bytes;
 use http_body_util::Full;
 use tokio::sync::Notify;
@@ -108,19 +108,11 @@ async fn an_actor_at_its_in_flight_budget_gets_503_and_another_is_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overloaded_process_answers_503_with_retry_after() {
     let pki = IngressPki::new();
-    let memory = tempfile::tempdir().expect("tempdir");
-    let write = |used: u64| {
-        std::fs::write(memory.path().join("memory.current"), format!("{used}\n")).expect("w");
-        std::fs::write(memory.path().join("memory.max"), "1000\n").expect("w");
-        std::fs::write(memory.path().join("memory.stat"), "inactive_file 0\n").expect("w");
-    };
-    write(100);
-    let guard = OverloadGuard::new(OverloadConfig {
-        memory_cgroup: Some(memory.path().to_path_buf()),
+    let memory = FakeMemoryCgroup::new(100);
+    let guard = memory.guard(OverloadConfig {
         retry_after: Duration::from_secs(7),
         ..OverloadConfig::default()
-    })
-    .expect("guard");
+    });
     let ingress = Ingress::with_overload(
         pki.ingress_config(),
         BufferPool::default(),
@@ -143,13 +135,13 @@ async fn an_overloaded_process_answers_503_with_retry_after() {
         get(&mut router, "alpha").await.expect("answer").status(),
         200
     );
-    write(900);
+    memory.set(900);
     guard.sample();
     let refused = get(&mut router, "alpha").await.expect("answer");
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "7");
     assert_eq!(ingress.stats().refused_overload_total, 1);
-    write(100);
+    memory.set(100);
     guard.sample();
     assert_eq!(
         get(&mut router, "alpha").await.expect("answer").status(),
