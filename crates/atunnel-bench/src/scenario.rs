@@ -17,11 +17,12 @@ pub enum Scenario {
     IngressConnect,
     SocketMemory,
     IngressIdle,
+    NoisyNeighbour,
 }
 
 impl Scenario {
     /// Every scenario, in the order they run.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::EgressIdle,
         Scenario::EgressTcp,
         Scenario::EgressHttp,
@@ -30,6 +31,7 @@ impl Scenario {
         Scenario::IngressConnect,
         Scenario::SocketMemory,
         Scenario::IngressIdle,
+        Scenario::NoisyNeighbour,
     ];
 
     /// Its name on the command line and in the results.
@@ -43,6 +45,7 @@ impl Scenario {
             Scenario::IngressConnect => "ingress-connect",
             Scenario::SocketMemory => "socket-memory",
             Scenario::IngressIdle => "ingress-idle",
+            Scenario::NoisyNeighbour => "noisy-neighbour",
         }
     }
 

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | 7   | echo: every byte comes back; end of stream is echoed as a half-close |
 //! | 9   | discard: bytes are read and dropped; half-closes after the client does |
+//! | 13  | stall: accepts and never reads (a destination that stopped reading); held until the client resets, or [`STALL_LIMIT`] at most |
 //! | 19  | source: sends `source_bytes` bytes (zeros), then half-closes; input is discarded |
 //! | 80  | HTTP/1.1 responder: each request head gets `200 OK` with `http_body_bytes` bytes; keep-alive |
 //! | other | `other_ports` if set, else refused with `403 no sink service on port N` |
@@ -13,6 +14,7 @@
 use std::io;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use atunnel_core::BufferPool;
 use atunnel_core::endpoint::{Chunk, Endpoint, close_write, read_chunk, write_chunk};
@@ -46,6 +48,7 @@ pub enum Service {
     Discard,
     Source,
     Http,
+    Stall,
 }
 
 impl Service {
@@ -53,6 +56,7 @@ impl Service {
         match port {
             7 => Some(Service::Echo),
             9 => Some(Service::Discard),
+            13 => Some(Service::Stall),
             19 => Some(Service::Source),
             80 => Some(Service::Http),
             _ => None,
@@ -109,6 +113,39 @@ pub async fn serve<E: Endpoint + ?Sized>(
             Ok(sent)
         }
         Service::Http => http(ep, cfg.http_body_bytes, pool).await,
+        Service::Stall => stall(ep, pool).await,
+    }
+}
+
+/// The longest the stall service holds a tunnel: a client whose reset never
+/// comes (one that only closed) would otherwise keep it forever.
+pub const STALL_LIMIT: Duration = Duration::from_secs(120);
+
+/// Never reads, then resets: over HTTP/2 the bytes h2 already took under
+/// the window this side granted are dropped without ever returning window
+/// (`consumed`), so the client is held to one stream window, as behind a
+/// destination that stopped reading; a socket is not read at all. Ends with
+/// an error (the tunnel is reset) when the client resets, or after
+/// [`STALL_LIMIT`].
+async fn stall<E: Endpoint + ?Sized>(ep: &mut E, pool: &BufferPool) -> io::Result<u64> {
+    let held = async {
+        if ep.reads_into_pool() {
+            // Reading a socket would take its bytes: wait without reading.
+            std::future::pending::<()>().await;
+        }
+        while read_chunk(ep, pool).await?.is_some() {}
+        Ok::<_, io::Error>(())
+    };
+    match tokio::time::timeout(STALL_LIMIT, held).await {
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(())) => Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "stall: the client ended a tunnel that is never read",
+        )),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "stall: tunnel held for the stall limit",
+        )),
     }
 }
 

@@ -51,6 +51,10 @@ fn about(scenario: Scenario) -> (&'static str, &'static str) {
             "Idle router connections into atunnel, per connection, with hibernation off and on: HTTP/1.1 keep-alive after a short answer and after a 60 KB one, HTTP/2 after one request, and a CONNECT tunnel after one exchange. Heap and cgroup bytes once idle (and hibernated), atunnel's CPU while they went idle, the next request on each (the first after waking when hibernated: CPU and latency), and keep-alive throughput with hibernation off and on.",
             "Reference (seed 003, Bandit): 8.6 KB -> 2.1 KB for a short HTTP/1 answer, 587.7 KB -> 2.1 KB after a 60 KB page, 21.1 KB -> 3.3 KB for HTTP/2; 8-10 us to hibernate; keep-alive throughput within noise. Peers: nginx 15.6 KB, HAProxy 17.3 KB per idle TLS keep-alive connection. Target: <= 4 KiB hibernated.",
         ),
+        Scenario::NoisyNeighbour => (
+            "One hostile actor beside a victim on the same atunnel: the hostile actor (actor-1) runs unread downloads, uploads to a destination that never reads, a connection flood past its budget, a DNS flood and stalled ingress CONNECT tunnels, one after another; the victim's (actor-0) egress-http p99, egress-tcp MB/s and ingress-https p99 under each are compared with a baseline taken right before it in the same run, and the time until atunnel's memory, buffers, descriptors and tasks are back to that baseline once the hostile actor stops. atunnel runs with 10 s relay bounds for it (60 s by default) and a resolver that never answers.",
+            "Pass: the victim's p99 within 1.1x of its baseline and its throughput at least 0.9x, no OOM kill, atunnel's memory under the overload guard's soft threshold, and everything back to baseline within 60 s.",
+        ),
         Scenario::IngressConnect => (
             "CONNECT tunnels from the router through the CONNECT listener to actor:80, one request and answer inside each.",
             "",
@@ -141,6 +145,9 @@ pub fn write(
                 );
             }
             let _ = writeln!(md);
+        }
+        if s.name == Scenario::NoisyNeighbour.name() {
+            md.push_str(&super::scenarios::noisy_neighbour::report_section(dir, s)?);
         }
         if s.name == Scenario::SocketMemory.name() {
             md.push_str(&stall_table(&s.summary));

@@ -9,6 +9,8 @@
 //! - [`ingress`]: ingress-https, ingress-connect.
 //! - [`socket_memory`]: the socket-memory scenario.
 //! - [`ingress_idle`]: the ingress-idle scenario.
+//! - [`noisy_neighbour`]: the noisy-neighbour scenario (and its report
+//!   section).
 //!
 //! What they share is below them: the [`Bench`] they drive, the
 //! measurement around a rung (`run::rung`), dialing from the sandboxes
@@ -17,6 +19,7 @@
 mod egress;
 mod ingress;
 mod ingress_idle;
+pub(super) mod noisy_neighbour;
 mod socket_memory;
 
 use atunnel_bench::load::results::ScenarioResult;
@@ -55,5 +58,6 @@ async fn run_scenario(
         Scenario::IngressConnect => ingress::ingress_connect(bench).await,
         Scenario::SocketMemory => socket_memory::socket_memory(bench).await,
         Scenario::IngressIdle => ingress_idle::ingress_idle(bench).await,
+        Scenario::NoisyNeighbour => noisy_neighbour::noisy_neighbour(bench).await,
     }
 }

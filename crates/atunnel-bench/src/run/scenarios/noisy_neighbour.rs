@@ -1,0 +1,1481 @@
+//! noisy-neighbour: one hostile actor beside a victim on the same atunnel
+//! (in its cgroup at the run's CPU and memory limits). The hostile actor
+//! runs five patterns one after another (unread downloads, uploads to a
+//! destination that never reads, a connection flood past its budget, a DNS
+//! flood, stalled ingress CONNECT tunnels) while the victim's egress-http
+//! p99, egress-tcp MB/s and ingress-https p99 are measured, each against a
+//! baseline taken right before the pattern in the same run; then how long
+//! until atunnel's memory, buffers, descriptors and tasks are back to that
+//! baseline once the hostile actor stops.
+//!
+//! The hostile actor is persistent: what a bound resets it opens again, so
+//! a pattern holds for the whole measurement whatever the bound. atunnel is
+//! restarted for the scenario with 10 s relay bounds (the defaults are
+//! 60 s) so that recovery is measured within the run, and with a resolver
+//! that never answers (a socket in the sink's namespace that is never
+//! read), so the DNS flood meets the slow upstream that holds the relay's
+//! work longest.
+
+mod report;
+
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use atunnel_bench::load::results::{Latency, ScenarioResult};
+use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung};
+use atunnel_bench::scenario::Scenario;
+use atunnel_sandbox::NsExecutor;
+use atunnel_support::stats_client::num;
+use bytes::Bytes;
+use http_body_util::Empty;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub(in crate::run) use report::section as report_section;
+
+use crate::role::process_cpu_seconds;
+use crate::run::bench::Bench;
+use crate::run::dial::Actors;
+use crate::run::router::{Alpn, RouterTls};
+use crate::topology::{SINK_ADDR, Topology};
+use crate::traffic::{DISCARD, ECHO, HTTP, HTTP_ANSWER_LEN, SOURCE};
+
+type BoxError = atunnel_process::BoxError;
+type H2Sender = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
+
+/// The victim: actor-0, whose figures are compared.
+const VICTIM: u64 = 0;
+/// The hostile actor: actor-1.
+const HOSTILE: u64 = 1;
+/// The sink's stall service: accepts and never reads.
+const STALL: &str = "192.0.2.10:13";
+/// The DNS relay inside every sandbox.
+const DNS_RELAY: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(169, 254, 17, 1)), 53);
+/// The resolver atunnel is given for the scenario: a socket in the sink's
+/// namespace that is never read, so no query is ever answered.
+const BLACK_HOLE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(SINK_ADDR), 53);
+/// The actors' port whose every connection gets an endless stream of bytes.
+const FLOOD_PORT: u16 = 9000;
+/// atunnel's relay bounds for the scenario (the default is 60 s): a tunnel
+/// that can never finish is reset within it, and so recovery is measured
+/// within the run.
+const RELAY_BOUND: &str = "10s";
+/// The victim's request rate, egress HTTP and ingress HTTPS alike.
+const RATE: f64 = 1000.0;
+/// The victim's kept-alive egress HTTP connections.
+const HTTP_CONNS: usize = 16;
+/// The victim's router HTTP/2 connections for ingress HTTPS.
+const ROUTER_CONNS: usize = 4;
+/// DNS queries per second the hostile actor sends: a fixed rate, high
+/// enough to fill its relay's in-flight budget (256) many times a second,
+/// low enough that the generator, which shares a core with the sink and
+/// the victim's clients, does not become what the victim waits for.
+const DNS_RATE: f64 = 20_000.0;
+/// Opens in flight at once for the patterns that hold connections, each
+/// holding its place for [`OPEN_SPACING`] more: at most 1,280 opens a
+/// second, so the patterns that are not a flood stay well inside the
+/// actor's opening budget (256) and are what they say they are.
+const OPENING_AT_ONCE: usize = 64;
+const OPEN_SPACING: Duration = Duration::from_millis(50);
+/// How long a pattern may take to be established.
+const ESTABLISH_LIMIT: Duration = Duration::from_secs(30);
+/// How often recovery is checked, and how long it is waited for.
+const POLL: Duration = Duration::from_millis(200);
+const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
+/// Back to baseline: heap within 2 MiB, cgroup memory within 8 MiB (kernel
+/// slab and socket memory come back in pages), descriptors and tasks
+/// within 8, no more pooled buffers out than at baseline, and the hostile
+/// actor holding no egress tunnel.
+const HEAP_SLACK: f64 = 2.0 * 1048576.0;
+const CGROUP_SLACK: f64 = 8.0 * 1048576.0;
+const COUNT_SLACK: f64 = 8.0;
+/// The pass bounds: the victim's p99 within 1.1x of its baseline, its
+/// throughput at least 0.9x.
+const P99_RATIO_MAX: f64 = 1.1;
+const TCP_RATIO_MIN: f64 = 0.9;
+
+/// How big a run is: the quick one is short.
+struct Sizes {
+    /// Each victim rung (egress HTTP, then ingress HTTPS).
+    window: Duration,
+    tcp_bytes: u64,
+    tcp_runs: usize,
+    /// Unread downloads and stalled uploads held.
+    stalled: usize,
+    /// Stalled ingress CONNECT tunnels held.
+    ingress: usize,
+    /// Connection-flood workers, each opening one connection after another.
+    flood_workers: usize,
+}
+
+impl Sizes {
+    fn of(quick: bool) -> Self {
+        if quick {
+            Sizes {
+                window: Duration::from_millis(2500),
+                tcp_bytes: 64 << 20,
+                tcp_runs: 3,
+                stalled: 1000,
+                ingress: 200,
+                flood_workers: 16,
+            }
+        } else {
+            Sizes {
+                window: Duration::from_secs(15),
+                tcp_bytes: 256 << 20,
+                tcp_runs: 3,
+                stalled: 3000,
+                ingress: 1000,
+                flood_workers: 32,
+            }
+        }
+    }
+}
+
+/// What the hostile actor does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pattern {
+    UnreadDownloads,
+    StalledUploads,
+    ConnectionFlood,
+    DnsFlood,
+    StalledIngressConnect,
+}
+
+const PATTERNS: [Pattern; 5] = [
+    Pattern::UnreadDownloads,
+    Pattern::StalledUploads,
+    Pattern::ConnectionFlood,
+    Pattern::DnsFlood,
+    Pattern::StalledIngressConnect,
+];
+
+impl Pattern {
+    fn name(self) -> &'static str {
+        match self {
+            Pattern::UnreadDownloads => "unread-downloads",
+            Pattern::StalledUploads => "stalled-uploads",
+            Pattern::ConnectionFlood => "connection-flood",
+            Pattern::DnsFlood => "dns-flood",
+            Pattern::StalledIngressConnect => "stalled-ingress-connect",
+        }
+    }
+
+    fn what(self, s: &Sizes) -> String {
+        match self {
+            Pattern::UnreadDownloads => format!(
+                "unread-downloads: {} egress connections to the sink's source port (19, sends without end), never read; each one a bound resets is opened again",
+                s.stalled
+            ),
+            Pattern::StalledUploads => format!(
+                "stalled-uploads: {} egress connections to the sink's stall port (13, accepts and never reads, so the tunnel's HTTP/2 window is never returned), each written to until blocked; each one a bound resets is opened again; stopping closes them normally (FIN behind unsent bytes, which atunnel cannot see until its stalled-write bound)",
+                s.stalled
+            ),
+            Pattern::ConnectionFlood => format!(
+                "connection-flood: {} workers each opening egress connections to the sink's echo port one after another as fast as they go (one byte there and back to tell held from reset), holding every one atunnel admits, past the actor's tunnel budget",
+                s.flood_workers
+            ),
+            Pattern::DnsFlood => format!(
+                "dns-flood: UDP queries from the hostile actor's sandbox to its DNS relay (169.254.17.1:53) at {DNS_RATE:.0}/s; the resolver never answers, so each admitted query holds the relay's work for its 5 s timeout"
+            ),
+            Pattern::StalledIngressConnect => format!(
+                "stalled-ingress-connect: {} HTTP/1.1 CONNECT tunnels over TLS from the router to the hostile actor's flood port ({FLOOD_PORT}, sends without end), never read after the answer's head; each one a bound resets is opened again",
+                s.ingress
+            ),
+        }
+    }
+}
+
+/// The router's TLS and the namespaces, owned, for tasks of their own.
+#[derive(Clone)]
+struct Router {
+    tls: Arc<RouterTls>,
+    topo: Arc<Topology>,
+}
+
+impl Router {
+    fn of(bench: &Bench) -> Result<Self, BoxError> {
+        let t = &bench.topo;
+        Ok(Self {
+            tls: Arc::new(RouterTls::new(&bench.pki)?),
+            topo: Arc::new(Topology {
+                exec: t.exec.clone(),
+                worker: t.worker.clone(),
+                sink: t.sink.clone(),
+                load: t.load.clone(),
+            }),
+        })
+    }
+
+    /// An HTTP/2 connection to the HTTPS listener, driven by a task that
+    /// ends with the connection.
+    async fn h2(&self) -> Result<H2Sender, BoxError> {
+        let tls = self.tls.connect(&self.topo, 443, Alpn::H2).await?;
+        let (send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tls),
+        )
+        .await?;
+        tokio::spawn(conn);
+        Ok(send)
+    }
+}
+
+/// The victim's connections, kept for the whole scenario (a broken one is
+/// made again by the next unit that needs it).
+#[derive(Clone)]
+struct Victim {
+    actors: Actors,
+    router: Router,
+    http: Arc<Vec<tokio::sync::Mutex<Option<TcpStream>>>>,
+    https: Arc<Vec<tokio::sync::Mutex<Option<H2Sender>>>>,
+}
+
+impl Victim {
+    async fn open(actors: Actors, router: Router) -> Result<Self, BoxError> {
+        let mut http = Vec::with_capacity(HTTP_CONNS);
+        for _ in 0..HTTP_CONNS {
+            let mut s = actors.dial(VICTIM, HTTP).await?;
+            http_exchange(&mut s).await?;
+            http.push(tokio::sync::Mutex::new(Some(s)));
+        }
+        let mut https = Vec::with_capacity(ROUTER_CONNS);
+        for _ in 0..ROUTER_CONNS {
+            https.push(tokio::sync::Mutex::new(Some(router.h2().await?)));
+        }
+        let victim = Self {
+            actors,
+            router,
+            http: Arc::new(http),
+            https: Arc::new(https),
+        };
+        for i in 0..ROUTER_CONNS as u64 {
+            victim.https_unit(i).await?;
+        }
+        Ok(victim)
+    }
+
+    /// One request over the victim's kept-alive egress connection `i`.
+    async fn http_unit(&self, i: u64) -> Result<(), String> {
+        let mut slot = self.http[i as usize % self.http.len()].lock().await;
+        if slot.is_none() {
+            *slot = Some(
+                self.actors
+                    .dial(VICTIM, HTTP)
+                    .await
+                    .map_err(|e| format!("dialing the sink's HTTP port: {e}"))?,
+            );
+        }
+        let s = slot.as_mut().expect("filled above");
+        let result = http_exchange(s).await.map_err(|e| e.to_string());
+        if result.is_err() {
+            *slot = None;
+        }
+        result
+    }
+
+    /// One HTTPS request from the router to the victim, over its router
+    /// connection `i`.
+    async fn https_unit(&self, i: u64) -> Result<(), String> {
+        let slot = &self.https[i as usize % self.https.len()];
+        let mut send = {
+            let mut guard = slot.lock().await;
+            if guard.as_ref().is_none_or(|s| s.is_closed()) {
+                *guard = Some(self.router.h2().await.map_err(|e| e.to_string())?);
+            }
+            guard.clone().expect("filled above")
+        };
+        let req = http::Request::builder()
+            .uri("https://worker.bench/")
+            .header("ate-target-actor", format!("bench/actor-{VICTIM}"))
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let answer = async {
+            let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+            if !resp.status().is_success() {
+                return Err(format!("status {}", resp.status()));
+            }
+            http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        };
+        let result = answer.await;
+        if result.is_err() {
+            *slot.lock().await = None;
+        }
+        result
+    }
+}
+
+/// One request over a kept-alive egress connection to the sink's HTTP port.
+async fn http_exchange(s: &mut TcpStream) -> std::io::Result<()> {
+    s.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n")
+        .await?;
+    let mut answer = [0u8; HTTP_ANSWER_LEN];
+    s.read_exact(&mut answer).await?;
+    Ok(())
+}
+
+/// One victim rung as the scheduler counted it.
+#[derive(Clone, Debug, Default)]
+struct Figures {
+    latency: Latency,
+    achieved: f64,
+    errors: u64,
+    shed: u64,
+    dispatch_lag_p99_us: u64,
+    first_error: Option<String>,
+}
+
+impl Figures {
+    fn of(out: &RungOutcome) -> Self {
+        Self {
+            latency: Latency::from_histogram(&out.latency),
+            achieved: out.achieved,
+            errors: out.errors,
+            shed: out.shed,
+            dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
+            first_error: out.first_error.clone(),
+        }
+    }
+}
+
+/// The victim's figures over one measurement, and the CPU around it.
+#[derive(Clone, Debug, Default)]
+struct Window {
+    http: Figures,
+    https: Figures,
+    /// MB/s of each upload; 0 for one that failed.
+    tcp_mb_s: Vec<f64>,
+    tcp_error: Option<String>,
+    tunnel_cores: f64,
+    throttled: bool,
+    generator_cores: f64,
+    /// The gateway sink: the far end of the victim's egress.
+    sink_cores: f64,
+    /// The actors' process: the far end of the victim's ingress.
+    actors_cores: f64,
+    /// The machine's busy CPU not used by any of the bench's processes
+    /// (other work on a shared machine).
+    others_cores: f64,
+}
+
+impl Window {
+    /// Every core the machine had busy: the bench's processes and others'.
+    fn machine_cores(&self) -> f64 {
+        self.tunnel_cores
+            + self.generator_cores
+            + self.sink_cores
+            + self.actors_cores
+            + self.others_cores
+    }
+
+    /// Whether the machine had no core to spare (90 % of its cores busy):
+    /// then the victim's clients and far ends waited for CPU, and what the
+    /// victim saw is not atunnel's alone.
+    fn machine_saturated(&self) -> bool {
+        let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
+        self.machine_cores() >= 0.9 * cores
+    }
+
+    fn tcp_median(&self) -> f64 {
+        let mut v = self.tcp_mb_s.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    fn errors(&self) -> u64 {
+        self.http.errors
+            + self.https.errors
+            + self.tcp_mb_s.iter().filter(|&&x| x == 0.0).count() as u64
+    }
+
+    /// The first error seen, for the notes.
+    fn first_error(&self) -> Option<String> {
+        let tagged = |what: &str, e: &Option<String>| e.as_ref().map(|e| format!("{what}: {e}"));
+        tagged("egress http", &self.http.first_error)
+            .or_else(|| tagged("ingress https", &self.https.first_error))
+            .or_else(|| tagged("egress tcp", &self.tcp_error))
+    }
+}
+
+/// Measures the victim: egress HTTP at [`RATE`], open loop, then
+/// `tcp_runs` uploads to the sink's discard port, then ingress HTTPS at
+/// [`RATE`], open loop; latency from each request's due time.
+async fn measure_victim(bench: &Bench, victim: &Victim, sizes: &Sizes) -> Window {
+    let cpu0 = Cpu::sample(bench);
+    let t0 = Instant::now();
+    let rung = Rung {
+        rate: RATE,
+        duration: sizes.window,
+        max_in_flight: 1024,
+    };
+    let v = victim.clone();
+    let http = run_rung(&rung, move |i| {
+        let v = v.clone();
+        async move { v.http_unit(i).await }
+    })
+    .await;
+    let mut tcp_mb_s = Vec::with_capacity(sizes.tcp_runs);
+    let mut tcp_error = None;
+    for _ in 0..sizes.tcp_runs {
+        let t = Instant::now();
+        let upload = async {
+            let s = victim.actors.dial(VICTIM, DISCARD).await?;
+            crate::traffic::upload(s, sizes.tcp_bytes).await
+        };
+        match upload.await {
+            Ok(bytes) => tcp_mb_s.push((bytes as f64 / 1e6 / t.elapsed().as_secs_f64()).round()),
+            Err(e) => {
+                tcp_mb_s.push(0.0);
+                tcp_error.get_or_insert(e.to_string());
+            }
+        }
+    }
+    let v = victim.clone();
+    let https = run_rung(&rung, move |i| {
+        let v = v.clone();
+        async move { v.https_unit(i).await }
+    })
+    .await;
+    let cpu1 = Cpu::sample(bench);
+    let secs = t0.elapsed().as_secs_f64().max(1e-3);
+    let cores = |f: fn(&Cpu) -> f64| (f(&cpu1) - f(&cpu0)).max(0.0) / secs;
+    let tunnel = cpu1.tunnel.cpu_seconds_since(&cpu0.tunnel) / secs;
+    let ours = tunnel + cores(|c| c.generator) + cores(|c| c.sink) + cores(|c| c.actors);
+    Window {
+        http: Figures::of(&http),
+        https: Figures::of(&https),
+        tcp_mb_s,
+        tcp_error,
+        tunnel_cores: tunnel,
+        throttled: cpu1.tunnel.throttled_since(&cpu0.tunnel),
+        generator_cores: cores(|c| c.generator),
+        sink_cores: cores(|c| c.sink),
+        actors_cores: cores(|c| c.actors),
+        others_cores: (cores(|c| c.machine) - ours).max(0.0),
+    }
+}
+
+/// CPU seconds used so far by each participant, and by the whole machine.
+struct Cpu {
+    tunnel: atunnel_bench::cgroup::CgroupSample,
+    generator: f64,
+    sink: f64,
+    actors: f64,
+    machine: f64,
+}
+
+impl Cpu {
+    fn sample(bench: &Bench) -> Self {
+        Self {
+            tunnel: bench.cgroup_sample(),
+            generator: process_cpu_seconds(std::process::id()),
+            sink: bench.sink_pid().map_or(0.0, process_cpu_seconds),
+            actors: bench.actors_pid().map_or(0.0, process_cpu_seconds),
+            machine: machine_busy_seconds(),
+        }
+    }
+}
+
+/// CPU seconds the machine has spent busy (not idle or waiting for I/O),
+/// from the first line of /proc/stat; 0 if it cannot be read.
+fn machine_busy_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return 0.0;
+    };
+    let Some(line) = stat.lines().next() else {
+        return 0.0;
+    };
+    // cpu user nice system idle iowait irq softirq steal ...
+    let ticks: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let busy: f64 = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| ticks.get(i))
+        .sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    busy / hz
+}
+
+/// What the hostile actor's tasks counted.
+#[derive(Default)]
+struct Tally {
+    /// Connections opened (or, for the flood, held).
+    opened: AtomicU64,
+    /// Held connections that ended (reset by a bound, mostly) and were
+    /// opened again.
+    ended: AtomicU64,
+    /// Opens that failed; for the flood, connections atunnel reset.
+    failed: AtomicU64,
+    /// Connections held now.
+    holding: AtomicU64,
+    /// Flood attempts, or DNS queries sent.
+    sent: AtomicU64,
+}
+
+/// A hostile pattern running: its tasks, what they hold, and how to stop
+/// them. Stopping drops every socket they hold (closed as a program's
+/// exit closes them: FIN, or RST where unread bytes wait).
+struct Hostile {
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    tally: Arc<Tally>,
+}
+
+impl Hostile {
+    async fn start(
+        pattern: Pattern,
+        sizes: &Sizes,
+        actors: &Actors,
+        exec: &NsExecutor,
+        router: &Router,
+    ) -> Result<Self, BoxError> {
+        let h = Hostile {
+            cancel: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            tally: Arc::new(Tally::default()),
+        };
+        let gate = Arc::new(Semaphore::new(OPENING_AT_ONCE));
+        match pattern {
+            Pattern::UnreadDownloads => {
+                for _ in 0..sizes.stalled {
+                    let a = actors.clone();
+                    h.tasks.spawn(persistent(
+                        h.cancel.clone(),
+                        gate.clone(),
+                        h.tally.clone(),
+                        move || {
+                            let a = a.clone();
+                            async move {
+                                let s = a.dial(HOSTILE, SOURCE).await.map_err(|e| e.to_string())?;
+                                // Open once the first bytes came through.
+                                tokio::time::timeout(Duration::from_secs(5), s.readable())
+                                    .await
+                                    .map_err(|_| "no byte within 5 s".to_string())?
+                                    .map_err(|e| e.to_string())?;
+                                Ok(s)
+                            }
+                        },
+                        |s: TcpStream| async move { closed_unread(&s).await },
+                    ));
+                }
+            }
+            Pattern::StalledUploads => {
+                for _ in 0..sizes.stalled {
+                    let a = actors.clone();
+                    h.tasks.spawn(persistent(
+                        h.cancel.clone(),
+                        gate.clone(),
+                        h.tally.clone(),
+                        move || {
+                            let a = a.clone();
+                            async move { a.dial(HOSTILE, STALL).await.map_err(|e| e.to_string()) }
+                        },
+                        |mut s: TcpStream| async move {
+                            static CHUNK: [u8; 64 * 1024] = [b'u'; 64 * 1024];
+                            while s.write_all(&CHUNK).await.is_ok() {}
+                        },
+                    ));
+                }
+            }
+            Pattern::StalledIngressConnect => {
+                for _ in 0..sizes.ingress {
+                    let r = router.clone();
+                    h.tasks.spawn(persistent(
+                        h.cancel.clone(),
+                        gate.clone(),
+                        h.tally.clone(),
+                        move || {
+                            let r = r.clone();
+                            async move {
+                                r.tls
+                                    .connect_tunnel(&r.topo, HOSTILE, FLOOD_PORT)
+                                    .await
+                                    .map_err(|e| e.to_string())
+                            }
+                        },
+                        |tls: tokio_rustls::client::TlsStream<TcpStream>| async move {
+                            closed_unread(tls.get_ref().0).await
+                        },
+                    ));
+                }
+            }
+            Pattern::ConnectionFlood => {
+                let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+                for _ in 0..sizes.flood_workers {
+                    h.tasks.spawn(flood_worker(
+                        h.cancel.clone(),
+                        actors.clone(),
+                        h.tally.clone(),
+                        held.clone(),
+                    ));
+                }
+            }
+            Pattern::DnsFlood => {
+                let ns = actors.sandboxes[HOSTILE as usize % actors.sandboxes.len()].clone();
+                let socket = exec
+                    .run_in(&ns, || {
+                        let s = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+                        s.set_nonblocking(true)?;
+                        Ok::<_, std::io::Error>(s)
+                    })
+                    .await??;
+                let socket = tokio::net::UdpSocket::from_std(socket)?;
+                socket.connect(DNS_RELAY).await?;
+                h.tasks
+                    .spawn(dns_flood(h.cancel.clone(), socket, h.tally.clone()));
+            }
+        }
+        Ok(h)
+    }
+
+    /// Stops the tasks and waits for them (their sockets closed).
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+/// Holds one connection from `open` with `hold` until it ends, then opens
+/// another, until cancelled: a hostile actor that keeps what a bound
+/// resets. At most [`OPENING_AT_ONCE`] opens at once across the pattern.
+async fn persistent<C, O, OFut, H, HFut>(
+    cancel: CancellationToken,
+    gate: Arc<Semaphore>,
+    tally: Arc<Tally>,
+    open: O,
+    hold: H,
+) where
+    O: Fn() -> OFut,
+    OFut: Future<Output = Result<C, String>>,
+    H: Fn(C) -> HFut,
+    HFut: Future<Output = ()>,
+{
+    loop {
+        let conn = {
+            let _permit = tokio::select! {
+                _ = cancel.cancelled() => return,
+                p = gate.acquire() => p,
+            };
+            let conn = tokio::select! {
+                _ = cancel.cancelled() => return,
+                c = open() => c,
+            };
+            tokio::time::sleep(OPEN_SPACING).await;
+            conn
+        };
+        let Ok(conn) = conn else {
+            tally.failed.fetch_add(1, Ordering::Relaxed);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+            }
+        };
+        tally.opened.fetch_add(1, Ordering::Relaxed);
+        tally.holding.fetch_add(1, Ordering::Relaxed);
+        let ended = tokio::select! {
+            _ = cancel.cancelled() => false,
+            () = hold(conn) => true,
+        };
+        tally.holding.fetch_sub(1, Ordering::Relaxed);
+        if !ended {
+            return;
+        }
+        tally.ended.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Returns once the peer has closed or reset `tcp`, without reading a byte:
+/// readiness is cleared by hand until it says the read side is closed.
+async fn closed_unread(tcp: &TcpStream) {
+    use tokio::io::Interest;
+    loop {
+        match tcp.ready(Interest::READABLE | Interest::ERROR).await {
+            Ok(r) if !r.is_read_closed() && !r.is_error() => {
+                let _ = tcp.try_io(Interest::READABLE, || {
+                    Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+                });
+            }
+            _ => return,
+        }
+    }
+}
+
+/// Opens egress connections one after another as fast as they go; keeps
+/// each that atunnel admits (one byte there and back), counts each it
+/// resets.
+async fn flood_worker(
+    cancel: CancellationToken,
+    actors: Actors,
+    tally: Arc<Tally>,
+    held: Arc<std::sync::Mutex<Vec<TcpStream>>>,
+) {
+    const TRY_FOR: Duration = Duration::from_secs(2);
+    loop {
+        let attempt = async {
+            let mut s = tokio::time::timeout(TRY_FOR, actors.dial(HOSTILE, ECHO))
+                .await
+                .map_err(|_| ())?
+                .map_err(|_| ())?;
+            tokio::time::timeout(TRY_FOR, crate::traffic::ping(&mut s))
+                .await
+                .map_err(|_| ())?
+                .map_err(|_| ())?;
+            Ok::<_, ()>(s)
+        };
+        let attempt = tokio::select! {
+            _ = cancel.cancelled() => break,
+            a = attempt => a,
+        };
+        tally.sent.fetch_add(1, Ordering::Relaxed);
+        match attempt {
+            Ok(s) => {
+                tally.opened.fetch_add(1, Ordering::Relaxed);
+                tally.holding.fetch_add(1, Ordering::Relaxed);
+                held.lock().expect("held lock").push(s);
+            }
+            Err(()) => {
+                tally.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    // The last worker out closes what the flood holds.
+    let mut held = held.lock().expect("held lock");
+    tally
+        .holding
+        .fetch_sub(held.len() as u64, Ordering::Relaxed);
+    held.clear();
+}
+
+/// Sends DNS queries on `socket` at [`DNS_RATE`] until cancelled; a late
+/// wake-up sends what is due at once, but never more than 100 ms' worth.
+async fn dns_flood(cancel: CancellationToken, socket: tokio::net::UdpSocket, tally: Arc<Tally>) {
+    // A header (ID, RD, one question) and `noisy.bench. IN A`.
+    let mut query = *b"\0\0\x01\0\0\x01\0\0\0\0\0\0\x05noisy\x05bench\0\0\x01\0\x01";
+    let start = Instant::now();
+    let mut sent = 0u64;
+    loop {
+        let due = (start.elapsed().as_secs_f64() * DNS_RATE) as u64;
+        sent = sent.max(due.saturating_sub((DNS_RATE / 10.0) as u64));
+        while sent < due {
+            query[..2].copy_from_slice(&(sent as u16).to_be_bytes());
+            // A full socket buffer drops the query, as the kernel would.
+            let _ = socket.try_send(&query);
+            sent += 1;
+            tally.sent.fetch_add(1, Ordering::Relaxed);
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+    }
+}
+
+/// The hostile actor's egress figures in atunnel's /stats.
+fn hostile_egress(stats: &Value) -> Value {
+    let uid = format!("uid-{HOSTILE}");
+    stats["egress_actors"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["actor"] == uid.as_str()))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// The hostile actor's ingress figures in atunnel's /stats, if it has them.
+fn hostile_ingress(stats: &Value) -> Value {
+    let name = format!("bench/actor-{HOSTILE}");
+    stats["ingress"]["actors"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["actor"] == name.as_str()))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// What a pattern made atunnel refuse or end, from two /stats readings.
+fn refusals(before: &Value, after: &Value) -> Value {
+    let d = |path: &[&str]| (num(after, path) - num(before, path)).max(0.0);
+    let (eb, ea) = (hostile_egress(before), hostile_egress(after));
+    let de = |key: &str| (num(&ea, &[key]) - num(&eb, &[key])).max(0.0);
+    let (ib, ia) = (hostile_ingress(before), hostile_ingress(after));
+    json!({
+        "refused_tunnels": de("refused_tunnels_total"),
+        "refused_opening": de("refused_opening_total"),
+        "refused_overload": de("refused_overload_total"),
+        "shed": de("shed_total"),
+        "buffer_waits": de("buffer_waits_total"),
+        "stalled_write_ends": d(&["egress", "stalled_write_ends_total"]),
+        "half_closed_ends": d(&["egress", "half_closed_ends_total"]),
+        "overload_refused": d(&["overload", "refused_total"]),
+        "overload_shed": d(&["overload", "shed_total"]),
+        "ingress_refused_in_flight": (num(&ia, &["refused_in_flight_total"]) - num(&ib, &["refused_in_flight_total"])).max(0.0),
+        "ingress_refused_overload": d(&["ingress", "refused_overload_total"]),
+    })
+}
+
+/// What atunnel holds, as recovery compares it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Resources {
+    heap: f64,
+    fds: f64,
+    tasks: f64,
+    pool_in_use: f64,
+    hostile_tunnels: f64,
+    hostile_opening: f64,
+    cgroup: f64,
+    /// atunnel's established connections to the gateway (a diagnostic:
+    /// the descriptors they hold are counted in `fds`).
+    gateway_conns: f64,
+    /// atunnel's sockets in the other actors' sandboxes (the victim's
+    /// tunnels, pooled ingress connections to them), each with its task:
+    /// left out of `fds` and `tasks` when recovery compares them, since
+    /// what the victim's own load made atunnel pool is the victim's.
+    neighbours: f64,
+}
+
+impl Resources {
+    fn read(stats: &Value, cgroup_bytes: u64, tunnel_pid: Option<u32>, census: &Census) -> Self {
+        let h = hostile_egress(stats);
+        Self {
+            heap: num(stats, &["process", "heap_bytes"]),
+            fds: num(stats, &["process", "open_fds"]),
+            tasks: num(stats, &["process", "tasks"]),
+            pool_in_use: num(stats, &["pool", "in_use"]),
+            hostile_tunnels: num(&h, &["tunnels"]),
+            hostile_opening: num(&h, &["opening"]),
+            cgroup: cgroup_bytes as f64,
+            gateway_conns: tunnel_pid.map_or(0.0, gateway_connections),
+            neighbours: census.neighbours() as f64,
+        }
+    }
+
+    /// What is not back within the tolerances of `base`, named.
+    fn above(&self, base: &Resources) -> Vec<String> {
+        let mut out = Vec::new();
+        let mib = |x: f64| x / 1048576.0;
+        if self.heap > base.heap + HEAP_SLACK {
+            out.push(format!("heap +{:.1} MiB", mib(self.heap - base.heap)));
+        }
+        if self.cgroup > base.cgroup + CGROUP_SLACK {
+            out.push(format!(
+                "cgroup memory +{:.1} MiB",
+                mib(self.cgroup - base.cgroup)
+            ));
+        }
+        let own = |x: f64, r: &Resources| x - r.neighbours;
+        if own(self.fds, self) > own(base.fds, base) + COUNT_SLACK {
+            out.push(format!(
+                "descriptors +{} (gateway connections +{})",
+                own(self.fds, self) - own(base.fds, base),
+                self.gateway_conns - base.gateway_conns
+            ));
+        }
+        if own(self.tasks, self) > own(base.tasks, base) + COUNT_SLACK {
+            out.push(format!(
+                "tasks +{}",
+                own(self.tasks, self) - own(base.tasks, base)
+            ));
+        }
+        if self.pool_in_use > base.pool_in_use {
+            out.push(format!(
+                "pooled buffers out +{}",
+                self.pool_in_use - base.pool_in_use
+            ));
+        }
+        if self.hostile_tunnels > 0.0 || self.hostile_opening > 0.0 {
+            out.push(format!(
+                "hostile tunnels {} (opening {})",
+                self.hostile_tunnels, self.hostile_opening
+            ));
+        }
+        out
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "heap_bytes": self.heap,
+            "cgroup_bytes": self.cgroup,
+            "open_fds": self.fds,
+            "tasks": self.tasks,
+            "pool_in_use": self.pool_in_use,
+            "gateway_connections": self.gateway_conns,
+            "neighbour_sockets": self.neighbours,
+        })
+    }
+}
+
+/// How many TCP connections process `pid` has established to the gateway
+/// (the sink's :443), from its namespace's /proc/<pid>/net/tcp.
+fn gateway_connections(pid: u32) -> f64 {
+    let Ok(table) = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")) else {
+        return 0.0;
+    };
+    // Addresses are hex, the IPv4 address as a little-endian word.
+    let gateway = format!("{:08X}:{:04X}", u32::from_le_bytes(SINK_ADDR.octets()), 443);
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(2) == Some(&gateway.as_str()) && f.get(3) == Some(&"01")
+        })
+        .count() as f64
+}
+
+/// atunnel's socket descriptors by where the kernel lists them: in the
+/// worker namespace's TCP/UDP/Unix tables, in each actor's sandbox gateway
+/// namespace's TCP/UDP tables, or in none (a TCP socket closed or reset
+/// whose descriptor is still held: the kernel unlists it).
+#[derive(Clone, Debug, Default)]
+struct Census {
+    sockets: usize,
+    worker: usize,
+    /// Per actor, in the order of `Actors::sandboxes`.
+    sandboxes: Vec<usize>,
+    unlisted: usize,
+}
+
+impl Census {
+    async fn take(bench: &Bench, actors: &Actors) -> Self {
+        use std::collections::HashMap;
+        let Some(pid) = bench.tunnel_pid() else {
+            return Self::default();
+        };
+        // Where each listed socket inode is: `None` the worker namespace,
+        // `Some(i)` actor i's sandbox. Column 10 of /proc/net/{tcp,udp} is
+        // the inode, column 7 of /proc/net/unix.
+        fn place(tables: &[String], at: Option<usize>, out: &mut HashMap<String, Option<usize>>) {
+            for t in tables {
+                for line in t.lines().skip(1) {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    let inode = if f.len() >= 10 && f[0].ends_with(':') {
+                        f[9]
+                    } else {
+                        f.get(6).copied().unwrap_or("")
+                    };
+                    out.insert(inode.to_string(), at);
+                }
+            }
+        }
+        let read = |path: String| std::fs::read_to_string(path).unwrap_or_default();
+        let mut listed = HashMap::new();
+        place(
+            &["tcp", "tcp6", "udp", "udp6", "unix"].map(|t| read(format!("/proc/{pid}/net/{t}"))),
+            None,
+            &mut listed,
+        );
+        for (i, runtime) in actors.sandboxes.iter().enumerate() {
+            let name = atunnel_sandbox::sandbox::gateway_ns_name(runtime.name());
+            let Ok(ns) = atunnel_sandbox::NetNs::open(&name) else {
+                continue;
+            };
+            let tables = bench
+                .topo
+                .exec
+                .run_in(&ns, || {
+                    ["tcp", "tcp6", "udp", "udp6"].map(|t| {
+                        std::fs::read_to_string(format!("/proc/thread-self/net/{t}"))
+                            .unwrap_or_default()
+                    })
+                })
+                .await;
+            if let Ok(tables) = tables {
+                place(&tables, Some(i), &mut listed);
+            }
+        }
+        let mut census = Self {
+            sandboxes: vec![0; actors.sandboxes.len()],
+            ..Self::default()
+        };
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return census;
+        };
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let target = target.to_string_lossy();
+            let Some(inode) = target
+                .strip_prefix("socket:[")
+                .and_then(|t| t.strip_suffix(']'))
+            else {
+                continue;
+            };
+            census.sockets += 1;
+            match listed.get(inode) {
+                Some(None) => census.worker += 1,
+                Some(Some(i)) => census.sandboxes[*i] += 1,
+                None => census.unlisted += 1,
+            }
+        }
+        census
+    }
+
+    /// Sockets in the sandboxes of actors other than the hostile one: the
+    /// victim's tunnels and atunnel's pooled ingress connections to those
+    /// actors.
+    fn neighbours(&self) -> usize {
+        self.sandboxes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i as u64 != HOSTILE)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn json(&self) -> Value {
+        let sandboxes: serde_json::Map<String, Value> = self
+            .sandboxes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (format!("actor-{i}"), json!(n)))
+            .collect();
+        json!({
+            "sockets": self.sockets,
+            "worker_namespace": self.worker,
+            "sandboxes": sandboxes,
+            "unlisted": self.unlisted,
+        })
+    }
+}
+
+/// Runs `work` while sampling the cgroup's memory every 100 ms: its output
+/// and the highest reading.
+async fn with_peak_memory<T>(bench: &Bench, work: impl Future<Output = T>) -> (T, u64) {
+    let mut peak = bench.cgroup_sample().memory_bytes;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return (out, peak.max(bench.cgroup_sample().memory_bytes)),
+            _ = tick.tick() => peak = peak.max(bench.cgroup_sample().memory_bytes),
+        }
+    }
+}
+
+/// Waits until `pattern` is established: for those that hold connections,
+/// 95 % of them held (and 1 s more for their queues to fill); for the
+/// flood, atunnel refusing the hostile actor; for DNS, 1 s of it. Returns
+/// how long it took and whether the target was reached.
+async fn establish(
+    bench: &Bench,
+    pattern: Pattern,
+    sizes: &Sizes,
+    tally: &Tally,
+    before: &Value,
+) -> (f64, bool) {
+    let t0 = Instant::now();
+    let target = |n: usize| (n as f64 * 0.95) as u64;
+    let reached = loop {
+        let done = match pattern {
+            Pattern::UnreadDownloads | Pattern::StalledUploads => {
+                tally.holding.load(Ordering::Relaxed) >= target(sizes.stalled)
+            }
+            Pattern::StalledIngressConnect => {
+                tally.holding.load(Ordering::Relaxed) >= target(sizes.ingress)
+            }
+            Pattern::ConnectionFlood => match bench.stats(false).await {
+                Ok(now) => {
+                    let r = refusals(before, &now);
+                    num(&r, &["refused_tunnels"])
+                        + num(&r, &["refused_opening"])
+                        + num(&r, &["refused_overload"])
+                        > 0.0
+                }
+                Err(_) => false,
+            },
+            Pattern::DnsFlood => t0.elapsed() >= Duration::from_secs(1),
+        };
+        if done {
+            break true;
+        }
+        if t0.elapsed() >= ESTABLISH_LIMIT {
+            break false;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    if matches!(
+        pattern,
+        Pattern::UnreadDownloads | Pattern::StalledUploads | Pattern::StalledIngressConnect
+    ) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    (secs, reached)
+}
+
+/// Polls atunnel until what it holds is back within the tolerances of
+/// `base`: seconds it took, or `None` after [`RECOVERY_LIMIT`] with what
+/// was still above.
+async fn recover(
+    bench: &Bench,
+    actors: &Actors,
+    base: &Resources,
+) -> (Option<f64>, Vec<String>, Resources) {
+    let t0 = Instant::now();
+    let mut above = vec!["no /stats answer".to_string()];
+    let mut last = Resources::default();
+    while t0.elapsed() < RECOVERY_LIMIT {
+        if let Ok(stats) = bench.stats(true).await {
+            let census = Census::take(bench, actors).await;
+            last = Resources::read(
+                &stats,
+                bench.cgroup_sample().memory_bytes,
+                bench.tunnel_pid(),
+                &census,
+            );
+            above = last.above(base);
+            if above.is_empty() {
+                return (Some(t0.elapsed().as_secs_f64()), above, last);
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    (None, above, last)
+}
+
+/// The memory pressure at which the overload guard refuses new work, in
+/// bytes: its soft threshold of the limit it watches, or 0.85 of the
+/// cgroup's limit if /stats does not say.
+fn soft_threshold(stats: &Value, cgroup_limit: u64) -> f64 {
+    let soft = stats["overload"]["soft"].as_f64().unwrap_or(0.85);
+    let limit = stats["overload"]["memory"]["limit"]
+        .as_f64()
+        .unwrap_or(cgroup_limit as f64);
+    soft * limit
+}
+
+/// What the scenario drives: the victim's connections and the hostile
+/// actor's means, remade if atunnel was replaced.
+struct Stage {
+    actors: Actors,
+    router: Router,
+    victim: Victim,
+}
+
+impl Stage {
+    async fn open(bench: &Bench) -> Result<Self, BoxError> {
+        let actors = Actors::of(bench);
+        let router = Router::of(bench)?;
+        let victim = Victim::open(actors.clone(), router.clone()).await?;
+        Ok(Self {
+            actors,
+            router,
+            victim,
+        })
+    }
+}
+
+fn ratio(now: f64, base: f64) -> Option<f64> {
+    (base > 0.0).then(|| (now / base * 1000.0).round() / 1000.0)
+}
+
+/// One pattern: the victim's baseline, the pattern with the victim
+/// measured under it, and recovery once it stops. Its summary row.
+async fn run_pattern(
+    bench: &mut Bench,
+    stage: &mut Stage,
+    pattern: Pattern,
+    sizes: &Sizes,
+    cgroup_limit: u64,
+) -> Result<Value, BoxError> {
+    bench.check_tunnel().await?;
+    let base = measure_victim(bench, &stage.victim, sizes).await;
+    let before = bench.stats(true).await?;
+    let cg0 = bench.cgroup_sample();
+    let census0 = Census::take(bench, &stage.actors).await;
+    let base_res = Resources::read(&before, cg0.memory_bytes, bench.tunnel_pid(), &census0);
+    let soft = soft_threshold(&before, cgroup_limit);
+    let hostile = Hostile::start(
+        pattern,
+        sizes,
+        &stage.actors,
+        &bench.topo.exec,
+        &stage.router,
+    )
+    .await?;
+    let ((established, during, under), peak) = with_peak_memory(bench, async {
+        let established = establish(bench, pattern, sizes, &hostile.tally, &before).await;
+        let during = bench.stats(false).await.unwrap_or_default();
+        let under = measure_victim(bench, &stage.victim, sizes).await;
+        (established, during, under)
+    })
+    .await;
+    let after = bench.stats(false).await.unwrap_or_default();
+    let tally = hostile.tally.clone();
+    let held = tally.holding.load(Ordering::Relaxed);
+    hostile.stop().await;
+    let (recovered, above, after_res) = recover(bench, &stage.actors, &base_res).await;
+    let census = Census::take(bench, &stage.actors).await;
+    let alive = bench.check_tunnel().await?;
+    let oom_kills = bench
+        .cgroup_sample()
+        .oom_kills
+        .saturating_sub(cg0.oom_kills);
+    if !alive {
+        *stage = Stage::open(bench).await?;
+    }
+
+    let p99 = |w: &Window| w.http.latency.p99 as f64;
+    let p99s = |w: &Window| w.https.latency.p99 as f64;
+    let http_ratio = ratio(p99(&under), p99(&base));
+    let https_ratio = ratio(p99s(&under), p99s(&base));
+    let tcp_ratio = ratio(under.tcp_median(), base.tcp_median());
+    let mut failed = Vec::new();
+    if http_ratio.is_none_or(|r| r > P99_RATIO_MAX) {
+        failed.push("victim egress-http p99");
+    }
+    if https_ratio.is_none_or(|r| r > P99_RATIO_MAX) {
+        failed.push("victim ingress-https p99");
+    }
+    if tcp_ratio.is_none_or(|r| r < TCP_RATIO_MIN) {
+        failed.push("victim egress-tcp throughput");
+    }
+    if under.errors() > 0 {
+        failed.push("victim errors");
+    }
+    if oom_kills > 0 || !alive {
+        failed.push("atunnel died");
+    }
+    if peak as f64 >= soft {
+        failed.push("memory over the soft threshold");
+    }
+    if recovered.is_none() {
+        failed.push("not back to baseline");
+    }
+    let hostile_egress_during = hostile_egress(&during);
+    let mut row = json!({
+        "pattern": pattern.name(),
+        "pass": failed.is_empty(),
+        "failed": failed,
+        "victim_p99_ratio": http_ratio,
+        "victim_https_p99_ratio": https_ratio,
+        "victim_tcp_ratio": tcp_ratio,
+        "oom_kills": oom_kills,
+        "tunnel_died": !alive,
+        "peak_memory_bytes": peak,
+        "baseline_memory_bytes": cg0.memory_bytes,
+        "soft_threshold_bytes": soft.round(),
+        "recovered_s": recovered.map(|s| (s * 10.0).round() / 10.0),
+        "not_recovered": above,
+    });
+    let victim = json!({
+        "victim_http_p99_us": under.http.latency.p99,
+        "baseline_http_p99_us": base.http.latency.p99,
+        "victim_http_p50_us": under.http.latency.p50,
+        "baseline_http_p50_us": base.http.latency.p50,
+        "victim_https_p99_us": under.https.latency.p99,
+        "baseline_https_p99_us": base.https.latency.p99,
+        "victim_tcp_mb_s": under.tcp_median(),
+        "baseline_tcp_mb_s": base.tcp_median(),
+        "victim_tcp_runs_mb_s": under.tcp_mb_s,
+        "baseline_tcp_runs_mb_s": base.tcp_mb_s,
+        "victim_errors": under.errors(),
+        "baseline_errors": base.errors(),
+        "victim_first_error": under.first_error(),
+        "victim_dispatch_lag_p99_us": under.http.dispatch_lag_p99_us.max(under.https.dispatch_lag_p99_us),
+        "victim_shed": under.http.shed + under.https.shed,
+        "victim_achieved_per_s": [under.http.achieved.round(), under.https.achieved.round()],
+    });
+    let context = json!({
+        "tunnel_cores": (under.tunnel_cores * 100.0).round() / 100.0,
+        "baseline_tunnel_cores": (base.tunnel_cores * 100.0).round() / 100.0,
+        "tunnel_throttled": under.throttled,
+        "generator_cores": (under.generator_cores * 100.0).round() / 100.0,
+        "baseline_generator_cores": (base.generator_cores * 100.0).round() / 100.0,
+        "sink_cores": (under.sink_cores * 100.0).round() / 100.0,
+        "baseline_sink_cores": (base.sink_cores * 100.0).round() / 100.0,
+        "actors_cores": (under.actors_cores * 100.0).round() / 100.0,
+        "baseline_actors_cores": (base.actors_cores * 100.0).round() / 100.0,
+        "others_cores": (under.others_cores * 100.0).round() / 100.0,
+        "machine_saturated": under.machine_saturated(),
+        "baseline_machine_saturated": base.machine_saturated(),
+        "baseline_others_cores": (base.others_cores * 100.0).round() / 100.0,
+        "established_s": (established.0 * 10.0).round() / 10.0,
+        "established": established.1,
+        "hostile": {
+            "held": held,
+            "opened": tally.opened.load(Ordering::Relaxed),
+            "reopened": tally.ended.load(Ordering::Relaxed),
+            "failed": tally.failed.load(Ordering::Relaxed),
+            "sent": tally.sent.load(Ordering::Relaxed),
+            "tunnels_in_atunnel": num(&hostile_egress_during, &["tunnels"]),
+            "buffers_in_atunnel": num(&hostile_egress_during, &["buffers"]),
+        },
+        "refused": refusals(&before, &after),
+        "during": {
+            "heap_bytes": num(&during, &["process", "heap_bytes"]),
+            "open_fds": num(&during, &["process", "open_fds"]),
+            "tasks": num(&during, &["process", "tasks"]),
+            "pool_in_use": num(&during, &["pool", "in_use"]),
+            "overload_state": during["overload"]["state"].clone(),
+            "gateway_connections": bench.tunnel_pid().map_or(0.0, gateway_connections),
+        },
+        "baseline_resources": base_res.json(),
+        "recovered_resources": after_res.json(),
+        "tunnel_sockets_before": census0.json(),
+        "tunnel_sockets_after": census.json(),
+    });
+    for part in [victim, context] {
+        if let (Some(row), Value::Object(part)) = (row.as_object_mut(), part) {
+            row.extend(part);
+        }
+    }
+    eprintln!(
+        "         {}: http p99 {:.2} -> {:.2} ms, https p99 {:.2} -> {:.2} ms, tcp {:.0} -> {:.0} MB/s, peak {:.0} MiB (soft {:.0}), recovered {}, cores: tunnel {:.2} -> {:.2}, generator {:.2} -> {:.2}, sink {:.2} -> {:.2}, others {:.2} -> {:.2}{}",
+        pattern.name(),
+        p99(&base) / 1e3,
+        p99(&under) / 1e3,
+        p99s(&base) / 1e3,
+        p99s(&under) / 1e3,
+        base.tcp_median(),
+        under.tcp_median(),
+        peak as f64 / 1048576.0,
+        soft / 1048576.0,
+        recovered.map_or("never".into(), |s| format!("in {s:.1} s")),
+        base.tunnel_cores,
+        under.tunnel_cores,
+        base.generator_cores,
+        under.generator_cores,
+        base.sink_cores,
+        under.sink_cores,
+        base.others_cores,
+        under.others_cores,
+        if failed.is_empty() {
+            String::from(": pass")
+        } else {
+            format!(": FAIL ({})", failed.join(", "))
+        }
+    );
+    Ok(row)
+}
+
+/// The scenario: atunnel restarted with the scenario's flags (`run`
+/// restores the run's afterwards), the victim's connections opened and
+/// warmed, then each pattern in turn.
+pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult, BoxError> {
+    if bench.actor_count() < 2 {
+        return Err("noisy-neighbour needs at least 2 actors (a victim and a hostile one)".into());
+    }
+    let sizes = Sizes::of(bench.quick);
+    // The resolver that never answers: bound, never read.
+    let topo = &bench.topo;
+    let black_hole = topo
+        .exec
+        .run_in(&topo.sink, || std::net::UdpSocket::bind(BLACK_HOLE))
+        .await??;
+    let dir = tempfile::Builder::new()
+        .prefix("atunnel-bench-noisy-")
+        .tempdir()?;
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {}\n", BLACK_HOLE.ip()))?;
+    let own = vec![
+        format!("--stalled-write-timeout={RELAY_BOUND}"),
+        format!("--half-closed-timeout={RELAY_BOUND}"),
+        format!("--resolv-conf={}", resolv.display()),
+    ];
+    let mut flags = bench.tunnel_args().to_vec();
+    flags.extend(own.iter().cloned());
+    // As the results name them: the file itself is gone after the run.
+    let own: Vec<String> = own
+        .into_iter()
+        .map(|f| {
+            if f.starts_with("--resolv-conf=") {
+                format!("--resolv-conf=<a resolv.conf naming {}>", BLACK_HOLE.ip())
+            } else {
+                f
+            }
+        })
+        .collect();
+    bench.restart_tunnel(flags).await?;
+    let cgroup_limit = bench.last_status().memory_bytes;
+    let mut stage = Stage::open(bench).await?;
+    // Warm-up, not kept: the fresh atunnel's first requests and uploads.
+    let warm = Sizes {
+        window: Duration::from_millis(500),
+        tcp_runs: 1,
+        ..Sizes::of(true)
+    };
+    let _ = measure_victim(bench, &stage.victim, &warm).await;
+
+    let mut rows = Vec::new();
+    for pattern in PATTERNS {
+        eprintln!("         pattern {}", pattern.name());
+        rows.push(run_pattern(bench, &mut stage, pattern, &sizes, cgroup_limit).await?);
+    }
+    drop(black_hole);
+
+    // How far the baselines themselves moved over the run: the largest
+    // over the smallest, per figure.
+    let spread = |key: &str| {
+        let v: Vec<f64> = rows
+            .iter()
+            .filter_map(|r| r[key].as_f64())
+            .filter(|&x| x > 0.0)
+            .collect();
+        let lo = v.iter().copied().reduce(f64::min)?;
+        let hi = v.iter().copied().reduce(f64::max)?;
+        Some((hi / lo * 100.0).round() / 100.0)
+    };
+    let spread = json!({
+        "http_p99": spread("baseline_http_p99_us"),
+        "https_p99": spread("baseline_https_p99_us"),
+        "tcp_mb_s": spread("baseline_tcp_mb_s"),
+    });
+    let pass = rows.iter().all(|r| r["pass"] == true);
+    let mut notes = vec![
+        format!(
+            "victim actor-{VICTIM}, hostile actor-{HOSTILE}; the victim, measured the same way before and under each pattern: egress HTTP/1.1 requests at {RATE:.0}/s over {HTTP_CONNS} kept-alive connections to the sink's port 80 for {:.1} s (open loop, latency from each request's due time), then {} uploads of {} MiB to the sink's discard port (their median MB/s), then ingress HTTPS requests from the router at {RATE:.0}/s over {ROUTER_CONNS} HTTP/2 connections for {:.1} s",
+            sizes.window.as_secs_f64(),
+            sizes.tcp_runs,
+            sizes.tcp_bytes >> 20,
+            sizes.window.as_secs_f64()
+        ),
+        format!(
+            "atunnel ran with {} (relay bounds of {RELAY_BOUND} instead of 60 s, so a tunnel that cannot finish ends within the run; a resolver that never answers); budgets at their defaults",
+            own.join(" ")
+        ),
+        "the baseline is taken right before each pattern, after the previous one recovered, because latency on a shared 2-core machine drifts; baseline_spread is, per figure, the largest over the smallest of those baselines: the noise a ratio has to be read against".into(),
+        format!(
+            "pass: both p99 ratios <= {P99_RATIO_MAX}, the tcp ratio >= {TCP_RATIO_MIN}, no victim errors, no OOM kill, peak cgroup memory (sampled every 100 ms from the pattern's start until it stopped) under the overload guard's soft threshold, and recovered_s not null: after the hostile actor stopped, /stats (after releasing free memory) every {} ms until heap within {} MiB, cgroup memory within {} MiB, descriptors and tasks within {COUNT_SLACK} (not counting atunnel's sockets in the other actors' sandboxes, one task each: the victim's tunnels and the ingress connections atunnel pools to the victim, which grow when the victim is slowed and are the victim's, shown as neighbour_sockets; tunnel_sockets_before/after say where every socket descriptor is listed), pooled buffers out no more than at baseline and no hostile egress tunnel, given up after {} s",
+            POLL.as_millis(),
+            HEAP_SLACK / 1048576.0,
+            CGROUP_SLACK / 1048576.0,
+            RECOVERY_LIMIT.as_secs()
+        ),
+        "the cores columns say who was busy during the victim's measurement: atunnel (its cgroup, held to its quota), the generator (the victim's clients and the hostile actor alike, one process), the sink (the victim's egress far end), the actors (its ingress far end) and other work on the machine (/proc/stat's busy time less all of those); machine_saturated when all of it came to 90 % of the machine's cores, when the victim's clients and far ends waited for CPU and what the victim saw is not atunnel's alone".into(),
+    ];
+    notes.extend(PATTERNS.iter().map(|p| p.what(&sizes)));
+    Ok(ScenarioResult {
+        name: Scenario::NoisyNeighbour.name().into(),
+        rungs: Vec::new(),
+        summary: json!({
+            "patterns": rows,
+            "pass": pass,
+            "victim": format!("actor-{VICTIM}"),
+            "hostile": format!("actor-{HOSTILE}"),
+            "tunnel_flags": own,
+            "rate_per_s": RATE,
+            "window_s": sizes.window.as_secs_f64(),
+            "tcp_bytes": sizes.tcp_bytes,
+            "baseline_spread": spread,
+        }),
+        notes,
+    })
+}
