@@ -11,9 +11,10 @@ use atunnel_core::{BufferPool, Listener, ListenerStats, PoolStats};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use atunnel_process::process_stats::{ProcessStats, process_stats};
@@ -33,6 +34,12 @@ pub struct Stats {
     /// Ingress connections hibernated now, and counts so far.
     pub hibernation: Option<atunnel_tls::HibernationStats>,
 }
+
+/// /stats connections open at once (a reader or two; the next waits in the
+/// backlog), and how long one has to send its request head: a local peer
+/// cannot make /stats hold connections or tasks without bound.
+const MAX_CONNECTIONS: usize = 4;
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The figures `/stats` serves.
 pub(crate) struct StatsSource {
@@ -71,7 +78,8 @@ pub(crate) async fn serve(
     cancel: CancellationToken,
 ) {
     let stats = ListenerStats::default();
-    let listener = Listener::new(listener, "stats");
+    let listener =
+        Listener::new(listener, "stats").with_cap(Arc::new(Semaphore::new(MAX_CONNECTIONS)));
     listener
         .serve(&cancel, &stats, |tcp, _| {
             let (source, cancel) = (source.clone(), cancel.clone());
@@ -81,6 +89,8 @@ pub(crate) async fn serve(
                     async move { Ok::<_, Infallible>(answer(&source, &req)) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
                     .serve_connection(TokioIo::new(tcp), service);
                 tokio::select! {
                     _ = cancel.cancelled() => {}
