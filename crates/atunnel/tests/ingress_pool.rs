@@ -130,9 +130,13 @@ async fn fifty_in_flight_at_a_thousand_per_second_reuse_actor_connections() {
         peak >= 40,
         "only {peak} requests were in flight at once: the load did not reach ~50"
     );
+    // A busy host can push concurrency past the warm-up's peak; the pool
+    // must then grow by about that much, never by a connection per request.
+    let grown = peak.saturating_sub(warm);
     assert!(
-        per_1000 < 5.0,
-        "{new} new actor connections for {MEASURED} requests after warm-up"
+        per_1000 < 5.0 || new <= grown + 5,
+        "{new} new actor connections for {MEASURED} requests after warm-up \
+         (concurrency rose {grown} past the warm pool)"
     );
 }
 
