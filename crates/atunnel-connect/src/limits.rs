@@ -49,10 +49,32 @@ pub const MAX_FIRST_FRAME: usize = 16 * 1024;
 /// 2 MiB).
 pub const PROXY_STREAM_WINDOW: u32 = 256 * 1024;
 
-/// Receive window per connection on both sides of the ingress proxy
-/// (hyper's default is 5 MiB): a router multiplexes many requests over
-/// one connection, and this bounds them together.
-pub const PROXY_CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// Requests one router connection may carry at once (hyper's default,
+/// 200, made explicit because [`PROXY_ROUTER_CONNECTION_WINDOW`] is sized
+/// from it; RFC 9113 §6.5.2 recommends at least 100). Past it the router
+/// waits for a stream to end or opens another connection.
+pub const PROXY_ROUTER_MAX_CONCURRENT_STREAMS: u32 = 200;
+
+/// Receive window per router connection: every stream's window, 200 x
+/// 256 KiB = 50 MiB. A router multiplexes requests to many actors over one
+/// connection, and a body an actor does not read keeps its bytes counted
+/// against the connection's window as well as its stream's until they are
+/// forwarded. A smaller window (1 MiB, four stalled bodies) let one actor's
+/// unread bodies stop every other actor's on the connection
+/// (`unread_bodies_of_one_actor_do_not_stall_another_on_the_same_connection`
+/// in `crates/atunnel/tests/ingress_isolation.rs`); at this size stalled
+/// streams can never exhaust it, so each open stream always has its own
+/// window. Unread bodies hold at most [`PROXY_STREAM_WINDOW`] per stream
+/// and this per connection; a window is not memory unless used.
+pub const PROXY_ROUTER_CONNECTION_WINDOW: u32 =
+    PROXY_ROUTER_MAX_CONCURRENT_STREAMS * PROXY_STREAM_WINDOW;
+
+/// Receive window per h2c connection to an actor (hyper's default is
+/// 5 MiB): what the actor's answers may hold while routers do not read
+/// them. Such a connection carries one actor's streams only (one client per
+/// activation and port), so when stalled streams exhaust it they slow that
+/// actor alone, and it stays small.
+pub const PROXY_ACTOR_CONNECTION_WINDOW: u32 = 1024 * 1024;
 
 // ---- HTTP/1.1 of ingress HTTPS (hyper) ----
 

@@ -42,7 +42,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::https::{self, ProxyBody};
 use super::routes::Routes;
-use atunnel_connect::limits::{PROXY_CONNECTION_WINDOW, PROXY_H1_MAX_BUFFER, PROXY_STREAM_WINDOW};
+use atunnel_connect::limits::{
+    PROXY_H1_MAX_BUFFER, PROXY_ROUTER_CONNECTION_WINDOW, PROXY_ROUTER_MAX_CONCURRENT_STREAMS,
+    PROXY_STREAM_WINDOW,
+};
 use atunnel_connect::preface::read_h2_preface;
 use atunnel_tls::hibernate::InFlight;
 use atunnel_tls::{Activity, ActivityIo, Hibernation, RustlsStream, ServerTls, with_hibernation};
@@ -103,8 +106,11 @@ async fn serve_h2(
     let service = hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req));
     let conn = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
+        // The connection's window covers every stream's, so one actor's
+        // unread bodies never hold another actor's streams back.
+        .max_concurrent_streams(PROXY_ROUTER_MAX_CONCURRENT_STREAMS)
         .initial_stream_window_size(PROXY_STREAM_WINDOW)
-        .initial_connection_window_size(PROXY_CONNECTION_WINDOW)
+        .initial_connection_window_size(PROXY_ROUTER_CONNECTION_WINDOW)
         .serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use atunnel_connect::limits::{
-    ACTOR_DIAL_TIMEOUT, PROXY_CONNECTION_WINDOW, PROXY_H1_MAX_BUFFER, PROXY_STREAM_WINDOW,
+    ACTOR_DIAL_TIMEOUT, PROXY_ACTOR_CONNECTION_WINDOW, PROXY_H1_MAX_BUFFER, PROXY_STREAM_WINDOW,
 };
 
 /// Body type sent to actors.
@@ -280,8 +280,11 @@ fn client(
         .pool_timer(hyper_util::rt::TokioTimer::new())
         .http2_only(http2)
         // What a router that stops reading a gRPC stream leaves queued here.
+        // The connection window may be smaller than its streams' windows:
+        // the connection is this actor's alone, so stalled streams that
+        // exhaust it hold back only this actor's other streams.
         .http2_initial_stream_window_size(PROXY_STREAM_WINDOW)
-        .http2_initial_connection_window_size(PROXY_CONNECTION_WINDOW)
+        .http2_initial_connection_window_size(PROXY_ACTOR_CONNECTION_WINDOW)
         .build(connector)
 }
 
