@@ -7,8 +7,8 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -19,7 +19,7 @@ use bytes::Bytes;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_util::task::TaskTracker;
@@ -28,8 +28,8 @@ use atunnel_identity::credential::ActorCredential;
 
 use crate::http1;
 use crate::limits::{
-    INITIAL_MAX_SEND_STREAMS, MAX_REFUSAL_BODY, OPEN_TIMEOUT, REFUSAL_BODY_WAIT,
-    TUNNEL_CONNECTION_WINDOW, TUNNEL_STREAM_WINDOW,
+    INITIAL_MAX_SEND_STREAMS, MAX_REFUSAL_BODY, OPEN_TIMEOUT, POOL_CLOSE_WAIT, POOL_IDLE_TIMEOUT,
+    REFUSAL_BODY_WAIT, TUNNEL_CONNECTION_WINDOW, TUNNEL_STREAM_WINDOW,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +77,12 @@ pub struct GatewayClientConfig {
     pub refusal_body_wait: Duration,
     /// Receive window per tunnel (see [`TUNNEL_STREAM_WINDOW`]).
     pub stream_window: u32,
+    /// Receive window per pooled connection: the most its tunnels together
+    /// hold unread (see [`TUNNEL_CONNECTION_WINDOW`]).
+    pub connection_window: u32,
+    /// A pooled connection with no tunnel for this long is closed (see
+    /// [`POOL_IDLE_TIMEOUT`]).
+    pub idle_timeout: Duration,
 }
 
 impl GatewayClientConfig {
@@ -93,6 +99,8 @@ impl GatewayClientConfig {
             open_timeout: OPEN_TIMEOUT,
             refusal_body_wait: REFUSAL_BODY_WAIT,
             stream_window: TUNNEL_STREAM_WINDOW,
+            connection_window: TUNNEL_CONNECTION_WINDOW,
+            idle_timeout: POOL_IDLE_TIMEOUT,
         }
     }
 }
@@ -109,8 +117,7 @@ pub fn parse_destination(authority: &str) -> Result<SocketAddr, OpenError> {
 /// A pooled HTTP/2 connection to the gateway.
 struct H2Conn {
     send: h2::client::SendRequest<Bytes>,
-    streams: Arc<AtomicUsize>,
-    dead: Arc<AtomicBool>,
+    use_: Arc<ConnUse>,
     /// Becomes true once the gateway's SETTINGS have been applied, so
     /// `current_max_send_streams` is the gateway's limit and not our guess.
     settled: watch::Receiver<bool>,
@@ -130,27 +137,56 @@ impl H2Conn {
         } else {
             1
         };
-        !self.dead.load(Ordering::Acquire)
+        !self.use_.dead.load(Ordering::Acquire)
             && self.cert_not_after.is_none_or(|t| now < t)
-            && self.streams.load(Ordering::Acquire) < limit
+            && self.use_.streams.load(Ordering::Acquire) < limit
     }
 
     fn is_settled(&self) -> bool {
         *self.settled.borrow()
     }
 
+    /// Called under the pool's lock, so it cannot race the idle retirement.
     fn claim(&self) -> StreamSlot {
-        self.streams.fetch_add(1, Ordering::AcqRel);
-        StreamSlot(self.streams.clone())
+        self.use_.claims.fetch_add(1, Ordering::AcqRel);
+        self.use_.streams.fetch_add(1, Ordering::AcqRel);
+        StreamSlot(self.use_.clone())
+    }
+}
+
+/// How a pooled connection is used, shared by its tunnels' slots and its
+/// connection task.
+#[derive(Default)]
+struct ConnUse {
+    streams: AtomicUsize,
+    /// Streams ever claimed: the idle timer knows from it whether a tunnel
+    /// came and went while it slept.
+    claims: AtomicU64,
+    dead: AtomicBool,
+    /// Woken when the last stream ends.
+    now_idle: Notify,
+}
+
+impl ConnUse {
+    async fn until_idle(&self) {
+        loop {
+            let notified = self.now_idle.notified();
+            if self.streams.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
 /// Holds one of a pooled connection's stream slots for a tunnel's life.
-pub struct StreamSlot(Arc<AtomicUsize>);
+pub struct StreamSlot(Arc<ConnUse>);
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        if self.0.streams.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.now_idle.notify_one();
+        }
     }
 }
 
@@ -242,13 +278,18 @@ enum Pooled {
 pub struct ClientStats {
     pub h2_connections: usize,
     pub h2_streams: usize,
+    /// Pooled connections closed for having no tunnel for the idle timeout.
+    pub h2_idle_closed_total: u64,
 }
 
 /// One actor's tunnel client: its TLS identity and its connection pool.
 pub struct GatewayClient {
     cfg: GatewayClientConfig,
     connector: TlsConnector,
-    pool: Mutex<Vec<Arc<H2Conn>>>,
+    /// Shared with each connection's task, which takes its connection out
+    /// when it has been idle for the idle timeout.
+    pool: Arc<Mutex<Vec<Arc<H2Conn>>>>,
+    idle_closed: Arc<AtomicU64>,
     /// Serialises dials while the gateway may speak h2, so a burst of opens
     /// shares one new connection instead of racing to make one each.
     dial_lock: tokio::sync::Mutex<()>,
@@ -279,7 +320,8 @@ impl GatewayClient {
         Ok(Self {
             connector: TlsConnector::from(Arc::new(tls)),
             cfg,
-            pool: Mutex::new(Vec::new()),
+            pool: Arc::new(Mutex::new(Vec::new())),
+            idle_closed: Arc::new(AtomicU64::new(0)),
             dial_lock: tokio::sync::Mutex::new(()),
             gateway_is_h1: AtomicBool::new(false),
             credential,
@@ -291,7 +333,11 @@ impl GatewayClient {
         let pool = self.pool.lock().expect("pool lock poisoned");
         ClientStats {
             h2_connections: pool.len(),
-            h2_streams: pool.iter().map(|c| c.streams.load(Ordering::Relaxed)).sum(),
+            h2_streams: pool
+                .iter()
+                .map(|c| c.use_.streams.load(Ordering::Relaxed))
+                .sum(),
+            h2_idle_closed_total: self.idle_closed.load(Ordering::Relaxed),
         }
     }
 
@@ -319,7 +365,7 @@ impl GatewayClient {
             };
             match self.connect_h2(&conn, slot, authority).await {
                 Err(H2Failure::Connection(e)) => {
-                    conn.dead.store(true, Ordering::Release);
+                    conn.use_.dead.store(true, Ordering::Release);
                     self.forget(&conn);
                     // A pooled connection may have died quietly: one retry
                     // on a fresh one. A fresh one failing is the gateway
@@ -362,9 +408,9 @@ impl GatewayClient {
         // Drop dead connections and those whose certificate expired once
         // their last stream is gone.
         pool.retain(|c| {
-            !c.dead.load(Ordering::Acquire)
+            !c.use_.dead.load(Ordering::Acquire)
                 && (c.cert_not_after.is_none_or(|t| now < t)
-                    || c.streams.load(Ordering::Acquire) > 0)
+                    || c.use_.streams.load(Ordering::Acquire) > 0)
         });
         if let Some(conn) = pool.iter().find(|c| c.has_capacity(now)) {
             return Pooled::Slot(conn.clone(), conn.claim());
@@ -420,37 +466,50 @@ impl GatewayClient {
         self.gateway_is_h1.store(false, Ordering::Relaxed);
         let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(self.cfg.stream_window)
-            .initial_connection_window_size(TUNNEL_CONNECTION_WINDOW)
+            .initial_connection_window_size(self.cfg.connection_window)
             .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
             // We never accept pushed streams.
             .enable_push(false)
             .handshake::<_, Bytes>(tls)
             .await
             .map_err(|e| self.handshake_error(e))?;
-        let dead = Arc::new(AtomicBool::new(false));
-        let dead_flag = dead.clone();
+        let use_ = Arc::new(ConnUse::default());
         let (settle, settled) = watch::channel(false);
         let ping_pong = connection
             .ping_pong()
             .expect("a new connection's ping handle, taken once");
+        let idle = IdleRetirement {
+            use_: use_.clone(),
+            pool: Arc::downgrade(&self.pool),
+            after: self.cfg.idle_timeout,
+            closed: self.idle_closed.clone(),
+        };
         self.connections.spawn(async move {
             let mut connection = std::pin::pin!(connection);
             let ended = tokio::select! {
                 ended = connection.as_mut() => ended,
                 () = settled_by_ping(ping_pong) => {
                     settle.send_replace(true);
-                    connection.await
+                    tokio::select! {
+                        ended = connection.as_mut() => ended,
+                        // Out of the pool, the connection's last handle is
+                        // gone: h2 sends GOAWAY and ends it.
+                        () = idle.retire() => {
+                            tokio::time::timeout(POOL_CLOSE_WAIT, connection.as_mut())
+                                .await
+                                .unwrap_or(Ok(()))
+                        }
+                    }
                 }
             };
             if let Err(e) = ended {
                 tracing::debug!(error = %e, "gateway HTTP/2 connection ended");
             }
-            dead_flag.store(true, Ordering::Release);
+            idle.use_.dead.store(true, Ordering::Release);
         });
         let conn = Arc::new(H2Conn {
             send,
-            streams: Arc::new(AtomicUsize::new(0)),
-            dead,
+            use_,
             settled,
             cert_not_after: self.credential.expires_at(),
         });
@@ -574,6 +633,40 @@ impl GatewayClient {
         self.pool.lock().expect("pool lock poisoned").clear();
         self.connections.close();
         self.connections.wait().await;
+    }
+}
+
+/// Takes a pooled connection out of the pool once no tunnel has used it for
+/// `after`, so an actor that went quiet stops holding a gateway connection
+/// (its TLS session and h2 state) on both ends.
+struct IdleRetirement {
+    use_: Arc<ConnUse>,
+    pool: Weak<Mutex<Vec<Arc<H2Conn>>>>,
+    after: Duration,
+    closed: Arc<AtomicU64>,
+}
+
+impl IdleRetirement {
+    async fn retire(&self) {
+        loop {
+            self.use_.until_idle().await;
+            let claims = self.use_.claims.load(Ordering::Acquire);
+            tokio::time::sleep(self.after).await;
+            let Some(pool) = self.pool.upgrade() else {
+                return;
+            };
+            // Claims are made under this lock: once the connection is marked
+            // dead here, no tunnel can take a slot on it.
+            let mut pool = pool.lock().expect("pool lock poisoned");
+            if self.use_.streams.load(Ordering::Acquire) == 0
+                && self.use_.claims.load(Ordering::Acquire) == claims
+            {
+                self.use_.dead.store(true, Ordering::Release);
+                pool.retain(|c| !Arc::ptr_eq(&c.use_, &self.use_));
+                self.closed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
     }
 }
 

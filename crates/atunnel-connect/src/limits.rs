@@ -16,11 +16,25 @@ use std::time::Duration;
 /// core relays).
 pub const TUNNEL_STREAM_WINDOW: u32 = 256 * 1024;
 
-/// Receive window per connection to the gateway, on both ends. Large
-/// enough (1 GiB) that stalled streams, each capped by
-/// [`TUNNEL_STREAM_WINDOW`], can never exhaust it and block their
-/// neighbours on the same connection; it is not memory unless used.
-pub const TUNNEL_CONNECTION_WINDOW: u32 = 1 << 30;
+/// Receive window per connection between atunnel and the gateway, on both
+/// ends (the tunnel's `--gateway-connection-window`, the gateway's
+/// `--connection-window`). Such a connection carries one actor's tunnels
+/// only (it is authenticated with that actor's certificate), so this is the
+/// most one actor can leave unread per connection: without it an actor's
+/// stalled tunnels could each pin a [`TUNNEL_STREAM_WINDOW`] (4,096 tunnels,
+/// 1 GiB). 16 MiB is 64 stalled windows; past that the actor's own tunnels
+/// on the connection share what is left, while each stalled one is ended by
+/// the stalled-write bound. One tunnel's throughput is set by its stream
+/// window, not this.
+pub const TUNNEL_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
+
+/// Receive window per connection of ingress CONNECT, whose router
+/// connections multiplex tunnels to many actors: one actor's stalled
+/// tunnels must never exhaust it and block another's on the same
+/// connection, so it is larger than [`MAX_CONCURRENT_STREAMS`] stream
+/// windows (1 GiB); it is not memory unless used, and each stream's part
+/// is capped by its stream window.
+pub const ROUTER_CONNECT_CONNECTION_WINDOW: u32 = 1 << 30;
 
 /// Streams the client opens on a new connection before the gateway's
 /// SETTINGS say how many it allows (h2's own default is unlimited). RFC
@@ -105,6 +119,17 @@ pub const MAX_REFUSAL_BODY: usize = 4 * 1024;
 /// gateway answers within its 5 s authorization timeout; waiting longer
 /// means it queued us.
 pub const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pooled gateway connection with no tunnel for this long is closed
+/// (GOAWAY), so an actor that went quiet holds no gateway connection, its
+/// TLS session and h2 state, on either end (the tunnel's
+/// `--gateway-idle-timeout`; 90 s, as Go's and hyper's HTTP clients keep
+/// an idle connection). The next tunnel dials a fresh one.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How long a retired pooled connection may take to say GOAWAY and close
+/// before its socket is dropped.
+pub const POOL_CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a refusal's body may take to arrive after its status. A gateway
 /// writes the two back to back; a body without an end (no Content-Length

@@ -39,6 +39,12 @@ pub struct GatewayArgs {
     #[arg(long, default_value_t = atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
           value_parser = clap::value_parser!(u32).range(4096..=(1 << 31) - 1))]
     pub stream_window: u32,
+    /// HTTP/2 receive window per connection, in bytes: the most one actor's
+    /// tunnels on one connection (each connection is one actor's) hold
+    /// unread together.
+    #[arg(long, default_value_t = atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
+          value_parser = clap::value_parser!(u32).range(65535..=(1 << 31) - 1))]
+    pub connection_window: u32,
     /// Address to serve `GET /stats` on (JSON: the process's heap, the
     /// buffer pool, the CONNECT listener); off unless given.
     #[arg(long)]
@@ -100,6 +106,7 @@ pub async fn run<F: FarEnd>(
     cfg.alpn = args.alpn.iter().map(|p| p.as_bytes().to_vec()).collect();
     cfg.max_concurrent_streams = args.max_concurrent_streams;
     cfg.stream_window = args.stream_window;
+    cfg.connection_window = args.connection_window;
     cfg.budget = crate::budget::IdentityBudget {
         max_tunnels: args.identity_max_tunnels,
         max_buffers: args.identity_max_buffers,
@@ -161,6 +168,13 @@ mod tests {
             atunnel_connect::limits::MAX_CONCURRENT_STREAMS
         );
         assert_eq!(args.gateway.socket.options(), Default::default());
+        let library = crate::GatewayConfig::new(
+            Vec::new(),
+            rustls::pki_types::PrivateKeyDer::Pkcs8(Vec::new().into()),
+            Vec::new(),
+        );
+        assert_eq!(args.gateway.stream_window, library.stream_window);
+        assert_eq!(args.gateway.connection_window, library.connection_window);
         assert!(args.allow.is_empty(), "forwarding is default deny");
         assert_eq!(args.gateway.stats, None, "/stats is off unless asked for");
         let alpn = [

@@ -153,6 +153,9 @@ pub struct GatewayConfig {
     /// Receive window per tunnel: what one tunnel whose destination stopped
     /// reading makes the gateway hold.
     pub stream_window: u32,
+    /// Receive window per connection: what one client identity's tunnels on
+    /// one connection hold unread together.
+    pub connection_window: u32,
     /// What each client identity may make the gateway hold.
     pub budget: IdentityBudget,
     /// Past its soft threshold new CONNECTs are refused (503).
@@ -175,6 +178,7 @@ impl GatewayConfig {
             tls_versions: rustls::ALL_VERSIONS.to_vec(),
             max_concurrent_streams: MAX_CONCURRENT_STREAMS,
             stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
+            connection_window: atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
             budget: IdentityBudget::default(),
             overload: None,
             observer: None,
@@ -304,6 +308,7 @@ pub fn new<F: FarEnd>(
     let h2 = H2Settings {
         max_concurrent_streams: cfg.max_concurrent_streams,
         stream_window: cfg.stream_window,
+        connection_window: cfg.connection_window,
         ..H2Settings::default()
     };
     let handler = Arc::new(GatewayHandler {

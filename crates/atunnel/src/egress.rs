@@ -196,6 +196,10 @@ pub struct ActorEgressStats {
     pub shed_total: u64,
     /// Relay borrows that waited for the actor's buffer share.
     pub buffer_waits_total: u64,
+    /// Pooled HTTP/2 connections to the gateway of its current activation.
+    pub gateway_connections: usize,
+    /// Of those, closed for having had no tunnel for the idle timeout.
+    pub gateway_idle_closed_total: u64,
 }
 
 /// A place in an actor's tunnel budget, and while opening in its opening
@@ -294,6 +298,11 @@ pub struct EgressConfig {
     /// Receive window per tunnel on the gateway connections: what one
     /// tunnel whose actor stopped reading can make atunnel hold.
     pub stream_window: u32,
+    /// Receive window per gateway connection: the most one actor's tunnels
+    /// on it hold unread together.
+    pub connection_window: u32,
+    /// A pooled gateway connection with no tunnel for this long closes.
+    pub pool_idle_timeout: Duration,
     /// When tunnels that cannot finish are reset.
     pub relay: RelayBounds,
     /// How tunnels relay when the bench compares designs (lean otherwise).
@@ -309,6 +318,8 @@ impl Default for EgressConfig {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             budget: ActorBudget::default(),
             stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
+            connection_window: atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
+            pool_idle_timeout: atunnel_connect::limits::POOL_IDLE_TIMEOUT,
             relay: RelayBounds::default(),
             #[cfg(feature = "comparison")]
             comparison: crate::comparison::RelayVariant::default(),
@@ -445,6 +456,13 @@ impl Egress {
             .map(|(uid, b)| {
                 let u = &b.usage;
                 let share = b.pool.share_stats().unwrap_or_default();
+                let client = b
+                    .activation
+                    .lock()
+                    .expect("activation lock poisoned")
+                    .as_ref()
+                    .map(|a| a.egress.client.stats())
+                    .unwrap_or_default();
                 ActorEgressStats {
                     actor: uid.clone(),
                     tunnels: u.tunnels.load(Ordering::Relaxed),
@@ -455,6 +473,8 @@ impl Egress {
                     refused_overload_total: u.refused_overload.load(Ordering::Relaxed),
                     shed_total: u.shed.load(Ordering::Relaxed),
                     buffer_waits_total: share.waited_total,
+                    gateway_connections: client.h2_connections,
+                    gateway_idle_closed_total: client.h2_idle_closed_total,
                 }
             })
             .collect();

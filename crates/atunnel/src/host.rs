@@ -125,6 +125,16 @@ pub struct HostArgs {
     #[arg(long, default_value_t = EgressConfig::default().stream_window,
           value_parser = clap::value_parser!(u32).range(4096..=(1 << 31) - 1))]
     pub gateway_stream_window: u32,
+    /// HTTP/2 receive window per gateway connection, in bytes: the most one
+    /// actor's tunnels on one connection hold unread together (an actor has
+    /// one connection per 1,000 tunnels, the gateway's stream limit).
+    #[arg(long, default_value_t = EgressConfig::default().connection_window,
+          value_parser = clap::value_parser!(u32).range(65535..=(1 << 31) - 1))]
+    pub gateway_connection_window: u32,
+    /// A pooled gateway connection with no tunnel for this long is closed
+    /// ("90s").
+    #[arg(long, default_value_t = FlagDuration(EgressConfig::default().pool_idle_timeout))]
+    pub gateway_idle_timeout: FlagDuration,
     #[command(flatten)]
     pub relay: RelayArgs,
     #[command(flatten)]
@@ -236,6 +246,8 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
         drain_timeout: args.drain_timeout.0,
         budget: args.budget.budget(),
         stream_window: args.gateway_stream_window,
+        connection_window: args.gateway_connection_window,
+        pool_idle_timeout: args.gateway_idle_timeout.0,
         relay: args.relay.bounds(),
         #[cfg(feature = "comparison")]
         comparison: args.comparison,
@@ -364,6 +376,9 @@ mod tests {
         assert_eq!(args.socket.sandbox_options(), ingress.sandbox_socket);
         assert_eq!(args.drain_timeout.0, egress.drain_timeout);
         assert_eq!(args.drain_timeout.0, ingress.drain_timeout);
+        assert_eq!(args.gateway_stream_window, egress.stream_window);
+        assert_eq!(args.gateway_connection_window, egress.connection_window);
+        assert_eq!(args.gateway_idle_timeout.0, egress.pool_idle_timeout);
         assert_eq!(args.hibernate_after.0, ingress.hibernate_after);
         assert_eq!(args.header_read_timeout.0, ingress.header_read_timeout);
         assert_eq!(args.client_identity, ingress.allowed_client_id);

@@ -289,6 +289,8 @@ impl Tunnel {
             GatewayClientConfig::new(address, server_name, self.cfg.gateway_roots.clone());
         client.socket = self.cfg.egress.socket;
         client.stream_window = self.cfg.egress.stream_window;
+        client.connection_window = self.cfg.egress.connection_window;
+        client.idle_timeout = self.cfg.egress.pool_idle_timeout;
         Ok(ActorEgress::prepare(
             actor.clone(),
             client,

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use atunnel_connect::limits::HEADER_READ_TIMEOUT;
+use atunnel_connect::limits::ROUTER_CONNECT_CONNECTION_WINDOW;
 use atunnel_connect::{ConnectServer, H2Settings};
 use atunnel_tls::Hibernation;
 
@@ -137,6 +138,7 @@ impl Ingress {
             cfg.socket,
             H2Settings {
                 preface_timeout: cfg.header_read_timeout,
+                connection_window: ROUTER_CONNECT_CONNECTION_WINDOW,
                 ..H2Settings::default()
             },
             hibernation.clone(),

@@ -1,0 +1,292 @@
+//! What one actor's pooled gateway connections may hold: the connection's
+//! receive window caps the bytes its tunnels leave unread together, and a
+//! connection no tunnel has used for the idle timeout closes. The gateway is
+//! hand-made (rustls and the h2 crate's server) so the test sees exactly
+//! what the client granted and when the connection ended.
+
+use atunnel_support::prelude::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use atunnel::egress::ActorEgress;
+use atunnel_connect::GatewayClientConfig;
+use atunnel_connect::GatewayTunnel as Tunnel;
+use atunnel_core::endpoint::{Endpoint, close_write, read_chunk, write_chunk};
+use atunnel_core::{BufferPool, Chunk};
+use atunnel_identity::clock::Clock;
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+const DEST: &str = "192.0.2.10:443";
+
+/// What the hand-made gateway does with each CONNECT.
+#[derive(Clone, Copy)]
+enum Far {
+    /// Echoes the stream and its end.
+    Echo,
+    /// Sends as fast as the client's windows allow, forever.
+    Flood,
+}
+
+struct FakeGateway {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    /// Bytes sent on all flooded streams.
+    flooded: Arc<AtomicUsize>,
+    /// One message per connection, when it has ended.
+    ended: mpsc::UnboundedReceiver<()>,
+    /// Each connection's ping handle, to wait for the client to have seen
+    /// everything sent before it.
+    pings: mpsc::UnboundedReceiver<h2::PingPong>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
+    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(pki.gateway_cert.chain.clone(), pki.gateway_cert.key())
+    .map(|mut tls| {
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        tls
+    })
+    .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let flooded = Arc::new(AtomicUsize::new(0));
+    let (ended_tx, ended) = mpsc::unbounded_channel();
+    let (pings_tx, pings) = mpsc::unbounded_channel();
+    let (count, sent) = (accepted.clone(), flooded.clone());
+    let task = tokio::spawn(async move {
+        let mut connections = JoinSet::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let (acceptor, sent, ended, pings) = (
+                acceptor.clone(),
+                sent.clone(),
+                ended_tx.clone(),
+                pings_tx.clone(),
+            );
+            connections.spawn(async move {
+                let tls = acceptor.accept(tcp).await.expect("TLS");
+                let mut conn = h2::server::handshake(tls).await.expect("h2");
+                let _ = pings.send(conn.ping_pong().expect("ping handle"));
+                let mut streams = JoinSet::new();
+                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    let Ok(send) = respond.send_response(http::Response::new(()), false) else {
+                        continue;
+                    };
+                    match far {
+                        Far::Echo => streams.spawn(echo(request.into_body(), send)),
+                        Far::Flood => streams.spawn(flood(send, sent.clone())),
+                    };
+                }
+                let _ = ended.send(());
+            });
+        }
+    });
+    FakeGateway {
+        addr,
+        accepted,
+        flooded,
+        ended,
+        pings,
+        _task: task,
+    }
+}
+
+async fn echo(mut recv: h2::RecvStream, mut send: h2::SendStream<Bytes>) {
+    while let Some(Ok(chunk)) = recv.data().await {
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        if send.send_data(chunk, false).is_err() {
+            return;
+        }
+    }
+    let _ = send.send_data(Bytes::new(), true);
+}
+
+/// Sends whatever window the client grants, counting it.
+async fn flood(mut send: h2::SendStream<Bytes>, sent: Arc<AtomicUsize>) {
+    const PIECE: usize = 16 * 1024;
+    let zeros = Bytes::from(vec![0u8; PIECE]);
+    loop {
+        send.reserve_capacity(PIECE);
+        let granted = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(n)) => n,
+            _ => return,
+        };
+        if send.send_data(zeros.slice(..granted), false).is_err() {
+            return;
+        }
+        sent.fetch_add(granted, Ordering::SeqCst);
+    }
+}
+
+async fn egress(pki: &Pki, cfg: GatewayClientConfig) -> ActorEgress {
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    ActorEgress::prepare(actor("alpha"), cfg, source, Clock::new())
+        .await
+        .expect("prepare egress")
+}
+
+async fn open(egress: &ActorEgress) -> Tunnel {
+    egress.client().open_authority(DEST).await.expect("open")
+}
+
+/// Sends `data` to the echoing far end, half-closes, and returns the echo.
+async fn echoed(tunnel: &mut Tunnel, data: &[u8]) -> Vec<u8> {
+    write_chunk(tunnel, Chunk::Shared(Bytes::copy_from_slice(data)))
+        .await
+        .expect("write");
+    close_write(tunnel).await.expect("half-close");
+    let pool = BufferPool::default();
+    let mut back = Vec::new();
+    while let Some(chunk) = read_chunk(tunnel, &pool).await.expect("read") {
+        back.extend_from_slice(chunk.remaining());
+        tunnel.consumed(chunk.len());
+    }
+    back
+}
+
+/// Waits until `flooded` has reached `at_least`.
+async fn flooded_to(flooded: &AtomicUsize, at_least: usize) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while flooded.load(Ordering::SeqCst) < at_least {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the far end sent {} of {at_least} bytes",
+            flooded.load(Ordering::SeqCst)
+        )
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connections_window_caps_what_its_unread_tunnels_hold_together() {
+    const STREAM_WINDOW: u32 = 256 * 1024;
+    const CONNECTION_WINDOW: u32 = 1024 * 1024;
+    const TUNNELS: usize = 8;
+    let pki = Pki::new();
+    let mut gateway = fake_gateway(&pki, Far::Flood).await;
+    let mut cfg = client_config(&pki, gateway.addr);
+    cfg.stream_window = STREAM_WINDOW;
+    cfg.connection_window = CONNECTION_WINDOW;
+    let egress = egress(&pki, cfg).await;
+
+    // Eight tunnels whose far end floods and whose actor reads nothing:
+    // without the connection window they would hold 8 x 256 KiB.
+    let mut tunnels = Vec::new();
+    for _ in 0..TUNNELS {
+        tunnels.push(open(&egress).await);
+    }
+    assert_eq!(gateway.accepted.load(Ordering::SeqCst), 1, "one connection");
+    let window = CONNECTION_WINDOW as usize;
+    flooded_to(&gateway.flooded, window).await;
+    // Every window update the client sent is in before the PONG.
+    let mut ping = gateway.pings.recv().await.expect("ping handle");
+    ping.ping(h2::Ping::opaque()).await.expect("pong");
+    assert_eq!(
+        gateway.flooded.load(Ordering::SeqCst),
+        window,
+        "the far end could send past the connection window"
+    );
+
+    // The cap is flow control, not a deadlock: what one tunnel reads, the
+    // far end may send again.
+    let pool = BufferPool::default();
+    let mut read = 0;
+    while read < 64 * 1024 {
+        let chunk = read_chunk(&mut tunnels[0], &pool)
+            .await
+            .expect("read")
+            .expect("data");
+        assert!(chunk.remaining().iter().all(|&b| b == 0), "flooded bytes");
+        read += chunk.len();
+        tunnels[0].consumed(chunk.len());
+    }
+    flooded_to(&gateway.flooded, window + read).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_with_no_tunnel_closes_after_the_idle_timeout() {
+    const IDLE: Duration = Duration::from_millis(300);
+    let pki = Pki::new();
+    let mut gateway = fake_gateway(&pki, Far::Echo).await;
+    let mut cfg = client_config(&pki, gateway.addr);
+    cfg.idle_timeout = IDLE;
+    let egress = egress(&pki, cfg).await;
+
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let mut tunnel = open(&egress).await;
+    assert_eq!(echoed(&mut tunnel, &data).await, data);
+    drop(tunnel);
+    let idle_from = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), gateway.ended.recv())
+        .await
+        .expect("the idle connection closed")
+        .expect("ended");
+    assert!(
+        idle_from.elapsed() >= IDLE,
+        "closed after {:?}, before the idle timeout",
+        idle_from.elapsed()
+    );
+    let stats = egress.client().stats();
+    assert_eq!((stats.h2_connections, stats.h2_idle_closed_total), (0, 1));
+
+    // The next tunnel dials a fresh connection.
+    let mut tunnel = open(&egress).await;
+    assert_eq!(echoed(&mut tunnel, &data).await, data);
+    assert_eq!(gateway.accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_in_use_is_not_closed_as_idle() {
+    // Long enough that a tunnel opened 3/4 of it after the last has ended
+    // well before the timer looks, even on a busy host.
+    const IDLE: Duration = Duration::from_millis(400);
+    let pki = Pki::new();
+    let gateway = fake_gateway(&pki, Far::Echo).await;
+    let mut cfg = client_config(&pki, gateway.addr);
+    cfg.idle_timeout = IDLE;
+    let egress = egress(&pki, cfg).await;
+
+    // One tunnel open for three idle timeouts, and tunnels coming and going
+    // more often than the timeout: the connection is never idle that long.
+    let data = vec![7u8; 10_000];
+    let mut held = open(&egress).await;
+    let started = Instant::now();
+    while started.elapsed() < 3 * IDLE {
+        let mut tunnel = open(&egress).await;
+        assert_eq!(echoed(&mut tunnel, &data).await, data);
+        tokio::time::sleep(IDLE / 4).await;
+    }
+    assert_eq!(
+        echoed(&mut held, &data).await,
+        data,
+        "the held tunnel works"
+    );
+    drop(held);
+    // Opened and closed alone, each 3/4 of the timeout after the last: the
+    // connection's idle timer finds it without streams but used meanwhile,
+    // and keeps it.
+    for _ in 0..5 {
+        let mut tunnel = open(&egress).await;
+        assert_eq!(echoed(&mut tunnel, &data).await, data);
+        drop(tunnel);
+        tokio::time::sleep(IDLE * 3 / 4).await;
+    }
+    assert_eq!(gateway.accepted.load(Ordering::SeqCst), 1, "one connection");
+    assert_eq!(egress.client().stats().h2_idle_closed_total, 0);
+}
