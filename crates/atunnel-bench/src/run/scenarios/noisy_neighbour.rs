@@ -64,9 +64,10 @@ const DNS_RELAY: SocketAddr =
 const BLACK_HOLE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(SINK_ADDR), 53);
 /// The actors' port whose every connection gets an endless stream of bytes.
 const FLOOD_PORT: u16 = 9000;
-/// atunnel's relay bounds for the scenario (the default is 60 s): a tunnel
-/// that can never finish is reset within it, and so recovery is measured
-/// within the run.
+/// atunnel's relay bounds and pooled gateway connections' idle timeout for
+/// the scenario (the defaults are 60 s and 90 s): a tunnel that can never
+/// finish is reset, and the hostile actor's extra gateway connections close,
+/// within it, and so recovery is measured within the run.
 const RELAY_BOUND: &str = "10s";
 /// The victim's request rate, egress HTTP and ingress HTTPS alike.
 const RATE: f64 = 1000.0;
@@ -1388,6 +1389,7 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
     let own = vec![
         format!("--stalled-write-timeout={RELAY_BOUND}"),
         format!("--half-closed-timeout={RELAY_BOUND}"),
+        format!("--gateway-idle-timeout={RELAY_BOUND}"),
         format!("--resolv-conf={}", resolv.display()),
     ];
     let mut flags = bench.tunnel_args().to_vec();
