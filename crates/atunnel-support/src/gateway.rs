@@ -156,3 +156,33 @@ pub fn tunnel_counts(egress: &Egress) -> TunnelCounts {
         failed: s.open_failed_total,
     }
 }
+
+/// Sends `data` through `tunnel` to a far end that echoes, half-closes, and
+/// returns what came back before the echo's end.
+pub async fn echoed(tunnel: &mut GatewayTunnel, data: &[u8]) -> Vec<u8> {
+    use atunnel_core::Chunk;
+    use atunnel_core::endpoint::{Endpoint, close_write, read_chunk, write_chunk};
+    write_chunk(tunnel, Chunk::Shared(bytes::Bytes::copy_from_slice(data)))
+        .await
+        .expect("write");
+    close_write(tunnel).await.expect("half-close");
+    let pool = BufferPool::default();
+    let mut back = Vec::new();
+    while let Some(chunk) = read_chunk(tunnel, &pool).await.expect("read") {
+        back.extend_from_slice(chunk.remaining());
+        tunnel.consumed(chunk.len());
+    }
+    back
+}
+
+/// What a hand-made h2 gateway does with a CONNECT stream it echoes: its
+/// bytes back, then its end.
+pub async fn echo_h2(mut recv: h2::RecvStream, mut send: h2::SendStream<bytes::Bytes>) {
+    while let Some(Ok(chunk)) = recv.data().await {
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        if send.send_data(chunk, false).is_err() {
+            return;
+        }
+    }
+    let _ = send.send_data(bytes::Bytes::new(), true);
+}

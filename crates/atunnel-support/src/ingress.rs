@@ -195,6 +195,19 @@ impl ActorDialer for LoopbackDialer {
     }
 }
 
+/// Activates actor `team-a/name` (`uid`) with its port 80 on loopback
+/// `port`.
+pub fn activate_loopback(ingress: &Ingress, name: &str, uid: &str, port: u16) {
+    ingress
+        .activate(
+            "team-a",
+            name,
+            uid,
+            Box::new(LoopbackDialer([(80, port)].into_iter().collect())),
+        )
+        .expect("activate");
+}
+
 /// A port nobody listens on.
 pub fn closed_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");

@@ -16,9 +16,7 @@ use atunnel_connect::limits::{
     INITIAL_MAX_SEND_STREAMS, MAX_REFUSAL_BODY, OPEN_TIMEOUT as DEFAULT_OPEN_TIMEOUT,
     REFUSAL_BODY_WAIT as DEFAULT_REFUSAL_BODY_WAIT,
 };
-use atunnel_connect::{GatewayClientConfig, GatewayTunnel as Tunnel, OpenError};
-use atunnel_core::endpoint::{Endpoint, close_write, read_chunk, write_chunk};
-use atunnel_core::{BufferPool, Chunk};
+use atunnel_connect::{GatewayClientConfig, OpenError};
 use atunnel_identity::clock::Clock;
 use bytes::Bytes;
 use rustls::ProtocolVersion;
@@ -243,16 +241,6 @@ async fn serve_h2(tls: TlsStream<tokio::net::TcpStream>, n: usize, script: &Scri
     }
 }
 
-async fn echo_h2(mut recv: h2::RecvStream, mut send: h2::SendStream<Bytes>) {
-    while let Some(Ok(chunk)) = recv.data().await {
-        let _ = recv.flow_control().release_capacity(chunk.len());
-        if send.send_data(chunk, false).is_err() {
-            return;
-        }
-    }
-    let _ = send.send_data(Bytes::new(), true);
-}
-
 /// An actor's egress (credential and client) for `cfg`.
 async fn actor_egress(pki: &Pki, cfg: GatewayClientConfig) -> ActorEgress {
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
@@ -401,22 +389,6 @@ fn logged(
     })
 }
 
-/// Sends `data` through `tunnel` to a far end that echoes, half-closes, and
-/// returns what came back before the echo's end.
-async fn echoed(tunnel: &mut Tunnel, data: Vec<u8>) -> Vec<u8> {
-    write_chunk(tunnel, Chunk::Shared(data.into()))
-        .await
-        .expect("write");
-    close_write(tunnel).await.expect("half-close");
-    let pool = BufferPool::default();
-    let mut back = Vec::new();
-    while let Some(chunk) = read_chunk(tunnel, &pool).await.expect("read") {
-        back.extend_from_slice(chunk.remaining());
-        tunnel.consumed(chunk.len());
-    }
-    back
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_stream_is_retried_once_and_its_connection_stays_in_use() {
     let pki = Pki::new();
@@ -433,7 +405,7 @@ async fn a_refused_stream_is_retried_once_and_its_connection_stays_in_use() {
     for seed in [21, 22] {
         let mut tunnel = client.open_authority(DEST).await.expect("tunnel");
         let up = random(64 * 1024, seed);
-        let back = echoed(&mut tunnel, up.clone()).await;
+        let back = echoed(&mut tunnel, &up).await;
         assert!(back == up, "echo came back altered ({} bytes)", back.len());
     }
     assert_eq!(
@@ -517,7 +489,7 @@ async fn a_burst_on_a_cold_client_fills_connections_to_the_gateways_stream_limit
         .zip(0u64..)
         .map(|(mut tunnel, seed)| async move {
             let up = random(64 * 1024, seed);
-            echoed(&mut tunnel, up.clone()).await == up
+            echoed(&mut tunnel, &up).await == up
         });
     assert_eq!(
         futures_util::future::join_all(echoes).await,

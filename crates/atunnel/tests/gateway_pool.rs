@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use atunnel::egress::ActorEgress;
 use atunnel_connect::GatewayClientConfig;
 use atunnel_connect::GatewayTunnel as Tunnel;
-use atunnel_core::endpoint::{Endpoint, close_write, read_chunk, write_chunk};
-use atunnel_core::{BufferPool, Chunk};
+use atunnel_core::BufferPool;
+use atunnel_core::endpoint::{Endpoint, read_chunk};
 use atunnel_identity::clock::Clock;
 use bytes::Bytes;
 use tokio::net::TcpListener;
@@ -86,7 +86,7 @@ async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
                         continue;
                     };
                     match far {
-                        Far::Echo => streams.spawn(echo(request.into_body(), send)),
+                        Far::Echo => streams.spawn(echo_h2(request.into_body(), send)),
                         Far::Flood => streams.spawn(flood(send, sent.clone())),
                     };
                 }
@@ -102,16 +102,6 @@ async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
         pings,
         _task: task,
     }
-}
-
-async fn echo(mut recv: h2::RecvStream, mut send: h2::SendStream<Bytes>) {
-    while let Some(Ok(chunk)) = recv.data().await {
-        let _ = recv.flow_control().release_capacity(chunk.len());
-        if send.send_data(chunk, false).is_err() {
-            return;
-        }
-    }
-    let _ = send.send_data(Bytes::new(), true);
 }
 
 /// Sends whatever window the client grants, counting it.
@@ -140,21 +130,6 @@ async fn egress(pki: &Pki, cfg: GatewayClientConfig) -> ActorEgress {
 
 async fn open(egress: &ActorEgress) -> Tunnel {
     egress.client().open_authority(DEST).await.expect("open")
-}
-
-/// Sends `data` to the echoing far end, half-closes, and returns the echo.
-async fn echoed(tunnel: &mut Tunnel, data: &[u8]) -> Vec<u8> {
-    write_chunk(tunnel, Chunk::Shared(Bytes::copy_from_slice(data)))
-        .await
-        .expect("write");
-    close_write(tunnel).await.expect("half-close");
-    let pool = BufferPool::default();
-    let mut back = Vec::new();
-    while let Some(chunk) = read_chunk(tunnel, &pool).await.expect("read") {
-        back.extend_from_slice(chunk.remaining());
-        tunnel.consumed(chunk.len());
-    }
-    back
 }
 
 /// Waits until `flooded` has reached `at_least`.

@@ -24,17 +24,6 @@ fn get(router: &mut h2::client::SendRequest<Bytes>, actor: &str) -> h2::client::
     router.send_request(req, true).expect("send").0
 }
 
-fn activate(ingress: &Ingress, name: &str, uid: &str, port: u16) {
-    ingress
-        .activate(
-            "team-a",
-            name,
-            uid,
-            Box::new(LoopbackDialer([(80, port)].into_iter().collect())),
-        )
-        .expect("activate");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_at_its_in_flight_budget_gets_503_and_another_is_served() {
     let pki = IngressPki::new();
@@ -59,8 +48,8 @@ async fn an_actor_at_its_in_flight_budget_gets_503_and_another_is_served() {
     let quick =
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"now"))) })
             .await;
-    activate(&running.ingress, "alpha", "uid-1", slow.port());
-    activate(&running.ingress, "beta", "uid-2", quick.port());
+    activate_loopback(&running.ingress, "alpha", "uid-1", slow.port());
+    activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
     let mut router = h2_router(&pki, running.https).await;
     router = router.ready().await.expect("ready");
     let held = [get(&mut router, "alpha"), get(&mut router, "alpha")];
@@ -128,7 +117,7 @@ async fn an_overloaded_process_answers_503_with_retry_after() {
     let actor =
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
             .await;
-    activate(&ingress, "alpha", "uid-1", actor.port());
+    activate_loopback(&ingress, "alpha", "uid-1", actor.port());
     let mut router = h2_router(&pki, https).await;
     router = router.ready().await.expect("ready");
     assert_eq!(

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use atunnel::ingress::Ingress;
 use atunnel_connect::limits::PROXY_STREAM_WINDOW;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -25,17 +24,6 @@ const BODY: usize = 512 * 1024;
 const SERVED_WITHIN: Duration = Duration::from_secs(5);
 /// Most the set-up may take on a loaded machine.
 const SETUP_WITHIN: Duration = Duration::from_secs(20);
-
-fn activate(ingress: &Ingress, name: &str, uid: &str, port: u16) {
-    ingress
-        .activate(
-            "team-a",
-            name,
-            uid,
-            Box::new(LoopbackDialer([(80, port)].into_iter().collect())),
-        )
-        .expect("activate");
-}
 
 /// An actor that accepts connections, keeps them open and never reads
 /// them, with the smallest receive buffer, so that little of a body hides
@@ -143,8 +131,8 @@ async fn unread_bodies_of_one_actor_do_not_stall_another_on_the_same_connection(
     let pki = IngressPki::new();
     let running = ingress(&pki).await;
     let (deaf, mut accepts) = deaf_actor().await;
-    activate(&running.ingress, "alpha", "uid-1", deaf.port());
-    activate(
+    activate_loopback(&running.ingress, "alpha", "uid-1", deaf.port());
+    activate_loopback(
         &running.ingress,
         "beta",
         "uid-2",
