@@ -16,7 +16,7 @@ pub mod relay;
 pub mod sockopt;
 
 pub use endpoint::{Chunk, Endpoint, H2Stream};
-pub use listener::{Listener, ListenerFigures, ListenerStats};
+pub use listener::{Listener, ListenerFigures, ListenerStats, RefusalPace};
 pub use overload::{
     OverloadConfig, OverloadFigures, OverloadGuard, OverloadState, Overloaded, Resource, Shed,
     ShedAction,

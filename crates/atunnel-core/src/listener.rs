@@ -4,7 +4,8 @@
 //! It backs off when accept fails (out of descriptors, say: the peer waits in
 //! the backlog instead of the loop spinning a core), can cap the connections
 //! it has open (a permit per connection, taken before accepting, so a capped
-//! listener leaves the next peer in the backlog), tracks every connection
+//! listener leaves the next peer in the backlog), can pace accepts after
+//! refusals ([`RefusalPace`]), tracks every connection
 //! task it spawns, and at cancellation stops accepting, closes the listening
 //! socket and waits for those tasks. A connection task is expected to end
 //! soon after the same cancellation (each protocol decides how: at once, or
@@ -12,12 +13,13 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -62,12 +64,78 @@ impl ListenerStats {
     }
 }
 
+/// Bounds the refusals one peer can make a listener spend CPU on: a token
+/// bucket each refused connection spends one token from, refilled at
+/// `per_second` up to one second's worth. While it is empty the listener
+/// accepts nothing, so connections past the rate wait in the kernel's
+/// backlog (and past that their SYNs are dropped) instead of each costing
+/// an accept and a reset. Accepts that are admitted spend nothing.
+#[derive(Debug)]
+pub struct RefusalPace {
+    per_second: f64,
+    bucket: Mutex<Bucket>,
+    paused: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl RefusalPace {
+    /// `per_second` refusals a second, and as many at once after a quiet
+    /// second; 0 does not pace.
+    pub fn new(per_second: u32) -> Self {
+        let per_second = f64::from(per_second);
+        Self {
+            per_second,
+            bucket: Mutex::new(Bucket {
+                tokens: per_second,
+                at: Instant::now(),
+            }),
+            paused: AtomicU64::new(0),
+        }
+    }
+
+    /// A connection was refused.
+    pub fn refused(&self) {
+        if self.per_second > 0.0 {
+            self.refill().tokens -= 1.0;
+        }
+    }
+
+    /// How long to wait before the next accept, if the bucket is empty.
+    fn wait(&self) -> Option<Duration> {
+        if self.per_second == 0.0 {
+            return None;
+        }
+        let bucket = self.refill();
+        (bucket.tokens < 0.0).then(|| Duration::from_secs_f64(-bucket.tokens / self.per_second))
+    }
+
+    fn refill(&self) -> std::sync::MutexGuard<'_, Bucket> {
+        let mut bucket = self.bucket.lock().expect("pace lock poisoned");
+        let now = Instant::now();
+        let earned = now.duration_since(bucket.at).as_secs_f64() * self.per_second;
+        bucket.tokens = (bucket.tokens + earned).min(self.per_second);
+        bucket.at = now;
+        bucket
+    }
+
+    /// Times the listener stopped accepting to keep to the rate.
+    pub fn paused_total(&self) -> u64 {
+        self.paused.load(Ordering::Relaxed)
+    }
+}
+
 /// A bound listener, ready to serve.
 pub struct Listener {
     tcp: TcpListener,
     /// Names the listener in logs.
     name: &'static str,
     cap: Option<Arc<Semaphore>>,
+    pace: Option<Arc<RefusalPace>>,
 }
 
 impl Listener {
@@ -76,7 +144,15 @@ impl Listener {
             tcp,
             name,
             cap: None,
+            pace: None,
         }
+    }
+
+    /// Accepts no faster than `pace` allows once its owner's refusals have
+    /// spent it.
+    pub fn with_refusal_pace(mut self, pace: Arc<RefusalPace>) -> Self {
+        self.pace = Some(pace);
+        self
     }
 
     /// At most as many connections open at once as `cap` has permits
@@ -100,6 +176,16 @@ impl Listener {
     {
         let tasks = TaskTracker::new();
         loop {
+            if let Some(pace) = &self.pace
+                && let Some(wait) = pace.wait()
+            {
+                pace.paused.fetch_add(1, Ordering::Relaxed);
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
             let permit = match &self.cap {
                 Some(cap) => tokio::select! {
                     biased;

@@ -162,6 +162,11 @@ pub struct BudgetArgs {
     /// its relays wait.
     #[arg(long, default_value_t = ActorBudget::default().max_buffers)]
     pub actor_max_buffers: usize,
+    /// Egress connections refused per actor a second (over a budget,
+    /// overloaded, inactive) before its listener pauses accepting, so a
+    /// connection flood costs atunnel a bounded CPU; 0 does not pace.
+    #[arg(long, default_value_t = ActorBudget::default().max_refusals_per_second)]
+    pub actor_max_refusals_per_second: u32,
     /// Ingress requests and CONNECT tunnels in flight to one actor; past it
     /// the router gets 503 for that actor.
     #[arg(long, default_value_t = PoolSettings::default().max_in_flight)]
@@ -174,6 +179,7 @@ impl BudgetArgs {
             max_tunnels: self.actor_max_tunnels,
             max_opening: self.actor_max_opening,
             max_buffers: self.actor_max_buffers,
+            max_refusals_per_second: self.actor_max_refusals_per_second,
         }
     }
 }
@@ -376,6 +382,7 @@ mod tests {
         assert_eq!(args.socket.sandbox_options(), ingress.sandbox_socket);
         assert_eq!(args.drain_timeout.0, egress.drain_timeout);
         assert_eq!(args.drain_timeout.0, ingress.drain_timeout);
+        assert_eq!(args.budget.budget(), egress.budget);
         assert_eq!(args.gateway_stream_window, egress.stream_window);
         assert_eq!(args.gateway_connection_window, egress.connection_window);
         assert_eq!(args.gateway_idle_timeout.0, egress.pool_idle_timeout);

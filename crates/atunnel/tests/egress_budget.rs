@@ -131,6 +131,81 @@ async fn an_actor_past_its_tunnel_budget_is_reset_and_no_one_else_notices() {
     assert_eq!(figures(&egress, "alpha").refused_tunnels_total, 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_past_the_budget_is_refused_at_the_actors_refusal_rate() {
+    const RATE: u32 = 50;
+    let pki = Pki::new();
+    let gw = gateway(&pki, forward_loopback(), |_| {}).await;
+    let echo = echo_server().await;
+    let egress = egress_config(EgressConfig {
+        budget: ActorBudget {
+            max_tunnels: 1,
+            max_refusals_per_second: RATE,
+            ..ActorBudget::default()
+        },
+        ..EgressConfig::default()
+    });
+    let cancel = CancellationToken::new();
+    let addrs = actors_through(&pki, &egress, gw.addr, echo, &["alpha", "beta"], &cancel).await;
+    let (alpha, beta) = (addrs[0], addrs[1]);
+    let mut held = echoing(alpha).await;
+
+    // Alpha connects as fast as 32 loops can, each attempt given 50 ms.
+    let started = tokio::time::Instant::now();
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        flood.spawn(async move {
+            loop {
+                let _ = tokio::time::timeout(Duration::from_millis(50), TcpStream::connect(alpha))
+                    .await;
+            }
+        });
+    }
+    // Beta is served meanwhile, and alpha's tunnel goes on.
+    let mut b = echoing(beta).await;
+    still_echoes(&mut b).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    still_echoes(&mut held).await;
+    flood.shutdown().await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let a = figures(&egress, "alpha");
+    // One second's burst, then the rate; without the pace a loopback flood
+    // is reset thousands of times a second.
+    let most = f64::from(RATE) * (1.0 + elapsed) + 10.0;
+    assert!(
+        (a.refused_tunnels_total as f64) <= most,
+        "{} refusals in {elapsed:.2} s at {RATE}/s: {a:?}",
+        a.refused_tunnels_total
+    );
+    assert!(a.refused_tunnels_total >= u64::from(RATE), "{a:?}");
+    assert!(a.refusal_pauses_total > 0, "{a:?}");
+    let b = figures(&egress, "beta");
+    assert_eq!((b.refused_tunnels_total, b.refusal_pauses_total), (0, 0));
+
+    // Once its tunnel ends the actor gets a new one, connections the flood
+    // left in the backlog notwithstanding.
+    drop(held);
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let attempt = tokio::time::timeout(Duration::from_secs(2), async {
+            let mut s = TcpStream::connect(alpha).await.ok()?;
+            s.write_all(b"ping").await.ok()?;
+            let mut got = [0u8; 4];
+            s.read_exact(&mut got).await.ok()?;
+            Some(got)
+        })
+        .await;
+        if let Ok(Some(got)) = attempt {
+            assert_eq!(&got, b"ping");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "alpha never got a tunnel back"
+        );
+    }
+}
+
 /// A gateway that accepts TCP and never answers: every open hangs.
 async fn silent_gateway() -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");

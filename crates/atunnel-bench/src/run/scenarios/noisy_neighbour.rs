@@ -821,6 +821,7 @@ fn refusals(before: &Value, after: &Value) -> Value {
         "refused_overload": de("refused_overload_total"),
         "shed": de("shed_total"),
         "buffer_waits": de("buffer_waits_total"),
+        "refusal_pauses": de("refusal_pauses_total"),
         "stalled_write_ends": d(&["egress", "stalled_write_ends_total"]),
         "half_closed_ends": d(&["egress", "half_closed_ends_total"]),
         "overload_refused": d(&["overload", "refused_total"]),
