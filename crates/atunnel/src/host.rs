@@ -167,6 +167,12 @@ pub struct BudgetArgs {
     /// connection flood costs atunnel a bounded CPU; 0 does not pace.
     #[arg(long, default_value_t = ActorBudget::default().max_refusals_per_second)]
     pub actor_max_refusals_per_second: u32,
+    /// DNS queries in flight per sandbox's relay; past it that sandbox's
+    /// queries are dropped (the resolver retries), no one else's.
+    #[arg(long, default_value_t = atunnel_dns::RelayConfig::DEFAULT_MAX_IN_FLIGHT,
+          value_parser = clap::builder::TypedValueParser::map(
+              clap::value_parser!(u32).range(1..=65536), |n| n as usize))]
+    pub dns_max_in_flight: usize,
     /// Ingress requests and CONNECT tunnels in flight to one actor; past it
     /// the router gets 503 for that actor.
     #[arg(long, default_value_t = PoolSettings::default().max_in_flight)]
@@ -283,6 +289,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
     if args.network == Network::Sandbox && !args.resolv_conf.as_os_str().is_empty() {
         cfg.dns = Some(atunnel_dns::RelayConfig {
             upstreams: atunnel_dns::resolvers_from_resolv_conf(&args.resolv_conf)?,
+            max_in_flight: args.budget.dns_max_in_flight,
             ..atunnel_dns::RelayConfig::default()
         });
     }
@@ -383,6 +390,10 @@ mod tests {
         assert_eq!(args.drain_timeout.0, egress.drain_timeout);
         assert_eq!(args.drain_timeout.0, ingress.drain_timeout);
         assert_eq!(args.budget.budget(), egress.budget);
+        assert_eq!(
+            args.budget.dns_max_in_flight,
+            atunnel_dns::RelayConfig::default().max_in_flight
+        );
         assert_eq!(args.gateway_stream_window, egress.stream_window);
         assert_eq!(args.gateway_connection_window, egress.connection_window);
         assert_eq!(args.gateway_idle_timeout.0, egress.pool_idle_timeout);

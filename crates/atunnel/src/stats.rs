@@ -33,6 +33,8 @@ pub struct Stats {
     pub overload: Option<atunnel_core::overload::OverloadFigures>,
     /// Ingress connections hibernated now, and counts so far.
     pub hibernation: Option<atunnel_tls::HibernationStats>,
+    /// Each sandbox's DNS relay: queries, answers, timeouts, drops.
+    pub dns_relays: Vec<crate::tunnel::SandboxDnsStats>,
 }
 
 /// /stats connections open at once (a reader or two; the next waits in the
@@ -47,6 +49,7 @@ pub(crate) struct StatsSource {
     pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
     pub egress: Option<Arc<Egress>>,
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
+    pub dns_relays: crate::tunnel::DnsRelays,
 }
 
 impl StatsSource {
@@ -66,6 +69,7 @@ impl StatsSource {
             ingress: self.ingress.as_ref().map(|i| i.stats()),
             overload: self.overload.as_ref().map(|o| o.figures()),
             hibernation: self.ingress.as_ref().map(|i| i.hibernation().stats()),
+            dns_relays: crate::tunnel::dns_stats(&self.dns_relays),
         }
     }
 }

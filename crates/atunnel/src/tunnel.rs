@@ -13,7 +13,7 @@
 //!    actor's tunnels, waits (bounded). Other actors keep theirs.
 //! 7. [`Tunnel::close_sandbox`]: removes the sandbox and everything bound in it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
@@ -158,6 +158,17 @@ struct Sandbox {
     tasks: TaskTracker,
 }
 
+/// Each sandbox's DNS relay, by actor uid, for /stats.
+pub(crate) type DnsRelays = Arc<Mutex<BTreeMap<String, DnsRelay>>>;
+
+/// One sandbox's DNS relay figures.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SandboxDnsStats {
+    pub actor: String,
+    #[serde(flatten)]
+    pub relay: atunnel_dns::DnsRelayStats,
+}
+
 /// atunnel for one worker.
 pub struct Tunnel {
     cfg: TunnelConfig,
@@ -167,6 +178,7 @@ pub struct Tunnel {
     /// Stops the ingress listeners and /stats.
     cancel: CancellationToken,
     sandboxes: Mutex<HashMap<String, Sandbox>>,
+    dns_relays: DnsRelays,
     /// /stats, for shutdown to wait on.
     tasks: TaskTracker,
     stats: Option<SocketAddr>,
@@ -215,6 +227,7 @@ impl Tunnel {
             None => None,
         };
         let tasks = TaskTracker::new();
+        let dns_relays = DnsRelays::default();
         if let Some(guard) = &overload {
             guard.set_shedder(Arc::new(ShedEgress(Arc::downgrade(&egress))));
             tasks.spawn(guard.clone().run(cancel.clone()));
@@ -225,6 +238,7 @@ impl Tunnel {
                 overload: overload.clone(),
                 egress: Some(egress.clone()),
                 ingress: ingress.as_ref().map(|(i, _, _)| i.clone()),
+                dns_relays: dns_relays.clone(),
             });
             tasks.spawn(crate::stats::serve(listener, source, cancel.clone()));
         }
@@ -235,6 +249,7 @@ impl Tunnel {
             ingress,
             cancel,
             sandboxes: Mutex::new(HashMap::new()),
+            dns_relays,
             tasks,
             stats,
         }))
@@ -242,6 +257,11 @@ impl Tunnel {
 
     pub fn egress(&self) -> &Arc<Egress> {
         &self.egress
+    }
+
+    /// Each open sandbox's DNS relay figures, by actor uid.
+    pub fn dns_stats(&self) -> Vec<SandboxDnsStats> {
+        dns_stats(&self.dns_relays)
     }
 
     /// Ingress and its bound HTTPS and CONNECT addresses, if it serves ingress.
@@ -337,6 +357,10 @@ impl Tunnel {
         let cancel_dns = cancel.clone();
         let tasks = TaskTracker::new();
         if let (Some(relay), Some((udp, tcp))) = (relay, dns_sockets) {
+            self.dns_relays
+                .lock()
+                .expect("dns relays lock poisoned")
+                .insert(actor.uid.clone(), relay.clone());
             let (d, c) = (relay.clone(), cancel.clone());
             tasks.spawn(async move { d.serve_udp(udp, c).await });
             tasks.spawn(async move { relay.serve_tcp(tcp, cancel_dns).await });
@@ -457,6 +481,10 @@ impl Tunnel {
             .lock()
             .expect("sandboxes lock poisoned")
             .remove(&actor.uid);
+        self.dns_relays
+            .lock()
+            .expect("dns relays lock poisoned")
+            .remove(&actor.uid);
         if let Some(sandbox) = sandbox {
             sandbox.cancel.cancel();
             sandbox.tasks.close();
@@ -527,4 +555,16 @@ async fn resolve_gateway(address: &str) -> Result<(SocketAddr, ServerName<'stati
             .ok_or_else(|| err("no address".into()))?,
     };
     Ok((addr, server_name))
+}
+
+pub(crate) fn dns_stats(relays: &DnsRelays) -> Vec<SandboxDnsStats> {
+    relays
+        .lock()
+        .expect("dns relays lock poisoned")
+        .iter()
+        .map(|(actor, relay)| SandboxDnsStats {
+            actor: actor.clone(),
+            relay: relay.stats(),
+        })
+        .collect()
 }

@@ -222,9 +222,28 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
     // DNS from the actor reaches the worker's resolver through the relay.
     dns_over_udp_check(&sandbox, &exec).await;
     dns_over_tcp_check(&sandbox, &exec).await;
+    // Counted for this sandbox, as /stats `dns_relays` serves them.
+    let dns = tunnel.dns_stats();
+    assert_eq!(dns.len(), 1, "{dns:?}");
+    let (who, relay) = (&dns[0].actor, dns[0].relay);
+    assert_eq!(who, &a.uid);
+    assert_eq!(
+        (
+            relay.udp_queries,
+            relay.tcp_queries,
+            relay.answered,
+            relay.dropped
+        ),
+        (1, 1, 2, 0),
+        "{relay:?}"
+    );
 
     tunnel.close_sandbox(&a).await.expect("close");
     assert!(!atunnel_sandbox::netns::exists(sandbox.name()));
+    assert!(
+        tunnel.dns_stats().is_empty(),
+        "a closed sandbox's relay is gone"
+    );
     tunnel
         .close_sandbox(&a)
         .await
