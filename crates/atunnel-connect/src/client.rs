@@ -29,7 +29,8 @@ use atunnel_identity::credential::ActorCredential;
 use crate::http1;
 use crate::limits::{
     INITIAL_MAX_SEND_STREAMS, MAX_REFUSAL_BODY, OPEN_TIMEOUT, POOL_CLOSE_WAIT, POOL_IDLE_TIMEOUT,
-    REFUSAL_BODY_WAIT, TUNNEL_CONNECTION_WINDOW, TUNNEL_STREAM_WINDOW,
+    POOL_PING_INTERVAL, POOL_PING_TIMEOUT, REFUSAL_BODY_WAIT, TUNNEL_CONNECTION_WINDOW,
+    TUNNEL_STREAM_WINDOW,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +84,11 @@ pub struct GatewayClientConfig {
     /// A pooled connection with no tunnel for this long is closed (see
     /// [`POOL_IDLE_TIMEOUT`]).
     pub idle_timeout: Duration,
+    /// A pooled connection is pinged this often (see [`POOL_PING_INTERVAL`];
+    /// zero: never)
+    pub ping_interval: Duration,
+    /// and retired if a ping is not answered within this.
+    pub ping_timeout: Duration,
 }
 
 impl GatewayClientConfig {
@@ -101,6 +107,8 @@ impl GatewayClientConfig {
             stream_window: TUNNEL_STREAM_WINDOW,
             connection_window: TUNNEL_CONNECTION_WINDOW,
             idle_timeout: POOL_IDLE_TIMEOUT,
+            ping_interval: POOL_PING_INTERVAL,
+            ping_timeout: POOL_PING_TIMEOUT,
         }
     }
 }
@@ -280,6 +288,8 @@ pub struct ClientStats {
     pub h2_streams: usize,
     /// Pooled connections closed for having no tunnel for the idle timeout.
     pub h2_idle_closed_total: u64,
+    /// Pooled connections retired as dead: a ping or a CONNECT unanswered.
+    pub h2_dead_retired_total: u64,
 }
 
 /// One actor's tunnel client: its TLS identity and its connection pool.
@@ -290,6 +300,7 @@ pub struct GatewayClient {
     /// when it has been idle for the idle timeout.
     pool: Arc<Mutex<Vec<Arc<H2Conn>>>>,
     idle_closed: Arc<AtomicU64>,
+    dead_retired: Arc<AtomicU64>,
     /// Serialises dials while the gateway may speak h2, so a burst of opens
     /// shares one new connection instead of racing to make one each.
     dial_lock: tokio::sync::Mutex<()>,
@@ -322,6 +333,7 @@ impl GatewayClient {
             cfg,
             pool: Arc::new(Mutex::new(Vec::new())),
             idle_closed: Arc::new(AtomicU64::new(0)),
+            dead_retired: Arc::new(AtomicU64::new(0)),
             dial_lock: tokio::sync::Mutex::new(()),
             gateway_is_h1: AtomicBool::new(false),
             credential,
@@ -338,14 +350,26 @@ impl GatewayClient {
                 .map(|c| c.use_.streams.load(Ordering::Relaxed))
                 .sum(),
             h2_idle_closed_total: self.idle_closed.load(Ordering::Relaxed),
+            h2_dead_retired_total: self.dead_retired.load(Ordering::Relaxed),
         }
     }
 
-    /// Opens a tunnel to `dest`, bounded by the open timeout.
+    /// Opens a tunnel to `dest`, bounded by the open timeout. If that
+    /// expires while a pooled connection has not answered the CONNECT, the
+    /// connection is retired as black-holed and the open tried once more on
+    /// a fresh one, within another open timeout.
     pub async fn open(&self, dest: SocketAddr) -> Result<GatewayTunnel, OpenError> {
         let authority = parse_destination(&dest.to_string())?.to_string();
         let after = self.cfg.open_timeout;
-        match tokio::time::timeout(after, self.open_unbounded(&authority)).await {
+        let pooled_unanswered = AtomicBool::new(false);
+        let first = self.open_unbounded(&authority, &pooled_unanswered);
+        match tokio::time::timeout(after, first).await {
+            Ok(result) => return result,
+            Err(_) if pooled_unanswered.load(Ordering::Acquire) => {}
+            Err(_) => return Err(OpenError::Timeout { authority, after }),
+        }
+        let again = self.open_unbounded(&authority, &pooled_unanswered);
+        match tokio::time::timeout(after, again).await {
             Ok(result) => result,
             Err(_) => Err(OpenError::Timeout { authority, after }),
         }
@@ -356,14 +380,28 @@ impl GatewayClient {
         self.open(parse_destination(authority)?).await
     }
 
-    async fn open_unbounded(&self, authority: &str) -> Result<GatewayTunnel, OpenError> {
+    async fn open_unbounded(
+        &self,
+        authority: &str,
+        pooled_unanswered: &AtomicBool,
+    ) -> Result<GatewayTunnel, OpenError> {
         let mut retried = false;
         loop {
             let (conn, slot, pooled) = match self.pooled_or_dial().await? {
                 Dialed::H1(tls) => return self.connect_h1(tls, authority).await,
                 Dialed::H2(conn, slot, pooled) => (conn, slot, pooled),
             };
-            match self.connect_h2(&conn, slot, authority).await {
+            // Cancelled while waiting for its answer (the open timeout): the
+            // connection may be black-holed, so no new tunnel is sent on it.
+            let unanswered = RetireIfUnanswered {
+                conn: &conn,
+                client: self,
+                armed: true,
+                pooled: pooled.then_some(pooled_unanswered),
+            };
+            let answered = self.connect_h2(&conn, slot, authority).await;
+            unanswered.disarm();
+            match answered {
                 Err(H2Failure::Connection(e)) => {
                     conn.use_.dead.store(true, Ordering::Release);
                     self.forget(&conn);
@@ -421,6 +459,15 @@ impl GatewayClient {
         }
     }
 
+    /// Marks `conn` dead and takes it out of the pool: no new tunnel goes
+    /// on it; those it carries go on as long as it does.
+    fn retire_dead(&self, conn: &Arc<H2Conn>) {
+        if !conn.use_.dead.swap(true, Ordering::AcqRel) {
+            self.dead_retired.fetch_add(1, Ordering::Relaxed);
+        }
+        self.forget(conn);
+    }
+
     fn forget(&self, conn: &Arc<H2Conn>) {
         self.pool
             .lock()
@@ -475,9 +522,11 @@ impl GatewayClient {
             .map_err(|e| self.handshake_error(e))?;
         let use_ = Arc::new(ConnUse::default());
         let (settle, settled) = watch::channel(false);
-        let ping_pong = connection
+        let mut ping_pong = connection
             .ping_pong()
             .expect("a new connection's ping handle, taken once");
+        let (ping_every, ping_within) = (self.cfg.ping_interval, self.cfg.ping_timeout);
+        let dead_retired = self.dead_retired.clone();
         let idle = IdleRetirement {
             use_: use_.clone(),
             pool: Arc::downgrade(&self.pool),
@@ -488,10 +537,20 @@ impl GatewayClient {
             let mut connection = std::pin::pin!(connection);
             let ended = tokio::select! {
                 ended = connection.as_mut() => ended,
-                () = settled_by_ping(ping_pong) => {
+                () = settled_by_ping(&mut ping_pong) => {
                     settle.send_replace(true);
                     tokio::select! {
                         ended = connection.as_mut() => ended,
+                        // Its peer is gone (a node vanished, a NAT entry
+                        // expired): out of the pool at once, and the socket
+                        // closed, ending its tunnels.
+                        () = ping_missed(&mut ping_pong, ping_every, ping_within) => {
+                            if idle.retire_now() {
+                                dead_retired.fetch_add(1, Ordering::Relaxed);
+                            }
+                            tracing::debug!("gateway HTTP/2 connection missed a ping; retired");
+                            Ok(())
+                        }
                         // Out of the pool, the connection's last handle is
                         // gone: h2 sends GOAWAY and ends it.
                         () = idle.retire() => {
@@ -647,6 +706,17 @@ struct IdleRetirement {
 }
 
 impl IdleRetirement {
+    /// Out of the pool now, whatever it carries; false if it already was.
+    fn retire_now(&self) -> bool {
+        let first = !self.use_.dead.swap(true, Ordering::AcqRel);
+        if let Some(pool) = self.pool.upgrade() {
+            pool.lock()
+                .expect("pool lock poisoned")
+                .retain(|c| !Arc::ptr_eq(&c.use_, &self.use_));
+        }
+        first
+    }
+
     async fn retire(&self) {
         loop {
             self.use_.until_idle().await;
@@ -685,8 +755,51 @@ enum H2Failure {
 /// Resolves once the gateway's SETTINGS have been applied, or the connection
 /// ended. The SETTINGS are the gateway's first frame and h2 applies them
 /// before reading another, so the answer to a PING sent now comes after.
-async fn settled_by_ping(mut ping_pong: h2::PingPong) {
+async fn settled_by_ping(ping_pong: &mut h2::PingPong) {
     let _ = ping_pong.ping(h2::Ping::opaque()).await;
+}
+
+/// Pings every `every` and returns when one is not answered within
+/// `within` (or the connection can no longer ping). Never, if `every` is
+/// zero.
+async fn ping_missed(ping_pong: &mut h2::PingPong, every: Duration, within: Duration) {
+    if every.is_zero() {
+        return std::future::pending().await;
+    }
+    loop {
+        tokio::time::sleep(every).await;
+        match tokio::time::timeout(within, ping_pong.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_pong)) => {}
+            _ => return,
+        }
+    }
+}
+
+/// Retires a pooled connection whose CONNECT answer was still awaited when
+/// the open was cancelled (by the open timeout, or the tunnel's end).
+struct RetireIfUnanswered<'a> {
+    conn: &'a Arc<H2Conn>,
+    client: &'a GatewayClient,
+    armed: bool,
+    /// Set when it fires on a connection that came from the pool.
+    pooled: Option<&'a AtomicBool>,
+}
+
+impl RetireIfUnanswered<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for RetireIfUnanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.client.retire_dead(self.conn);
+            if let Some(flag) = self.pooled {
+                flag.store(true, Ordering::Release);
+            }
+        }
+    }
 }
 
 /// Up to `limit` bytes of a refusal's body, or what arrived within `wait`.

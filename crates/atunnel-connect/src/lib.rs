@@ -20,5 +20,7 @@ pub mod limits;
 pub mod preface;
 pub mod server;
 
-pub use client::{GatewayClient, GatewayClientConfig, GatewayTunnel, OpenError, parse_destination};
+pub use client::{
+    ClientStats, GatewayClient, GatewayClientConfig, GatewayTunnel, OpenError, parse_destination,
+};
 pub use server::{Answer, ConnectHandler, ConnectRequest, ConnectServer, H2Settings};

@@ -127,6 +127,20 @@ pub const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// an idle connection). The next tunnel dials a fresh one.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// A pooled gateway connection is pinged (HTTP/2 PING) this often, and
+/// retired, its socket closed, if a ping is not answered within
+/// [`POOL_PING_TIMEOUT`]: a peer that vanished without a FIN (a node gone,
+/// a NAT entry expired) is found within 25 s instead of making every new
+/// tunnel of the actor wait out the open timeout until the kernel gives up.
+/// 15 s, the reference tunnel's keepalive; the tunnel's
+/// `--gateway-ping-interval` (0: never).
+pub const POOL_PING_INTERVAL: Duration = Duration::from_secs(15);
+
+/// See [`POOL_PING_INTERVAL`]; the tunnel's `--gateway-ping-timeout`. As
+/// long as the open timeout: a gateway that answers at all answers a PING
+/// within a round trip.
+pub const POOL_PING_TIMEOUT: Duration = OPEN_TIMEOUT;
+
 /// How long a retired pooled connection may take to say GOAWAY and close
 /// before its socket is dropped.
 pub const POOL_CLOSE_WAIT: Duration = Duration::from_secs(5);

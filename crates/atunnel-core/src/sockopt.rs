@@ -5,16 +5,50 @@
 //! each accepted socket itself: a listener's value is not reliably inherited
 //! (MPTCP, for one, drops it). Fixed buffer sizes are off by default because
 //! they disable autotuning and cut throughput at a few ms of round trip.
+//!
+//! Network-side sockets also find a peer that vanished without a FIN (a
+//! node gone, a NAT or conntrack entry expired): TCP keepalive probes an
+//! idle connection, and `TCP_USER_TIMEOUT` aborts one whose data (or zero
+//! window) goes unacknowledged. Sandbox-side sockets need neither: their
+//! peer is a local process, whose end the kernel reports.
 
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use socket2::SockRef;
+use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpSocket, TcpStream};
 
 /// Default `TCP_NOTSENT_LOWAT`: 16 KiB of unsent data per socket.
 pub const DEFAULT_NOTSENT_LOWAT: u32 = 16 * 1024;
+
+/// TCP keepalive on network-side sockets: the first probe after 15 s idle
+/// (the reference tunnel's keepalive), then every 5 s, and after 3 unanswered
+/// probes the connection is dead, so an idle connection to a vanished peer
+/// ends about 30 s after its last traffic. A probe is an empty segment every
+/// 15 s of idleness, nothing in userspace: hibernated connections stay so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    pub idle: Duration,
+    pub interval: Duration,
+    pub probes: u32,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Self {
+            idle: Duration::from_secs(15),
+            interval: Duration::from_secs(5),
+            probes: 3,
+        }
+    }
+}
+
+/// `TCP_USER_TIMEOUT` on network-side sockets: data (or a zero window, which
+/// Linux bounds the same way) unacknowledged this long aborts the
+/// connection. 60 s, the relay's stalled-write bound, so the kernel gives up
+/// on a peer no sooner than the relay would on a reader that stopped.
+pub const DEFAULT_USER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Options applied to one kind of TCP socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,14 +59,22 @@ pub struct SocketOptions {
     pub send_buffer: Option<usize>,
     /// Fixed `SO_RCVBUF` in bytes; `None` keeps autotuning.
     pub recv_buffer: Option<usize>,
+    /// TCP keepalive; `None` leaves it off.
+    pub keepalive: Option<Keepalive>,
+    /// `TCP_USER_TIMEOUT`; `None` leaves the kernel's retransmission limits.
+    pub user_timeout: Option<Duration>,
 }
 
 impl Default for SocketOptions {
+    /// Network-side sockets: the lowat, autotuned buffers, keepalive and
+    /// the user timeout.
     fn default() -> Self {
         Self {
             notsent_lowat: Some(DEFAULT_NOTSENT_LOWAT),
             send_buffer: None,
             recv_buffer: None,
+            keepalive: Some(Keepalive::default()),
+            user_timeout: Some(DEFAULT_USER_TIMEOUT),
         }
     }
 }
@@ -47,22 +89,27 @@ pub const DEFAULT_SANDBOX_BUFFER: usize = 64 * 1024;
 
 impl SocketOptions {
     /// The default for sandbox-side sockets: the lowat, and fixed
-    /// [`DEFAULT_SANDBOX_BUFFER`] buffers.
+    /// [`DEFAULT_SANDBOX_BUFFER`] buffers; no keepalive or user timeout.
     pub fn sandbox_default() -> Self {
         Self {
             send_buffer: Some(DEFAULT_SANDBOX_BUFFER),
             recv_buffer: Some(DEFAULT_SANDBOX_BUFFER),
+            keepalive: None,
+            user_timeout: None,
             ..Self::default()
         }
     }
 
     /// From the command-line convention: a negative lowat leaves the kernel
-    /// default, zero buffer sizes mean "not set".
+    /// default, zero buffer sizes mean "not set"; no keepalive or user
+    /// timeout (the caller sets those).
     pub fn from_flags(notsent_lowat: i64, send_buffer: usize, recv_buffer: usize) -> Self {
         Self {
             notsent_lowat: u32::try_from(notsent_lowat).ok(),
             send_buffer: (send_buffer > 0).then_some(send_buffer),
             recv_buffer: (recv_buffer > 0).then_some(recv_buffer),
+            keepalive: None,
+            user_timeout: None,
         }
     }
 
@@ -79,6 +126,16 @@ impl SocketOptions {
         }
         if let Some(n) = self.recv_buffer {
             sock.set_recv_buffer_size(n)?;
+        }
+        if let Some(k) = self.keepalive {
+            let probes = TcpKeepalive::new()
+                .with_time(k.idle)
+                .with_interval(k.interval)
+                .with_retries(k.probes);
+            sock.set_tcp_keepalive(&probes)?;
+        }
+        if let Some(t) = self.user_timeout {
+            sock.set_tcp_user_timeout(Some(t))?;
         }
         Ok(())
     }
@@ -117,6 +174,10 @@ pub struct ReadBack {
     pub send_buffer: usize,
     pub recv_buffer: usize,
     pub nodelay: bool,
+    /// `None` when keepalive is off.
+    pub keepalive: Option<Keepalive>,
+    /// `None` when not set.
+    pub user_timeout: Option<Duration>,
 }
 
 pub fn read_back(stream: &TcpStream) -> io::Result<ReadBack> {
@@ -126,6 +187,15 @@ pub fn read_back(stream: &TcpStream) -> io::Result<ReadBack> {
         send_buffer: sock.send_buffer_size()?,
         recv_buffer: sock.recv_buffer_size()?,
         nodelay: sock.tcp_nodelay()?,
+        keepalive: match sock.keepalive()? {
+            false => None,
+            true => Some(Keepalive {
+                idle: sock.tcp_keepalive_time()?,
+                interval: sock.tcp_keepalive_interval()?,
+                probes: sock.tcp_keepalive_retries()?,
+            }),
+        },
+        user_timeout: sock.tcp_user_timeout()?,
     })
 }
 
@@ -153,7 +223,33 @@ mod tests {
             // Linux doubles the requested size for bookkeeping overhead.
             assert_eq!(rb.send_buffer, 2 * 64 * 1024);
             assert_eq!(rb.recv_buffer, 2 * 96 * 1024);
+            assert_eq!((rb.keepalive, rb.user_timeout), (None, None));
         }
+    }
+
+    #[tokio::test]
+    async fn network_sockets_get_keepalive_and_the_user_timeout_and_sandbox_ones_do_not() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let network = SocketOptions::default();
+        let (dialed, accepted) = tokio::join!(
+            network.connect(addr, Duration::from_secs(5)),
+            listener.accept()
+        );
+        let (dialed, (accepted, _)) = (dialed.expect("dial"), accepted.expect("accept"));
+        network.apply(&accepted).expect("apply");
+        for s in [&dialed, &accepted] {
+            let rb = read_back(s).expect("getsockopt");
+            assert_eq!(rb.keepalive, Some(Keepalive::default()));
+            assert_eq!(rb.user_timeout, Some(DEFAULT_USER_TIMEOUT));
+        }
+        let sandbox = SocketOptions::sandbox_default();
+        let dialed = sandbox
+            .connect(addr, Duration::from_secs(5))
+            .await
+            .expect("dial");
+        let rb = read_back(&dialed).expect("getsockopt");
+        assert_eq!((rb.keepalive, rb.user_timeout), (None, None));
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@ use atunnel_core::BufferPool;
 use atunnel_core::overload::OverloadConfig;
 use atunnel_core::pool::{DEFAULT_BUFFER_SIZE, DEFAULT_MAX_BUFFERS, DEFAULT_MAX_IDLE};
 use atunnel_core::relay::RelayBounds;
-use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::sockopt::{Keepalive, SocketOptions};
 
 /// Socket options for every accepted or dialed TCP socket. The defaults
 /// are [`SocketOptions::default`] (network side) and
@@ -33,6 +33,22 @@ pub struct SocketArgs {
     /// (which grows to net.ipv4.tcp_rmem's maximum).
     #[arg(long, default_value_t = SocketArgs::default().sandbox_receive_buffer)]
     pub sandbox_receive_buffer: usize,
+    /// Idle time before TCP keepalive's first probe on network-side sockets
+    /// (router, gateway, destinations); 0 turns keepalive off.
+    #[arg(long, default_value_t = FlagDuration(Keepalive::default().idle))]
+    pub tcp_keepalive: FlagDuration,
+    /// Time between keepalive probes.
+    #[arg(long, default_value_t = FlagDuration(Keepalive::default().interval))]
+    pub tcp_keepalive_interval: FlagDuration,
+    /// Unanswered keepalive probes after which the connection is dead.
+    #[arg(long, default_value_t = Keepalive::default().probes,
+          value_parser = clap::value_parser!(u32).range(1..=127))]
+    pub tcp_keepalive_probes: u32,
+    /// TCP_USER_TIMEOUT on network-side sockets: data or a zero window
+    /// unacknowledged this long aborts the connection; 0 leaves the
+    /// kernel's retransmission limits (about 15 minutes).
+    #[arg(long, default_value_t = FlagDuration(atunnel_core::sockopt::DEFAULT_USER_TIMEOUT))]
+    pub tcp_user_timeout: FlagDuration,
 }
 
 impl Default for SocketArgs {
@@ -44,6 +60,10 @@ impl Default for SocketArgs {
             tcp_receive_buffer: network.recv_buffer.unwrap_or(0),
             sandbox_send_buffer: sandbox.send_buffer.unwrap_or(0),
             sandbox_receive_buffer: sandbox.recv_buffer.unwrap_or(0),
+            tcp_keepalive: FlagDuration(network.keepalive.map_or(Default::default(), |k| k.idle)),
+            tcp_keepalive_interval: FlagDuration(Keepalive::default().interval),
+            tcp_keepalive_probes: Keepalive::default().probes,
+            tcp_user_timeout: FlagDuration(network.user_timeout.unwrap_or_default()),
         }
     }
 }
@@ -51,16 +71,28 @@ impl Default for SocketArgs {
 impl SocketArgs {
     /// Options for network-side sockets (router, gateway, destinations).
     pub fn options(&self) -> SocketOptions {
-        SocketOptions::from_flags(
-            self.tcp_notsent_lowat,
-            self.tcp_send_buffer,
-            self.tcp_receive_buffer,
-        )
+        SocketOptions {
+            keepalive: (!self.tcp_keepalive.0.is_zero()).then_some(Keepalive {
+                idle: self.tcp_keepalive.0,
+                interval: self.tcp_keepalive_interval.0,
+                probes: self.tcp_keepalive_probes,
+            }),
+            user_timeout: (!self.tcp_user_timeout.0.is_zero()).then_some(self.tcp_user_timeout.0),
+            ..SocketOptions::from_flags(
+                self.tcp_notsent_lowat,
+                self.tcp_send_buffer,
+                self.tcp_receive_buffer,
+            )
+        }
     }
 
     /// Options for sandbox-side sockets (to and from the actors).
     pub fn sandbox_options(&self) -> SocketOptions {
-        let mut o = self.options();
+        let mut o = SocketOptions {
+            keepalive: None,
+            user_timeout: None,
+            ..self.options()
+        };
         if self.sandbox_send_buffer > 0 {
             o.send_buffer = Some(self.sandbox_send_buffer);
         }
@@ -231,7 +263,7 @@ mod duration_tests {
 #[cfg(test)]
 mod socket_flag_tests {
     use super::SocketArgs;
-    use atunnel_core::sockopt::SocketOptions;
+    use atunnel_core::sockopt::{Keepalive, SocketOptions};
     use clap::Parser;
 
     #[derive(clap::Parser)]
@@ -252,19 +284,48 @@ mod socket_flag_tests {
             notsent_lowat: Some(16384),
             send_buffer: None,
             recv_buffer: None,
+            keepalive: Some(Keepalive {
+                idle: std::time::Duration::from_secs(15),
+                interval: std::time::Duration::from_secs(5),
+                probes: 3,
+            }),
+            user_timeout: Some(std::time::Duration::from_secs(60)),
         };
         assert_eq!(args.options(), expected);
         assert_eq!(args.options(), SocketOptions::default());
         assert_eq!(args, SocketArgs::default());
         assert_eq!(args.sandbox_options(), SocketOptions::sandbox_default());
-        // Sandbox-side sockets keep the lowat and get their own 64 KiB buffers.
+        // Sandbox-side sockets keep the lowat and get their own 64 KiB
+        // buffers, and no keepalive or user timeout.
         assert_eq!(
             args.sandbox_options(),
             SocketOptions {
                 send_buffer: Some(65536),
                 recv_buffer: Some(65536),
+                keepalive: None,
+                user_timeout: None,
                 ..expected
             }
+        );
+        let off = parse(&["--tcp-keepalive=0", "--tcp-user-timeout=0"]).options();
+        assert_eq!((off.keepalive, off.user_timeout), (None, None));
+        let tuned = parse(&[
+            "--tcp-keepalive=30s",
+            "--tcp-keepalive-interval=10s",
+            "--tcp-keepalive-probes=2",
+            "--tcp-user-timeout=20s",
+        ])
+        .options();
+        assert_eq!(
+            (tuned.keepalive, tuned.user_timeout),
+            (
+                Some(Keepalive {
+                    idle: std::time::Duration::from_secs(30),
+                    interval: std::time::Duration::from_secs(10),
+                    probes: 2,
+                }),
+                Some(std::time::Duration::from_secs(20))
+            )
         );
     }
 
@@ -310,6 +371,7 @@ mod socket_flag_tests {
                 notsent_lowat: Some(4096),
                 send_buffer: Some(65536),
                 recv_buffer: Some(98304),
+                ..SocketOptions::default()
             }
         );
         // The sandbox side has its own buffer flags; the lowat is shared.

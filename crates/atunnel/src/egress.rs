@@ -319,6 +319,10 @@ pub struct EgressConfig {
     pub connection_window: u32,
     /// A pooled gateway connection with no tunnel for this long closes.
     pub pool_idle_timeout: Duration,
+    /// Pooled gateway connections are pinged this often (zero: never)
+    pub pool_ping_interval: Duration,
+    /// and retired if a ping goes unanswered this long.
+    pub pool_ping_timeout: Duration,
     /// When tunnels that cannot finish are reset.
     pub relay: RelayBounds,
     /// How tunnels relay when the bench compares designs (lean otherwise).
@@ -336,6 +340,8 @@ impl Default for EgressConfig {
             stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
             connection_window: atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
             pool_idle_timeout: atunnel_connect::limits::POOL_IDLE_TIMEOUT,
+            pool_ping_interval: atunnel_connect::limits::POOL_PING_INTERVAL,
+            pool_ping_timeout: atunnel_connect::limits::POOL_PING_TIMEOUT,
             relay: RelayBounds::default(),
             #[cfg(feature = "comparison")]
             comparison: crate::comparison::RelayVariant::default(),

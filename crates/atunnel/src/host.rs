@@ -135,6 +135,14 @@ pub struct HostArgs {
     /// ("90s").
     #[arg(long, default_value_t = FlagDuration(EgressConfig::default().pool_idle_timeout))]
     pub gateway_idle_timeout: FlagDuration,
+    /// Pooled gateway connections are pinged (HTTP/2 PING) this often and
+    /// retired if one goes unanswered for --gateway-ping-timeout ("15s";
+    /// 0: never).
+    #[arg(long, default_value_t = FlagDuration(EgressConfig::default().pool_ping_interval))]
+    pub gateway_ping_interval: FlagDuration,
+    /// See --gateway-ping-interval ("10s").
+    #[arg(long, default_value_t = FlagDuration(EgressConfig::default().pool_ping_timeout))]
+    pub gateway_ping_timeout: FlagDuration,
     #[command(flatten)]
     pub relay: RelayArgs,
     #[command(flatten)]
@@ -260,6 +268,8 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
         stream_window: args.gateway_stream_window,
         connection_window: args.gateway_connection_window,
         pool_idle_timeout: args.gateway_idle_timeout.0,
+        pool_ping_interval: args.gateway_ping_interval.0,
+        pool_ping_timeout: args.gateway_ping_timeout.0,
         relay: args.relay.bounds(),
         #[cfg(feature = "comparison")]
         comparison: args.comparison,
@@ -397,6 +407,8 @@ mod tests {
         assert_eq!(args.gateway_stream_window, egress.stream_window);
         assert_eq!(args.gateway_connection_window, egress.connection_window);
         assert_eq!(args.gateway_idle_timeout.0, egress.pool_idle_timeout);
+        assert_eq!(args.gateway_ping_interval.0, egress.pool_ping_interval);
+        assert_eq!(args.gateway_ping_timeout.0, egress.pool_ping_timeout);
         assert_eq!(args.hibernate_after.0, ingress.hibernate_after);
         assert_eq!(args.header_read_timeout.0, ingress.header_read_timeout);
         assert_eq!(args.client_identity, ingress.allowed_client_id);

@@ -311,6 +311,8 @@ impl Tunnel {
         client.stream_window = self.cfg.egress.stream_window;
         client.connection_window = self.cfg.egress.connection_window;
         client.idle_timeout = self.cfg.egress.pool_idle_timeout;
+        client.ping_interval = self.cfg.egress.pool_ping_interval;
+        client.ping_timeout = self.cfg.egress.pool_ping_timeout;
         Ok(ActorEgress::prepare(
             actor.clone(),
             client,

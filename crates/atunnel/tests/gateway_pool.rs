@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use atunnel::egress::ActorEgress;
-use atunnel_connect::GatewayClientConfig;
 use atunnel_connect::GatewayTunnel as Tunnel;
+use atunnel_connect::{ClientStats, GatewayClientConfig};
 use atunnel_core::BufferPool;
 use atunnel_core::endpoint::{Endpoint, read_chunk};
 use atunnel_identity::clock::Clock;
@@ -42,7 +42,19 @@ struct FakeGateway {
     /// Each connection's ping handle, to wait for the client to have seen
     /// everything sent before it.
     pings: mpsc::UnboundedReceiver<h2::PingPong>,
+    /// Connections numbered up to this (from 1) stop being served: their
+    /// TCP stays up and nothing on them is answered, PINGs included, as a
+    /// black-holed peer looks.
+    freeze: tokio::sync::watch::Sender<usize>,
     _task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeGateway {
+    /// Black-holes every connection accepted so far.
+    fn freeze_open_connections(&self) {
+        self.freeze
+            .send_replace(self.accepted.load(Ordering::SeqCst));
+    }
 }
 
 async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
@@ -65,23 +77,38 @@ async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
     let flooded = Arc::new(AtomicUsize::new(0));
     let (ended_tx, ended) = mpsc::unbounded_channel();
     let (pings_tx, pings) = mpsc::unbounded_channel();
+    let (freeze, frozen) = tokio::sync::watch::channel(0);
     let (count, sent) = (accepted.clone(), flooded.clone());
     let task = tokio::spawn(async move {
         let mut connections = JoinSet::new();
         while let Ok((tcp, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            let (acceptor, sent, ended, pings) = (
+            let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+            let (acceptor, sent, ended, pings, mut frozen) = (
                 acceptor.clone(),
                 sent.clone(),
                 ended_tx.clone(),
                 pings_tx.clone(),
+                frozen.clone(),
             );
             connections.spawn(async move {
                 let tls = acceptor.accept(tcp).await.expect("TLS");
                 let mut conn = h2::server::handshake(tls).await.expect("h2");
                 let _ = pings.send(conn.ping_pong().expect("ping handle"));
                 let mut streams = JoinSet::new();
-                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                loop {
+                    let next = tokio::select! {
+                        next = conn.accept() => next,
+                        () = async {
+                            let _ = frozen.wait_for(|upto| n <= *upto).await;
+                        } => {
+                            // Held, never polled again.
+                            let _conn = conn;
+                            return std::future::pending().await;
+                        }
+                    };
+                    let Some(Ok((request, mut respond))) = next else {
+                        break;
+                    };
                     let Ok(send) = respond.send_response(http::Response::new(()), false) else {
                         continue;
                     };
@@ -100,6 +127,7 @@ async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
         flooded,
         ended,
         pings,
+        freeze,
         _task: task,
     }
 }
@@ -264,4 +292,75 @@ async fn a_pooled_connection_in_use_is_not_closed_as_idle() {
     }
     assert_eq!(gateway.accepted.load(Ordering::SeqCst), 1, "one connection");
     assert_eq!(egress.client().stats().h2_idle_closed_total, 0);
+}
+
+/// Waits until `check` holds of the client's figures.
+async fn until_client(egress: &ActorEgress, what: &str, check: impl Fn(&ClientStats) -> bool) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !check(&egress.client().stats()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: {:?}", egress.client().stats()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_that_misses_a_ping_is_retired_and_the_next_tunnel_dials() {
+    let pki = Pki::new();
+    let gateway = fake_gateway(&pki, Far::Echo).await;
+    let mut cfg = client_config(&pki, gateway.addr);
+    cfg.ping_interval = Duration::from_millis(100);
+    cfg.ping_timeout = Duration::from_millis(300);
+    let egress = egress(&pki, cfg).await;
+    let data: Vec<u8> = (0..50_000u32).map(|i| (i % 241) as u8).collect();
+
+    // Answered pings keep it: several intervals pass on one connection.
+    let mut tunnel = open(&egress).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(echoed(&mut tunnel, &data).await, data);
+    drop(tunnel);
+    assert_eq!(egress.client().stats().h2_dead_retired_total, 0);
+
+    gateway.freeze_open_connections();
+    until_client(&egress, "the black-holed connection retired", |s| {
+        s.h2_dead_retired_total == 1 && s.h2_connections == 0
+    })
+    .await;
+    let mut tunnel = open(&egress).await;
+    assert_eq!(echoed(&mut tunnel, &data).await, data);
+    assert_eq!(gateway.accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_on_a_black_holed_pooled_connection_succeeds_on_a_fresh_one() {
+    const OPEN_TIMEOUT: Duration = Duration::from_millis(500);
+    let pki = Pki::new();
+    let gateway = fake_gateway(&pki, Far::Echo).await;
+    let mut cfg = client_config(&pki, gateway.addr);
+    cfg.open_timeout = OPEN_TIMEOUT;
+    // No pings: the unanswered CONNECT is what finds it.
+    cfg.ping_interval = Duration::ZERO;
+    let egress = egress(&pki, cfg).await;
+    let data = vec![42u8; 20_000];
+    let mut warm = open(&egress).await;
+    assert_eq!(echoed(&mut warm, &data).await, data);
+    drop(warm);
+
+    gateway.freeze_open_connections();
+    let started = Instant::now();
+    let mut tunnel = open(&egress).await;
+    let took = started.elapsed();
+    assert!(
+        took >= OPEN_TIMEOUT && took < 2 * OPEN_TIMEOUT,
+        "opened in {took:?}: one open timeout on the dead connection plus a dial"
+    );
+    assert_eq!(echoed(&mut tunnel, &data).await, data);
+    let stats = egress.client().stats();
+    assert_eq!(
+        (stats.h2_dead_retired_total, stats.h2_connections),
+        (1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(gateway.accepted.load(Ordering::SeqCst), 2);
 }

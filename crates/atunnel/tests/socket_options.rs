@@ -161,16 +161,19 @@ fn distinct_sets() -> Sets {
             notsent_lowat: Some(8192),
             send_buffer: Some(72 * KIB),
             recv_buffer: Some(104 * KIB),
+            ..SocketOptions::default()
         },
         sandbox: SocketOptions {
             notsent_lowat: Some(4096),
             send_buffer: Some(64 * KIB),
             recv_buffer: Some(96 * KIB),
+            ..SocketOptions::sandbox_default()
         },
         gateway: SocketOptions {
             notsent_lowat: Some(12288),
             send_buffer: Some(80 * KIB),
             recv_buffer: Some(112 * KIB),
+            ..SocketOptions::default()
         },
     }
 }
