@@ -185,6 +185,10 @@ pub struct BudgetArgs {
     /// the router gets 503 for that actor.
     #[arg(long, default_value_t = PoolSettings::default().max_in_flight)]
     pub actor_max_ingress_in_flight: usize,
+    /// How long an actor has to send an ingress response's head; past it
+    /// the router gets 504 ("60s").
+    #[arg(long, default_value_t = FlagDuration(PoolSettings::default().response_timeout))]
+    pub actor_response_timeout: FlagDuration,
 }
 
 impl BudgetArgs {
@@ -284,6 +288,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
                 allowed_client_id: args.client_identity.clone(),
                 pools: PoolSettings {
                     max_in_flight: args.budget.actor_max_ingress_in_flight,
+                    response_timeout: args.budget.actor_response_timeout.0,
                     ..PoolSettings::default()
                 },
                 socket: args.socket.options(),

@@ -1,7 +1,9 @@
 //! Ingress per-actor in-flight budget and the overload guard, through real
 //! mTLS and HTTP/2 from the router to loopback actors: an actor that holds
 //! its budget's worth of requests gets 503 for the next while another
-//! actor is served, and an overloaded process answers 503 with Retry-After.
+//! actor is served, an actor that never answers gets 504 after the response
+//! timeout while another is served, and an overloaded process answers 503
+//! with Retry-After.
 
 use atunnel_support::prelude::*;
 use std::sync::Arc;
@@ -22,6 +24,53 @@ fn get(router: &mut h2::client::SendRequest<Bytes>, actor: &str) -> h2::client::
         .body(())
         .expect("request");
     router.send_request(req, true).expect("send").0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_that_never_answers_gets_504_after_the_response_timeout() {
+    const TIMEOUT: Duration = Duration::from_millis(400);
+    let pki = IngressPki::new();
+    let running = ingress_tuned(&pki, |cfg| {
+        cfg.pools = PoolSettings {
+            response_timeout: TIMEOUT,
+            ..PoolSettings::default()
+        }
+    })
+    .await;
+    let silent = http1_actor(|_req| async {
+        std::future::pending::<()>().await;
+        http::Response::new(Full::new(Bytes::new()))
+    })
+    .await;
+    let quick =
+        http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"now"))) })
+            .await;
+    activate_loopback(&running.ingress, "alpha", "uid-1", silent.port());
+    activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
+    let mut router = h2_router(&pki, running.https).await;
+    router = router.ready().await.expect("ready");
+    let started = tokio::time::Instant::now();
+    let waiting = get(&mut router, "alpha");
+    // The router's other streams are served while alpha's waits.
+    let served = get(&mut router, "beta").await.expect("an answer");
+    assert_eq!(served.status(), 200);
+    let timed_out = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("answered within 10 s")
+        .expect("an answer");
+    assert_eq!(timed_out.status(), 504);
+    assert!(started.elapsed() >= TIMEOUT, "504 before the timeout");
+    let stats = running.ingress.stats();
+    let of = |uid: &str| {
+        stats
+            .actors
+            .iter()
+            .find(|a| a.actor == uid)
+            .map(|a| (a.response_timeouts_total, a.in_flight))
+    };
+    // The request is gone from alpha's in-flight budget.
+    assert_eq!(of("uid-1"), Some((1, 0)));
+    assert_eq!(of("uid-2"), Some((0, 0)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -255,7 +255,13 @@ async fn forward(
     let cancel = activation.cancel_token().clone();
     let response = tokio::select! {
         _ = cancel.cancelled() => return bad_gateway(),
-        r = pool.request(upstream) => r,
+        r = tokio::time::timeout(activation.response_timeout(), pool.request(upstream)) => match r {
+            Ok(r) => r,
+            Err(_) => {
+                activation.response_timed_out();
+                return text(StatusCode::GATEWAY_TIMEOUT, "the actor did not answer in time\n");
+            }
+        },
     };
     let response = match response {
         Ok(r) => r,

@@ -81,6 +81,8 @@ struct Shared {
     new_connections: AtomicU64,
     /// Requests and tunnels refused: the actor had `max_in_flight`.
     refused_in_flight: AtomicU64,
+    /// Requests answered 504: no response head within `response_timeout`.
+    response_timeouts: AtomicU64,
     socket: atunnel_core::sockopt::SocketOptions,
     dial_timeout: Duration,
 }
@@ -156,7 +158,17 @@ pub struct PoolSettings {
     /// it the router gets 503 for that actor alone
     /// ([`DEFAULT_MAX_IN_FLIGHT_PER_ACTOR`]).
     pub max_in_flight: usize,
+    /// How long an actor has to send a response's head; past it the router
+    /// gets 504 and the request is dropped ([`DEFAULT_RESPONSE_TIMEOUT`]).
+    pub response_timeout: Duration,
 }
+
+/// Default of [`PoolSettings::response_timeout`]: 60 s, nginx's
+/// `proxy_read_timeout`. An actor that never answers would otherwise hold
+/// a router stream, and a place in its in-flight budget, for as long as the
+/// router waits. Bodies are not bounded by it: a response may stream for
+/// as long as it moves.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Default of [`PoolSettings::max_in_flight`]: 1,024 requests and tunnels
 /// per actor. An actor that answers nothing or never reads a body holds
@@ -170,6 +182,7 @@ impl Default for PoolSettings {
             idle_timeout: Duration::from_secs(90),
             dial_timeout: ACTOR_DIAL_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT_PER_ACTOR,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
         }
     }
 }
@@ -186,6 +199,7 @@ impl ActorRoute {
             cancel: CancellationToken::new(),
             new_connections: AtomicU64::new(0),
             refused_in_flight: AtomicU64::new(0),
+            response_timeouts: AtomicU64::new(0),
             socket,
             dial_timeout: pools.dial_timeout,
         });
@@ -220,11 +234,24 @@ impl ActorRoute {
         false
     }
 
+    /// How long the actor has to send a response head.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.pools.response_timeout
+    }
+
+    /// A request got no response head in time (answered 504).
+    pub(crate) fn response_timed_out(&self) {
+        self.shared
+            .response_timeouts
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     fn figures(&self) -> ActorIngressStats {
         ActorIngressStats {
             actor: self.uid.clone(),
             in_flight: self.tasks.len(),
             refused_in_flight_total: self.shared.refused_in_flight.load(Ordering::Relaxed),
+            response_timeouts_total: self.shared.response_timeouts.load(Ordering::Relaxed),
         }
     }
 
@@ -306,6 +333,8 @@ pub struct ActorIngressStats {
     pub in_flight: usize,
     /// Requests and tunnels answered 503: the actor had `max_in_flight`.
     pub refused_in_flight_total: u64,
+    /// Requests answered 504: no response head within the response timeout.
+    pub response_timeouts_total: u64,
 }
 
 /// The registry of active actors, keyed by `<atespace>/<name>`.
