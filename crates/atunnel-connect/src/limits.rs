@@ -141,6 +141,18 @@ pub const POOL_PING_INTERVAL: Duration = Duration::from_secs(15);
 /// within a round trip.
 pub const POOL_PING_TIMEOUT: Duration = OPEN_TIMEOUT;
 
+/// The router's HTTP/2 connections are pinged this often by ingress HTTPS
+/// (hyper's keepalive), and closed if a ping is not answered within
+/// [`ROUTER_PING_TIMEOUT`]; `--router-ping-interval` (0: never). Longer
+/// than the default hibernation (15 s), since a ping wakes a hibernated
+/// connection: an idle router connection sleeps three quarters of the time,
+/// and TCP keepalive, which wakes nothing, already finds a vanished router
+/// within about 30 s.
+pub const ROUTER_PING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// See [`ROUTER_PING_INTERVAL`]; `--router-ping-timeout`.
+pub const ROUTER_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// How long a retired pooled connection may take to say GOAWAY and close
 /// before its socket is dropped.
 pub const POOL_CLOSE_WAIT: Duration = Duration::from_secs(5);

@@ -116,6 +116,14 @@ pub struct HostArgs {
     /// byte, or its HTTP/2 preface once TLS is done ("10s").
     #[arg(long, default_value_t = FlagDuration(IngressConfig::default().header_read_timeout))]
     pub header_read_timeout: FlagDuration,
+    /// The router's HTTP/2 connections to ingress HTTPS are pinged this
+    /// often and closed if one goes unanswered for --router-ping-timeout
+    /// ("60s"; 0: never).
+    #[arg(long, default_value_t = FlagDuration(IngressConfig::default().router_ping_interval))]
+    pub router_ping_interval: FlagDuration,
+    /// See --router-ping-interval ("20s").
+    #[arg(long, default_value_t = FlagDuration(IngressConfig::default().router_ping_timeout))]
+    pub router_ping_timeout: FlagDuration,
     /// Where /stats is served.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub stats: SocketAddr,
@@ -296,6 +304,8 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
                 drain_timeout: args.drain_timeout.0,
                 hibernate_after: args.hibernate_after.0,
                 header_read_timeout: args.header_read_timeout.0,
+                router_ping_interval: args.router_ping_interval.0,
+                router_ping_timeout: args.router_ping_timeout.0,
             },
             https: args.ingress_https,
             connect: args.ingress_connect,
@@ -416,6 +426,8 @@ mod tests {
         assert_eq!(args.gateway_ping_timeout.0, egress.pool_ping_timeout);
         assert_eq!(args.hibernate_after.0, ingress.hibernate_after);
         assert_eq!(args.header_read_timeout.0, ingress.header_read_timeout);
+        assert_eq!(args.router_ping_interval.0, ingress.router_ping_interval);
+        assert_eq!(args.router_ping_timeout.0, ingress.router_ping_timeout);
         assert_eq!(args.client_identity, ingress.allowed_client_id);
         let tunnel = crate::tunnel::TunnelConfig::new(
             std::sync::Arc::new(rustls::RootCertStore::empty()),

@@ -689,3 +689,53 @@ async fn an_idle_h2_connection_outlives_the_preface_timeout() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_connection_that_stops_answering_pings_is_closed() {
+    const INTERVAL: Duration = Duration::from_millis(200);
+    const TIMEOUT: Duration = Duration::from_millis(300);
+    let f = fixture_tuned(|cfg| {
+        cfg.router_ping_interval = INTERVAL;
+        cfg.router_ping_timeout = TIMEOUT;
+    })
+    .await;
+    let tls = router_tls(&f.pki, f.running.https, None, None, &[b"h2"])
+        .await
+        .expect("TLS");
+    let (router, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
+    let (freeze, frozen) = tokio::sync::oneshot::channel::<Duration>();
+    // Drives the connection, which answers pings, until told to stop for a
+    // while (a router that vanished answers nothing); then reports whether
+    // the connection had ended by the time it looked again.
+    let driver = tokio::spawn(async move {
+        let mut conn = std::pin::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => return Err("ended while answering pings"),
+            pause = frozen => tokio::time::sleep(pause.expect("pause")).await,
+        }
+        match tokio::time::timeout(Duration::from_secs(2), conn).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err("still open after its pings went unanswered"),
+        }
+    });
+    let get = |router: &h2::client::SendRequest<Bytes>| {
+        let mut router = router.clone();
+        async move {
+            let req = http::Request::get("https://w/describe")
+                .header("ate-target-actor", "team-a/alpha")
+                .body(())
+                .expect("request");
+            router = router.ready().await.expect("ready");
+            let (resp, _) = router.send_request(req, true).expect("send");
+            resp.await.expect("response").status()
+        }
+    };
+    // Answered pings keep it open over several intervals.
+    assert_eq!(get(&router).await, 200);
+    tokio::time::sleep(INTERVAL * 4).await;
+    assert_eq!(get(&router).await, 200);
+    freeze
+        .send(INTERVAL + TIMEOUT + Duration::from_millis(700))
+        .expect("driver");
+    driver.await.expect("driver").expect("closed");
+}

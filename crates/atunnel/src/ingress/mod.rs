@@ -22,15 +22,17 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use atunnel_connect::limits::HEADER_READ_TIMEOUT;
-use atunnel_connect::limits::ROUTER_CONNECT_CONNECTION_WINDOW;
+use atunnel_connect::limits::{
+    ROUTER_CONNECT_CONNECTION_WINDOW, ROUTER_PING_INTERVAL, ROUTER_PING_TIMEOUT,
+};
 use atunnel_connect::{ConnectServer, H2Settings};
 use atunnel_tls::Hibernation;
 
-use routes::Routes;
 pub use routes::{
     ActorDialer, ActorIngressStats, ActorRoute, DEFAULT_MAX_IN_FLIGHT_PER_ACTOR, DirectDialer,
     PoolSettings, RouteError, RouteStats, SandboxDialer,
 };
+use routes::{RouterPing, Routes};
 pub use tls::IngressTlsError;
 
 /// The router's default SPIFFE ID, the only client ingress admits.
@@ -59,6 +61,11 @@ pub struct IngressConfig {
     /// once TLS is done (default [`HEADER_READ_TIMEOUT`], 10 s). An
     /// idle keep-alive connection is not timed by it.
     pub header_read_timeout: Duration,
+    /// The router's HTTP/2 connections to ingress HTTPS are pinged this
+    /// often (zero: never) and closed if a ping goes unanswered for
+    /// `router_ping_timeout` ([`ROUTER_PING_INTERVAL`]).
+    pub router_ping_interval: Duration,
+    pub router_ping_timeout: Duration,
 }
 
 impl IngressConfig {
@@ -88,6 +95,8 @@ impl Default for IngressConfig {
             drain_timeout: crate::egress::DEFAULT_DRAIN_TIMEOUT,
             hibernate_after: atunnel_tls::hibernate::DEFAULT_AFTER,
             header_read_timeout: HEADER_READ_TIMEOUT,
+            router_ping_interval: ROUTER_PING_INTERVAL,
+            router_ping_timeout: ROUTER_PING_TIMEOUT,
         }
     }
 }
@@ -127,7 +136,15 @@ impl Ingress {
     ) -> Result<Arc<Self>, IngressError> {
         let trust = atunnel_identity::pem_files::load_certs(&cfg.trust_bundle)?;
         let tls = tls::server_config(&cfg.credential_bundle, &trust, &cfg.allowed_client_id)?;
-        let routes = Arc::new(Routes::new(cfg.pools, cfg.sandbox_socket, overload));
+        let routes = Arc::new(Routes::new(
+            cfg.pools,
+            cfg.sandbox_socket,
+            overload,
+            RouterPing {
+                interval: cfg.router_ping_interval,
+                timeout: cfg.router_ping_timeout,
+            },
+        ));
         let hibernation = Hibernation::new(cfg.hibernate_after);
         let connect = ConnectServer::new(
             Arc::new(connect::IngressConnect {

@@ -103,9 +103,16 @@ async fn serve_h2(
     client: SocketAddr,
     cancel: CancellationToken,
 ) {
+    let ping = routes.router_ping();
     let service = hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req));
-    let conn = http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder.timer(TokioTimer::new());
+    if !ping.interval.is_zero() {
+        builder
+            .keep_alive_interval(ping.interval)
+            .keep_alive_timeout(ping.timeout);
+    }
+    let conn = builder
         // The connection's window covers every stream's, so one actor's
         // unread bodies never hold another actor's streams back.
         .max_concurrent_streams(PROXY_ROUTER_MAX_CONCURRENT_STREAMS)

@@ -348,6 +348,16 @@ pub(crate) struct Routes {
     /// Refuses new requests and tunnels while the process is overloaded.
     overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
     refused_overload: AtomicU64,
+    /// Kept here, with what every router connection shares, rather than in
+    /// each connection's future.
+    router_ping: RouterPing,
+}
+
+/// HTTP/2 PING keepalive on the router's connections (zero interval: off).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RouterPing {
+    pub interval: std::time::Duration,
+    pub timeout: std::time::Duration,
 }
 
 impl Routes {
@@ -355,13 +365,20 @@ impl Routes {
         pools: PoolSettings,
         socket: atunnel_core::sockopt::SocketOptions,
         overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+        router_ping: RouterPing,
     ) -> Self {
         Self {
             pools,
             socket,
             overload,
+            router_ping,
             ..Self::default()
         }
+    }
+
+    /// How the router's HTTP/2 connections are pinged.
+    pub(crate) fn router_ping(&self) -> RouterPing {
+        self.router_ping
     }
 
     /// Why new work must be refused now (the process is overloaded); counted.
