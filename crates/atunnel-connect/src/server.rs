@@ -101,6 +101,8 @@ pub struct H2Settings {
     /// How long a client has, once TLS is done, to send its preface
     /// ([`read_h2_preface`]; default [`HANDSHAKE_TIMEOUT`]).
     pub preface_timeout: Duration,
+    /// How long a client has to finish TLS (default [`HANDSHAKE_TIMEOUT`]).
+    pub handshake_timeout: Duration,
 }
 
 impl Default for H2Settings {
@@ -110,6 +112,7 @@ impl Default for H2Settings {
             stream_window: TUNNEL_STREAM_WINDOW,
             connection_window: TUNNEL_CONNECTION_WINDOW,
             preface_timeout: HANDSHAKE_TIMEOUT,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -176,7 +179,12 @@ impl<H: ConnectHandler> ConnectServer<H> {
         // into each future it moves through) and h2's connection state are
         // boxed: a future keeps room for its largest state for the whole
         // connection, idle or not.
-        let tls = Box::pin(atunnel_tls::accept(&self.acceptor, tcp, HANDSHAKE_TIMEOUT)).await?;
+        let tls = Box::pin(atunnel_tls::accept(
+            &self.acceptor,
+            tcp,
+            self.h2.handshake_timeout,
+        ))
+        .await?;
         let peer = self.handler.peer(tls.get_ref().1)?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let activity = Arc::new(Activity::default());

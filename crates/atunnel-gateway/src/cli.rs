@@ -58,6 +58,9 @@ pub struct GatewayArgs {
     /// Pooled relay buffers one identity's tunnels may hold at once.
     #[arg(long, default_value_t = crate::budget::DEFAULT_IDENTITY_MAX_BUFFERS)]
     pub identity_max_buffers: usize,
+    /// How long a client has to finish TLS ("10s").
+    #[arg(long, default_value_t = atunnel_process::FlagDuration(atunnel_connect::limits::HANDSHAKE_TIMEOUT))]
+    pub tls_handshake_timeout: atunnel_process::FlagDuration,
     #[command(flatten)]
     pub overload: atunnel_process::OverloadArgs,
     #[command(flatten)]
@@ -78,6 +81,10 @@ pub struct ForwardArgs {
     /// Destination CIDR allowed (repeatable; default: none).
     #[arg(long)]
     pub allow: Vec<IpNet>,
+    /// How long dialing a destination may take; past it the CONNECT gets
+    /// 502 ("5s").
+    #[arg(long, default_value_t = atunnel_process::FlagDuration(atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT))]
+    pub dial_timeout: atunnel_process::FlagDuration,
 }
 
 impl ForwardArgs {
@@ -86,6 +93,7 @@ impl ForwardArgs {
             allow: self.allow.clone(),
             socket: self.gateway.socket.options(),
             bounds: self.gateway.relay.bounds(),
+            dial_timeout: self.dial_timeout.0,
         }
     }
 }
@@ -107,6 +115,7 @@ pub async fn run<F: FarEnd>(
     cfg.max_concurrent_streams = args.max_concurrent_streams;
     cfg.stream_window = args.stream_window;
     cfg.connection_window = args.connection_window;
+    cfg.handshake_timeout = args.tls_handshake_timeout.0;
     cfg.budget = crate::budget::IdentityBudget {
         max_tunnels: args.identity_max_tunnels,
         max_buffers: args.identity_max_buffers,
@@ -175,6 +184,14 @@ mod tests {
         );
         assert_eq!(args.gateway.stream_window, library.stream_window);
         assert_eq!(args.gateway.connection_window, library.connection_window);
+        assert_eq!(
+            args.gateway.tls_handshake_timeout.0,
+            library.handshake_timeout
+        );
+        assert_eq!(
+            args.dial_timeout.0,
+            atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT
+        );
         assert!(args.allow.is_empty(), "forwarding is default deny");
         assert_eq!(args.gateway.stats, None, "/stats is off unless asked for");
         let alpn = [

@@ -21,7 +21,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use atunnel_connect::limits::{DESTINATION_DIAL_TIMEOUT, MAX_CONCURRENT_STREAMS};
+use atunnel_connect::limits::MAX_CONCURRENT_STREAMS;
 use atunnel_connect::{
     Answer, ConnectHandler, ConnectRequest, ConnectServer, H2Settings, parse_destination,
 };
@@ -78,6 +78,9 @@ pub struct Forward {
     pub socket: SocketOptions,
     /// When tunnels that cannot finish are reset.
     pub bounds: RelayBounds,
+    /// How long dialing a destination may take; past it the CONNECT gets
+    /// 502 ([`atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT`]).
+    pub dial_timeout: std::time::Duration,
 }
 
 impl FarEnd for Forward {
@@ -92,7 +95,7 @@ impl FarEnd for Forward {
             });
         }
         self.socket
-            .connect(dest, DESTINATION_DIAL_TIMEOUT)
+            .connect(dest, self.dial_timeout)
             .await
             .map_err(|e| Refusal {
                 status: 502,
@@ -156,6 +159,8 @@ pub struct GatewayConfig {
     /// Receive window per connection: what one client identity's tunnels on
     /// one connection hold unread together.
     pub connection_window: u32,
+    /// How long a client has to finish TLS.
+    pub handshake_timeout: std::time::Duration,
     /// What each client identity may make the gateway hold.
     pub budget: IdentityBudget,
     /// Past its soft threshold new CONNECTs are refused (503).
@@ -179,6 +184,7 @@ impl GatewayConfig {
             max_concurrent_streams: MAX_CONCURRENT_STREAMS,
             stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
             connection_window: atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
+            handshake_timeout: atunnel_connect::limits::HANDSHAKE_TIMEOUT,
             budget: IdentityBudget::default(),
             overload: None,
             observer: None,
@@ -309,6 +315,7 @@ pub fn new<F: FarEnd>(
         max_concurrent_streams: cfg.max_concurrent_streams,
         stream_window: cfg.stream_window,
         connection_window: cfg.connection_window,
+        handshake_timeout: cfg.handshake_timeout,
         ..H2Settings::default()
     };
     let handler = Arc::new(GatewayHandler {

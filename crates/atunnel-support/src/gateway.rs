@@ -68,6 +68,7 @@ pub fn forward_loopback() -> atunnel_gateway::Forward {
         allow: vec!["127.0.0.0/8".parse().expect("cidr")],
         socket: SocketOptions::default(),
         bounds: Default::default(),
+        dial_timeout: atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT,
     }
 }
 

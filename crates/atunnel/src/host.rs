@@ -124,6 +124,10 @@ pub struct HostArgs {
     /// See --router-ping-interval ("20s").
     #[arg(long, default_value_t = FlagDuration(IngressConfig::default().router_ping_timeout))]
     pub router_ping_timeout: FlagDuration,
+    /// How long a router has to finish TLS on either ingress listener
+    /// ("10s").
+    #[arg(long, default_value_t = FlagDuration(IngressConfig::default().tls_handshake_timeout))]
+    pub tls_handshake_timeout: FlagDuration,
     /// Where /stats is served.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub stats: SocketAddr,
@@ -306,6 +310,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
                 header_read_timeout: args.header_read_timeout.0,
                 router_ping_interval: args.router_ping_interval.0,
                 router_ping_timeout: args.router_ping_timeout.0,
+                tls_handshake_timeout: args.tls_handshake_timeout.0,
             },
             https: args.ingress_https,
             connect: args.ingress_connect,
@@ -428,6 +433,7 @@ mod tests {
         assert_eq!(args.header_read_timeout.0, ingress.header_read_timeout);
         assert_eq!(args.router_ping_interval.0, ingress.router_ping_interval);
         assert_eq!(args.router_ping_timeout.0, ingress.router_ping_timeout);
+        assert_eq!(args.tls_handshake_timeout.0, ingress.tls_handshake_timeout);
         assert_eq!(args.client_identity, ingress.allowed_client_id);
         let tunnel = crate::tunnel::TunnelConfig::new(
             std::sync::Arc::new(rustls::RootCertStore::empty()),

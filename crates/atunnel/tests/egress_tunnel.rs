@@ -246,6 +246,7 @@ async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
             allow: vec![],
             socket: Default::default(),
             bounds: Default::default(),
+            dial_timeout: atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT,
         },
         proto.tune(),
     )

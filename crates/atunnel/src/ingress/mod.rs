@@ -23,7 +23,7 @@ use tokio_util::task::TaskTracker;
 
 use atunnel_connect::limits::HEADER_READ_TIMEOUT;
 use atunnel_connect::limits::{
-    ROUTER_CONNECT_CONNECTION_WINDOW, ROUTER_PING_INTERVAL, ROUTER_PING_TIMEOUT,
+    HANDSHAKE_TIMEOUT, ROUTER_CONNECT_CONNECTION_WINDOW, ROUTER_PING_INTERVAL, ROUTER_PING_TIMEOUT,
 };
 use atunnel_connect::{ConnectServer, H2Settings};
 use atunnel_tls::Hibernation;
@@ -66,6 +66,9 @@ pub struct IngressConfig {
     /// `router_ping_timeout` ([`ROUTER_PING_INTERVAL`]).
     pub router_ping_interval: Duration,
     pub router_ping_timeout: Duration,
+    /// How long a client has to finish TLS on either listener
+    /// ([`HANDSHAKE_TIMEOUT`], 10 s).
+    pub tls_handshake_timeout: Duration,
 }
 
 impl IngressConfig {
@@ -97,6 +100,7 @@ impl Default for IngressConfig {
             header_read_timeout: HEADER_READ_TIMEOUT,
             router_ping_interval: ROUTER_PING_INTERVAL,
             router_ping_timeout: ROUTER_PING_TIMEOUT,
+            tls_handshake_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -155,6 +159,7 @@ impl Ingress {
             cfg.socket,
             H2Settings {
                 preface_timeout: cfg.header_read_timeout,
+                handshake_timeout: cfg.tls_handshake_timeout,
                 connection_window: ROUTER_CONNECT_CONNECTION_WINDOW,
                 ..H2Settings::default()
             },
@@ -227,12 +232,13 @@ impl Ingress {
                 let cancel = cancel.clone();
                 let hibernation = self.hibernation.clone();
                 let header_read_timeout = self.cfg.header_read_timeout;
+                let handshake_timeout = self.cfg.tls_handshake_timeout;
                 Some(async move {
                     if socket.apply(&tcp).is_err() {
                         return;
                     }
                     // Boxed: the handshake's state is needed only until it ends.
-                    let accept = atunnel_tls::accept(&acceptor, tcp, HEADER_READ_TIMEOUT);
+                    let accept = atunnel_tls::accept(&acceptor, tcp, handshake_timeout);
                     let tls = tokio::select! {
                         _ = cancel.cancelled() => return,
                         tls = Box::pin(accept) => tls,
