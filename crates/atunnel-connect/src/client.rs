@@ -28,9 +28,10 @@ use atunnel_identity::credential::ActorCredential;
 
 use crate::http1;
 use crate::limits::{
-    INITIAL_MAX_SEND_STREAMS, MAX_REFUSAL_BODY, OPEN_TIMEOUT, POOL_CLOSE_WAIT, POOL_IDLE_TIMEOUT,
-    POOL_PING_INTERVAL, POOL_PING_TIMEOUT, REFUSAL_BODY_WAIT, TUNNEL_CONNECTION_WINDOW,
-    TUNNEL_STREAM_WINDOW,
+    INITIAL_MAX_SEND_STREAMS, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
+    MAX_PENDING_ACCEPT_RESET_STREAMS, MAX_REFUSAL_BODY, OPEN_TIMEOUT, POOL_CLOSE_WAIT,
+    POOL_IDLE_TIMEOUT, POOL_PING_INTERVAL, POOL_PING_TIMEOUT, REFUSAL_BODY_WAIT,
+    TUNNEL_CONNECTION_WINDOW, TUNNEL_MAX_HEADER_LIST, TUNNEL_STREAM_WINDOW,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -515,6 +516,10 @@ impl GatewayClient {
             .initial_window_size(self.cfg.stream_window)
             .initial_connection_window_size(self.cfg.connection_window)
             .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
+            .max_header_list_size(TUNNEL_MAX_HEADER_LIST)
+            .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
+            .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
+            .max_concurrent_reset_streams(MAX_CONCURRENT_RESET_STREAMS)
             // We never accept pushed streams.
             .enable_push(false)
             .handshake::<_, Bytes>(tls)

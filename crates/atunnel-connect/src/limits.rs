@@ -49,6 +49,24 @@ pub const INITIAL_MAX_SEND_STREAMS: usize = 100;
 /// window.
 pub const MAX_CONCURRENT_STREAMS: u32 = 1000;
 
+/// Most header bytes (HPACK-decoded, RFC 9113 §6.5.2) one CONNECT stream
+/// may carry, on the CONNECT servers and the gateway client: a CONNECT or
+/// its answer is a handful of short fields, and h2's own default is 16 MiB
+/// a stream, which a peer could make the server buffer.
+pub const TUNNEL_MAX_HEADER_LIST: u32 = 16 * 1024;
+
+/// Streams a peer may open and reset before they are accepted, and streams
+/// this side may reset for the peer's errors, before the connection is
+/// closed with GOAWAY (ENHANCE_YOUR_CALM): the rapid-reset (CVE-2023-44487)
+/// and error-flood bounds, h2's defaults made explicit on every HTTP/2
+/// server and client.
+pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
+
+/// Streams reset by this side whose late frames are still tolerated (h2's
+/// default, explicit): more are forgotten, not buffered.
+pub const MAX_CONCURRENT_RESET_STREAMS: usize = 50;
+
 /// The first frame an HTTP/2 client sends after the magic is SETTINGS, and
 /// before the server's SETTINGS it may be no larger than the initial
 /// SETTINGS_MAX_FRAME_SIZE (RFC 9113 §4.2): the preface reader refuses a
@@ -89,6 +107,16 @@ pub const PROXY_ROUTER_CONNECTION_WINDOW: u32 =
 /// activation and port), so when stalled streams exhaust it they slow that
 /// actor alone, and it stays small.
 pub const PROXY_ACTOR_CONNECTION_WINDOW: u32 = 1024 * 1024;
+
+/// Most header bytes one request or response of ingress HTTPS may carry,
+/// from the router and from actors: 64 KiB, room for cookies and tokens
+/// (nginx allows 4 x 8 KiB lines, hyper's client 16 KiB); h2's own default
+/// is 16 MiB.
+pub const PROXY_MAX_HEADER_LIST: u32 = 64 * 1024;
+
+/// Bytes hyper may queue to send on one stream of a router connection
+/// beyond its flow-control window (hyper's server default, explicit).
+pub const PROXY_MAX_SEND_BUF: usize = 400 * 1024;
 
 // ---- HTTP/1.1 of ingress HTTPS (hyper) ----
 

@@ -30,7 +30,9 @@ use atunnel_tls::{Activity, ActivityIo, Hibernation, ServerTls, with_hibernation
 
 use crate::http1;
 use crate::limits::{
-    HANDSHAKE_TIMEOUT, MAX_CONCURRENT_STREAMS, TUNNEL_CONNECTION_WINDOW, TUNNEL_STREAM_WINDOW,
+    HANDSHAKE_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_CONCURRENT_STREAMS,
+    MAX_LOCAL_ERROR_RESET_STREAMS, MAX_PENDING_ACCEPT_RESET_STREAMS, TUNNEL_CONNECTION_WINDOW,
+    TUNNEL_MAX_HEADER_LIST, TUNNEL_STREAM_WINDOW,
 };
 use crate::preface::read_h2_preface;
 
@@ -212,6 +214,10 @@ impl<H: ConnectHandler> ConnectServer<H> {
             .max_concurrent_streams(self.h2.max_concurrent_streams)
             .initial_window_size(self.h2.stream_window)
             .initial_connection_window_size(self.h2.connection_window)
+            .max_header_list_size(TUNNEL_MAX_HEADER_LIST)
+            .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
+            .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
+            .max_concurrent_reset_streams(MAX_CONCURRENT_RESET_STREAMS)
             .handshake::<_, Bytes>(io)
             .await
             .map_err(io::Error::other)?;

@@ -435,3 +435,42 @@ async fn shutdown_resets_the_actor_of_an_open_tunnel() {
         watched_end_is_reset(&mut watched, &format!("h2={h2}: actor")).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_with_headers_past_the_limit_is_refused_and_the_connection_serves_on() {
+    let f = fixture().await;
+    let mut router = h2_router(&f.pki, f.running.connect).await;
+    // Past TUNNEL_MAX_HEADER_LIST (16 KiB) once decoded; h2's own default
+    // would take 16 MiB.
+    let big = "x".repeat(32 * 1024);
+    let req = http::Request::builder()
+        .method("CONNECT")
+        .uri("actor:8080")
+        .header("ate-target-actor", "team-a/alpha")
+        .header("x-padding", big.as_str())
+        .body(())
+        .expect("request");
+    router = router.ready().await.expect("ready");
+    let (resp, _send) = router.send_request(req, false).expect("send");
+    match tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .expect("answered within 5 s")
+    {
+        Ok(r) => assert_ne!(r.status(), 200, "an oversized CONNECT was served"),
+        Err(e) => assert!(e.is_reset() || e.is_go_away(), "{e}"),
+    }
+    // The same connection, or a new one if it was closed, serves the next.
+    let mut router = match router.clone().ready().await {
+        Ok(r) => r,
+        Err(_) => h2_router(&f.pki, f.running.connect).await,
+    };
+    let mut stream = h2_tunnel(&mut router, "alpha", 8080).await;
+    write_chunk(&mut stream, Chunk::Shared(Bytes::from_static(b"ping")))
+        .await
+        .expect("write");
+    let echo = read_chunk(&mut stream, &BufferPool::default())
+        .await
+        .expect("read")
+        .expect("echo");
+    assert_eq!(echo.remaining(), b"ping");
+}

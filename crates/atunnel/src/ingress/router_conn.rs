@@ -43,8 +43,9 @@ use tokio_util::sync::CancellationToken;
 use super::https::{self, ProxyBody};
 use super::routes::Routes;
 use atunnel_connect::limits::{
-    PROXY_H1_MAX_BUFFER, PROXY_ROUTER_CONNECTION_WINDOW, PROXY_ROUTER_MAX_CONCURRENT_STREAMS,
-    PROXY_STREAM_WINDOW,
+    MAX_LOCAL_ERROR_RESET_STREAMS, MAX_PENDING_ACCEPT_RESET_STREAMS, PROXY_H1_MAX_BUFFER,
+    PROXY_MAX_HEADER_LIST, PROXY_MAX_SEND_BUF, PROXY_ROUTER_CONNECTION_WINDOW,
+    PROXY_ROUTER_MAX_CONCURRENT_STREAMS, PROXY_STREAM_WINDOW,
 };
 use atunnel_connect::preface::read_h2_preface;
 use atunnel_tls::hibernate::InFlight;
@@ -118,6 +119,10 @@ async fn serve_h2(
         .max_concurrent_streams(PROXY_ROUTER_MAX_CONCURRENT_STREAMS)
         .initial_stream_window_size(PROXY_STREAM_WINDOW)
         .initial_connection_window_size(PROXY_ROUTER_CONNECTION_WINDOW)
+        .max_header_list_size(PROXY_MAX_HEADER_LIST)
+        .max_send_buf_size(PROXY_MAX_SEND_BUF)
+        .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
+        .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESET_STREAMS)
         .serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {

@@ -23,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use atunnel_connect::limits::{
-    ACTOR_DIAL_TIMEOUT, PROXY_ACTOR_CONNECTION_WINDOW, PROXY_H1_MAX_BUFFER, PROXY_STREAM_WINDOW,
+    ACTOR_DIAL_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, PROXY_ACTOR_CONNECTION_WINDOW,
+    PROXY_H1_MAX_BUFFER, PROXY_MAX_HEADER_LIST, PROXY_STREAM_WINDOW,
 };
 
 /// Body type sent to actors.
@@ -312,6 +313,8 @@ fn client(
         // exhaust it hold back only this actor's other streams.
         .http2_initial_stream_window_size(PROXY_STREAM_WINDOW)
         .http2_initial_connection_window_size(PROXY_ACTOR_CONNECTION_WINDOW)
+        .http2_max_header_list_size(PROXY_MAX_HEADER_LIST)
+        .http2_max_concurrent_reset_streams(MAX_CONCURRENT_RESET_STREAMS)
         .build(connector)
 }
 
