@@ -8,6 +8,7 @@
 //! idles for the hibernation period drops its rustls session for its
 //! traffic keys (atunnel_tls::stream), tunnels open or not.
 
+use atunnel_tls::{PreAuthFigures, PreAuthGate, PreAuthLimits, PreAuthPermit};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -105,6 +106,9 @@ pub struct H2Settings {
     pub preface_timeout: Duration,
     /// How long a client has to finish TLS (default [`HANDSHAKE_TIMEOUT`]).
     pub handshake_timeout: Duration,
+    /// Connections still in their TLS handshake, in total and per source
+    /// address; past either, new ones are closed at once.
+    pub pre_auth: PreAuthLimits,
 }
 
 impl Default for H2Settings {
@@ -115,6 +119,7 @@ impl Default for H2Settings {
             connection_window: TUNNEL_CONNECTION_WINDOW,
             preface_timeout: HANDSHAKE_TIMEOUT,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            pre_auth: PreAuthLimits::default(),
         }
     }
 }
@@ -126,6 +131,7 @@ pub struct ConnectServer<H: ConnectHandler> {
     h2: H2Settings,
     hibernation: Arc<Hibernation>,
     listeners: ListenerStats,
+    pre_auth: Arc<PreAuthGate>,
 }
 
 impl<H: ConnectHandler> ConnectServer<H> {
@@ -143,7 +149,13 @@ impl<H: ConnectHandler> ConnectServer<H> {
             h2,
             hibernation,
             listeners: ListenerStats::default(),
+            pre_auth: PreAuthGate::new(h2.pre_auth),
         })
+    }
+
+    /// Connections in their TLS handshake now, and those refused for it.
+    pub fn pre_auth(&self) -> PreAuthFigures {
+        self.pre_auth.figures()
     }
 
     /// Connections accepted and open, and one connection's task size.
@@ -176,17 +188,22 @@ impl<H: ConnectHandler> ConnectServer<H> {
     }
 
     async fn connection(self: &Arc<Self>, tcp: TcpStream, client: SocketAddr) -> io::Result<()> {
+        // Closed at once past the cap. The place is held by the boxed
+        // handshake alone, so the connection's future does not keep room
+        // for it for the connection's life.
+        let Some(handshaking) = self.pre_auth.admit(client.ip()) else {
+            return Ok(());
+        };
         self.socket.apply(&tcp)?;
         // The handshake's state, the TLS stream (over a kilobyte, copied
         // into each future it moves through) and h2's connection state are
         // boxed: a future keeps room for its largest state for the whole
         // connection, idle or not.
-        let tls = Box::pin(atunnel_tls::accept(
-            &self.acceptor,
-            tcp,
-            self.h2.handshake_timeout,
-        ))
-        .await?;
+        let handshake = async move {
+            let _handshaking: PreAuthPermit = handshaking;
+            atunnel_tls::accept(&self.acceptor, tcp, self.h2.handshake_timeout).await
+        };
+        let tls = Box::pin(handshake).await?;
         let peer = self.handler.peer(tls.get_ref().1)?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let activity = Arc::new(Activity::default());

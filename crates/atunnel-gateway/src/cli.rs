@@ -62,6 +62,8 @@ pub struct GatewayArgs {
     #[arg(long, default_value_t = atunnel_process::FlagDuration(atunnel_connect::limits::HANDSHAKE_TIMEOUT))]
     pub tls_handshake_timeout: atunnel_process::FlagDuration,
     #[command(flatten)]
+    pub pre_auth: atunnel_process::PreAuthArgs,
+    #[command(flatten)]
     pub overload: atunnel_process::OverloadArgs,
     #[command(flatten)]
     pub socket: SocketArgs,
@@ -116,6 +118,7 @@ pub async fn run<F: FarEnd>(
     cfg.stream_window = args.stream_window;
     cfg.connection_window = args.connection_window;
     cfg.handshake_timeout = args.tls_handshake_timeout.0;
+    cfg.pre_auth = args.pre_auth.limits();
     cfg.budget = crate::budget::IdentityBudget {
         max_tunnels: args.identity_max_tunnels,
         max_buffers: args.identity_max_buffers,
@@ -188,6 +191,7 @@ mod tests {
             args.gateway.tls_handshake_timeout.0,
             library.handshake_timeout
         );
+        assert_eq!(args.gateway.pre_auth.limits(), library.pre_auth);
         assert_eq!(
             args.dial_timeout.0,
             atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT

@@ -161,6 +161,8 @@ pub struct GatewayConfig {
     pub connection_window: u32,
     /// How long a client has to finish TLS.
     pub handshake_timeout: std::time::Duration,
+    /// Connections in their TLS handshake, in total and per source.
+    pub pre_auth: atunnel_tls::PreAuthLimits,
     /// What each client identity may make the gateway hold.
     pub budget: IdentityBudget,
     /// Past its soft threshold new CONNECTs are refused (503).
@@ -185,6 +187,7 @@ impl GatewayConfig {
             stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
             connection_window: atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
             handshake_timeout: atunnel_connect::limits::HANDSHAKE_TIMEOUT,
+            pre_auth: atunnel_tls::PreAuthLimits::default(),
             budget: IdentityBudget::default(),
             overload: None,
             observer: None,
@@ -316,6 +319,7 @@ pub fn new<F: FarEnd>(
         stream_window: cfg.stream_window,
         connection_window: cfg.connection_window,
         handshake_timeout: cfg.handshake_timeout,
+        pre_auth: cfg.pre_auth,
         ..H2Settings::default()
     };
     let handler = Arc::new(GatewayHandler {

@@ -103,6 +103,29 @@ impl SocketArgs {
     }
 }
 
+/// Connections a TLS listener holds before they have authenticated.
+#[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
+pub struct PreAuthArgs {
+    /// Connections in their TLS handshake at once, per listener; past it
+    /// new ones are closed at once.
+    #[arg(long, default_value_t = atunnel_tls::PreAuthLimits::default().total)]
+    pub max_handshaking: usize,
+    /// Connections in their TLS handshake at once from one source address,
+    /// per listener, so a flood from some addresses cannot take the places
+    /// a router from another needs.
+    #[arg(long, default_value_t = atunnel_tls::PreAuthLimits::default().per_source)]
+    pub max_handshaking_per_source: usize,
+}
+
+impl PreAuthArgs {
+    pub fn limits(&self) -> atunnel_tls::PreAuthLimits {
+        atunnel_tls::PreAuthLimits {
+            total: self.max_handshaking,
+            per_source: self.max_handshaking_per_source,
+        }
+    }
+}
+
 /// The relay's buffer pool.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PoolArgs {

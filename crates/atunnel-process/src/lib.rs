@@ -11,7 +11,9 @@ pub mod cpu_quota;
 mod entry;
 pub mod process_stats;
 
-pub use args::{FlagDuration, OverloadArgs, PoolArgs, RelayArgs, SocketArgs, parse_duration};
+pub use args::{
+    FlagDuration, OverloadArgs, PoolArgs, PreAuthArgs, RelayArgs, SocketArgs, parse_duration,
+};
 pub use entry::run_main;
 
 /// Errors at process entry points, where the message is all that is left.

@@ -13,9 +13,11 @@
 
 pub mod admission;
 pub mod hibernate;
+pub mod pre_auth;
 pub mod records;
 pub mod stream;
 
 pub use admission::accept;
 pub use hibernate::{Activity, ActivityIo, Hibernation, HibernationStats, with_hibernation};
+pub use pre_auth::{PreAuthFigures, PreAuthGate, PreAuthLimits, PreAuthPermit};
 pub use stream::{RecordStream, RecordTracking, RustlsStream, ServerTls};

@@ -128,6 +128,8 @@ pub struct HostArgs {
     /// ("10s").
     #[arg(long, default_value_t = FlagDuration(IngressConfig::default().tls_handshake_timeout))]
     pub tls_handshake_timeout: FlagDuration,
+    #[command(flatten)]
+    pub pre_auth: atunnel_process::PreAuthArgs,
     /// Where /stats is served.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub stats: SocketAddr,
@@ -311,6 +313,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
                 router_ping_interval: args.router_ping_interval.0,
                 router_ping_timeout: args.router_ping_timeout.0,
                 tls_handshake_timeout: args.tls_handshake_timeout.0,
+                pre_auth: args.pre_auth.limits(),
             },
             https: args.ingress_https,
             connect: args.ingress_connect,
@@ -434,6 +437,7 @@ mod tests {
         assert_eq!(args.router_ping_interval.0, ingress.router_ping_interval);
         assert_eq!(args.router_ping_timeout.0, ingress.router_ping_timeout);
         assert_eq!(args.tls_handshake_timeout.0, ingress.tls_handshake_timeout);
+        assert_eq!(args.pre_auth.limits(), ingress.pre_auth);
         assert_eq!(args.client_identity, ingress.allowed_client_id);
         let tunnel = crate::tunnel::TunnelConfig::new(
             std::sync::Arc::new(rustls::RootCertStore::empty()),

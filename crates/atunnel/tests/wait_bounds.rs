@@ -1,7 +1,8 @@
-//! Waits a peer can make atunnel or the gateway sit through are bounded:
-//! a client that never finishes TLS on every TLS listener, and the
-//! gateway's dial to a destination that never answers. Real sockets, real
-//! TLS.
+//! Waits and unauthenticated connections a peer can make atunnel or the
+//! gateway hold are bounded: a client that never finishes TLS on every TLS
+//! listener, a flood of them from one address while a router from another
+//! is served, and the gateway's dial to a destination that never answers.
+//! Real sockets, real TLS.
 
 use atunnel_support::prelude::*;
 use std::net::SocketAddr;
@@ -100,4 +101,79 @@ async fn the_gateways_dial_to_a_destination_that_never_answers_is_a_502() {
     }
     let took = started.elapsed();
     assert!(took >= BOUND && took < BOUND * 10, "refused after {took:?}");
+}
+
+/// A TCP connection to `addr` from loopback address `source`, sending
+/// nothing.
+async fn silent_from(source: std::net::Ipv4Addr, addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from((source, 0)))
+        .expect("bind the source");
+    socket.connect(addr).await.expect("connect")
+}
+
+/// Whether the server closed `s` within `within` (a FIN or a reset).
+async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 16];
+    matches!(
+        tokio::time::timeout(within, s.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_flood_from_one_address_is_capped_and_a_router_from_another_is_served() {
+    const PER_SOURCE: usize = 16;
+    const FLOOD: usize = PER_SOURCE + 24;
+    let limits = atunnel_tls::PreAuthLimits {
+        total: 64,
+        per_source: PER_SOURCE,
+    };
+    let ipki = IngressPki::new();
+    let ingress = ingress_tuned(&ipki, |cfg| cfg.pre_auth = limits).await;
+    let actor = http1_actor(|_req| async {
+        http::Response::new(http_body_util::Full::new(bytes::Bytes::from_static(b"ok")))
+    })
+    .await;
+    ingress.activate_alpha(&[(80, actor.port())]);
+    let flooder = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    for (listener, addr) in [("HTTPS", ingress.https), ("CONNECT", ingress.connect)] {
+        let mut flood = Vec::new();
+        for _ in 0..FLOOD {
+            flood.push(silent_from(flooder, addr).await);
+        }
+        // Past the cap, closed at once; the first PER_SOURCE wait for their
+        // handshake (10 s, longer than these checks take together).
+        let mut checks = tokio::task::JoinSet::new();
+        for mut s in flood.split_off(PER_SOURCE) {
+            checks.spawn(async move { closed_within(&mut s, Duration::from_secs(1)).await });
+        }
+        let closed = checks.join_all().await.into_iter().filter(|c| *c).count();
+        assert_eq!(
+            closed,
+            FLOOD - PER_SOURCE,
+            "{listener}: closed past the cap"
+        );
+        let (https, connect) = ingress.ingress.pre_auth();
+        let figures = if listener == "HTTPS" { https } else { connect };
+        assert_eq!(figures.handshaking, PER_SOURCE, "{listener}: {figures:?}");
+        assert_eq!(
+            figures.refused_total,
+            (FLOOD - PER_SOURCE) as u64,
+            "{listener}: {figures:?}"
+        );
+        // A router from 127.0.0.1 is served meanwhile.
+        if listener == "HTTPS" {
+            let mut router = RouterConn::open(&ipki, ingress.https, true).await;
+            let req = http::Request::get("https://w/")
+                .header("ate-target-actor", "team-a/alpha")
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .expect("request");
+            let resp = router.send(req).await.expect("the router is served");
+            assert_eq!(resp.status(), 200);
+        } else {
+            let _tunnel = h1_tunnel(&ipki, ingress.connect, "alpha", 80).await;
+        }
+    }
 }

@@ -9,6 +9,7 @@ mod router_conn;
 mod routes;
 mod tls;
 
+use atunnel_tls::{PreAuthFigures, PreAuthGate, PreAuthLimits};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,6 +70,9 @@ pub struct IngressConfig {
     /// How long a client has to finish TLS on either listener
     /// ([`HANDSHAKE_TIMEOUT`], 10 s).
     pub tls_handshake_timeout: Duration,
+    /// Connections in their TLS handshake on each listener, in total and
+    /// per source address; past either, new ones are closed at once.
+    pub pre_auth: PreAuthLimits,
 }
 
 impl IngressConfig {
@@ -101,6 +105,7 @@ impl Default for IngressConfig {
             router_ping_interval: ROUTER_PING_INTERVAL,
             router_ping_timeout: ROUTER_PING_TIMEOUT,
             tls_handshake_timeout: HANDSHAKE_TIMEOUT,
+            pre_auth: PreAuthLimits::default(),
         }
     }
 }
@@ -121,6 +126,7 @@ pub struct Ingress {
     tls: Arc<rustls::ServerConfig>,
     connect: Arc<ConnectServer<connect::IngressConnect>>,
     https_listeners: ListenerStats,
+    https_pre_auth: Arc<PreAuthGate>,
     hibernation: Arc<Hibernation>,
     /// The listeners' tasks and the allocator trim, for shutdown to wait on.
     tasks: TaskTracker,
@@ -160,11 +166,13 @@ impl Ingress {
             H2Settings {
                 preface_timeout: cfg.header_read_timeout,
                 handshake_timeout: cfg.tls_handshake_timeout,
+                pre_auth: cfg.pre_auth,
                 connection_window: ROUTER_CONNECT_CONNECTION_WINDOW,
                 ..H2Settings::default()
             },
             hibernation.clone(),
         );
+        let https_pre_auth = PreAuthGate::new(cfg.pre_auth);
         Ok(Arc::new(Self {
             hibernation,
             cfg,
@@ -172,6 +180,7 @@ impl Ingress {
             tls,
             connect,
             https_listeners: ListenerStats::default(),
+            https_pre_auth,
             tasks: TaskTracker::new(),
         }))
     }
@@ -187,6 +196,12 @@ impl Ingress {
 
     pub fn hibernation(&self) -> &Arc<Hibernation> {
         &self.hibernation
+    }
+
+    /// Connections in their TLS handshake on the HTTPS and the CONNECT
+    /// listener, and those closed at the cap.
+    pub fn pre_auth(&self) -> (PreAuthFigures, PreAuthFigures) {
+        (self.https_pre_auth.figures(), self.connect.pre_auth())
     }
 
     /// Sizes of one HTTPS and one CONNECT connection's task future: part of
@@ -226,6 +241,8 @@ impl Ingress {
         let listener = Listener::new(listener, "ingress-https");
         listener
             .serve(&cancel, &self.https_listeners, |tcp, client| {
+                // Closed at once past the cap: no task, no handshake state.
+                let handshaking = self.https_pre_auth.admit(client.ip())?;
                 let acceptor = acceptor.clone();
                 let routes = self.routes.clone();
                 let socket = self.cfg.socket;
@@ -243,6 +260,7 @@ impl Ingress {
                         _ = cancel.cancelled() => return,
                         tls = Box::pin(accept) => tls,
                     };
+                    drop(handshaking);
                     if let Ok(tls) = tls {
                         router_conn::serve(
                             tls,
