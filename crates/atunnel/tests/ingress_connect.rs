@@ -83,20 +83,26 @@ enum Tunnel {
     H2(h2::client::SendRequest<Bytes>, H2Stream),
 }
 
+/// Sends a ping through an HTTP/2 tunnel to the echoing actor and reads it
+/// back.
+async fn pings_back(stream: &mut H2Stream) {
+    write_chunk(stream, Chunk::Shared(Bytes::from_static(b"ping")))
+        .await
+        .expect("write");
+    let echo = read_chunk(stream, &BufferPool::default())
+        .await
+        .expect("read")
+        .expect("echo");
+    assert_eq!(echo.remaining(), b"ping");
+}
+
 /// A tunnel to `team-a/<actor>`'s `port`, over HTTP/2 or HTTP/1.1, that has
 /// carried a ping to the (echoing) actor and back.
 async fn pinged_tunnel(f: &Fixture, h2: bool, actor: &str, port: u16) -> Tunnel {
     if h2 {
         let mut router = h2_router(&f.pki, f.running.connect).await;
         let mut stream = h2_tunnel(&mut router, actor, port).await;
-        write_chunk(&mut stream, Chunk::Shared(Bytes::from_static(b"ping")))
-            .await
-            .expect("write");
-        let echo = read_chunk(&mut stream, &BufferPool::default())
-            .await
-            .expect("read")
-            .expect("echo");
-        assert_eq!(echo.remaining(), b"ping");
+        pings_back(&mut stream).await;
         return Tunnel::H2(router, stream);
     }
     let mut tls = h1_tunnel(&f.pki, f.running.connect, actor, port).await;
@@ -464,13 +470,5 @@ async fn a_connect_with_headers_past_the_limit_is_refused_and_the_connection_ser
         Ok(r) => r,
         Err(_) => h2_router(&f.pki, f.running.connect).await,
     };
-    let mut stream = h2_tunnel(&mut router, "alpha", 8080).await;
-    write_chunk(&mut stream, Chunk::Shared(Bytes::from_static(b"ping")))
-        .await
-        .expect("write");
-    let echo = read_chunk(&mut stream, &BufferPool::default())
-        .await
-        .expect("read")
-        .expect("echo");
-    assert_eq!(echo.remaining(), b"ping");
+    pings_back(&mut h2_tunnel(&mut router, "alpha", 8080).await).await;
 }
