@@ -139,6 +139,10 @@ pub async fn run<F: FarEnd>(
             let source = StatsSource {
                 pool,
                 listener: Box::new(move || g.listener_stats()),
+                pre_auth: {
+                    let g = gateway.clone();
+                    Box::new(move || g.pre_auth())
+                },
                 budgets: {
                     let g = gateway.clone();
                     Box::new(move || g.handler().budget_stats())

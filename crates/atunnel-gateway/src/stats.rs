@@ -35,6 +35,8 @@ pub(crate) struct Stats {
     pub pool: PoolStats,
     /// The CONNECT listener's figures.
     pub listener: ListenerFigures,
+    /// Connections in their TLS handshake, and those closed at the cap.
+    pub pre_auth: atunnel_tls::PreAuthFigures,
     /// Client identities with tunnels open, and budget refusals.
     pub budgets: crate::budget::BudgetStats,
     /// The overload guard's state and actions, when one runs.
@@ -47,6 +49,7 @@ pub(crate) struct StatsSource {
     /// Reads the CONNECT listener's figures (the gateway's far end type is
     /// generic; this hides it).
     pub listener: Box<dyn Fn() -> ListenerFigures + Send + Sync>,
+    pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthFigures + Send + Sync>,
     pub budgets: Box<dyn Fn() -> crate::budget::BudgetStats + Send + Sync>,
     pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
 }
@@ -61,6 +64,7 @@ impl StatsSource {
             process: process_stats(),
             pool: self.pool.stats(),
             listener: (self.listener)(),
+            pre_auth: (self.pre_auth)(),
             budgets: (self.budgets)(),
             overload: self.overload.as_ref().map(|o| o.figures()),
         }
@@ -144,6 +148,10 @@ mod tests {
                 accepted_total: 7,
                 ..ListenerFigures::default()
             }),
+            pre_auth: Box::new(|| atunnel_tls::PreAuthFigures {
+                handshaking: 2,
+                refused_total: 5,
+            }),
             budgets: Box::new(|| crate::budget::BudgetStats {
                 refused_total: 3,
                 ..Default::default()
@@ -174,6 +182,8 @@ mod tests {
             assert_eq!(v["pool"]["in_use"], 0, "{v}");
             assert_eq!(v["listener"]["accepted_total"], 7, "{v}");
             assert_eq!(v["budgets"]["refused_total"], 3, "{v}");
+            assert_eq!(v["pre_auth"]["handshaking"], 2, "{v}");
+            assert_eq!(v["pre_auth"]["refused_total"], 5, "{v}");
         }
         cancel.cancel();
         tokio::time::timeout(Duration::from_secs(5), server)

@@ -35,6 +35,15 @@ pub struct Stats {
     pub hibernation: Option<atunnel_tls::HibernationStats>,
     /// Each sandbox's DNS relay: queries, answers, timeouts, drops.
     pub dns_relays: Vec<crate::tunnel::SandboxDnsStats>,
+    /// Ingress connections in their TLS handshake on each listener, and
+    /// those closed at the cap.
+    pub pre_auth: Option<IngressPreAuth>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct IngressPreAuth {
+    pub https: atunnel_tls::PreAuthFigures,
+    pub connect: atunnel_tls::PreAuthFigures,
 }
 
 /// /stats connections open at once (a reader or two; the next waits in the
@@ -70,6 +79,10 @@ impl StatsSource {
             overload: self.overload.as_ref().map(|o| o.figures()),
             hibernation: self.ingress.as_ref().map(|i| i.hibernation().stats()),
             dns_relays: crate::tunnel::dns_stats(&self.dns_relays),
+            pre_auth: self.ingress.as_ref().map(|i| {
+                let (https, connect) = i.pre_auth();
+                IngressPreAuth { https, connect }
+            }),
         }
     }
 }

@@ -190,4 +190,18 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
     // test with --nocapture prints it). Without the 64 KiB HTTP/1.1 buffer
     // cap each hyper buffer may grow to ~408 KiB, which this bound catches.
     assert!(growth < 512 << 10, "atunnel's heap grew {growth} bytes");
+    // /stats reports the listeners' unauthenticated connections: none now,
+    // none refused.
+    let v = fetch(ready.stats, false).await.expect("stats");
+    for listener in ["https", "connect"] {
+        let figures = &v["pre_auth"][listener];
+        assert_eq!(
+            (
+                figures["handshaking"].as_u64(),
+                figures["refused_total"].as_u64()
+            ),
+            (Some(0), Some(0)),
+            "{listener}: {figures}"
+        );
+    }
 }
