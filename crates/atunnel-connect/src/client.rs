@@ -473,7 +473,7 @@ impl GatewayClient {
         self.pool
             .lock()
             .expect("pool lock poisoned")
-            .retain(|c| !Arc::ptr_eq(c, conn));
+            .retain(|c| !Arc::ptr_eq(&c.use_, &conn.use_));
     }
 
     async fn pooled_or_dial(&self) -> Result<Dialed, OpenError> {
@@ -715,11 +715,13 @@ impl IdleRetirement {
     fn retire_now(&self) -> bool {
         let first = !self.use_.dead.swap(true, Ordering::AcqRel);
         if let Some(pool) = self.pool.upgrade() {
-            pool.lock()
-                .expect("pool lock poisoned")
-                .retain(|c| !Arc::ptr_eq(&c.use_, &self.use_));
+            self.take_out(&mut pool.lock().expect("pool lock poisoned"));
         }
         first
+    }
+
+    fn take_out(&self, pool: &mut Vec<Arc<H2Conn>>) {
+        pool.retain(|c| !Arc::ptr_eq(&c.use_, &self.use_));
     }
 
     async fn retire(&self) {
@@ -737,7 +739,7 @@ impl IdleRetirement {
                 && self.use_.claims.load(Ordering::Acquire) == claims
             {
                 self.use_.dead.store(true, Ordering::Release);
-                pool.retain(|c| !Arc::ptr_eq(&c.use_, &self.use_));
+                self.take_out(&mut pool);
                 self.closed.fetch_add(1, Ordering::Relaxed);
                 return;
             }
