@@ -50,6 +50,8 @@ pub struct GatewayArgs {
     #[arg(long)]
     pub stats: Option<SocketAddr>,
     #[command(flatten)]
+    pub admin: atunnel_process::AdminArgs,
+    #[command(flatten)]
     pub relay: atunnel_process::RelayArgs,
     /// Concurrent tunnels per client identity (actor); past it its new
     /// CONNECTs are refused with 429.
@@ -148,6 +150,7 @@ pub async fn run<F: FarEnd>(
                     Box::new(move || g.handler().budget_stats())
                 },
                 overload: overload.clone(),
+                admin: Default::default(),
             };
             Some((tcp, Arc::new(source)))
         }
@@ -156,7 +159,7 @@ pub async fn run<F: FarEnd>(
     println!("listening {}", listener.local_addr()?);
     let stats = async {
         if let Some((tcp, source)) = stats {
-            crate::stats::serve(tcp, source, cancel.clone()).await;
+            crate::stats::serve(tcp, args.admin.limits(), source, cancel.clone()).await;
         }
     };
     let guard = async {

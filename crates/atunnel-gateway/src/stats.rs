@@ -8,26 +8,14 @@
 //! `atunnel_core::alloc`'s counting allocator, 0 when the binary did not
 //! install it (atunnel-bench's gateway role does).
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
-use atunnel_core::{BufferPool, Listener, ListenerFigures, ListenerStats, PoolStats};
+use atunnel_core::{BufferPool, ListenerFigures, ListenerStats, PoolStats};
+use atunnel_process::admin::{self, AdminLimits};
 use atunnel_process::process_stats::{ProcessStats, process_stats};
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-
-/// /stats connections open at once: a reader or two, never a crowd (the
-/// next one waits in the backlog).
-const MAX_CONNECTIONS: usize = 4;
-/// How long a client has to send a request head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Stats {
@@ -41,6 +29,8 @@ pub(crate) struct Stats {
     pub budgets: crate::budget::BudgetStats,
     /// The overload guard's state and actions, when one runs.
     pub overload: Option<atunnel_core::overload::OverloadFigures>,
+    /// /stats's own listener: connections accepted.
+    pub admin: ListenerFigures,
 }
 
 /// The figures `/stats` serves.
@@ -52,6 +42,7 @@ pub(crate) struct StatsSource {
     pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthFigures + Send + Sync>,
     pub budgets: Box<dyn Fn() -> crate::budget::BudgetStats + Send + Sync>,
     pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+    pub admin: Arc<ListenerStats>,
 }
 
 impl StatsSource {
@@ -67,39 +58,28 @@ impl StatsSource {
             pre_auth: (self.pre_auth)(),
             budgets: (self.budgets)(),
             overload: self.overload.as_ref().map(|o| o.figures()),
+            admin: self.admin.figures(),
         }
     }
 }
 
-/// Serves `/stats` on `listener` until `cancel`, then closes its
-/// connections and waits for them.
+/// Serves `/stats` on `listener`, within `limits`, until `cancel`, then
+/// closes its connections and waits for them.
 pub(crate) async fn serve(
     listener: TcpListener,
+    limits: AdminLimits,
     source: Arc<StatsSource>,
     cancel: CancellationToken,
 ) {
-    let stats = ListenerStats::default();
-    let listener =
-        Listener::new(listener, "stats").with_cap(Arc::new(Semaphore::new(MAX_CONNECTIONS)));
-    listener
-        .serve(&cancel, &stats, |tcp, _| {
-            let (source, cancel) = (source.clone(), cancel.clone());
-            Some(async move {
-                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let source = source.clone();
-                    async move { Ok::<_, Infallible>(answer(&source, &req)) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_READ_TIMEOUT)
-                    .serve_connection(TokioIo::new(tcp), service);
-                tokio::select! {
-                    _ = cancel.cancelled() => {}
-                    _ = conn => {}
-                }
-            })
-        })
-        .await
+    let admin = source.admin.clone();
+    atunnel_process::admin::serve(
+        listener,
+        limits,
+        &admin,
+        move |req| answer(&source, req),
+        cancel,
+    )
+    .await
 }
 
 /// Whether the query asks for free memory to be released first.
@@ -107,27 +87,18 @@ fn wants_release(query: Option<&str>) -> bool {
     query.is_some_and(|q| q.split('&').any(|p| p == "release=1" || p == "trim=1"))
 }
 
-fn answer(
-    source: &StatsSource,
-    req: &hyper::Request<hyper::body::Incoming>,
-) -> hyper::Response<Full<Bytes>> {
-    let response = if req.uri().path() == "/stats" {
-        let stats = source.collect(wants_release(req.uri().query()));
-        let body = serde_json::to_vec(&stats).unwrap_or_default();
-        hyper::Response::builder()
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-    } else {
-        hyper::Response::builder()
-            .status(404)
-            .body(Full::new(Bytes::from_static(b"not found\n")))
-    };
-    response.expect("static response parts are valid")
+fn answer(source: &StatsSource, req: &admin::Request) -> admin::Response {
+    if req.uri().path() != "/stats" {
+        return admin::not_found();
+    }
+    let stats = source.collect(wants_release(req.uri().query()));
+    admin::json(serde_json::to_vec(&stats).unwrap_or_default())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn release_is_asked_by_either_name_and_only_as_a_whole_parameter() {
@@ -157,9 +128,10 @@ mod tests {
                 ..Default::default()
             }),
             overload: None,
+            admin: Default::default(),
         });
         let cancel = CancellationToken::new();
-        let server = tokio::spawn(serve(tcp, source, cancel.clone()));
+        let server = tokio::spawn(serve(tcp, AdminLimits::default(), source, cancel.clone()));
         let get = |query: &'static str| async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");

@@ -1,16 +1,19 @@
 //! What every atunnel process (the tunnel, the gateway, the bench's roles)
 //! does at its entry point: logging, a runtime with as many workers as the
 //! cgroup's CPU quota allows, a stop token for Ctrl-C and SIGTERM
-//! ([`run_main`]), and the flags they all share ([`args`]).
+//! ([`run_main`]), the flags they all share ([`args`]), and the admin
+//! listener that serves `/stats` ([`admin`]).
 //!
-//! Depends on `atunnel-core` only; every binary of the workspace may depend
+//! Depends on `atunnel-core`, `atunnel-tls` and hyper only; every binary of the workspace may depend
 //! on it, no library below the binaries' own does.
 
+pub mod admin;
 pub mod args;
 pub mod cpu_quota;
 mod entry;
 pub mod process_stats;
 
+pub use admin::{AdminArgs, AdminLimits};
 pub use args::{
     FlagDuration, OverloadArgs, PoolArgs, PreAuthArgs, RelayArgs, SocketArgs, parse_duration,
 };

@@ -63,6 +63,10 @@ pub struct HostArgs {
     /// With --node-agent-socket: this worker's private key (PEM).
     #[arg(long, requires = "node_agent_socket")]
     pub worker_key: Option<PathBuf>,
+    /// The most one certificate mint at the node agent may take, its
+    /// connection and TLS handshake included ("10s").
+    #[arg(long, default_value_t = FlagDuration(atunnel_nodeagent::DEFAULT_MINT_TIMEOUT))]
+    pub node_agent_timeout: FlagDuration,
     /// CAs that sign the router's (ingress) and the node agent's certificates (PEM).
     #[arg(long)]
     pub trust_bundle: Option<PathBuf>,
@@ -133,6 +137,8 @@ pub struct HostArgs {
     /// Where /stats is served.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub stats: SocketAddr,
+    #[command(flatten)]
+    pub admin: atunnel_process::AdminArgs,
     /// HTTP/2 receive window per egress tunnel, in bytes: the most a tunnel
     /// whose actor stopped reading makes atunnel hold; a tunnel's download
     /// rate is at most this per gateway round trip.
@@ -259,6 +265,7 @@ fn cert_source(args: &HostArgs) -> Result<Arc<dyn CertificateSource>, BoxError> 
             load_certs(trust)?,
         );
         cfg.agent_id = atunnel_identity::pki::ATELET_SPIFFE_ID.to_string();
+        cfg.timeout = args.node_agent_timeout.0;
         return Ok(Arc::new(atunnel_nodeagent::NodeAgentSource::new(cfg)?));
     }
     let (Some(cert), Some(key)) = (&args.actor_ca_cert, &args.actor_ca_key) else {
@@ -327,6 +334,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
         });
     }
     cfg.stats = Some(args.stats);
+    cfg.stats_limits = args.admin.limits();
     cfg.overload = args.overload.config();
     let tunnel = Tunnel::start(cfg).await?;
     let stats = tunnel.stats_addr().expect("asked for /stats");
@@ -448,6 +456,11 @@ mod tests {
         assert_eq!(args.egress_port, tunnel.egress_port);
         assert_eq!(args.netns_prefix, tunnel.netns_prefix);
         assert_eq!(args.pool.pool().stats(), tunnel.pool.stats());
+        assert_eq!(args.admin.limits(), tunnel.stats_limits);
+        assert_eq!(
+            args.node_agent_timeout.0,
+            atunnel_nodeagent::DEFAULT_MINT_TIMEOUT
+        );
     }
 
     #[test]

@@ -4,20 +4,15 @@
 //! pool buffers and asks the allocator to give free memory back, so idle
 //! figures are taken the same way every time.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use atunnel_core::{BufferPool, Listener, ListenerStats, PoolStats};
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use atunnel_core::{BufferPool, ListenerFigures, ListenerStats, PoolStats};
+use atunnel_process::AdminLimits;
+use atunnel_process::admin;
+use atunnel_process::process_stats::{ProcessStats, process_stats};
 use serde::Serialize;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-
-use atunnel_process::process_stats::{ProcessStats, process_stats};
 
 use crate::egress::{ActorEgressStats, Egress, EgressStats};
 
@@ -38,6 +33,8 @@ pub struct Stats {
     /// Ingress connections in their TLS handshake on each listener, and
     /// those closed at the cap.
     pub pre_auth: Option<IngressPreAuth>,
+    /// /stats's own listener: connections accepted.
+    pub admin: ListenerFigures,
 }
 
 #[derive(Debug, Serialize)]
@@ -46,12 +43,6 @@ pub struct IngressPreAuth {
     pub connect: atunnel_tls::PreAuthFigures,
 }
 
-/// /stats connections open at once (a reader or two; the next waits in the
-/// backlog), and how long one has to send its request head: a local peer
-/// cannot make /stats hold connections or tasks without bound.
-const MAX_CONNECTIONS: usize = 4;
-const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// The figures `/stats` serves.
 pub(crate) struct StatsSource {
     pub pool: BufferPool,
@@ -59,6 +50,7 @@ pub(crate) struct StatsSource {
     pub egress: Option<Arc<Egress>>,
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
     pub dns_relays: crate::tunnel::DnsRelays,
+    pub admin: Arc<ListenerStats>,
 }
 
 impl StatsSource {
@@ -83,55 +75,34 @@ impl StatsSource {
                 let (https, connect) = i.pre_auth();
                 IngressPreAuth { https, connect }
             }),
+            admin: self.admin.figures(),
         }
     }
 }
 
-/// Serves `/stats` on `listener` until `cancel`, then closes its
-/// connections and waits for them.
+/// Serves `/stats` on `listener`, within `limits`, until `cancel`, then
+/// closes its connections and waits for them.
 pub(crate) async fn serve(
     listener: TcpListener,
+    limits: AdminLimits,
     source: Arc<StatsSource>,
     cancel: CancellationToken,
 ) {
-    let stats = ListenerStats::default();
-    let listener =
-        Listener::new(listener, "stats").with_cap(Arc::new(Semaphore::new(MAX_CONNECTIONS)));
-    listener
-        .serve(&cancel, &stats, |tcp, _| {
-            let (source, cancel) = (source.clone(), cancel.clone());
-            Some(async move {
-                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let source = source.clone();
-                    async move { Ok::<_, Infallible>(answer(&source, &req)) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_READ_TIMEOUT)
-                    .serve_connection(TokioIo::new(tcp), service);
-                tokio::select! {
-                    _ = cancel.cancelled() => {}
-                    _ = conn => {}
-                }
-            })
-        })
-        .await
+    let admin = source.admin.clone();
+    atunnel_process::admin::serve(
+        listener,
+        limits,
+        &admin,
+        move |req| answer(&source, req),
+        cancel,
+    )
+    .await
 }
 
-fn answer(
-    source: &StatsSource,
-    req: &hyper::Request<hyper::body::Incoming>,
-) -> hyper::Response<Full<Bytes>> {
+fn answer(source: &StatsSource, req: &admin::Request) -> admin::Response {
+    if req.uri().path() != "/stats" {
+        return admin::not_found();
+    }
     let release = req.uri().query().is_some_and(|q| q.contains("release=1"));
-    let response = if req.uri().path() == "/stats" {
-        let body = serde_json::to_vec(&source.collect(release)).unwrap_or_default();
-        hyper::Response::builder()
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-    } else {
-        hyper::Response::builder()
-            .status(404)
-            .body(Full::new(Bytes::from_static(b"not found\n")))
-    };
-    response.expect("static response parts are valid")
+    admin::json(serde_json::to_vec(&source.collect(release)).unwrap_or_default())
 }

@@ -86,6 +86,8 @@ pub struct TunnelConfig {
     pub ingress: Option<IngressListen>,
     /// Where `/stats` is served; `None` serves none.
     pub stats: Option<SocketAddr>,
+    /// Bounds of the /stats listener.
+    pub stats_limits: atunnel_process::AdminLimits,
     /// The overload guard: past its soft threshold new egress tunnels are
     /// reset and ingress answers 503, past its hard one the actor with the
     /// most tunnels is shed. `None` runs none.
@@ -118,6 +120,7 @@ impl TunnelConfig {
             clock: Clock::new(),
             ingress: None,
             stats: None,
+            stats_limits: Default::default(),
             overload: Some(OverloadConfig::default()),
         }
     }
@@ -239,8 +242,14 @@ impl Tunnel {
                 egress: Some(egress.clone()),
                 ingress: ingress.as_ref().map(|(i, _, _)| i.clone()),
                 dns_relays: dns_relays.clone(),
+                admin: Default::default(),
             });
-            tasks.spawn(crate::stats::serve(listener, source, cancel.clone()));
+            tasks.spawn(crate::stats::serve(
+                listener,
+                cfg.stats_limits,
+                source,
+                cancel.clone(),
+            ));
         }
         Ok(Arc::new(Self {
             cfg,
