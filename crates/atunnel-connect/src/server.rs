@@ -8,7 +8,7 @@
 //! idles for the hibernation period drops its rustls session for its
 //! traffic keys (atunnel_tls::stream), tunnels open or not.
 
-use atunnel_tls::{PreAuthFigures, PreAuthGate, PreAuthLimits, PreAuthPermit};
+use atunnel_tls::{PreAuthFigures, PreAuthGate, PreAuthLimits};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -199,11 +199,15 @@ impl<H: ConnectHandler> ConnectServer<H> {
         // into each future it moves through) and h2's connection state are
         // boxed: a future keeps room for its largest state for the whole
         // connection, idle or not.
-        let handshake = async move {
-            let _handshaking: PreAuthPermit = handshaking;
-            atunnel_tls::accept(&self.acceptor, tcp, self.h2.handshake_timeout).await
+        let handshake = handshaking.run(atunnel_tls::accept(
+            &self.acceptor,
+            tcp,
+            self.h2.handshake_timeout,
+        ));
+        let Some(tls) = Box::pin(handshake).await else {
+            return Ok(());
         };
-        let tls = Box::pin(handshake).await?;
+        let tls = tls?;
         let peer = self.handler.peer(tls.get_ref().1)?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let activity = Arc::new(Activity::default());

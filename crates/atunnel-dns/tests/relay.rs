@@ -747,3 +747,61 @@ async fn tcp_sockets_the_relay_accepts_and_dials_carry_the_notsent_lowat() {
         assert_eq!(a, answer(&q, 0xa1));
     }
 }
+
+/// Thousands of TCP connections that never send a query, on one sandbox's
+/// relay: it holds at most its in-flight limit of them (the rest are closed
+/// at once and counted), the relay of another sandbox answers over both
+/// transports meanwhile, and the flooded one answers again once the flood
+/// lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_silent_tcp_connections_is_capped_and_other_relays_answer() {
+    const FLOOD: usize = 3_000;
+    let upstream = FakeUpstream::start(Mode::Echo(0xa1)).await;
+    let cfg = RelayConfig {
+        tcp_idle_timeout: LONG,
+        ..config(&[&upstream], Duration::from_secs(5))
+    };
+    let limit = cfg.max_in_flight;
+    let flooded = start_relay(cfg.clone()).await;
+    let other = start_relay(cfg).await;
+    let mut flood = Vec::with_capacity(FLOOD);
+    for _ in 0..FLOOD {
+        flood.push(tcp_client(&flooded).await);
+    }
+    // Each connection past the limit is closed at once: waiting for the
+    // last one's EOF is waiting for all of them to have been accepted.
+    assert_closed(flood.last_mut().expect("a flood")).await;
+    let dropped = flooded.relay.stats().dropped;
+    assert_eq!(
+        dropped,
+        (FLOOD - limit) as u64,
+        "{:?}",
+        flooded.relay.stats()
+    );
+
+    let client = udp_client(&other).await;
+    client.send(&query(0x0a01)).await.expect("send");
+    assert_eq!(udp_recv(&client).await, answer(&query(0x0a01), 0xa1));
+    let mut tcp = tcp_client(&other).await;
+    write_frame(&mut tcp, &query(0x0a02)).await.expect("write");
+    let got = guard("a TCP answer", read_frame(&mut tcp))
+        .await
+        .expect("read");
+    assert_eq!(got, answer(&query(0x0a02), 0xa1));
+
+    drop(flood);
+    // Its connections' ends are seen as their tasks end; a query is then
+    // admitted again (retried: the releases are not events a test can await).
+    let mut answered = false;
+    for _ in 0..100 {
+        let mut tcp = tcp_client(&flooded).await;
+        write_frame(&mut tcp, &query(0x0a03)).await.expect("write");
+        if let Ok(got) = guard("an answer or EOF", read_frame(&mut tcp)).await {
+            assert_eq!(got, answer(&query(0x0a03), 0xa1));
+            answered = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(answered, "the flooded relay answers once the flood is gone");
+}

@@ -26,6 +26,8 @@ pub struct RunningGateway {
     pub addr: SocketAddr,
     pub seen: mpsc::UnboundedReceiver<ConnectSeen>,
     pub cancel: CancellationToken,
+    /// The CONNECT listener's pre-authentication figures.
+    pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthFigures + Send + Sync>,
 }
 
 impl Drop for RunningGateway {
@@ -50,12 +52,21 @@ pub async fn gateway(
     cfg.observer = Some(tx);
     tune(&mut cfg);
     let gw = atunnel_gateway::new(cfg, far, BufferPool::default()).expect("gateway");
+    let pre_auth = {
+        let gw = gw.clone();
+        Box::new(move || gw.pre_auth())
+    };
     let cancel = CancellationToken::new();
     let (addr, _task) =
         atunnel_gateway::spawn(gw, "127.0.0.1:0".parse().expect("addr"), cancel.clone())
             .await
             .expect("gateway bind");
-    RunningGateway { addr, seen, cancel }
+    RunningGateway {
+        addr,
+        seen,
+        cancel,
+        pre_auth,
+    }
 }
 
 pub fn h1_only(cfg: &mut GatewayConfig) {

@@ -132,11 +132,11 @@ async fn a_handshake_flood_from_one_address_is_capped_and_a_router_from_another_
     };
     let ipki = IngressPki::new();
     let ingress = ingress_tuned(&ipki, |cfg| cfg.pre_auth = limits).await;
-    let actor = http1_actor(|_req| async {
+    let actor_http = http1_actor(|_req| async {
         http::Response::new(http_body_util::Full::new(bytes::Bytes::from_static(b"ok")))
     })
     .await;
-    ingress.activate_alpha(&[(80, actor.port())]);
+    ingress.activate_alpha(&[(80, actor_http.port())]);
     let flooder = std::net::Ipv4Addr::new(127, 0, 0, 2);
     for (listener, addr) in [("HTTPS", ingress.https), ("CONNECT", ingress.connect)] {
         let mut flood = Vec::new();
@@ -175,5 +175,114 @@ async fn a_handshake_flood_from_one_address_is_capped_and_a_router_from_another_
         } else {
             let _tunnel = h1_tunnel(&ipki, ingress.connect, "alpha", 80).await;
         }
+    }
+}
+
+/// Opens `count` silent connections to `addr`, spread over `sources`
+/// loopback addresses from 127.0.0.2 up, as fast as they connect, and holds
+/// them until the end. Connects that do not complete within a second (the
+/// accept queue overflowing for a moment) are not retried.
+async fn silent_flood(addr: SocketAddr, count: usize, sources: u8) -> Vec<TcpStream> {
+    let mut held = Vec::with_capacity(count);
+    for i in 0..count {
+        let source = std::net::Ipv4Addr::new(127, 0, 0, 2 + (i % usize::from(sources)) as u8);
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::from((source, 0)))
+            .expect("bind the source");
+        if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(1), socket.connect(addr)).await
+        {
+            held.push(s);
+        }
+    }
+    held
+}
+
+/// Thousands of silent connections from many addresses (past the total cap,
+/// each address under its own) on each TLS listener at the default limits:
+/// atunnel and the gateway hold at most the cap, ending the oldest to make
+/// room, and routers (actors, at the gateway) opening fresh connections all
+/// the while are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_silent_connections_from_many_addresses_leave_routers_served() {
+    const FLOOD: usize = 4_000;
+    const SOURCES: u8 = 40;
+    let limits = atunnel_tls::PreAuthLimits::default();
+    assert!(FLOOD > limits.total && FLOOD / usize::from(SOURCES) < limits.per_source);
+    let ipki = IngressPki::new();
+    let ingress = ingress_tuned(&ipki, |_| {}).await;
+    let actor_http = http1_actor(|_req| async {
+        http::Response::new(http_body_util::Full::new(bytes::Bytes::from_static(b"ok")))
+    })
+    .await;
+    ingress.activate_alpha(&[(80, actor_http.port())]);
+    let pki = Pki::new();
+    let gw = gateway(&pki, forward_loopback(), |_| {}).await;
+    let dest = echo_server().await;
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+
+    for listener in ["HTTPS", "CONNECT", "gateway"] {
+        let addr = match listener {
+            "HTTPS" => ingress.https,
+            "CONNECT" => ingress.connect,
+            _ => gw.addr,
+        };
+        let flood = tokio::spawn(silent_flood(addr, FLOOD, SOURCES));
+        // Fresh connections, each with its own handshake, until the flood
+        // is all in.
+        let mut served = 0;
+        while !flood.is_finished() || served == 0 {
+            match listener {
+                "HTTPS" => {
+                    let mut router = RouterConn::open(&ipki, ingress.https, true).await;
+                    let req = http::Request::get("https://w/")
+                        .header("ate-target-actor", "team-a/alpha")
+                        .body(http_body_util::Full::new(bytes::Bytes::new()))
+                        .expect("request");
+                    let resp = router.send(req).await.expect("the router is served");
+                    assert_eq!(resp.status(), 200);
+                }
+                "CONNECT" => {
+                    let _tunnel = h1_tunnel(&ipki, ingress.connect, "alpha", 80).await;
+                }
+                _ => {
+                    let egress = ActorEgress::prepare(
+                        actor("alpha"),
+                        client_config(&pki, gw.addr),
+                        source.clone(),
+                        Clock::new(),
+                    )
+                    .await
+                    .expect("prepare egress");
+                    let mut tunnel = egress.client().open(dest).await.expect("a tunnel");
+                    assert_eq!(echoed(&mut tunnel, b"through").await, b"through");
+                }
+            }
+            served += 1;
+        }
+        let held = flood.await.expect("flood task");
+        let figures = match listener {
+            "HTTPS" => ingress.ingress.pre_auth().0,
+            "CONNECT" => ingress.ingress.pre_auth().1,
+            _ => (gw.pre_auth)(),
+        };
+        assert!(
+            held.len() > limits.total * 2,
+            "{listener}: only {} flood connections got in",
+            held.len()
+        );
+        assert!(
+            figures.handshaking <= limits.total,
+            "{listener}: {figures:?}"
+        );
+        assert!(
+            figures.evicted_total >= (held.len() - limits.total) as u64,
+            "{listener}: {} held, {figures:?}",
+            held.len()
+        );
+        eprintln!(
+            "{listener}: {} silent connections, {served} fresh router connections served, {figures:?}",
+            held.len()
+        );
     }
 }

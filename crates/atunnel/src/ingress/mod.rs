@@ -258,10 +258,9 @@ impl Ingress {
                     let accept = atunnel_tls::accept(&acceptor, tcp, handshake_timeout);
                     let tls = tokio::select! {
                         _ = cancel.cancelled() => return,
-                        tls = Box::pin(accept) => tls,
+                        tls = Box::pin(handshaking.run(accept)) => tls,
                     };
-                    drop(handshaking);
-                    if let Ok(tls) = tls {
+                    if let Some(Ok(tls)) = tls {
                         router_conn::serve(
                             tls,
                             routes,
