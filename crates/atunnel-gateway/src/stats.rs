@@ -122,6 +122,7 @@ mod tests {
             pre_auth: Box::new(|| atunnel_tls::PreAuthFigures {
                 handshaking: 2,
                 refused_total: 5,
+                evicted_total: 1,
             }),
             budgets: Box::new(|| crate::budget::BudgetStats {
                 refused_total: 3,
@@ -156,6 +157,8 @@ mod tests {
             assert_eq!(v["budgets"]["refused_total"], 3, "{v}");
             assert_eq!(v["pre_auth"]["handshaking"], 2, "{v}");
             assert_eq!(v["pre_auth"]["refused_total"], 5, "{v}");
+            assert_eq!(v["pre_auth"]["evicted_total"], 1, "{v}");
+            assert!(v["admin"]["accepted_total"].as_u64() >= Some(1), "{v}");
         }
         cancel.cancel();
         tokio::time::timeout(Duration::from_secs(5), server)

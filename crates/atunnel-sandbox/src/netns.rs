@@ -67,6 +67,17 @@ impl NetNs {
         Path::new(NETNS_DIR).join(&self.name)
     }
 
+    /// The calling thread's own namespace (the host's, for a thread that
+    /// never entered another), so links can be made between it and a named
+    /// one. Its name is only for messages.
+    pub fn current() -> Result<Self, NetnsError> {
+        let file = File::open("/proc/thread-self/ns/net").map_err(io("self", "open"))?;
+        Ok(Self {
+            name: "self".to_string(),
+            fd: Arc::new(file.into()),
+        })
+    }
+
     /// Opens an existing named namespace.
     pub fn open(name: &str) -> Result<Self, NetnsError> {
         let file = File::open(Path::new(NETNS_DIR).join(name)).map_err(io(name, "open"))?;
