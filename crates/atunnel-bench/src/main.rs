@@ -22,6 +22,8 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(version, about = "Measures atunnel on one machine")]
 struct Cli {
+    #[command(flatten)]
+    log: atunnel_process::LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -55,20 +57,27 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     allocator::install();
-    atunnel_process::run_main("atunnel-bench", "warn", |cancel| async move {
-        match cli.command {
-            Command::Run(args) => run::run(args, cancel).await,
-            Command::Worker(args) => worker::run(args, cancel).await,
-            Command::Load(args) => run::load::run(args, cancel).await,
-            Command::Demo(args) => demo::run(args).await,
-            Command::Actors(args) => actors::run(args, cancel).await,
-            Command::Tunnel(args) => atunnel::host::run(*args, cancel).await,
-            Command::Sink(args) => atunnel_support::sink::run(args, cancel).await,
-            Command::Gateway(args) => {
-                let far = args.far_end();
-                atunnel_gateway::cli::run(&args.gateway, far, cancel).await
+    atunnel_process::run_main(
+        "atunnel-bench",
+        "warn",
+        &cli.log.clone(),
+        |cancel| async move {
+            match cli.command {
+                Command::Run(args) => run::run(args, cancel).await,
+                Command::Worker(args) => worker::run(args, cancel).await,
+                Command::Load(args) => run::load::run(args, cancel).await,
+                Command::Demo(args) => demo::run(args).await,
+                Command::Actors(args) => actors::run(args, cancel).await,
+                Command::Tunnel(args) => atunnel::host::run(*args, cancel).await,
+                Command::Sink(args) => atunnel_support::sink::run(args, cancel).await,
+                Command::Gateway(args) => {
+                    let far = args.far_end();
+                    atunnel_gateway::cli::run(&args.gateway, far, cancel).await
+                }
+                Command::Pki { out } => {
+                    pki::write(&out).map(|f| println!("wrote {}", f.dir.display()))
+                }
             }
-            Command::Pki { out } => pki::write(&out).map(|f| println!("wrote {}", f.dir.display())),
-        }
-    })
+        },
+    )
 }

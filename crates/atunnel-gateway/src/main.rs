@@ -4,9 +4,18 @@ use clap::Parser;
 
 use atunnel_gateway::cli::{self, ForwardArgs};
 
+#[derive(Parser)]
+#[command(version, about = "atunnel-gateway: the egress gateway")]
+struct Cli {
+    #[command(flatten)]
+    log: atunnel_process::LogArgs,
+    #[command(flatten)]
+    args: ForwardArgs,
+}
+
 fn main() -> std::process::ExitCode {
-    let args = ForwardArgs::parse();
-    atunnel_process::run_main("atunnel-gateway", "info", |cancel| async move {
+    let Cli { log, args } = Cli::parse();
+    atunnel_process::run_main("atunnel-gateway", "info", &log, |cancel| async move {
         let far = args.far_end();
         cli::run(&args.gateway, far, cancel).await
     })

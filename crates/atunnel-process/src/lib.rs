@@ -17,7 +17,7 @@ pub use admin::{AdminArgs, AdminLimits};
 pub use args::{
     FlagDuration, OverloadArgs, PoolArgs, PreAuthArgs, RelayArgs, SocketArgs, parse_duration,
 };
-pub use entry::run_main;
+pub use entry::{LogArgs, LogFormat, run_main};
 
 /// Errors at process entry points, where the message is all that is left.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -13,6 +13,8 @@ static ALLOC: atunnel_core::alloc::CountingAlloc =
     about = "atunnel: the per-worker tunnel for actors' sandboxes"
 )]
 struct Cli {
+    #[command(flatten)]
+    log: atunnel_process::LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -25,7 +27,7 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    atunnel_process::run_main("atunnel", "info", |cancel| async move {
+    atunnel_process::run_main("atunnel", "info", &cli.log.clone(), |cancel| async move {
         match cli.command {
             Command::Host(args) => atunnel::host::run(*args, cancel).await,
         }
