@@ -89,6 +89,10 @@ pub struct ForwardArgs {
     /// 502 ("5s").
     #[arg(long, default_value_t = atunnel_process::FlagDuration(atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT))]
     pub dial_timeout: atunnel_process::FlagDuration,
+    /// A TOML file setting any of these flags by long name
+    /// (`max-concurrent-streams = 1000`); flags on the command line win.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
 }
 
 impl ForwardArgs {

@@ -5,7 +5,11 @@ use clap::Parser;
 use atunnel_gateway::cli::{self, ForwardArgs};
 
 #[derive(Parser)]
-#[command(version, about = "atunnel-gateway: the egress gateway")]
+#[command(
+    version,
+    about = "atunnel-gateway: the egress gateway",
+    args_override_self = true
+)]
 struct Cli {
     #[command(flatten)]
     log: atunnel_process::LogArgs,
@@ -14,7 +18,15 @@ struct Cli {
 }
 
 fn main() -> std::process::ExitCode {
-    let Cli { log, args } = Cli::parse();
+    // The file's flags go before the command line's, which win.
+    let Cli { log, args } =
+        match atunnel_process::config_file::expand(std::env::args_os().collect(), 1) {
+            Ok(argv) => Cli::parse_from(argv),
+            Err(e) => {
+                eprintln!("atunnel-gateway: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        };
     atunnel_process::run_main("atunnel-gateway", "info", &log, |cancel| async move {
         let far = args.far_end();
         cli::run(&args.gateway, far, cancel).await

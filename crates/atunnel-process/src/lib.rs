@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod args;
+pub mod config_file;
 pub mod cpu_quota;
 mod entry;
 pub mod process_stats;

@@ -54,6 +54,10 @@ pub struct HostArgs {
     /// CA certificates that sign the gateway's certificate (PEM).
     #[arg(long)]
     pub gateway_ca: PathBuf,
+    /// A TOML file setting any of these flags by long name
+    /// (`gateway-idle-timeout = "90s"`); flags on the command line win.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Node agent's Unix socket; actor certificates are minted there.
     #[arg(long, conflicts_with_all = ["actor_ca_cert", "actor_ca_key"])]
     pub node_agent_socket: Option<PathBuf>,
@@ -96,7 +100,8 @@ pub struct HostArgs {
     #[arg(long, default_value_t = atunnel_sandbox::sandbox::DEFAULT_EGRESS_PORT)]
     pub egress_port: u16,
     /// resolv.conf whose nameservers the sandboxes' DNS relay forwards to ("" serves no DNS).
-    #[arg(long, default_value = "/etc/resolv.conf")]
+    #[arg(long, default_value = "/etc/resolv.conf",
+          value_parser = |s: &str| Ok::<_, std::convert::Infallible>(PathBuf::from(s)))]
     pub resolv_conf: PathBuf,
     /// Loopback network: address the egress listeners bind.
     #[arg(long, default_value = "127.0.0.1")]
@@ -461,6 +466,14 @@ mod tests {
             args.node_agent_timeout.0,
             atunnel_nodeagent::DEFAULT_MINT_TIMEOUT
         );
+    }
+
+    #[test]
+    fn an_empty_resolv_conf_serves_no_dns() {
+        let args = parse(&["--resolv-conf="]).expect("an empty path parses");
+        assert!(args.resolv_conf.as_os_str().is_empty());
+        let args = parse(&["--resolv-conf", ""]).expect("an empty path parses");
+        assert!(args.resolv_conf.as_os_str().is_empty());
     }
 
     #[test]

@@ -22,11 +22,21 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Host actors: sandboxes, egress through a gateway, ingress from the router.
+    #[command(args_override_self = true)]
     Host(Box<atunnel::host::HostArgs>),
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // The file's flags go first among `host`'s, so the command line's win.
+    let at = argv.iter().position(|a| a == "host").map_or(1, |i| i + 1);
+    let cli = match atunnel_process::config_file::expand(argv, at) {
+        Ok(argv) => Cli::parse_from(argv),
+        Err(e) => {
+            eprintln!("atunnel: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     atunnel_process::run_main("atunnel", "info", &cli.log.clone(), |cancel| async move {
         match cli.command {
             Command::Host(args) => atunnel::host::run(*args, cancel).await,

@@ -1,0 +1,129 @@
+//! The `atunnel` binary takes its flags from a TOML file (`--config`), the
+//! command line winning, and writes JSON log lines with `--log-format json`
+//! (no escape codes in a redirected log). No root: loopback network.
+
+use atunnel_support::prelude::*;
+use std::process::Stdio;
+use std::time::Duration;
+
+use atunnel::host::HostReady;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+
+/// Starts `atunnel host` with `config` as its file and `extra` flags, and
+/// returns what it printed when ready, and the child.
+async fn start(
+    pki: &Pki,
+    dir: &std::path::Path,
+    config: &str,
+    extra: &[&str],
+) -> (HostReady, tokio::process::Child) {
+    std::fs::write(dir.join("gateway-ca.pem"), pki.gateway_ca.cert_pem()).expect("write");
+    std::fs::write(dir.join("actor-ca.pem"), pki.actor_ca.cert_pem()).expect("write");
+    std::fs::write(dir.join("actor-ca.key"), pki.actor_ca.key_pem()).expect("write");
+    let file = format!(
+        "gateway-ca = \"{}\"\nactor-ca-cert = \"{}\"\nactor-ca-key = \"{}\"\n{config}",
+        dir.join("gateway-ca.pem").display(),
+        dir.join("actor-ca.pem").display(),
+        dir.join("actor-ca.key").display(),
+    );
+    let path = dir.join("atunnel.toml");
+    std::fs::write(&path, file).expect("write the config");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+        .args(["host", "--config"])
+        .arg(&path)
+        .args(extra)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("atunnel starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::io::BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("ready within 30 s")
+    .expect("read")
+    .expect("a ready line");
+    (serde_json::from_str(&line).expect("ready JSON"), child)
+}
+
+const LOOPBACK: &str = "network = \"loopback\"\ngateway = \"127.0.0.1:1\"\n\
+    destinations = [\"192.0.2.10:7\"]\nresolv-conf = \"\"\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_come_from_the_config_file_and_the_command_line_wins() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = format!("{LOOPBACK}actors = 3\n");
+    let (ready, _child) = start(&pki, dir.path(), &config, &[]).await;
+    assert_eq!(ready.actors.len(), 3, "actors from the file");
+    let (ready, _child) = start(&pki, dir.path(), &config, &["--actors=1"]).await;
+    assert_eq!(ready.actors.len(), 1, "the flag wins");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_key_in_the_config_file_is_refused_by_its_name() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "gateway-idle-timeot = \"5s\"\n",
+    )
+    .expect("write");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+        .args(["host", "--config"])
+        .arg(dir.path().join("bad.toml"))
+        .output()
+        .await
+        .expect("runs");
+    let _ = pki;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--gateway-idle-timeot"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line_and_text_logs_have_no_escapes() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().expect("dir");
+    for (format, json) in [("json", true), ("text", false)] {
+        let config = format!("{LOOPBACK}actors = 1\nlog-format = \"{format}\"\n");
+        let (ready, mut child) = start(&pki, dir.path(), &config, &[]).await;
+        // A tunnel whose gateway is not there: its failure is logged.
+        let listener = *ready.actors[0]
+            .listeners
+            .values()
+            .next()
+            .expect("a listener");
+        let mut conn = tokio::net::TcpStream::connect(listener)
+            .await
+            .expect("connect");
+        let mut buf = [0u8; 16];
+        let _ = conn.read(&mut buf).await;
+        child.start_kill().expect("kill");
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut stderr)
+            .await
+            .expect("read stderr");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert!(!lines.is_empty(), "{format}: nothing logged at debug");
+        for line in lines {
+            assert!(
+                !line.contains('\u{1b}'),
+                "{format}: escape codes in {line:?}"
+            );
+            if json {
+                let v: serde_json::Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                assert!(v["level"].is_string() && v["timestamp"].is_string(), "{v}");
+            }
+        }
+    }
+}
