@@ -129,6 +129,23 @@ pub fn json(body: Vec<u8>) -> Response {
         .expect("static response parts are valid")
 }
 
+/// A text answer of `content_type`.
+pub fn text(content_type: &'static str, body: String) -> Response {
+    hyper::Response::builder()
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .expect("static response parts are valid")
+}
+
+/// A short plain answer with `status`.
+pub fn status(status: u16, body: &'static str) -> Response {
+    hyper::Response::builder()
+        .status(status)
+        .header("content-type", "text/plain")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .expect("static response parts are valid")
+}
+
 /// 404 for any path the process does not serve.
 pub fn not_found() -> Response {
     hyper::Response::builder()

@@ -32,6 +32,26 @@ pub async fn fetch_over(
     Ok(serde_json::from_slice(&raw[body_at..])?)
 }
 
+/// `GET path` on an admin listener: the status and the body.
+pub async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), atunnel_process::BoxError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: admin\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
+    let text = String::from_utf8(raw)?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or("an answer with no body")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or("an answer with no status")?;
+    Ok((status, body.to_string()))
+}
+
 /// A number at a JSON path like `["process", "heap_bytes"]`, or 0.
 pub fn num(v: &serde_json::Value, path: &[&str]) -> f64 {
     let mut cur = v;

@@ -344,6 +344,11 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
     let tunnel = Tunnel::start(cfg).await?;
     let stats = tunnel.stats_addr().expect("asked for /stats");
     let result = host_actors(&args, &tunnel, stats, &cancel).await;
+    // A stop signal: stop accepting, let what is open finish (bounded),
+    // then end the rest.
+    if !tunnel.drain(args.drain_timeout.0).await {
+        tracing::info!(after = ?args.drain_timeout.0, "drain timed out; ending what is still open");
+    }
     tunnel.shutdown().await;
     result
 }

@@ -51,6 +51,8 @@ pub(crate) struct StatsSource {
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
     pub dns_relays: crate::tunnel::DnsRelays,
     pub admin: Arc<ListenerStats>,
+    /// Set once the tunnel drains or shuts down.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl StatsSource {
@@ -80,8 +82,9 @@ impl StatsSource {
     }
 }
 
-/// Serves `/stats` on `listener`, within `limits`, until `cancel`, then
-/// closes its connections and waits for them.
+/// Serves the admin listener (`/stats`, `/metrics`, `/healthz`,
+/// `/readyz`) on `listener`, within `limits`, until `cancel`, then closes
+/// its connections and waits for them.
 pub(crate) async fn serve(
     listener: TcpListener,
     limits: AdminLimits,
@@ -89,20 +92,41 @@ pub(crate) async fn serve(
     cancel: CancellationToken,
 ) {
     let admin = source.admin.clone();
+    let metrics = crate::metrics::Metrics::new(source.clone());
     atunnel_process::admin::serve(
         listener,
         limits,
         &admin,
-        move |req| answer(&source, req),
+        move |req| answer(&source, &metrics, req),
         cancel,
     )
     .await
 }
 
-fn answer(source: &StatsSource, req: &admin::Request) -> admin::Response {
-    if req.uri().path() != "/stats" {
-        return admin::not_found();
+fn answer(
+    source: &StatsSource,
+    metrics: &crate::metrics::Metrics,
+    req: &admin::Request,
+) -> admin::Response {
+    match req.uri().path() {
+        "/stats" => {
+            let release = req.uri().query().is_some_and(|q| q.contains("release=1"));
+            admin::json(serde_json::to_vec(&source.collect(release)).unwrap_or_default())
+        }
+        "/metrics" => admin::text(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.render(),
+        ),
+        // Alive: the process answers.
+        "/healthz" => admin::text("text/plain", "ok\n".into()),
+        // Ready for new work until it drains or stops.
+        "/readyz" => {
+            if source.draining.load(std::sync::atomic::Ordering::Relaxed) {
+                admin::status(503, "draining\n")
+            } else {
+                admin::text("text/plain", "ready\n".into())
+            }
+        }
+        _ => admin::not_found(),
     }
-    let release = req.uri().query().is_some_and(|q| q.contains("release=1"));
-    admin::json(serde_json::to_vec(&source.collect(release)).unwrap_or_default())
 }

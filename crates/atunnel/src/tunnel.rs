@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use atunnel_connect::GatewayClientConfig;
 use atunnel_core::BufferPool;
@@ -180,6 +181,10 @@ pub struct Tunnel {
     ingress: Option<(Arc<Ingress>, SocketAddr, SocketAddr)>,
     /// Stops the ingress listeners and /stats.
     cancel: CancellationToken,
+    /// Stops the ingress listeners only (a child of `cancel`): drain.
+    ingress_stop: CancellationToken,
+    /// Set once draining or shut down: `/readyz` answers 503.
+    draining: Arc<std::sync::atomic::AtomicBool>,
     sandboxes: Mutex<HashMap<String, Sandbox>>,
     dns_relays: DnsRelays,
     /// /stats, for shutdown to wait on.
@@ -214,6 +219,8 @@ impl Tunnel {
             None => None,
         };
         let cancel = CancellationToken::new();
+        let ingress_stop = cancel.child_token();
+        let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ingress = match &cfg.ingress {
             Some(listen) => {
                 let ingress = Ingress::with_overload(
@@ -222,7 +229,7 @@ impl Tunnel {
                     overload.clone(),
                 )?;
                 let (https, connect) = ingress
-                    .spawn(listen.https, listen.connect, cancel.clone())
+                    .spawn(listen.https, listen.connect, ingress_stop.clone())
                     .await
                     .map_err(TunnelError::Listen)?;
                 Some((ingress, https, connect))
@@ -243,6 +250,7 @@ impl Tunnel {
                 ingress: ingress.as_ref().map(|(i, _, _)| i.clone()),
                 dns_relays: dns_relays.clone(),
                 admin: Default::default(),
+                draining: draining.clone(),
             });
             tasks.spawn(crate::stats::serve(
                 listener,
@@ -257,6 +265,8 @@ impl Tunnel {
             egress,
             ingress,
             cancel,
+            ingress_stop,
+            draining,
             sandboxes: Mutex::new(HashMap::new()),
             dns_relays,
             tasks,
@@ -512,11 +522,52 @@ impl Tunnel {
         Ok(deactivated?)
     }
 
+    /// Drains for at most `within`: `/readyz` answers 503 from now on, the
+    /// ingress listeners and every sandbox's egress listener stop
+    /// accepting (listeners the caller serves stop at the caller's cancel),
+    /// and what is open (tunnels, requests in flight) may finish on its
+    /// own. Returns whether it all did; [`Tunnel::shutdown`] then
+    /// ends what is left.
+    pub async fn drain(&self, within: Duration) -> bool {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.ingress_stop.cancel();
+        let sandboxes: Vec<TaskTracker> = {
+            let sandboxes = self.sandboxes.lock().expect("sandboxes lock poisoned");
+            sandboxes
+                .values()
+                .map(|s| {
+                    // The listener stops accepting; its tunnels go on, and
+                    // its task ends with the last of them.
+                    s.cancel.cancel();
+                    s.tasks.clone()
+                })
+                .collect()
+        };
+        let ended = async {
+            for tasks in sandboxes {
+                tasks.close();
+                tasks.wait().await;
+            }
+            if let Some((ingress, _, _)) = &self.ingress {
+                ingress.wait_listeners().await;
+            }
+            // Tunnels of listeners the caller serves (loopback actors)
+            // have no task set here to wait on: their count is read.
+            while self.egress.stats().tunnels_open > 0 {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        };
+        tokio::time::timeout(within, ended).await.is_ok()
+    }
+
     /// Stops everything it started and waits for it: the ingress
     /// listeners stop accepting and every activation is retired (requests
     /// and tunnels cancelled), every sandbox is closed, egress stops, and
     /// the listeners' connections and /stats are waited for.
     pub async fn shutdown(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.cancel.cancel();
         if let Some((ingress, _, _)) = &self.ingress {
             ingress.shutdown().await;

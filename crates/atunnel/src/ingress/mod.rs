@@ -303,6 +303,13 @@ impl Ingress {
     /// cancelled, and every connection they accepted.
     pub async fn shutdown(&self) {
         self.routes.deactivate_all(self.cfg.drain_timeout).await;
+        self.wait_listeners().await;
+    }
+
+    /// Waits for the listeners (stopped by their cancel token) and their
+    /// connections to end: in-flight requests finish, then each router
+    /// connection closes.
+    pub async fn wait_listeners(&self) {
         self.tasks.close();
         self.tasks.wait().await;
     }

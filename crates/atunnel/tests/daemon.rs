@@ -1,0 +1,196 @@
+//! The `atunnel` binary as an operator runs it: `/metrics` in the
+//! Prometheus text format whose values move with the traffic, `/healthz`
+//! and `/readyz`, and SIGTERM draining (stop accepting, let open tunnels
+//! finish within `--drain-timeout`, exit 0). A real gateway, real sockets,
+//! loopback network (no root).
+
+use atunnel_support::prelude::*;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use atunnel::host::HostReady;
+use atunnel_support::stats_client::get;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+struct Daemon {
+    ready: HostReady,
+    child: tokio::process::Child,
+    /// The actor's egress listener for the echo destination.
+    listener: SocketAddr,
+    _gateway: RunningGateway,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(drain_timeout: &str) -> Daemon {
+    let pki = Pki::new();
+    let gw = gateway(&pki, forward_loopback(), |_| {}).await;
+    let echo = echo_server().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let p = |n: &str| dir.path().join(n);
+    std::fs::write(p("gateway-ca.pem"), pki.gateway_ca.cert_pem()).expect("write");
+    std::fs::write(p("actor-ca.pem"), pki.actor_ca.cert_pem()).expect("write");
+    std::fs::write(p("actor-ca.key"), pki.actor_ca.key_pem()).expect("write");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+        .args(["host", "--network=loopback", "--actors=1", "--resolv-conf="])
+        .arg(format!("--gateway={}", gw.addr))
+        .arg(format!("--gateway-name={GATEWAY_NAME}"))
+        .arg(format!("--gateway-ca={}", p("gateway-ca.pem").display()))
+        .arg(format!("--actor-ca-cert={}", p("actor-ca.pem").display()))
+        .arg(format!("--actor-ca-key={}", p("actor-ca.key").display()))
+        .arg(format!("--destinations={echo}"))
+        .arg(format!("--drain-timeout={drain_timeout}"))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("atunnel starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::io::BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("ready within 30 s")
+    .expect("read")
+    .expect("a ready line");
+    let ready: HostReady = serde_json::from_str(&line).expect("ready JSON");
+    let listener = ready.actors[0].listeners[&echo];
+    Daemon {
+        ready,
+        child,
+        listener,
+        _gateway: gw,
+        _dir: dir,
+    }
+}
+
+/// A tunnel through the actor's listener, with `data` echoed once.
+async fn echoing(listener: SocketAddr, data: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(listener).await.expect("connect");
+    s.write_all(data).await.expect("write");
+    let mut back = vec![0; data.len()];
+    s.read_exact(&mut back).await.expect("echo");
+    assert_eq!(back, data);
+    s
+}
+
+/// `/metrics`, parsed as a Prometheus scraper would.
+async fn scrape(addr: SocketAddr) -> prometheus_parse::Scrape {
+    let (status, body) = get(addr, "/metrics").await.expect("/metrics");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.ends_with("# EOF\n"),
+        "an OpenMetrics page ends with # EOF"
+    );
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("parses")
+}
+
+/// The value of sample `name` whose labels include `labels`.
+fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .unwrap_or_else(|| panic!("no sample {name} {labels:?}"));
+    match sample.value {
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => v,
+        ref other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_as_prometheus_text_and_move_with_the_traffic() {
+    let d = start("10s").await;
+    let admin = d.ready.stats;
+    let before = scrape(admin).await;
+    let actor = "uid-0";
+    assert_eq!(value(&before, "atunnel_egress_tunnels_open", &[]), 0.0);
+    let opened_before = value(&before, "atunnel_egress_tunnels_total", &[]);
+    let tunnel = echoing(d.listener, b"counted").await;
+    let during = scrape(admin).await;
+    assert_eq!(value(&during, "atunnel_egress_tunnels_open", &[]), 1.0);
+    assert_eq!(
+        value(&during, "atunnel_egress_tunnels_total", &[]),
+        opened_before + 1.0
+    );
+    assert!(
+        value(&during, "atunnel_egress_actor_tunnels", &[("actor", actor)]) == 1.0,
+        "per-actor series"
+    );
+    assert!(value(&during, "atunnel_process_open_fds", &[]) > 0.0);
+    assert!(value(&during, "atunnel_process_resident_memory_bytes", &[]) > 0.0);
+    drop(tunnel);
+    let (status, body) = get(admin, "/healthz").await.expect("/healthz");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (status, _) = get(admin, "/readyz").await.expect("/readyz");
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_accepting_lets_open_tunnels_finish_and_exits_0() {
+    let mut d = start("20s").await;
+    let admin = d.ready.stats;
+    let mut tunnel = echoing(d.listener, b"before").await;
+    let pid = nix::unistd::Pid::from_raw(d.child.id().expect("pid") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    // Not ready from now on; new tunnels are refused, the open one goes on.
+    let started = Instant::now();
+    loop {
+        let (status, _) = get(admin, "/readyz").await.expect("/readyz while draining");
+        if status == 503 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "still ready");
+        tokio::task::yield_now().await;
+    }
+    let refused = TcpStream::connect(d.listener).await;
+    assert!(refused.is_err(), "a new tunnel was accepted while draining");
+    tunnel
+        .write_all(b"during")
+        .await
+        .expect("write while draining");
+    let mut back = [0u8; 6];
+    tunnel
+        .read_exact(&mut back)
+        .await
+        .expect("echo while draining");
+    assert_eq!(&back, b"during");
+    // Its end lets the process exit, well before the drain timeout.
+    tunnel.shutdown().await.expect("half-close");
+    let mut rest = Vec::new();
+    tunnel.read_to_end(&mut rest).await.expect("a clean end");
+    let status = tokio::time::timeout(Duration::from_secs(10), d.child.wait())
+        .await
+        .expect("exits once the tunnel ended")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_tunnel_still_open_at_the_drain_timeout_and_exits_0() {
+    let mut d = start("1s").await;
+    let mut tunnel = echoing(d.listener, b"held").await;
+    let pid = nix::unistd::Pid::from_raw(d.child.id().expect("pid") as i32);
+    let started = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let status = tokio::time::timeout(Duration::from_secs(15), d.child.wait())
+        .await
+        .expect("exits after the drain timeout")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    // Cut, not ended cleanly: an RST (or at least no more echo).
+    let mut buf = [0u8; 8];
+    let read = tunnel.read(&mut buf).await;
+    assert!(
+        matches!(read, Err(_) | Ok(0)),
+        "the held tunnel was ended: {read:?}"
+    );
+}
