@@ -31,7 +31,7 @@ use crate::limits::{
     INITIAL_MAX_SEND_STREAMS, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
     MAX_PENDING_ACCEPT_RESET_STREAMS, MAX_REFUSAL_BODY, OPEN_TIMEOUT, POOL_CLOSE_WAIT,
     POOL_IDLE_TIMEOUT, POOL_PING_INTERVAL, POOL_PING_TIMEOUT, REFUSAL_BODY_WAIT,
-    TUNNEL_CONNECTION_WINDOW, TUNNEL_MAX_HEADER_LIST, TUNNEL_STREAM_WINDOW,
+    TUNNEL_CONNECTION_WINDOW, TUNNEL_MAX_HEADER_LIST, TUNNEL_MAX_SEND_BUF, TUNNEL_STREAM_WINDOW,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -520,6 +520,7 @@ impl GatewayClient {
             .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
             .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
             .max_concurrent_reset_streams(MAX_CONCURRENT_RESET_STREAMS)
+            .max_send_buffer_size(TUNNEL_MAX_SEND_BUF)
             // We never accept pushed streams.
             .enable_push(false)
             .handshake::<_, Bytes>(tls)

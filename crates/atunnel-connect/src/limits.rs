@@ -67,6 +67,13 @@ pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 /// default, explicit): more are forgotten, not buffered.
 pub const MAX_CONCURRENT_RESET_STREAMS: usize = 50;
 
+/// Bytes h2 may queue to send on one tunnel stream, on the CONNECT servers
+/// and the gateway client (h2's default, explicit). The relay sends only
+/// what flow control granted (`H2Stream` waits for capacity, and h2 grants
+/// at most the peer's window and this), so a peer that stops reading, or
+/// advertises a zero window, makes a tunnel hold no more than this in h2.
+pub const TUNNEL_MAX_SEND_BUF: usize = 400 * 1024;
+
 /// The first frame an HTTP/2 client sends after the magic is SETTINGS, and
 /// before the server's SETTINGS it may be no larger than the initial
 /// SETTINGS_MAX_FRAME_SIZE (RFC 9113 §4.2): the preface reader refuses a
@@ -114,8 +121,12 @@ pub const PROXY_ACTOR_CONNECTION_WINDOW: u32 = 1024 * 1024;
 /// is 16 MiB.
 pub const PROXY_MAX_HEADER_LIST: u32 = 64 * 1024;
 
-/// Bytes hyper may queue to send on one stream of a router connection
-/// beyond its flow-control window (hyper's server default, explicit).
+/// Bytes hyper may queue to send on one stream, toward the router and
+/// toward actors: hyper polls a body only for capacity h2 granted, which is
+/// at most the peer's window and this, so a peer that stops reading (or
+/// grants a zero window) makes one stream hold no more. hyper's server
+/// default; its client's is 1 MiB, lowered to this toward actors (a veth
+/// round trip is microseconds, so a stream needs far less queued).
 pub const PROXY_MAX_SEND_BUF: usize = 400 * 1024;
 
 // ---- HTTP/1.1 of ingress HTTPS (hyper) ----

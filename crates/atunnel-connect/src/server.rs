@@ -33,7 +33,7 @@ use crate::http1;
 use crate::limits::{
     HANDSHAKE_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_CONCURRENT_STREAMS,
     MAX_LOCAL_ERROR_RESET_STREAMS, MAX_PENDING_ACCEPT_RESET_STREAMS, TUNNEL_CONNECTION_WINDOW,
-    TUNNEL_MAX_HEADER_LIST, TUNNEL_STREAM_WINDOW,
+    TUNNEL_MAX_HEADER_LIST, TUNNEL_MAX_SEND_BUF, TUNNEL_STREAM_WINDOW,
 };
 use crate::preface::read_h2_preface;
 
@@ -239,6 +239,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
             .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
             .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))
             .max_concurrent_reset_streams(MAX_CONCURRENT_RESET_STREAMS)
+            .max_send_buffer_size(TUNNEL_MAX_SEND_BUF)
             .handshake::<_, Bytes>(io)
             .await
             .map_err(io::Error::other)?;

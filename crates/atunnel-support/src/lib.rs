@@ -12,6 +12,7 @@
 //! crate does. Fixtures panic on setup failures (they are tests' setup).
 
 pub mod gateway;
+pub mod h2_raw;
 pub mod ingress;
 pub mod overload;
 pub mod peers;

@@ -23,8 +23,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use atunnel_connect::limits::{
-    ACTOR_DIAL_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, PROXY_ACTOR_CONNECTION_WINDOW,
-    PROXY_H1_MAX_BUFFER, PROXY_MAX_HEADER_LIST, PROXY_STREAM_WINDOW,
+    ACTOR_DIAL_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
+    MAX_PENDING_ACCEPT_RESET_STREAMS, PROXY_ACTOR_CONNECTION_WINDOW, PROXY_H1_MAX_BUFFER,
+    PROXY_MAX_HEADER_LIST, PROXY_MAX_SEND_BUF, PROXY_STREAM_WINDOW,
 };
 
 /// Body type sent to actors.
@@ -315,6 +316,9 @@ fn client(
         .http2_initial_connection_window_size(PROXY_ACTOR_CONNECTION_WINDOW)
         .http2_max_header_list_size(PROXY_MAX_HEADER_LIST)
         .http2_max_concurrent_reset_streams(MAX_CONCURRENT_RESET_STREAMS)
+        .http2_max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
+        .http2_max_local_error_reset_streams(MAX_LOCAL_ERROR_RESET_STREAMS)
+        .http2_max_send_buf_size(PROXY_MAX_SEND_BUF)
         .build(connector)
 }
 
