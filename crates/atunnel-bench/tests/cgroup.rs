@@ -161,6 +161,20 @@ fn create_limits_and_sample() {
     cgroup.remove().expect("remove is idempotent");
 }
 
+/// The child of `oom_kill_is_counted`, this test binary run again: once a
+/// line arrives on stdin (it is in the group by then), touches 256 MiB.
+#[test]
+fn memory_hog_child() {
+    if std::env::var("ATUNNEL_MEMORY_HOG_CHILD").is_err() {
+        return;
+    }
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).expect("the go line");
+    let hog = vec![1u8; 256 << 20];
+    // Kept alive past the writes, so they cannot be optimised away.
+    std::hint::black_box(&hog);
+}
+
 #[test]
 fn oom_kill_is_counted() {
     require_root();
@@ -175,11 +189,18 @@ fn oom_kill_is_counted() {
     let paths = cgroup.paths();
 
     // The child waits on stdin until it has been moved into the group.
-    let mut child = Command::new("sh")
-        .args(["-c", "read _ && exec python3 -c 'a = bytearray(256 << 20)'"])
+    let mut child = Command::new(std::env::current_exe().expect("this test binary"))
+        .args([
+            "--exact",
+            "memory_hog_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("ATUNNEL_MEMORY_HOG_CHILD", "1")
         .stdin(Stdio::piped())
+        .stdout(Stdio::null())
         .spawn()
-        .expect("spawn python3");
+        .expect("spawn the child");
     if let Err(e) = cgroup.add_process(child.id()) {
         kill_and_reap(child);
         panic!("add_process: {e}");
@@ -215,20 +236,33 @@ fn oom_kill_is_counted() {
     assert_gone(&paths);
 }
 
-const SOCKET_CHILD: &str = r#"
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.setblocking(False)
-chunk = b"x" * 65536
-sent = 0
-while sent < 8 << 20:
-    try:
-        sent += s.send(chunk)
-    except BlockingIOError:
-        break
-print(sent, flush=True)
-sys.stdin.read()
-"#;
+/// The child of `socket_memory_is_counted`, this test binary run again:
+/// connects to the port in `ATUNNEL_SOCKET_CHILD`, sends until the socket
+/// would block (at most 8 MiB), prints how much, and holds the socket until
+/// stdin closes. A Rust child rather than a script: nothing to install.
+#[test]
+fn socket_child() {
+    let Ok(port) = std::env::var("ATUNNEL_SOCKET_CHILD") else {
+        return;
+    };
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().expect("a port")))
+        .expect("connect");
+    s.set_nonblocking(true).expect("nonblocking");
+    let chunk = [b'x'; 65536];
+    let mut sent = 0usize;
+    while sent < 8 << 20 {
+        match s.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    println!("sent={sent}");
+    std::io::stdout().flush().expect("flush");
+    let mut rest = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut rest);
+}
 
 #[test]
 fn socket_memory_is_counted() {
@@ -250,17 +284,28 @@ fn socket_memory_is_counted() {
 
     // Moved into the group before exec, so its socket is accounted (v1
     // accounts only sockets created after kmem.tcp accounting was enabled).
-    let mut command = Command::new("python3");
+    let mut command = Command::new(std::env::current_exe().expect("this test binary"));
     command
-        .args(["-c", SOCKET_CHILD, &port.to_string()])
+        .args(["--exact", "socket_child", "--nocapture", "--test-threads=1"])
+        .env("ATUNNEL_SOCKET_CHILD", port.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
     // SAFETY: the hook only calls open(2), write(2) and close(2).
     unsafe { command.pre_exec(cgroup.pre_exec_hook()) };
-    let mut child = command.spawn().expect("spawn python3");
+    let mut child = command.spawn().expect("spawn the child");
     let stdin = child.stdin.take().expect("stdin");
     let mut line = String::new();
-    let read = BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line);
+    // The harness prints lines of its own around the child's.
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let read = loop {
+        line.clear();
+        match out.read_line(&mut line) {
+            Ok(0) => break Err(std::io::Error::other("the child printed no sent=")),
+            Ok(_) if line.contains("sent=") => break Ok(()),
+            Ok(_) => continue,
+            Err(e) => break Err(e),
+        }
+    };
     let sample = cgroup.sample();
     let in_group = cgroup.processes().map(|p| p.contains(&child.id()));
     drop(stdin);
@@ -268,7 +313,11 @@ fn socket_memory_is_counted() {
     let server_side = acceptor.join().expect("acceptor thread");
 
     read.expect("read child output");
-    let sent: u64 = line.trim().parse().expect("child prints bytes sent");
+    let sent: u64 = line
+        .rsplit("sent=")
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .expect("child prints bytes sent");
     let sample = sample.expect("sample");
     eprintln!("sent {sent}; {sample:?}");
     assert!(status.success(), "{status:?}");
