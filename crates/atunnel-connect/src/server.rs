@@ -109,6 +109,12 @@ pub struct H2Settings {
     /// Connections still in their TLS handshake, in total and per source
     /// address; past either, new ones are closed at once.
     pub pre_auth: PreAuthLimits,
+    /// An HTTP/2 client is pinged this often, and its connection closed
+    /// (its tunnels cut) if a ping goes unanswered for `ping_timeout`;
+    /// zero: never (the gateway, whose clients ping it; TCP keepalive
+    /// still finds a vanished one). Ingress CONNECT pings its routers.
+    pub ping_interval: Duration,
+    pub ping_timeout: Duration,
 }
 
 impl Default for H2Settings {
@@ -120,6 +126,20 @@ impl Default for H2Settings {
             preface_timeout: HANDSHAKE_TIMEOUT,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             pre_auth: PreAuthLimits::default(),
+            ping_interval: Duration::ZERO,
+            ping_timeout: Duration::ZERO,
+        }
+    }
+}
+
+/// Pings the client every `interval`; ends when a ping goes unanswered
+/// for `timeout` (or the connection can no longer ping): it is dead.
+async fn unanswered_ping(mut pinger: h2::PingPong, interval: Duration, timeout: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        match tokio::time::timeout(timeout, pinger.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_pong)) => {}
+            _ => return,
         }
     }
 }
@@ -244,10 +264,31 @@ impl<H: ConnectHandler> ConnectServer<H> {
             .await
             .map_err(io::Error::other)?;
         let streams = TaskTracker::new();
+        // Boxed: the timers live on the heap, not in every idle
+        // connection's future.
+        let mut dead = match (self.h2.ping_interval.is_zero(), conn.ping_pong()) {
+            (false, Some(pinger)) => Some(Box::pin(unanswered_ping(
+                pinger,
+                self.h2.ping_interval,
+                self.h2.ping_timeout,
+            ))),
+            _ => None,
+        };
         // Accepting drives the whole connection, open streams included.
-        while let Some(accepted) =
-            with_hibernation(pin!(conn.accept()), activity, &self.hibernation).await
-        {
+        loop {
+            let accept = pin!(conn.accept());
+            let accept = with_hibernation(accept, activity, &self.hibernation);
+            let accepted = match dead.as_mut() {
+                Some(dead) => tokio::select! {
+                    accepted = accept => accepted,
+                    () = dead.as_mut() => {
+                        tracing::debug!(%client, "an HTTP/2 ping went unanswered; closing the connection");
+                        break;
+                    }
+                },
+                None => accept.await,
+            };
+            let Some(accepted) = accepted else { break };
             let (request, mut respond) = accepted.map_err(io::Error::other)?;
             let this = self.clone();
             let peer = peer.clone();
@@ -289,6 +330,8 @@ impl<H: ConnectHandler> ConnectServer<H> {
                 }
             });
         }
+        // A dead connection's streams end with it (h2 tells them at drop).
+        drop(conn);
         streams.close();
         streams.wait().await;
         Ok(())

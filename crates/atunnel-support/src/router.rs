@@ -187,3 +187,22 @@ pub async fn body_text(resp: http::Response<hyper::body::Incoming>) -> String {
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
     String::from_utf8_lossy(&bytes).into_owned()
 }
+
+/// Sends `data` down a tunnel and reads as much back.
+pub async fn echoed_h2(tunnel: &mut atunnel_core::H2Stream, data: &[u8]) -> Vec<u8> {
+    use atunnel_core::endpoint::{read_chunk, write_chunk};
+    let chunk = atunnel_core::Chunk::Shared(bytes::Bytes::copy_from_slice(data));
+    write_chunk(tunnel, chunk).await.expect("write");
+    let pool = atunnel_core::BufferPool::default();
+    let mut back = Vec::new();
+    while back.len() < data.len() {
+        match read_chunk(tunnel, &pool).await.expect("read") {
+            Some(chunk) => {
+                back.extend_from_slice(chunk.remaining());
+                atunnel_core::endpoint::Endpoint::consumed(tunnel, chunk.len());
+            }
+            None => break,
+        }
+    }
+    back
+}

@@ -343,7 +343,9 @@ async fn a_black_holed_router_is_closed_within_the_keepalive_bound_and_its_descr
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .expect("request");
     assert_eq!(router.send(req).await.expect("served").status(), 200);
+    let https_port = new_port(&[], &ports_to(https_addr));
     let mut tunnel = h1_tunnel(&ipki, connect_addr, "alpha", 7).await;
+    let h1_port = new_port(&[], &ports_to(connect_addr));
     tokio::io::AsyncWriteExt::write_all(&mut tunnel, b"ping")
         .await
         .expect("write");
@@ -352,15 +354,20 @@ async fn a_black_holed_router_is_closed_within_the_keepalive_bound_and_its_descr
         .await
         .expect("read");
     assert_eq!(&back, b"ping");
+    let mut h2_router_conn = h2_router(&ipki, connect_addr).await;
+    let mut h2 = h2_tunnel(&mut h2_router_conn, "alpha", 7).await;
+    assert_eq!(echoed_h2(&mut h2, b"ping").await, b"ping");
+    let h2_port = new_port(&[h1_port], &ports_to(connect_addr));
 
-    for (what, addr, bound) in [
+    for (what, port, bound) in [
         // A ping period and its timeout (0.6 s), margin for a busy host,
         // and less than keepalive would take (4 s or more).
-        ("HTTPS", https_addr, Duration::from_secs(3)),
-        // Idle, then probes until the user timeout: 4-5 s, and margin.
-        ("CONNECT", connect_addr, Duration::from_secs(10)),
+        ("HTTPS", https_port, Duration::from_secs(3)),
+        ("CONNECT over HTTP/2", h2_port, Duration::from_secs(3)),
+        // No pings in HTTP/1.1: idle, then probes until the user timeout
+        // (4-5 s), and margin.
+        ("CONNECT over HTTP/1.1", h1_port, Duration::from_secs(10)),
     ] {
-        let port = new_port(&[], &ports_to(addr));
         let inode = net.far_socket_held(port).await;
         assert!(
             inode.is_some(),
@@ -371,7 +378,7 @@ async fn a_black_holed_router_is_closed_within_the_keepalive_bound_and_its_descr
         assert!(closed.is_some(), "{what}: still held after {bound:?}");
         eprintln!("{what}: the black-holed router's connection closed after {closed:?}");
     }
-    drop((router, tunnel));
+    drop((router, tunnel, h2, h2_router_conn));
     cancel.cancel();
     net.clear_holes().await;
 }

@@ -203,25 +203,6 @@ async fn a_well_behaved_router_is_served(site: &Site, server: Server) {
         .expect("a well-behaved router is served within 10 s");
 }
 
-/// Sends `data` down a tunnel and reads as much back.
-async fn echoed_h2(tunnel: &mut atunnel_core::H2Stream, data: &[u8]) -> Vec<u8> {
-    use atunnel_core::endpoint::{read_chunk, write_chunk};
-    let chunk = atunnel_core::Chunk::Shared(Bytes::copy_from_slice(data));
-    write_chunk(tunnel, chunk).await.expect("write");
-    let pool = atunnel_core::BufferPool::default();
-    let mut back = Vec::new();
-    while back.len() < data.len() {
-        match read_chunk(tunnel, &pool).await.expect("read") {
-            Some(chunk) => {
-                back.extend_from_slice(chunk.remaining());
-                atunnel_core::endpoint::Endpoint::consumed(tunnel, chunk.len());
-            }
-            None => break,
-        }
-    }
-    back
-}
-
 /// The raw peer's connection as the router, offering h2.
 async fn raw_router(site: &Site, server: Server, settings: &[(u16, u32)]) -> RawH2<RouterTls> {
     let tls = router_tls(&site.pki, site.addr(server), None, None, &[b"h2"])
@@ -1030,4 +1011,49 @@ async fn an_h2c_actor_answering_with_a_continuation_flood_gets_goaway_enhance_yo
 #[tokio::test]
 async fn an_h2c_actor_answering_with_headers_past_the_limit_gets_the_router_an_error() {
     a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::OversizedAnswer).await;
+}
+
+/// An h2c actor that takes a request and then never reads or answers
+/// again (no PING ACK): ingress's pings find it, the router gets 502 long
+/// before the response timeout, and the connection is closed.
+#[tokio::test]
+async fn an_h2c_actor_that_stops_answering_pings_is_dropped_before_the_response_timeout() {
+    let pki = IngressPki::new();
+    let running = ingress_tuned(&pki, |cfg| {
+        cfg.pools.response_timeout = Duration::from_secs(30);
+        cfg.pools.ping_interval = Duration::from_millis(300);
+        cfg.pools.ping_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (closed_tx, closed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let mut raw = RawH2::server(tcp, &[]).await.expect("h2 handshake");
+        // The request arrives; nothing is answered, pings included.
+        let _ = raw
+            .wait_for(WITHIN, |f| f.kind == kind::HEADERS)
+            .await
+            .expect("a request");
+        let _ = closed_tx.send(raw.closes_within(WITHIN).await);
+    });
+    running.activate_alpha(&[(GRPC_PORT, port)]);
+    let mut router = RouterConn::open(&pki, running.https, true).await;
+    let call = grpc_to_alpha("https://app.example.com/atunnel.test.Echo/Call")
+        .body(Full::new(Bytes::from_static(b"\0\0\0\0\0")))
+        .expect("request");
+    let started = std::time::Instant::now();
+    let resp = tokio::time::timeout(WITHIN, router.send(call))
+        .await
+        .expect("answered long before the 30 s response timeout")
+        .expect("response");
+    assert_eq!(resp.status(), 502, "after {:?}", started.elapsed());
+    assert!(
+        tokio::time::timeout(WITHIN, closed)
+            .await
+            .expect("reported")
+            .expect("sent"),
+        "ingress kept the connection to the silent actor"
+    );
 }

@@ -168,6 +168,8 @@ impl Ingress {
                 handshake_timeout: cfg.tls_handshake_timeout,
                 pre_auth: cfg.pre_auth,
                 connection_window: ROUTER_CONNECT_CONNECTION_WINDOW,
+                ping_interval: cfg.router_ping_interval,
+                ping_timeout: cfg.router_ping_timeout,
                 ..H2Settings::default()
             },
             hibernation.clone(),

@@ -163,7 +163,21 @@ pub struct PoolSettings {
     /// How long an actor has to send a response's head; past it the router
     /// gets 504 and the request is dropped ([`DEFAULT_RESPONSE_TIMEOUT`]).
     pub response_timeout: Duration,
+    /// An h2c connection to an actor with requests in flight is pinged
+    /// this often, and closed (its requests failing with 502) if a ping
+    /// goes unanswered for `ping_timeout`: an actor that stops reading its
+    /// connection cannot hold its streams, and their bodies, until the
+    /// idle timeout ([`ACTOR_PING_INTERVAL`], [`ACTOR_PING_TIMEOUT`]; zero:
+    /// never).
+    pub ping_interval: Duration,
+    pub ping_timeout: Duration,
 }
+
+/// Defaults of [`PoolSettings::ping_interval`] and `ping_timeout`. An actor
+/// is a local process across a veth: a live one answers a ping in
+/// microseconds, so the timeout only has to outlast a busy scheduler.
+pub const ACTOR_PING_INTERVAL: Duration = Duration::from_secs(20);
+pub const ACTOR_PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Default of [`PoolSettings::response_timeout`]: 60 s, nginx's
 /// `proxy_read_timeout`. An actor that never answers would otherwise hold
@@ -185,6 +199,8 @@ impl Default for PoolSettings {
             dial_timeout: ACTOR_DIAL_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT_PER_ACTOR,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            ping_interval: ACTOR_PING_INTERVAL,
+            ping_timeout: ACTOR_PING_TIMEOUT,
         }
     }
 }
@@ -302,7 +318,15 @@ fn client(
     pools: PoolSettings,
     http2: bool,
 ) -> Client<ActivationConnector, UpstreamBody> {
-    Client::builder(TokioExecutor::new())
+    let mut builder = Client::builder(TokioExecutor::new());
+    if !pools.ping_interval.is_zero() {
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .http2_keep_alive_interval(pools.ping_interval)
+            .http2_keep_alive_timeout(pools.ping_timeout)
+            .http2_keep_alive_while_idle(false);
+    }
+    builder
         .http1_max_buf_size(PROXY_H1_MAX_BUFFER)
         .pool_idle_timeout(pools.idle_timeout)
         .pool_max_idle_per_host(pools.max_idle_per_actor)
