@@ -54,6 +54,7 @@ async fn main() {
         .expect("server config");
     // As atunnel's ingress (crate::ingress::tls).
     server.enable_secret_extraction = true;
+    server.key_log = atunnel_tls::secrets::key_log();
     server.ticketer = rustls::crypto::ring::Ticketer::new().expect("ticketer");
     let client = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -103,7 +104,7 @@ async fn main() {
         per(awake)
     );
     println!(
-        "hibernated: {:.0} B per connection (the boxed RecordStream {} B: socket, two traffic keys and IVs with their sequence numbers, empty buffers)",
+        "hibernated: {:.0} B per connection (the boxed RecordStream {} B: socket, two traffic secrets with their sequence numbers, empty buffers)",
         per(hibernated),
         std::mem::size_of::<RecordStream>()
     );

@@ -3,8 +3,10 @@
 //! - [`admission`]: where every mutual-TLS listener admits a client (a
 //!   bounded handshake, then the validity check rustls skips on resumption).
 //! - [`stream`]: the server TLS stream that, once idle, trades its rustls
-//!   session (about 8 KiB) for its TLS 1.3 traffic keys.
+//!   session (about 8 KiB) for its TLS 1.3 traffic secrets.
 //! - [`records`]: the TLS 1.3 record layer that stream goes on with.
+//! - [`secrets`]: the key log that hands that stream its traffic secrets,
+//!   so that it can follow key updates.
 //! - [`hibernate`]: idle detection, and asking a connection to hibernate.
 //!
 //! Depends on `atunnel-core` (readiness) and `atunnel-identity` (certificate
@@ -15,6 +17,7 @@ pub mod admission;
 pub mod hibernate;
 pub mod pre_auth;
 pub mod records;
+pub mod secrets;
 pub mod stream;
 
 pub use admission::accept;

@@ -2,15 +2,18 @@
 //! is idle: rustls runs the handshake and the traffic until the first
 //! hibernation; then its session (record buffers, key schedule, the peer's
 //! certificate chain, about 8 KiB) is dropped and the connection goes on
-//! with its TLS 1.3 traffic keys alone ([`crate::records`]), holding
+//! with its TLS 1.3 traffic secrets alone ([`crate::records`]), holding
 //! buffers only while a record is in flight. The peer sees no change: the
-//! same keys, the next sequence numbers.
+//! same keys, the next sequence numbers, key updates followed and made as
+//! rustls would, and an alert before the end on every error.
 //!
 //! rustls is put down only when nothing of the connection is inside it: no
 //! plaintext or record waiting to be read, no part of a record received (the
 //! socket under rustls tracks record boundaries for this, rustls does not
-//! say), nothing waiting to be sent. Otherwise, and for TLS 1.2, the
-//! connection stays with rustls.
+//! say), nothing waiting to be sent; and only when its traffic secrets came
+//! through the config's key log ([`crate::secrets`]), without which a key
+//! update could not be followed. Otherwise, and for TLS 1.2, the connection
+//! stays with rustls.
 
 use std::io;
 use std::pin::Pin;
@@ -21,10 +24,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use crate::records::{self, CLOSE_NOTIFY, Direction, MAX_PLAINTEXT, MAX_RECORD, Opened};
+use crate::records::{self, Direction, Inbound, MAX_PLAINTEXT, Outbound, Read, Suite, TlsError};
+use crate::secrets::{Filing, TrafficSecrets};
 
 /// The TCP stream under rustls, which notes where TLS records begin in
-/// what it reads and whether its write side was shut down.
+/// what it reads and whether its write side was shut down, and takes the
+/// connection's traffic secrets from the key log during the handshake.
 pub struct RecordTracking {
     tcp: TcpStream,
     /// Header bytes of the next record seen so far (0-4).
@@ -33,6 +38,20 @@ pub struct RecordTracking {
     /// Bytes of the current record's body still to come.
     body_left: usize,
     write_shut: bool,
+    secrets: Claim,
+}
+
+/// Where the connection is in taking its secrets from the key log.
+enum Claim {
+    /// Not yet derived; `wrote` once the server wrote its first flight.
+    Waiting {
+        filing: Filing,
+        wrote: bool,
+    },
+    Taken(Box<TrafficSecrets>),
+    /// Never coming (TLS 1.2, no key log, a handshake rustls drove oddly):
+    /// the connection stays with rustls.
+    None,
 }
 
 impl RecordTracking {
@@ -43,6 +62,47 @@ impl RecordTracking {
             header_seen: 0,
             body_left: 0,
             write_shut: false,
+            secrets: Claim::Waiting {
+                filing: Filing::new(),
+                wrote: false,
+            },
+        }
+    }
+
+    /// Whether the traffic secrets came through the key log.
+    pub fn has_secrets(&self) -> bool {
+        matches!(self.secrets, Claim::Taken(_))
+    }
+
+    fn try_take(&mut self) {
+        if let Claim::Waiting { filing, .. } = &self.secrets
+            && let Some(s) = filing.take()
+        {
+            self.secrets = Claim::Taken(s);
+        }
+    }
+
+    fn wrote(&mut self) {
+        if let Claim::Waiting { wrote, .. } = &mut self.secrets {
+            *wrote = true;
+            self.try_take();
+        }
+    }
+
+    /// A record of `content_type` begins. rustls derives the application
+    /// secrets before writing its flight, and the client's first protected
+    /// record answers that flight, so once both happened the secrets are in
+    /// the log or never will be.
+    fn record_begins(&mut self, content_type: u8) {
+        if content_type != records::CONTENT_APPLICATION_DATA {
+            return;
+        }
+        if let Claim::Waiting { wrote: true, .. } = self.secrets {
+            self.try_take();
+            if !self.has_secrets() {
+                // Dropping the filing forgets anything left under it.
+                self.secrets = Claim::None;
+            }
         }
     }
 
@@ -68,6 +128,7 @@ impl RecordTracking {
                     self.header_seen = 0;
                     self.body_left =
                         usize::from(u16::from_be_bytes([self.header[3], self.header[4]]));
+                    self.record_begins(self.header[0]);
                 }
             }
         }
@@ -81,6 +142,10 @@ impl AsyncRead for RecordTracking {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
+        if let Claim::Waiting { filing, .. } = &self.secrets {
+            // rustls may derive the secrets from what this read brings.
+            filing.reading();
+        }
         ready!(Pin::new(&mut self.tcp).poll_read(cx, buf))?;
         let this = &mut *self;
         this.track(&buf.filled()[before..]);
@@ -94,6 +159,7 @@ impl AsyncWrite for RecordTracking {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.wrote();
         Pin::new(&mut self.tcp).poll_write(cx, buf)
     }
 
@@ -102,6 +168,7 @@ impl AsyncWrite for RecordTracking {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.wrote();
         Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
     }
 
@@ -178,14 +245,14 @@ impl ServerTls {
             }
             Self::Lost => false,
             Self::Rustls(tls) => {
-                let Some(limit) = can_leave_rustls(tls) else {
+                let Some((suite, limit)) = can_leave_rustls(tls) else {
                     return false;
                 };
                 let Self::Rustls(tls) = std::mem::replace(self, Self::Lost) else {
                     unreachable!("matched above")
                 };
                 let (io, conn) = (*tls).into_inner();
-                match RecordStream::from_rustls(io, conn, limit) {
+                match RecordStream::from_rustls(io, conn, suite, limit) {
                     Ok(records) => {
                         *self = Self::Records(Box::new(records));
                         true
@@ -200,41 +267,36 @@ impl ServerTls {
     }
 }
 
-/// The cipher suite's confidentiality limit, when rustls holds nothing of
-/// the connection but its keys.
-fn can_leave_rustls(tls: &mut RustlsStream) -> Option<u64> {
+/// The cipher suite and its confidentiality limit, when rustls holds
+/// nothing of the connection but its keys and the key log gave its secrets.
+fn can_leave_rustls(tls: &mut RustlsStream) -> Option<(Suite, u64)> {
     let (io, conn) = tls.get_mut();
-    if !io.at_record_boundary() || conn.is_handshaking() || conn.wants_write() {
+    if !io.at_record_boundary() || !io.has_secrets() || conn.is_handshaking() || conn.wants_write()
+    {
         return None;
     }
     if conn.protocol_version() != Some(rustls::ProtocolVersion::TLSv1_3) {
         return None;
     }
-    let limit = records::record_limit(conn.negotiated_cipher_suite()?)?;
+    let (suite, limit) = Suite::of(conn.negotiated_cipher_suite()?)?;
     // Decrypts whatever whole records rustls has, so the check sees them.
     let state = conn.process_new_packets().ok()?;
     let idle = state.plaintext_bytes_to_read() == 0
         && state.tls_bytes_to_write() == 0
         && !state.peer_has_closed();
-    idle.then_some(limit)
+    idle.then_some((suite, limit))
 }
 
-/// A TLS 1.3 connection carried by its traffic keys: one record read or
+/// A TLS 1.3 connection carried by its traffic secrets: one record read or
 /// written at a time, buffers held only while one is in flight.
 pub struct RecordStream {
     tcp: TcpStream,
-    rx: Direction,
-    tx: Direction,
-    /// Bytes read from the socket: `[..filled]`; records not yet opened
-    /// start at `start`; opened plaintext not yet handed out is `plain`.
-    incoming: Vec<u8>,
-    filled: usize,
-    start: usize,
-    plain: std::ops::Range<usize>,
+    inbound: Inbound,
+    outbound: Outbound,
     /// Sealed records not yet written: `outgoing[written..]`.
     outgoing: Vec<u8>,
     written: usize,
-    read_closed: bool,
+    /// close_notify or an error alert was sealed: nothing more is sent.
     close_sent: bool,
 }
 
@@ -242,46 +304,62 @@ impl RecordStream {
     fn from_rustls(
         io: RecordTracking,
         conn: rustls::ServerConnection,
+        suite: Suite,
         limit: u64,
     ) -> io::Result<Self> {
-        let secrets = conn.dangerous_extract_secrets().map_err(io::Error::other)?;
+        let mut io = io;
+        let Claim::Taken(generation_0) = std::mem::replace(&mut io.secrets, Claim::None) else {
+            return Err(io::Error::other("no traffic secrets from the key log"));
+        };
+        // A key update rustls owes the peer (its answer to one the peer
+        // asked for) waits outside its send queue until the next write, and
+        // would be lost with the session; an empty write queues it. It was
+        // sealed with the keys before the ones handed over, so it goes out
+        // first, now if the socket takes it.
+        let mut conn = conn;
+        let mut outgoing = Vec::new();
+        io::Write::write(&mut conn.writer(), &[])?;
+        while conn.wants_write() {
+            conn.write_tls(&mut outgoing)?;
+        }
+        let keys = conn.dangerous_extract_secrets().map_err(io::Error::other)?;
+        // rustls may have updated keys since the handshake; the secrets
+        // must lead to the keys it hands over, or they are not this
+        // connection's.
+        let mismatch =
+            || io::Error::other("the key log's secrets do not match the connection's keys");
+        let rx = Direction::resume(suite, &generation_0.client, keys.rx.0, &keys.rx.1)
+            .ok_or_else(mismatch)?;
+        let tx = Direction::resume(suite, &generation_0.server, keys.tx.0, &keys.tx.1)
+            .ok_or_else(mismatch)?;
+        let mut written = 0;
+        while written < outgoing.len() {
+            match io.tcp.try_write(&outgoing[written..]) {
+                Ok(n) if n > 0 => written += n,
+                _ => break,
+            }
+        }
+        if written == outgoing.len() {
+            (outgoing, written) = (Vec::new(), 0);
+        }
         Ok(Self {
             tcp: io.tcp,
-            // The limit is on what this side sends; received records are
-            // the peer's to count.
-            rx: Direction::new(secrets.rx.0, secrets.rx.1, u64::MAX)?,
-            tx: Direction::new(secrets.tx.0, secrets.tx.1, limit)?,
-            incoming: Vec::new(),
-            filled: 0,
-            start: 0,
-            plain: 0..0,
-            outgoing: Vec::new(),
-            written: 0,
-            read_closed: false,
+            inbound: Inbound::new(rx),
+            outbound: Outbound::new(tx, limit),
+            outgoing,
+            written,
             close_sent: io.write_shut,
         })
     }
 
     fn sleep(&mut self) {
-        self.rx.sleep();
-        self.tx.sleep();
-        self.release_incoming();
-    }
-
-    /// Drops the read buffer once everything in it was handed out (the
-    /// write buffer goes as soon as it is sent, in `poll_send_outgoing`).
-    fn release_incoming(&mut self) {
-        if self.plain.is_empty() && self.start == self.filled {
-            self.incoming = Vec::new();
-            (self.filled, self.start, self.plain) = (0, 0, 0..0);
-        }
+        self.inbound.sleep();
+        self.outbound.sleep();
     }
 
     /// Whether a read would make progress without the socket.
-    fn has_pending_read(&self) -> io::Result<bool> {
-        Ok(!self.plain.is_empty()
-            || self.read_closed
-            || records::record_len(&self.incoming[self.start..self.filled])?.is_some())
+    fn has_pending_read(&self) -> bool {
+        self.inbound.has_pending()
     }
 
     fn poll_send_outgoing(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -296,6 +374,21 @@ impl RecordStream {
         self.written = 0;
         Poll::Ready(Ok(()))
     }
+
+    /// Ends the connection on `e`: the alert it owes goes out before the
+    /// write side closes (as rustls, one attempt without waiting; a flush
+    /// or shutdown finishes it), and nothing is sent after it.
+    fn fail(&mut self, e: TlsError, cx: &mut Context<'_>) -> io::Error {
+        if let Some(alert) = e.alert
+            && !self.close_sent
+            && self.outbound.seal_alert(alert, &mut self.outgoing).is_ok()
+            && let Poll::Ready(Ok(())) = self.poll_send_outgoing(cx)
+        {
+            let _ = Pin::new(&mut self.tcp).poll_shutdown(cx);
+        }
+        self.close_sent = true;
+        e.into()
+    }
 }
 
 impl AsyncRead for RecordStream {
@@ -306,41 +399,34 @@ impl AsyncRead for RecordStream {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
-            if !this.plain.is_empty() {
-                let n = this.plain.len().min(buf.remaining());
-                buf.put_slice(&this.incoming[this.plain.start..this.plain.start + n]);
-                this.plain.start += n;
-                this.release_incoming();
+            let plain = this.inbound.plaintext();
+            if !plain.is_empty() {
+                let n = plain.len().min(buf.remaining());
+                buf.put_slice(&plain[..n]);
+                this.inbound.consume(n);
                 return Poll::Ready(Ok(()));
             }
-            if this.read_closed {
-                return Poll::Ready(Ok(()));
-            }
-            if let Some(len) = records::record_len(&this.incoming[this.start..this.filled])? {
-                let at = this.start;
-                this.start += len;
-                match this.rx.open(&mut this.incoming[at..at + len])? {
-                    Opened::Data(range) => this.plain = at + range.start..at + range.end,
-                    Opened::CloseNotify => this.read_closed = true,
+            match this.inbound.read() {
+                Ok(Read::Data) => continue,
+                Ok(Read::Closed) => return Poll::Ready(Ok(())),
+                Ok(Read::KeyUpdate { requested }) => {
+                    if requested {
+                        this.outbound.owe_key_update();
+                    }
+                    continue;
                 }
-                continue;
+                Ok(Read::More) => {}
+                Err(e) => return Poll::Ready(Err(this.fail(e, cx))),
             }
-            // Need more bytes: move the partial record to the front, and
-            // read at most one whole record's room. An idle connection's
-            // reads find nothing: the buffer waits for the socket to have
-            // something.
-            if this.incoming.is_empty() {
+            // Need more bytes. An idle connection's reads find nothing: the
+            // buffer waits for the socket to have something.
+            if !this.inbound.holds_buffer() {
                 ready!(this.tcp.poll_read_ready(cx))?;
-                this.incoming = vec![0; MAX_RECORD];
-            } else if this.start > 0 {
-                this.incoming.copy_within(this.start..this.filled, 0);
-                this.filled -= this.start;
-                this.start = 0;
             }
-            let mut read = ReadBuf::new(&mut this.incoming[this.filled..]);
+            let mut read = ReadBuf::new(this.inbound.space());
             match Pin::new(&mut this.tcp).poll_read(cx, &mut read) {
                 Poll::Pending => {
-                    this.release_incoming();
+                    this.inbound.release_if_idle();
                     return Poll::Pending;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -354,7 +440,7 @@ impl AsyncRead for RecordStream {
                             "peer closed the connection without sending TLS close_notify",
                         )));
                     }
-                    this.filled += n;
+                    this.inbound.filled(n);
                 }
             }
         }
@@ -369,7 +455,7 @@ impl AsyncWrite for RecordStream {
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         ready!(this.poll_send_outgoing(cx))?;
-        if this.close_sent {
+        if this.close_sent || this.inbound.is_failed() {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "TLS write side already closed",
@@ -379,11 +465,9 @@ impl AsyncWrite for RecordStream {
             return Poll::Ready(Ok(0));
         }
         let n = data.len().min(MAX_PLAINTEXT);
-        this.tx.seal(
-            records::CONTENT_APPLICATION_DATA,
-            &data[..n],
-            &mut this.outgoing,
-        )?;
+        if let Err(e) = this.outbound.seal_data(&data[..n], &mut this.outgoing) {
+            return Poll::Ready(Err(this.fail(e, cx)));
+        }
         // The record is ours to send now; start at once, finish on flush.
         if let Poll::Ready(Err(e)) = this.poll_send_outgoing(cx) {
             return Poll::Ready(Err(e));
@@ -401,8 +485,8 @@ impl AsyncWrite for RecordStream {
         ready!(this.poll_send_outgoing(cx))?;
         if !this.close_sent {
             this.close_sent = true;
-            this.tx
-                .seal(records::CONTENT_ALERT, &CLOSE_NOTIFY, &mut this.outgoing)?;
+            this.outbound
+                .seal_alert(records::ALERT_CLOSE_NOTIFY, &mut this.outgoing)?;
             ready!(this.poll_send_outgoing(cx))?;
         }
         Pin::new(&mut this.tcp).poll_shutdown(cx)
@@ -477,7 +561,7 @@ impl ReadReady for ServerTls {
         match self {
             Self::Rustls(tls) => tls.poll_read_ready(cx),
             Self::Records(r) => {
-                if r.has_pending_read()? {
+                if r.has_pending_read() {
                     return Poll::Ready(Ok(()));
                 }
                 r.tcp.poll_read_ready(cx)
@@ -504,5 +588,22 @@ impl ReadReady for ServerTls {
             Self::Records(r) => r.tcp.reset_on_close(),
             Self::Lost => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// What a hibernated connection keeps (docs/memory.md): the socket, a
+    /// traffic secret and sequence number per direction, the state of a
+    /// fragmented key update and the counters that bound empty records,
+    /// empty buffers.
+    #[test]
+    fn a_hibernated_stream_stays_small() {
+        let size = std::mem::size_of::<super::RecordStream>();
+        println!("RecordStream: {size} B");
+        assert!(
+            size <= 272,
+            "{size} B (280 before key updates were followed)"
+        );
     }
 }

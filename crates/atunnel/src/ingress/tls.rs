@@ -98,6 +98,7 @@ pub fn server_config(
     // Hibernation keeps an idle connection's traffic keys instead of its
     // rustls session (atunnel_tls::stream).
     cfg.enable_secret_extraction = true;
+    cfg.key_log = atunnel_tls::secrets::key_log();
     // Stateless resumption tickets (encrypted under a rotating key): the
     // default stateful ones keep every session, with the router's
     // certificate chain, in a 256-entry cache, about 550 KB once full.

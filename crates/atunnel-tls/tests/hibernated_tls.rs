@@ -1,0 +1,619 @@
+//! The hibernated TLS path against RFC 8446 sections 5 and 6 and against
+//! rustls itself: the same client traffic (key updates both ways included)
+//! gets the same bytes and the same end from a connection that stays with
+//! rustls and from one that hibernated; every error the peer causes is
+//! answered with the alert the RFC names before the write side closes, and
+//! the peer's own alerts end the connection unanswered.
+
+use std::io::{Read as _, Write as _};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use atunnel_tls::records::{self, Direction, Suite, TlsError};
+use atunnel_tls::secrets::Secret;
+use atunnel_tls::stream::{RecordTracking, ServerTls};
+use rand::{RngCore, SeedableRng};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+struct Pki {
+    cert: CertificateDer<'static>,
+    key: PrivateKeyDer<'static>,
+}
+
+fn pki() -> Pki {
+    let c = rcgen::generate_simple_self_signed(vec!["server.test".into()]).expect("cert");
+    Pki {
+        cert: c.cert.der().clone(),
+        key: PrivateKeyDer::Pkcs8(c.signing_key.serialize_der().into()),
+    }
+}
+
+/// A server offering ChaCha20-Poly1305 only, with a confidentiality limit
+/// of `limit` records so that the server's own key updates come soon.
+fn server_config(pki: &Pki, limit: u64) -> Arc<rustls::ServerConfig> {
+    let rustls::SupportedCipherSuite::Tls13(base) =
+        rustls::crypto::ring::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256
+    else {
+        unreachable!("a TLS 1.3 suite")
+    };
+    let suite: &'static rustls::Tls13CipherSuite = Box::leak(Box::new(rustls::Tls13CipherSuite {
+        common: rustls::CipherSuiteCommon {
+            confidentiality_limit: limit,
+            ..base.common
+        },
+        ..*base
+    }));
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites = vec![rustls::SupportedCipherSuite::Tls13(suite)];
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![pki.cert.clone()], pki.key.clone_key())
+        .expect("server cert");
+    cfg.enable_secret_extraction = true;
+    cfg.key_log = atunnel_tls::secrets::key_log();
+    Arc::new(cfg)
+}
+
+/// The client's own traffic secrets, to seal and open records by hand.
+#[derive(Debug, Default)]
+struct ClientLog(Mutex<Vec<(String, Vec<u8>)>>);
+
+impl rustls::KeyLog for ClientLog {
+    fn log(&self, label: &str, _: &[u8], secret: &[u8]) {
+        self.0
+            .lock()
+            .expect("log")
+            .push((label.to_string(), secret.to_vec()));
+    }
+}
+
+impl ClientLog {
+    fn secret(&self, label: &str) -> Secret {
+        let log = self.0.lock().expect("log");
+        let (_, s) = log.iter().find(|(l, _)| l == label).expect("logged");
+        Secret::new(s).expect("a TLS 1.3 secret")
+    }
+}
+
+fn client_config(pki: &Pki, log: Arc<ClientLog>) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.cert.clone()).expect("root");
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    cfg.enable_secret_extraction = true;
+    cfg.key_log = log;
+    Arc::new(cfg)
+}
+
+async fn accept(listener: &TcpListener, cfg: Arc<rustls::ServerConfig>) -> ServerTls {
+    let (tcp, _) = listener.accept().await.expect("accept");
+    let tls = tokio_rustls::TlsAcceptor::from(cfg)
+        .accept(RecordTracking::new(tcp))
+        .await
+        .expect("server handshake");
+    ServerTls::new(tls)
+}
+
+type Client = tokio_rustls::client::TlsStream<TcpStream>;
+
+async fn pair(limit: u64) -> (ServerTls, Client, Arc<ClientLog>) {
+    let pki = pki();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let log = Arc::new(ClientLog::default());
+    let connector = tokio_rustls::TlsConnector::from(client_config(&pki, log.clone()));
+    let server = accept(&listener, server_config(&pki, limit));
+    let client = async {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        connector
+            .connect(ServerName::try_from("server.test").expect("name"), tcp)
+            .await
+            .expect("client handshake")
+    };
+    let (server, client) = tokio::join!(server, client);
+    (server, client, log)
+}
+
+/// What one side read, in order, and how its reads ended.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Transcript {
+    server_got: Vec<u8>,
+    client_got: Vec<u8>,
+    ends: Vec<String>,
+    /// The client's sequence numbers at the end: equal only if both servers
+    /// updated their keys at the same records.
+    client_rx_seq: u64,
+    client_tx_seq: u64,
+}
+
+/// `to_server` from the client, `to_client` from the server written
+/// `chunk` bytes (one record) at a time, both at once.
+async fn exchange(
+    server: &mut ServerTls,
+    client: &mut Client,
+    to_server: &[u8],
+    to_client: &[u8],
+    chunk: usize,
+    t: &mut Transcript,
+) {
+    let (mut sr, mut sw) = tokio::io::split(server);
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let cwrite = async {
+        cw.write_all(to_server).await.expect("client write");
+        cw.flush().await.expect("client flush");
+    };
+    let swrite = async {
+        for part in to_client.chunks(chunk) {
+            sw.write_all(part).await.expect("server write");
+            sw.flush().await.expect("server flush");
+        }
+    };
+    let sread = async {
+        let mut got = vec![0u8; to_server.len()];
+        sr.read_exact(&mut got).await.expect("server read");
+        got
+    };
+    let cread = async {
+        let mut got = vec![0u8; to_client.len()];
+        cr.read_exact(&mut got).await.expect("client read");
+        got
+    };
+    let ((), (), s, c) = tokio::join!(cwrite, swrite, sread, cread);
+    t.server_got.extend_from_slice(&s);
+    t.client_got.extend_from_slice(&c);
+}
+
+/// One script of client and server traffic; `hibernate` puts the server
+/// down between every step.
+async fn script(hibernate: bool) -> Transcript {
+    let (mut server, mut client, _log) = pair(8).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let mut bytes = |n: usize| {
+        let mut v = vec![0u8; n];
+        rng.fill_bytes(&mut v);
+        v
+    };
+    let mut t = Transcript::default();
+    let sleep = |server: &mut ServerTls| {
+        if hibernate {
+            assert!(server.hibernate(), "an idle connection hibernates");
+        }
+    };
+    exchange(&mut server, &mut client, b"hello", b"world", 100, &mut t).await;
+    sleep(&mut server);
+    // The client updates its keys and asks the server to (4.6.3).
+    client.get_mut().1.refresh_traffic_keys().expect("update");
+    exchange(
+        &mut server,
+        &mut client,
+        &bytes(70_000),
+        &bytes(50_000),
+        16_384,
+        &mut t,
+    )
+    .await;
+    sleep(&mut server);
+    // Many small records: the server crosses its 8-record limit and
+    // updates its own keys, several times; the client answers each.
+    exchange(
+        &mut server,
+        &mut client,
+        &bytes(3_000),
+        &bytes(2_000),
+        50,
+        &mut t,
+    )
+    .await;
+    sleep(&mut server);
+    client.get_mut().1.refresh_traffic_keys().expect("update");
+    client.get_mut().1.refresh_traffic_keys().expect("update");
+    exchange(
+        &mut server,
+        &mut client,
+        &bytes(1),
+        &bytes(30_000),
+        1_000,
+        &mut t,
+    )
+    .await;
+    sleep(&mut server);
+    exchange(
+        &mut server,
+        &mut client,
+        &bytes(200),
+        &bytes(200),
+        7,
+        &mut t,
+    )
+    .await;
+    sleep(&mut server);
+    // The client closes its side; the server reads the end, answers, and
+    // closes too.
+    client.shutdown().await.expect("client close_notify");
+    let mut rest = Vec::new();
+    let end = server.read_to_end(&mut rest).await;
+    t.ends.push(format!(
+        "server: {:?} after {} bytes",
+        end.map(|_| ()),
+        rest.len()
+    ));
+    server
+        .write_all(b"bye")
+        .await
+        .expect("answer after half-close");
+    server.shutdown().await.expect("server close_notify");
+    let mut tail = Vec::new();
+    let end = client.read_to_end(&mut tail).await;
+    t.ends
+        .push(format!("client: {:?} {:?}", end.map(|_| ()), tail));
+    let (_, conn) = client.into_inner();
+    let secrets = conn.dangerous_extract_secrets().expect("client secrets");
+    (t.client_rx_seq, t.client_tx_seq) = (secrets.rx.0, secrets.tx.0);
+    t
+}
+
+#[tokio::test]
+async fn a_hibernated_connection_behaves_as_one_that_stays_with_rustls() {
+    let with_rustls = script(false).await;
+    let hibernated = script(true).await;
+    assert_eq!(
+        with_rustls.ends,
+        [
+            "server: Ok(()) after 0 bytes",
+            "client: Ok(()) [98, 121, 101]"
+        ]
+    );
+    assert!(
+        with_rustls == hibernated,
+        "the same traffic gave other results:\nwith rustls: ends {:?}, seqs {} {}\nhibernated: ends {:?}, seqs {} {}, bytes equal: {} {}",
+        with_rustls.ends,
+        with_rustls.client_rx_seq,
+        with_rustls.client_tx_seq,
+        hibernated.ends,
+        hibernated.client_rx_seq,
+        hibernated.client_tx_seq,
+        with_rustls.server_got == hibernated.server_got,
+        with_rustls.client_got == hibernated.client_got,
+    );
+}
+
+/// A client on a blocking socket that seals and opens records by hand with
+/// its own traffic secrets, to send what rustls never would.
+struct RawClient {
+    tcp: std::net::TcpStream,
+    tx: Direction,
+    rx: Direction,
+}
+
+async fn raw_pair() -> (ServerTls, RawClient) {
+    let pki = pki();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let log = Arc::new(ClientLog::default());
+    let client_cfg = client_config(&pki, log.clone());
+    let client = tokio::task::spawn_blocking(move || {
+        let mut tcp = std::net::TcpStream::connect(addr).expect("connect");
+        let name = ServerName::try_from("server.test").expect("name");
+        let mut conn = rustls::ClientConnection::new(client_cfg, name).expect("client");
+        while conn.is_handshaking() {
+            conn.complete_io(&mut tcp).expect("client handshake");
+        }
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        conn.writer().write_all(b"ping").expect("ping");
+        while conn.wants_write() {
+            conn.write_tls(&mut tcp).expect("send");
+        }
+        (tcp, conn)
+    });
+    // No session tickets: nothing of the server's is in flight toward the
+    // client when it takes its keys.
+    let mut cfg = Arc::unwrap_or_clone(server_config(&pki, u64::MAX));
+    cfg.send_tls13_tickets = 0;
+    let mut server = accept(&listener, Arc::new(cfg)).await;
+    let mut got = [0u8; 4];
+    server.read_exact(&mut got).await.expect("ping");
+    let (tcp, conn) = client.await.expect("client task");
+    let suite = Suite::of(conn.negotiated_cipher_suite().expect("suite"))
+        .expect("a suite ours")
+        .0;
+    let keys = conn.dangerous_extract_secrets().expect("client secrets");
+    let tx = Direction::resume(
+        suite,
+        &log.secret("CLIENT_TRAFFIC_SECRET_0"),
+        keys.tx.0,
+        &keys.tx.1,
+    )
+    .expect("client tx");
+    let rx = Direction::resume(
+        suite,
+        &log.secret("SERVER_TRAFFIC_SECRET_0"),
+        keys.rx.0,
+        &keys.rx.1,
+    )
+    .expect("client rx");
+    (server, RawClient { tcp, tx, rx })
+}
+
+impl RawClient {
+    fn send(&mut self, bytes: &[u8]) {
+        self.tcp.write_all(bytes).expect("send");
+    }
+
+    fn seal(&mut self, content_type: u8, content: &[u8], padding: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.tx
+            .seal_padded(content_type, content, padding, &mut out)
+            .expect("seal");
+        out
+    }
+
+    /// Every record the server sends until it closes, opened: (content
+    /// type, content).
+    fn records_until_closed(&mut self) -> Vec<(u8, Vec<u8>)> {
+        let mut bytes = Vec::new();
+        let _ = self.tcp.read_to_end(&mut bytes);
+        let mut records = Vec::new();
+        while let Ok(Some(len)) = records::record_len(&bytes) {
+            let mut record: Vec<u8> = bytes.drain(..len).collect();
+            let (t, range) = self.rx.open(&mut record).expect("a server record");
+            records.push((t, record[range].to_vec()));
+        }
+        assert!(bytes.is_empty(), "a partial record at the end: {bytes:?}");
+        records
+    }
+}
+
+/// What a server sent and why it ended, for `bytes` sent to it.
+async fn refused(
+    mut server: ServerTls,
+    client: &mut RawClient,
+    bytes: &[u8],
+) -> (Option<u8>, Vec<(u8, Vec<u8>)>) {
+    client.send(bytes);
+    let read = async {
+        loop {
+            match server.read(&mut [0u8; 64]).await {
+                Ok(0) => panic!("the server read an end, not an error"),
+                Ok(_) => continue,
+                Err(e) => break e,
+            }
+        }
+    };
+    let err = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("the server refuses the bytes within 10 s");
+    let alert = TlsError::of(&err).and_then(|e| e.alert);
+    drop(server);
+    (alert, client.records_until_closed())
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Case {
+    Altered,
+    KeyUpdateTooLong,
+    KeyUpdateBadRequest,
+    KeyUpdateNotLastInRecord,
+    OtherHandshakeMessage,
+    ProtectedChangeCipherSpec,
+    PlainChangeCipherSpec,
+    PlaintextOver2To14,
+    CiphertextOver2To14Plus256,
+    AllZeroPadding,
+    EmptyAlert,
+    EmptyHandshake,
+    UnknownRecordType,
+    DataInsideAFragmentedKeyUpdate,
+    MalformedAlert,
+    UnknownAlertLevel,
+    ThirtyThreeEmptyRecords,
+}
+
+impl Case {
+    fn bytes(self, c: &mut RawClient) -> Vec<u8> {
+        use records::*;
+        match self {
+            Case::Altered => {
+                let mut r = c.seal(CONTENT_APPLICATION_DATA, b"genuine", 0);
+                let last = r.len() - 1;
+                r[last] ^= 1;
+                r
+            }
+            Case::KeyUpdateTooLong => c.seal(CONTENT_HANDSHAKE, &[24, 0, 0, 2, 0, 0], 0),
+            Case::KeyUpdateBadRequest => c.seal(CONTENT_HANDSHAKE, &[24, 0, 0, 1, 2], 0),
+            Case::KeyUpdateNotLastInRecord => {
+                c.seal(CONTENT_HANDSHAKE, &[24, 0, 0, 1, 0, 24, 0], 0)
+            }
+            // A well-formed Finished: a server takes only KeyUpdate now.
+            Case::OtherHandshakeMessage => {
+                let mut finished = vec![20, 0, 0, 32];
+                finished.resize(4 + 32, 9);
+                c.seal(CONTENT_HANDSHAKE, &finished, 0)
+            }
+            Case::ProtectedChangeCipherSpec => c.seal(CONTENT_CHANGE_CIPHER_SPEC, &[1], 0),
+            Case::PlainChangeCipherSpec => vec![20, 3, 3, 0, 1, 1],
+            Case::PlaintextOver2To14 => c.seal(CONTENT_APPLICATION_DATA, &[b'x'; MAX_PLAINTEXT], 1),
+            Case::CiphertextOver2To14Plus256 => {
+                let len = MAX_PLAINTEXT + 257;
+                let mut r = vec![23, 3, 3, (len >> 8) as u8, len as u8];
+                r.resize(HEADER_LEN + len, 7);
+                r
+            }
+            Case::AllZeroPadding => c.seal(0, &[], 10),
+            Case::EmptyAlert => c.seal(CONTENT_ALERT, &[], 0),
+            Case::EmptyHandshake => c.seal(CONTENT_HANDSHAKE, &[], 0),
+            Case::UnknownRecordType => vec![
+                99, 3, 3, 0, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            ],
+            Case::DataInsideAFragmentedKeyUpdate => {
+                let mut r = c.seal(CONTENT_HANDSHAKE, &[24, 0], 0);
+                r.extend(c.seal(CONTENT_APPLICATION_DATA, b"x", 0));
+                r
+            }
+            Case::MalformedAlert => c.seal(CONTENT_ALERT, &[2, 40, 0], 0),
+            Case::UnknownAlertLevel => c.seal(CONTENT_ALERT, &[3, 40], 0),
+            Case::ThirtyThreeEmptyRecords => {
+                let mut r = Vec::new();
+                for _ in 0..33 {
+                    r.extend(c.seal(CONTENT_APPLICATION_DATA, &[], 0));
+                }
+                r
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_error_after_hibernation_is_answered_with_its_alert_before_the_close() {
+    use records::*;
+    let cases = [
+        (Case::Altered, ALERT_BAD_RECORD_MAC),
+        (Case::KeyUpdateTooLong, ALERT_DECODE_ERROR),
+        (Case::KeyUpdateBadRequest, ALERT_ILLEGAL_PARAMETER),
+        (Case::KeyUpdateNotLastInRecord, ALERT_UNEXPECTED_MESSAGE),
+        (Case::OtherHandshakeMessage, ALERT_UNEXPECTED_MESSAGE),
+        (Case::ProtectedChangeCipherSpec, ALERT_UNEXPECTED_MESSAGE),
+        (Case::PlainChangeCipherSpec, ALERT_UNEXPECTED_MESSAGE),
+        (Case::PlaintextOver2To14, ALERT_RECORD_OVERFLOW),
+        (Case::CiphertextOver2To14Plus256, ALERT_RECORD_OVERFLOW),
+        (Case::AllZeroPadding, ALERT_UNEXPECTED_MESSAGE),
+        (Case::EmptyAlert, ALERT_UNEXPECTED_MESSAGE),
+        (Case::EmptyHandshake, ALERT_UNEXPECTED_MESSAGE),
+        (Case::UnknownRecordType, ALERT_UNEXPECTED_MESSAGE),
+        (
+            Case::DataInsideAFragmentedKeyUpdate,
+            ALERT_UNEXPECTED_MESSAGE,
+        ),
+        (Case::MalformedAlert, ALERT_DECODE_ERROR),
+        (Case::UnknownAlertLevel, ALERT_ILLEGAL_PARAMETER),
+        (Case::ThirtyThreeEmptyRecords, ALERT_UNEXPECTED_MESSAGE),
+    ];
+    for (case, alert) in cases {
+        let (mut server, mut client) = raw_pair().await;
+        assert!(server.hibernate());
+        let bytes = case.bytes(&mut client);
+        let (sent, records) = refused(server, &mut client, &bytes).await;
+        assert_eq!(sent, Some(alert), "{case:?}");
+        assert_eq!(
+            records,
+            [(CONTENT_ALERT, vec![LEVEL_FATAL, alert])],
+            "{case:?}: one fatal alert, then the close"
+        );
+    }
+}
+
+/// The errors where rustls sends the same alert as the RFC asks: the
+/// connection that stays with rustls answers as the hibernated one does.
+#[tokio::test]
+async fn where_rustls_follows_the_rfc_it_answers_errors_with_the_same_alerts() {
+    use records::*;
+    let cases = [
+        (Case::Altered, ALERT_BAD_RECORD_MAC),
+        (Case::KeyUpdateTooLong, ALERT_DECODE_ERROR),
+        (Case::KeyUpdateBadRequest, ALERT_ILLEGAL_PARAMETER),
+        (Case::OtherHandshakeMessage, ALERT_UNEXPECTED_MESSAGE),
+        (Case::ProtectedChangeCipherSpec, ALERT_UNEXPECTED_MESSAGE),
+        (Case::PlainChangeCipherSpec, ALERT_UNEXPECTED_MESSAGE),
+        (Case::PlaintextOver2To14, ALERT_RECORD_OVERFLOW),
+        (Case::UnknownAlertLevel, ALERT_ILLEGAL_PARAMETER),
+    ];
+    for (case, alert) in cases {
+        let (server, mut client) = raw_pair().await;
+        let bytes = case.bytes(&mut client);
+        let (_, records) = refused(server, &mut client, &bytes).await;
+        assert_eq!(
+            records,
+            [(CONTENT_ALERT, vec![LEVEL_FATAL, alert])],
+            "{case:?}: rustls"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_peers_error_alert_ends_the_connection_unanswered_whatever_its_level() {
+    for level in [records::LEVEL_FATAL, records::LEVEL_WARNING] {
+        let (mut server, mut client) = raw_pair().await;
+        assert!(server.hibernate());
+        let bytes = client.seal(records::CONTENT_ALERT, &[level, 40], 0);
+        let (sent, records) = refused(server, &mut client, &bytes).await;
+        assert_eq!(sent, None, "level {level}");
+        assert!(records.is_empty(), "level {level}: {records:?}");
+    }
+}
+
+#[tokio::test]
+async fn legal_but_odd_traffic_after_hibernation_carries_on() {
+    use records::*;
+    let (mut server, mut client) = raw_pair().await;
+    assert!(server.hibernate());
+    let mut bytes = Vec::new();
+    // 32 empty records in a row (legal, 5.4; rustls's bound), a
+    // user_canceled warning, padding, and a key update split over three
+    // records, then data under the new key.
+    for _ in 0..32 {
+        bytes.extend(client.seal(CONTENT_APPLICATION_DATA, &[], 0));
+    }
+    bytes.extend(client.seal(CONTENT_APPLICATION_DATA, b"one ", 300));
+    bytes.extend(client.seal(CONTENT_ALERT, &[LEVEL_WARNING, ALERT_USER_CANCELED], 0));
+    bytes.extend(client.seal(CONTENT_HANDSHAKE, &[24], 0));
+    bytes.extend(client.seal(CONTENT_HANDSHAKE, &[0, 0, 1], 0));
+    bytes.extend(client.seal(CONTENT_HANDSHAKE, &[1], 0));
+    client.tx.next_generation();
+    bytes.extend(client.seal(CONTENT_APPLICATION_DATA, b"two", 0));
+    // Sent one byte at a time.
+    for b in &bytes {
+        client.send(std::slice::from_ref(b));
+    }
+    let mut got = [0u8; 7];
+    server.read_exact(&mut got).await.expect("read");
+    assert_eq!(&got, b"one two");
+    // The client asked for an update: the server's next record comes after
+    // a KeyUpdate of its own, under its next key.
+    server.write_all(b"three").await.expect("write");
+    server.flush().await.expect("flush");
+    // close_notify, then bytes that must be ignored.
+    let mut close = client.seal(CONTENT_ALERT, &CLOSE_NOTIFY, 0);
+    close.extend_from_slice(b"ignored after close_notify");
+    client.send(&close);
+    let mut rest = Vec::new();
+    server.read_to_end(&mut rest).await.expect("a clean end");
+    assert!(rest.is_empty());
+    server.shutdown().await.expect("close_notify");
+    let records = client.records_until_after_key_update();
+    assert_eq!(
+        records,
+        [
+            (CONTENT_HANDSHAKE, vec![24, 0, 0, 1, 0]),
+            (CONTENT_APPLICATION_DATA, b"three".to_vec()),
+            (CONTENT_ALERT, CLOSE_NOTIFY.to_vec()),
+        ]
+    );
+}
+
+impl RawClient {
+    /// As `records_until_closed`, following the server's key updates.
+    fn records_until_after_key_update(&mut self) -> Vec<(u8, Vec<u8>)> {
+        let mut bytes = Vec::new();
+        let _ = self.tcp.read_to_end(&mut bytes);
+        let mut records = Vec::new();
+        while let Ok(Some(len)) = records::record_len(&bytes) {
+            let mut record: Vec<u8> = bytes.drain(..len).collect();
+            let (t, range) = self.rx.open(&mut record).expect("a server record");
+            let content = record[range].to_vec();
+            if t == records::CONTENT_HANDSHAKE && content.first() == Some(&24) {
+                self.rx.next_generation();
+            }
+            records.push((t, content));
+        }
+        records
+    }
+}
