@@ -1654,3 +1654,44 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// `cgroup.procs`: one pid a line; anything else is refused naming
+        /// the file and the line.
+        #[test]
+        fn cgroup_procs_read_back_every_pid_or_refuse_the_bad_line(
+            pids in prop::collection::vec(any::<u32>(), 0..10),
+            bad in prop::option::of((any::<prop::sample::Index>(), "[ -~]{1,12}")),
+        ) {
+            let mut lines: Vec<String> = pids.iter().map(|p| format!(" {p}\t")).collect();
+            if let Some((at, junk)) = &bad {
+                lines.insert(at.index(lines.len() + 1), junk.clone());
+            }
+            let text = lines.join("\n");
+            let path = Path::new("/sys/fs/cgroup/x/cgroup.procs");
+            match parse_pids(path, &text) {
+                Ok(got) => {
+                    let want: Vec<u32> = text.lines().filter_map(|l| {
+                        let l = l.trim();
+                        (!l.is_empty()).then(|| l.parse().expect("only pids parse"))
+                    }).collect();
+                    prop_assert_eq!(got, want);
+                }
+                Err(e) => {
+                    let (_, junk) = bad.expect("only a junk line is refused");
+                    prop_assert!(junk.trim().parse::<u32>().is_err());
+                    let (text, quoted) = (e.to_string(), format!("{:?}", junk.trim()));
+                    prop_assert!(text.contains("cgroup.procs") && text.contains(&quoted), "{}", text);
+                }
+            }
+        }
+    }
+}

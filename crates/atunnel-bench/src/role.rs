@@ -219,7 +219,17 @@ pub fn process_cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };
-    // Fields after the command name, which may contain spaces.
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    cpu_ticks(&stat) / hz
+}
+
+/// utime + stime of a `/proc/<pid>/stat` line, in clock ticks; 0 for what
+/// is not such a line.
+fn cpu_ticks(stat: &str) -> f64 {
+    // Fields after the command name, which may contain spaces and ')'.
     let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
         return 0.0;
     };
@@ -231,9 +241,48 @@ pub fn process_cpu_seconds(pid: u32) -> f64 {
             .unwrap_or(0.0)
     };
     // utime and stime are fields 14 and 15 of the whole line: 11 and 12 here.
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    (ticks(11) + ticks(12)) / hz
+    ticks(11) + ticks(12)
+}
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A `/proc/<pid>/stat` line (proc(5)) for a command named `comm`.
+    fn stat_line(pid: u32, comm: &str, utime: u64, stime: u64) -> String {
+        format!(
+            "{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 1234 0 0 0 {utime} {stime} 0 0 20 0 4 0 \
+             5678 123456789 2345 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n"
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// A process may name itself anything (spaces, parentheses,
+        /// digits): the times are still the 14th and 15th fields.
+        #[test]
+        fn cpu_ticks_are_found_whatever_the_command_name(
+            pid in any::<u32>(),
+            comm in "[ -~]{0,15}",
+            utime in 0u64..1 << 40,
+            stime in 0u64..1 << 40,
+        ) {
+            let got = cpu_ticks(&stat_line(pid, &comm, utime, stime));
+            prop_assert_eq!(got, (utime + stime) as f64);
+        }
+
+        #[test]
+        fn any_text_gives_a_number_and_no_panic(text in "\\PC{0,200}") {
+            let _ = cpu_ticks(&text);
+        }
+    }
+
+    #[test]
+    fn a_line_without_a_command_name_is_zero() {
+        assert_eq!(cpu_ticks(""), 0.0);
+        assert_eq!(cpu_ticks("1 sh S 1 1 1 0 -1 0 0 0 0 0 7 8"), 0.0);
+    }
 }

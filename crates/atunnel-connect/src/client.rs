@@ -812,8 +812,8 @@ impl Drop for RetireIfUnanswered<'_> {
 
 /// Up to `limit` bytes of a refusal's body, or what arrived within `wait`.
 /// The body is best effort: the status is the answer.
-async fn read_refusal_body_h1(
-    tls: &mut TlsStream<TcpStream>,
+async fn read_refusal_body_h1<R: tokio::io::AsyncRead + Unpin>(
+    tls: &mut R,
     limit: usize,
     wait: Duration,
 ) -> Vec<u8> {
@@ -846,4 +846,128 @@ async fn read_refusal_body_h2(body: &mut h2::RecvStream, wait: Duration) -> Stri
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod refusal_body_fuzz {
+    //! The refusal-body readers against arbitrary bodies in arbitrary
+    //! chunks: never more than the limit, and within their wait.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[allow(dead_code)]
+    mod chunked {
+        include!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/support/chunked.rs"
+        ));
+    }
+    use chunked::{Chunked, run_bounded};
+
+    const GUARD: Duration = Duration::from_secs(10);
+    /// The readers' own wait for a body that stalls: the case ends with it.
+    const WAIT_STALLED: Duration = Duration::from_millis(50);
+    /// The wait for a body that ends: never reached, so a busy host cannot
+    /// cut such a body short.
+    const WAIT_ENDED: Duration = Duration::from_secs(5);
+
+    /// The gateway's side of one refused h2 CONNECT: the body goes in
+    /// `chunks`, then the stream ends, or is left open if `stall`.
+    async fn h2_refusal(chunks: Vec<Vec<u8>>, stall: bool) -> String {
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let server = tokio::spawn(async move {
+            let mut conn = h2::server::handshake(server_io)
+                .await
+                .expect("server handshake");
+            let (_request, mut respond) = conn.accept().await.expect("a request").expect("ok");
+            let response = http::Response::builder()
+                .status(403)
+                .body(())
+                .expect("response");
+            let mut send = respond
+                .send_response(response, false)
+                .expect("send response");
+            for chunk in chunks {
+                send.send_data(Bytes::from(chunk), false)
+                    .expect("send data");
+            }
+            if !stall {
+                send.send_data(Bytes::new(), true).expect("end stream");
+            }
+            // Serve the connection until the client is done with it.
+            while let Some(Ok(_)) = conn.accept().await {}
+            drop(send);
+        });
+        let (mut send, conn) = h2::client::handshake(client_io)
+            .await
+            .expect("client handshake");
+        let driver = tokio::spawn(conn);
+        let request = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri("192.0.2.1:443")
+            .body(())
+            .expect("request");
+        let (response, _stream) = send.send_request(request, false).expect("send request");
+        let response = response.await.expect("response");
+        let mut body = response.into_body();
+        let wait = if stall { WAIT_STALLED } else { WAIT_ENDED };
+        let text = read_refusal_body_h2(&mut body, wait).await;
+        drop((body, _stream, send));
+        driver.abort();
+        server.abort();
+        text
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn an_h1_refusal_body_is_read_up_to_its_limit_and_no_further(
+            body in prop::collection::vec(any::<u8>(), 0..6000),
+            content_length in prop::option::of(any::<usize>()),
+            sizes in prop::collection::vec(1usize..2048, 0..6),
+            stall in any::<bool>(),
+        ) {
+            // As `open_h1` sizes it: the claimed length, at most the limit.
+            let limit = content_length.unwrap_or(MAX_REFUSAL_BODY).min(MAX_REFUSAL_BODY);
+            let mut peer = Chunked::new(body.clone(), sizes);
+            if stall {
+                peer = peer.stalling();
+            }
+            let wait = if stall { WAIT_STALLED } else { WAIT_ENDED };
+            let got = run_bounded(GUARD, read_refusal_body_h1(&mut peer, limit, wait));
+            let want = body.len().min(limit);
+            if stall {
+                // Returned within the guard, with what had come by the wait.
+                prop_assert!(got.len() <= want);
+            } else {
+                prop_assert_eq!(got.len(), want);
+            }
+            prop_assert_eq!(&got[..], &body[..got.len()]);
+            prop_assert_eq!(peer.consumed(), got.len());
+            prop_assert!(peer.largest_offer() <= MAX_REFUSAL_BODY);
+        }
+
+        #[test]
+        fn an_h2_refusal_body_is_kept_up_to_the_limit_whatever_its_frames(
+            chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..2500), 0..5),
+            stall in any::<bool>(),
+        ) {
+            let mut chunks = chunks;
+            if stall {
+                // ASCII, so what came by the wait is a prefix of the text.
+                chunks.iter_mut().flatten().for_each(|b| *b = *b % 95 + 32);
+            }
+            let body: Vec<u8> = chunks.concat();
+            let got = run_bounded(GUARD, h2_refusal(chunks, stall));
+            let want = String::from_utf8_lossy(&body[..body.len().min(MAX_REFUSAL_BODY)]).into_owned();
+            if stall {
+                prop_assert!(want.starts_with(&got), "{} bytes not a prefix", got.len());
+            } else {
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
 }

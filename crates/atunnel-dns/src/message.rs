@@ -29,3 +29,46 @@ mod tests {
         assert!(!answers(&q, &q[..11]));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Any two byte strings: no panic, and a match only for a full
+        /// header carrying the query's ID.
+        #[test]
+        fn an_answer_matches_only_with_a_header_and_the_query_id(
+            query in prop::collection::vec(any::<u8>(), 0..20),
+            answer in prop::collection::vec(any::<u8>(), 0..20),
+            same_id in any::<bool>(),
+        ) {
+            let mut answer = answer;
+            if same_id && query.len() >= 2 && answer.len() >= 2 {
+                answer[..2].copy_from_slice(&query[..2]);
+            }
+            let want = answer.len() >= 12 && query.len() >= 2 && answer[..2] == query[..2];
+            prop_assert_eq!(answers(&query, &answer), want);
+        }
+
+        /// Near-valid: the answer is the query with its flags and body
+        /// changed (always a match) and then its ID changed (never one).
+        #[test]
+        fn only_the_id_and_length_decide(
+            query in prop::collection::vec(any::<u8>(), 12..64),
+            body in prop::collection::vec(any::<u8>(), 10..64),
+            flip in 1u16..=u16::MAX,
+        ) {
+            let mut answer = query[..2].to_vec();
+            answer.extend_from_slice(&body);
+            prop_assert!(answers(&query, &answer));
+            let id = u16::from_be_bytes([answer[0], answer[1]]) ^ flip;
+            answer[..2].copy_from_slice(&id.to_be_bytes());
+            prop_assert!(!answers(&query, &answer));
+        }
+    }
+}

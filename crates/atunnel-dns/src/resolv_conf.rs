@@ -65,3 +65,111 @@ fn parse(text: &str, path: &Path) -> Vec<SocketAddr> {
     }
     resolvers
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// One line of a generated file, and the resolver it must yield.
+    #[derive(Clone, Debug)]
+    enum Line {
+        Nameserver(IpAddr, String, String, String),
+        Other(String),
+    }
+
+    fn blank() -> impl Strategy<Value = String> {
+        "[ \t]{0,3}"
+    }
+
+    fn line() -> impl Strategy<Value = Line> {
+        prop_oneof![
+            (
+                any::<IpAddr>(),
+                prop::option::of("[a-z0-9]{1,8}"),
+                blank(),
+                prop_oneof![
+                    Just(String::new()),
+                    "[ \t]+[#;][ -~]{0,10}",
+                    "[#;][ -~]{0,10}"
+                ],
+            )
+                .prop_map(|(ip, scope, lead, comment)| {
+                    let scope = match (ip, scope) {
+                        (IpAddr::V6(_), Some(scope)) => format!("%{scope}"),
+                        _ => String::new(),
+                    };
+                    Line::Nameserver(ip, lead, scope, comment)
+                }),
+            prop_oneof![
+                "[#;][ -~]{0,30}",
+                "(search|domain|options) [ -~]{0,30}",
+                "[ -~]{0,30}",
+                "nameserver[ \t]*",
+                "nameserver [^0-9a-fA-F:. \t#;\n\r]{1,10}",
+            ]
+            .prop_map(Line::Other),
+        ]
+    }
+
+    fn render(lines: &[Line]) -> (String, Vec<SocketAddr>) {
+        let mut text = String::new();
+        let mut want = Vec::new();
+        for l in lines {
+            match l {
+                Line::Nameserver(ip, lead, scope, comment) => {
+                    text.push_str(&format!("{lead}nameserver {ip}{scope}{comment}\n"));
+                    want.push(SocketAddr::new(*ip, 53));
+                }
+                Line::Other(other) => {
+                    // A generated "other" line must not itself be a
+                    // nameserver line with an address.
+                    let words: Vec<&str> = other
+                        .split(['#', ';'])
+                        .next()
+                        .unwrap_or("")
+                        .split_whitespace()
+                        .collect();
+                    if words.first() == Some(&"nameserver")
+                        && words.get(1).is_some_and(|w| {
+                            w.split('%')
+                                .next()
+                                .is_some_and(|a| a.parse::<IpAddr>().is_ok())
+                        })
+                    {
+                        continue;
+                    }
+                    text.push_str(other);
+                    text.push('\n');
+                }
+            }
+        }
+        (text, want)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn arbitrary_text_never_panics_and_yields_only_port_53(text in "\\PC{0,200}") {
+            for resolver in parse(&text, Path::new("fuzz.conf")) {
+                prop_assert_eq!(resolver.port(), 53);
+                prop_assert!(text.contains("nameserver"));
+            }
+        }
+
+        #[test]
+        fn every_nameserver_line_is_found_in_order_and_nothing_else(
+            lines in prop::collection::vec(line(), 0..12),
+        ) {
+            let (text, want) = render(&lines);
+            prop_assert_eq!(parse(&text, Path::new("fuzz.conf")), want);
+            // CRLF files read the same.
+            prop_assert_eq!(
+                parse(&text.replace('\n', "\r\n"), Path::new("fuzz.conf")),
+                parse(&text, Path::new("fuzz.conf"))
+            );
+        }
+    }
+}

@@ -34,13 +34,30 @@ async fn read_frame<R: AsyncRead + Unpin>(stream: &mut R) -> io::Result<Frame> {
     if usize::from(len) < HEADER_LEN {
         return Ok(Frame::BadLength(len));
     }
-    let mut message = vec![0u8; usize::from(len)];
-    match stream.read_exact(&mut message).await {
-        Ok(_) => Ok(Frame::Message(message)),
-        Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => Ok(Frame::Eof),
-        Err(error) => Err(error),
+    // Grown as bytes arrive, never sized by the prefix alone: a client that
+    // claims 65,535 bytes and sends a few would otherwise hold 64 KiB per
+    // connection until the idle timeout. The room doubles with what has
+    // arrived, so the buffer stays within twice the bytes received (or
+    // FIRST_READ), and `take` keeps the next frame's bytes in the stream.
+    let len = usize::from(len);
+    let mut message = Vec::new();
+    while message.len() < len {
+        let remaining = len - message.len();
+        message.reserve_exact(message.len().max(FIRST_READ).min(remaining));
+        let read = (&mut *stream)
+            .take(remaining as u64)
+            .read_buf(&mut message)
+            .await?;
+        if read == 0 {
+            return Ok(Frame::Eof);
+        }
     }
+    Ok(Frame::Message(message))
 }
+
+/// The first read's room for a message: a classic (non-EDNS) UDP-sized
+/// message, which most queries fit in one go.
+const FIRST_READ: usize = 512;
 
 /// Writes `message` with its length prefix in one write, so it leaves in one
 /// segment where possible.
@@ -192,5 +209,180 @@ async fn exchange(
                 )));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    //! Length-prefixed framing against arbitrary and near-valid streams, in
+    //! arbitrary chunks.
+
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[allow(dead_code)]
+    mod chunked {
+        include!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/support/chunked.rs"
+        ));
+    }
+    use chunked::{Chunked, run_bounded};
+
+    const GUARD: Duration = Duration::from_secs(10);
+
+    #[derive(Debug, PartialEq, Eq)]
+    enum Read {
+        Message(Vec<u8>),
+        Eof,
+        BadLength(u16),
+    }
+
+    /// Reads frames until one is not a message, as `serve_connection` does.
+    async fn read_all(peer: &mut Chunked) -> Vec<Read> {
+        let mut out = Vec::new();
+        loop {
+            let last = match read_frame(peer)
+                .await
+                .expect("an in-memory read cannot fail")
+            {
+                Frame::Message(m) => {
+                    out.push(Read::Message(m));
+                    continue;
+                }
+                Frame::Eof => Read::Eof,
+                Frame::BadLength(len) => Read::BadLength(len),
+            };
+            out.push(last);
+            return out;
+        }
+    }
+
+    /// The frames RFC 1035 4.2.2 (and the relay's header rule) say `input`
+    /// holds, then EOF: written independently of `read_frame`.
+    fn expected(mut input: &[u8]) -> Vec<Read> {
+        let mut out = Vec::new();
+        loop {
+            let [hi, lo, rest @ ..] = input else {
+                out.push(Read::Eof);
+                return out;
+            };
+            let len = u16::from_be_bytes([*hi, *lo]);
+            if usize::from(len) < 12 {
+                out.push(Read::BadLength(len));
+                return out;
+            }
+            if rest.len() < usize::from(len) {
+                out.push(Read::Eof);
+                return out;
+            }
+            out.push(Read::Message(rest[..usize::from(len)].to_vec()));
+            input = &rest[usize::from(len)..];
+        }
+    }
+
+    fn framed(messages: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for m in messages {
+            out.extend_from_slice(&(m.len() as u16).to_be_bytes());
+            out.extend_from_slice(m);
+        }
+        out
+    }
+
+    fn message() -> impl Strategy<Value = Vec<u8>> {
+        prop::collection::vec(any::<u8>(), 12..300)
+    }
+
+    fn sizes() -> impl Strategy<Value = Vec<usize>> {
+        prop::collection::vec(1usize..128, 0..8)
+    }
+
+    /// How much room a buffer for `received` bytes may have.
+    fn allowed_room(received: usize) -> usize {
+        (2 * received).max(FIRST_READ)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn arbitrary_bytes_frame_as_the_rfc_says(
+            input in prop::collection::vec(any::<u8>(), 0..200),
+            sizes in sizes(),
+        ) {
+            let mut peer = Chunked::new(input.clone(), sizes);
+            let got = run_bounded(GUARD, read_all(&mut peer));
+            prop_assert_eq!(got, expected(&input));
+            prop_assert!(peer.largest_offer() <= allowed_room(input.len()));
+        }
+
+        #[test]
+        fn pipelined_queries_read_the_same_in_any_chunks_and_a_cut_one_is_eof(
+            messages in prop::collection::vec(message(), 1..5),
+            cut in prop::option::of(any::<prop::sample::Index>()),
+            sizes in sizes(),
+        ) {
+            let mut input = framed(&messages);
+            if let Some(cut) = cut {
+                input.truncate(cut.index(input.len()));
+            }
+            let whole = run_bounded(GUARD, read_all(&mut Chunked::new(input.clone(), vec![])));
+            let mut peer = Chunked::new(input.clone(), sizes);
+            let split = run_bounded(GUARD, read_all(&mut peer));
+            prop_assert_eq!(&split, &whole);
+            prop_assert_eq!(split, expected(&input));
+            prop_assert_eq!(peer.consumed(), input.len());
+        }
+
+        #[test]
+        fn a_claimed_length_sizes_nothing_beyond_what_arrived(
+            claimed in 12u16..=u16::MAX,
+            sent in 0usize..2000,
+            sizes in sizes(),
+        ) {
+            let mut input = claimed.to_be_bytes().to_vec();
+            input.extend(std::iter::repeat_n(0x5a, sent.min(usize::from(claimed))));
+            let mut peer = Chunked::new(input.clone(), sizes);
+            let got = run_bounded(GUARD, read_all(&mut peer));
+            prop_assert_eq!(got, expected(&input));
+            prop_assert!(
+                peer.largest_offer() <= allowed_room(input.len()),
+                "offered {} bytes of room for {} received", peer.largest_offer(), input.len()
+            );
+        }
+
+        #[test]
+        fn written_frames_read_back(messages in prop::collection::vec(message(), 1..4)) {
+            let mut wire = Vec::new();
+            run_bounded(GUARD, async {
+                for m in &messages {
+                    write_frame(&mut wire, m).await.expect("write to a Vec");
+                }
+            });
+            prop_assert_eq!(&wire, &framed(&messages));
+            let got = run_bounded(GUARD, read_all(&mut Chunked::new(wire, vec![])));
+            let mut want: Vec<Read> = messages.into_iter().map(Read::Message).collect();
+            want.push(Read::Eof);
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn the_largest_message_reads_back_and_a_larger_one_is_not_written() {
+        let largest = vec![7u8; usize::from(u16::MAX)];
+        let mut wire = Vec::new();
+        run_bounded(GUARD, write_frame(&mut wire, &largest)).expect("65535 bytes fit");
+        let got = run_bounded(
+            GUARD,
+            read_all(&mut Chunked::new(wire, vec![1000, 1, 7000])),
+        );
+        assert_eq!(got, vec![Read::Message(largest), Read::Eof]);
+        let error = run_bounded(GUARD, write_frame(&mut Vec::new(), &[0; 65_536]))
+            .expect_err("65536 bytes do not fit a length prefix");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
     }
 }

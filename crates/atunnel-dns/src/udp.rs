@@ -25,16 +25,19 @@ impl DnsRelay {
     /// Serves DNS over UDP on `socket` (created by the caller, typically in
     /// the sandbox's namespace) until `cancel` fires.
     ///
-    /// Each datagram of at least a DNS header is forwarded in its own task;
-    /// shorter ones, and those beyond the in-flight limit, are dropped and
-    /// counted. An answer goes back to the address the query came from; if no
-    /// upstream answers, nothing is sent and the client retries. On cancel,
-    /// stops reading, waits for the queries already being forwarded, and
-    /// returns with the socket closed.
+    /// Each datagram of at least a DNS header and at most 4096 bytes is
+    /// forwarded in its own task; shorter and longer ones, and those beyond
+    /// the in-flight limit, are dropped and counted. An answer goes back to
+    /// the address the query came from; if no upstream answers, nothing is
+    /// sent and the client retries. On cancel, stops reading, waits for the
+    /// queries already being forwarded, and returns with the socket closed.
     pub async fn serve_udp(&self, socket: UdpSocket, cancel: CancellationToken) {
         let socket = Arc::new(socket);
         let tracker = TaskTracker::new();
-        let mut buf = vec![0u8; MAX_QUERY_LEN];
+        // One byte more than a query may have, so a longer datagram (which
+        // the kernel cuts to the buffer) is seen and dropped rather than
+        // forwarded cut short.
+        let mut buf = vec![0u8; MAX_QUERY_LEN + 1];
         loop {
             let received = tokio::select! {
                 // Cancel first, so a flood of datagrams cannot delay shutdown.
@@ -52,7 +55,7 @@ impl DnsRelay {
                 }
             };
             self.counters().udp_query();
-            if len < HEADER_LEN {
+            if !(HEADER_LEN..=MAX_QUERY_LEN).contains(&len) {
                 self.counters().dropped();
                 continue;
             }

@@ -596,3 +596,66 @@ mod tests {
         ));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn valid_name(s: &str) -> bool {
+        (1..=MAX_NAME_LEN).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    }
+
+    fn part() -> impl Strategy<Value = String> {
+        prop_oneof![
+            6 => "[a-z0-9.-]{1,10}",
+            1 => "[a-zA-Z0-9/%_ -]{0,10}",
+            1 => "[a-z0-9_.-]{1,10}",
+            1 => Just("actor".to_owned()),
+            1 => Just("b".repeat(254)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// A URI SAN parses as an actor exactly when it is the actor form
+        /// with two valid names, and then formats back to itself.
+        #[test]
+        fn an_actor_spiffe_id_parses_exactly_when_it_is_the_actor_form(
+            uri in prop_oneof![
+                (part(), part()).prop_map(|(a, n)| actor_spiffe_id(&a, &n)),
+                (part(), part(), part()).prop_map(|(a, k, n)| {
+                    format!("spiffe://{ACTOR_TRUST_DOMAIN}/atespace/{a}/{k}/{n}")
+                }),
+                (part(), part()).prop_map(|(a, n)| format!("{}/x", actor_spiffe_id(&a, &n))),
+                "\\PC{0,60}",
+                "spiffe://[a-z.-]{0,24}/atespace/[a-z]{1,3}/actor/[a-z]{1,3}",
+            ],
+        ) {
+            let parts: Option<Vec<&str>> = uri
+                .strip_prefix("spiffe://substrate-actor.local/atespace/")
+                .map(|p| p.split('/').collect());
+            let want = match parts.as_deref() {
+                Some([a, "actor", n]) if valid_name(a) && valid_name(n) => {
+                    Some((a.to_string(), n.to_string()))
+                }
+                _ => None,
+            };
+            match parse_actor_spiffe_id(&uri) {
+                Ok((a, n)) => {
+                    prop_assert_eq!(actor_spiffe_id(&a, &n), uri.clone());
+                    prop_assert_eq!(Some((a, n)), want);
+                }
+                Err(e) => {
+                    prop_assert_eq!(want, None);
+                    let is_named = matches!(&e, IdentityError::NotActorSpiffeId { uri: u, .. } if *u == uri);
+                    prop_assert!(is_named, "{:?}", e);
+                }
+            }
+        }
+    }
+}

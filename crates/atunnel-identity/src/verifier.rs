@@ -790,3 +790,66 @@ mod tests {
         ));
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::pki::{CertificateAuthority, ROUTER_SPIFFE_ID, Usage};
+
+    /// A router leaf, made once.
+    fn router_leaf() -> &'static [u8] {
+        static LEAF: OnceLock<Vec<u8>> = OnceLock::new();
+        LEAF.get_or_init(|| {
+            let ca = CertificateAuthority::new("pod ca").expect("ca");
+            let issued = ca
+                .issue(
+                    Some(ROUTER_SPIFFE_ID),
+                    &[],
+                    &[],
+                    Usage::ServerAndClient,
+                    Duration::from_secs(3600),
+                )
+                .expect("router cert");
+            issued.chain[0].to_vec()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// A peer's leaf with bytes changed, inserted, removed or cut: the
+        /// SPIFFE ID check never panics and passes only a leaf that still
+        /// parses and still carries the allowed URI SAN.
+        #[test]
+        fn a_mutated_leaf_passes_the_spiffe_id_check_only_with_the_allowed_id(
+            edits in prop::collection::vec((any::<usize>(), any::<u8>(), 0u8..4), 1..4),
+            arbitrary in prop::option::of(prop::collection::vec(any::<u8>(), 0..400)),
+        ) {
+            let mut der = router_leaf().to_vec();
+            for (at, byte, op) in edits {
+                let len = der.len();
+                match op {
+                    0 if len > 0 => der[at % len] = byte,
+                    1 => der.insert(at % (len + 1), byte),
+                    2 if len > 0 => {
+                        der.remove(at % len);
+                    }
+                    _ => der.truncate(at % (len + 1)),
+                }
+            }
+            let der = CertificateDer::from(arbitrary.unwrap_or(der));
+            if check_spiffe_id(&der, ROUTER_SPIFFE_ID).is_ok() {
+                let (_, cert) = X509Certificate::from_der(&der).expect("a passing leaf parses");
+                let san = cert.subject_alternative_name().expect("its SAN parses").expect("it has one");
+                let has_id = san.value.general_names.iter().any(|n| matches!(n, GeneralName::URI(u) if *u == ROUTER_SPIFFE_ID));
+                prop_assert!(has_id);
+            }
+            let _ = check_leaf_validity(&der, UnixTime::now());
+        }
+    }
+}

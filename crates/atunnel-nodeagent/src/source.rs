@@ -389,3 +389,90 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! The agent's answers, as bytes off the wire and as statuses.
+
+    use std::io;
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+    use prost::Message;
+
+    use super::*;
+
+    const SOCKET: &str = "/run/atelet/ateom.sock";
+
+    fn actor() -> ActorRef {
+        ActorRef::new("team-a", "agent-1", "uid-1").expect("valid actor")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Any response body: decoding never holds more certificate bytes
+        /// than arrived, and the chain is refused only when empty.
+        #[test]
+        fn any_response_bytes_decode_to_at_most_their_own_size(
+            bytes in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..200),
+                // Near-valid: field 1 (length-delimited) entries, lengths
+                // claimed beyond what follows.
+                prop::collection::vec((0u8..=0x7f, prop::collection::vec(any::<u8>(), 0..20)), 0..6)
+                    .prop_map(|entries| {
+                        entries.into_iter().flat_map(|(len, body)| {
+                            [vec![0x0a, len], body].concat()
+                        }).collect()
+                    }),
+            ],
+        ) {
+            let Ok(response) = MintActorCertificateResponse::decode(&bytes[..]) else {
+                return Ok(());
+            };
+            let held: usize = response.certificate_chain.iter().map(Vec::len).sum();
+            prop_assert!(held <= bytes.len());
+            let entries = response.certificate_chain.len();
+            // Encoding is canonical for this message: decode(encode(x)) == x.
+            let again = MintActorCertificateResponse::decode(&response.encode_to_vec()[..])
+                .expect("re-encoded response decodes");
+            prop_assert_eq!(&again, &response);
+            match chain_from_response(Path::new(SOCKET), response) {
+                Ok(chain) => {
+                    prop_assert!(entries > 0);
+                    prop_assert_eq!(chain.len(), entries);
+                }
+                Err(e) => {
+                    prop_assert_eq!(entries, 0);
+                    prop_assert!(matches!(e, MintError::BadCertificate(_)));
+                }
+            }
+        }
+
+        /// Any status the agent (or the transport) can produce: only the
+        /// agent's own Aborted, FailedPrecondition and PermissionDenied are
+        /// terminal, and every error names the socket.
+        #[test]
+        fn any_status_maps_to_a_refusal_only_for_the_three_terminal_codes(
+            code in prop_oneof![0i32..=16, any::<i32>()],
+            message in "\\PC{0,40}",
+            source in prop::option::of("\\PC{0,20}"),
+        ) {
+            let mut status = Status::new(Code::from(code), message.clone());
+            if let Some(source) = &source {
+                status.set_source(Arc::new(io::Error::other(source.clone())));
+            }
+            let error = status_to_error(Path::new(SOCKET), &actor(), &status);
+            let terminal_code = matches!(
+                status.code(),
+                Code::Aborted | Code::FailedPrecondition | Code::PermissionDenied
+            );
+            prop_assert_eq!(error.is_terminal(), terminal_code && source.is_none());
+            let text = error.to_string();
+            prop_assert!(text.contains(SOCKET), "{}", text);
+            prop_assert!(text.contains(&message), "{}", text);
+            prop_assert!(describe(&status).contains(&message));
+            prop_assert_eq!(needs_new_channel(&status), source.is_some() || status.code() == Code::Unknown);
+        }
+    }
+}

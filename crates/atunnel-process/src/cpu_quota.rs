@@ -84,3 +84,48 @@ mod tests {
         assert_eq!(parse_v1("100000", "0"), None);
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The quota in whole cores, rounded up, restated.
+    fn want(quota: u64, period: u64) -> Option<usize> {
+        (quota > 0 && period > 0)
+            .then(|| (quota / period + u64::from(!quota.is_multiple_of(period))) as usize)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn cpu_max_gives_the_quota_in_whole_cores(
+            quota in prop_oneof![any::<u64>(), 0u64..1_000_000],
+            period in prop_oneof![any::<u64>(), 1u64..1_000_000, Just(0)],
+            unlimited in any::<bool>(),
+        ) {
+            if unlimited {
+                prop_assert_eq!(parse_v2(&format!("max {period}\n")), None);
+            } else {
+                prop_assert_eq!(parse_v2(&format!("{quota} {period}\n")), want(quota, period));
+            }
+        }
+
+        #[test]
+        fn cfs_files_give_the_quota_in_whole_cores_and_minus_one_is_unlimited(
+            quota in prop_oneof![any::<i64>(), -1i64..1_000_000],
+            period in prop_oneof![any::<u64>(), 1u64..1_000_000],
+        ) {
+            let got = parse_v1(&format!("{quota}\n"), &format!("{period}\n"));
+            prop_assert_eq!(got, u64::try_from(quota).ok().and_then(|q| want(q, period)));
+        }
+
+        #[test]
+        fn any_text_is_a_quota_or_none_and_no_panic(a in "\\PC{0,40}", b in "\\PC{0,40}") {
+            let _ = parse_v2(&a);
+            let _ = parse_v1(&a, &b);
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! Test fixtures shared by this crate's test binaries.
+
+pub mod chunked;
