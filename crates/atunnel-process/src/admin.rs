@@ -172,7 +172,12 @@ mod tests {
         let stop = cancel.clone();
         tokio::spawn(async move {
             let stats = ListenerStats::default();
-            serve(tcp, limits, &stats, move |_| json(vec![b'x'; body]), stop).await
+            // `/big` gets `body` bytes, anything else ten.
+            let answer = move |req: &Request| {
+                let len = if req.uri().path() == "/big" { body } else { 10 };
+                json(vec![b'x'; len])
+            };
+            serve(tcp, limits, &stats, answer, stop).await
         });
         (addr, cancel)
     }
@@ -260,11 +265,14 @@ mod tests {
         let body = 64 << 20;
         let (addr, cancel) = start(limits, body).await;
         let mut stalled = TcpStream::connect(addr).await.expect("connect");
-        stalled.write_all(GET).await.expect("write");
+        stalled
+            .write_all(b"GET /big HTTP/1.1\r\nHost: admin\r\n\r\n")
+            .await
+            .expect("write");
         let started = Instant::now();
         let mut next = TcpStream::connect(addr).await.expect("connect");
         next.write_all(GET).await.expect("write");
-        tokio::time::timeout(Duration::from_secs(20), read_answer(&mut next, body))
+        tokio::time::timeout(Duration::from_secs(20), read_answer(&mut next, 10))
             .await
             .expect("served once the stalled one is closed");
         assert!(started.elapsed() >= Duration::from_millis(400));
