@@ -18,11 +18,12 @@ pub enum Scenario {
     SocketMemory,
     IngressIdle,
     NoisyNeighbour,
+    Chaos,
 }
 
 impl Scenario {
     /// Every scenario, in the order they run.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::EgressIdle,
         Scenario::EgressTcp,
         Scenario::EgressHttp,
@@ -32,6 +33,7 @@ impl Scenario {
         Scenario::SocketMemory,
         Scenario::IngressIdle,
         Scenario::NoisyNeighbour,
+        Scenario::Chaos,
     ];
 
     /// Its name on the command line and in the results.
@@ -46,6 +48,7 @@ impl Scenario {
             Scenario::SocketMemory => "socket-memory",
             Scenario::IngressIdle => "ingress-idle",
             Scenario::NoisyNeighbour => "noisy-neighbour",
+            Scenario::Chaos => "chaos",
         }
     }
 

@@ -673,9 +673,21 @@ impl Egress {
             return;
         }
         let pool = &slot.binding.pool;
-        let relay = std::pin::pin!(relay_within(&mut actor, &mut tunnel, pool, &self.cfg.relay));
-        if let Some(e) = relay_until_cancelled(relay, cancel, &shed, dest).await {
-            self.counters.count_end(&e);
+        // From here on bytes may be in flight, so a cut must reach the actor
+        // as a reset even when nothing of ours runs to say so: with SO_LINGER
+        // 0 the kernel's close when this process dies (SIGKILL, OOM kill)
+        // resets the connection, where it would otherwise send a FIN behind
+        // the lost bytes. Only a clean end turns it off again.
+        actor.reset_on_close();
+        let ended = {
+            let relay =
+                std::pin::pin!(relay_within(&mut actor, &mut tunnel, pool, &self.cfg.relay));
+            relay_until_cancelled(relay, cancel, &shed, dest).await
+        };
+        match ended {
+            Ended::Clean => clean_close(&actor),
+            Ended::Failed(e) => self.counters.count_end(&e),
+            Ended::Cancelled => {}
         }
     }
 
@@ -774,6 +786,17 @@ impl Egress {
     }
 }
 
+/// How a tunnel's relay ended.
+pub(crate) enum Ended<E> {
+    /// Both directions ended: every byte and both ends went through.
+    Clean,
+    /// The relay failed (it has reset both sides).
+    Failed(E),
+    /// The activation was cancelled or the actor shed (the relay, dropped,
+    /// has reset both sides).
+    Cancelled,
+}
+
 /// Runs `relay` until both directions end or the actor's activation is
 /// cancelled, which drops the relay: it resets the tunnel and the actor's
 /// socket, so a cut stream does not look complete to either peer. Pinned
@@ -784,15 +807,29 @@ pub(crate) async fn relay_until_cancelled<T, E: std::fmt::Display>(
     cancel: &CancellationToken,
     shed: &CancellationToken,
     dest: SocketAddr,
-) -> Option<E> {
+) -> Ended<E> {
     tokio::select! {
         biased;
-        _ = cancel.cancelled() => None,
-        _ = shed.cancelled() => None,
-        r = relay => {
-            let e = r.err()?;
-            tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
-            Some(e)
+        _ = cancel.cancelled() => Ended::Cancelled,
+        _ = shed.cancelled() => Ended::Cancelled,
+        r = relay => match r {
+            Ok(_) => Ended::Clean,
+            Err(e) => {
+                tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
+                Ended::Failed(e)
+            }
         }
+    }
+}
+
+/// After a clean end: SO_LINGER back to the default, so that closing lets
+/// the bytes and the FIN still queued for the actor drain instead of
+/// resetting over them. `None` is the kernel's default, a close that does not
+/// block (tokio deprecates only a lingering close).
+fn clean_close(actor: &TcpStream) {
+    #[allow(deprecated)]
+    if let Err(e) = actor.set_linger(None) {
+        // Only a bad descriptor fails, which an open stream's is not.
+        tracing::trace!(error = %e, "clearing SO_LINGER");
     }
 }

@@ -55,6 +55,10 @@ fn about(scenario: Scenario) -> (&'static str, &'static str) {
             "One hostile actor beside a victim on the same atunnel: the hostile actor (actor-1) runs unread downloads, uploads to a destination that never reads, a connection flood past its budget, a DNS flood and stalled ingress CONNECT tunnels, one after another; the victim's (actor-0) egress-http p99, egress-tcp MB/s and ingress-https p99 under each are compared with a baseline taken right before it in the same run, and the time until atunnel's memory, buffers, descriptors and tasks are back to that baseline once the hostile actor stops. atunnel runs with 10 s relay bounds for it (60 s by default) and a resolver that never answers.",
             "Pass: the victim's p99 within 1.1x of its baseline and its throughput at least 0.9x, no OOM kill, atunnel's memory under the overload guard's soft threshold, and everything back to baseline within 60 s.",
         ),
+        Scenario::Chaos => (
+            "Faults lose no data silently: many concurrent egress tunnels, each a known pseudo-random stream both ways checked byte for byte at both ends, while the gateway is SIGKILLed and restarted, atunnel is SIGKILLed and restarted by the worker, or destinations reset mid-stream (and a phase with no fault). Each tunnel is classified from the actor's side: completed, cut with RST, refused (a CONNECT that failed, no byte), or silently truncated (a clean end after fewer or different bytes).",
+            "Pass: no tunnel silently truncated under any fault, and every tunnel completed with no fault.",
+        ),
         Scenario::IngressConnect => (
             "CONNECT tunnels from the router through the CONNECT listener to actor:80, one request and answer inside each.",
             "",
@@ -148,6 +152,9 @@ pub fn write(
         }
         if s.name == Scenario::NoisyNeighbour.name() {
             md.push_str(&super::scenarios::noisy_neighbour::report_section(dir, s)?);
+        }
+        if s.name == Scenario::Chaos.name() {
+            md.push_str(&super::scenarios::chaos::report_section(s));
         }
         if s.name == Scenario::SocketMemory.name() {
             md.push_str(&stall_table(&s.summary));

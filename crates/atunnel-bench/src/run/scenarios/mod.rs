@@ -11,11 +11,13 @@
 //! - [`ingress_idle`]: the ingress-idle scenario.
 //! - [`noisy_neighbour`]: the noisy-neighbour scenario (and its report
 //!   section).
+//! - [`chaos`]: the chaos scenario (and its report section).
 //!
 //! What they share is below them: the [`Bench`] they drive, the
 //! measurement around a rung (`run::rung`), dialing from the sandboxes
 //! (`run::dial`) and the router's TLS (`run::router`).
 
+pub(super) mod chaos;
 mod egress;
 mod ingress;
 mod ingress_idle;
@@ -59,5 +61,6 @@ async fn run_scenario(
         Scenario::SocketMemory => socket_memory::socket_memory(bench).await,
         Scenario::IngressIdle => ingress_idle::ingress_idle(bench).await,
         Scenario::NoisyNeighbour => noisy_neighbour::noisy_neighbour(bench).await,
+        Scenario::Chaos => chaos::chaos(bench).await,
     }
 }
