@@ -262,6 +262,9 @@ impl Endpoint for GatewayTunnel {
     fn poll_close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.endpoint().poll_close_write(cx)
     }
+    fn poll_write_cut(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        self.endpoint().poll_write_cut(cx)
+    }
     fn abort(&mut self) {
         self.endpoint().abort()
     }

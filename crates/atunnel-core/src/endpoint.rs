@@ -139,6 +139,17 @@ pub trait Endpoint {
     /// Half-close: no more bytes will be written (FIN, close_notify, END_STREAM).
     fn poll_close_write(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 
+    /// Ready with an error once the peer has cut what is written to this
+    /// side abnormally (HTTP/2: RST_STREAM with an error code, or the
+    /// connection lost), even while there is nothing to write: bytes
+    /// already handed over may be lost, so the relay must fail and reset
+    /// the other side rather than later end cleanly. A peer's orderly "no
+    /// more" (RST_STREAM NO_ERROR after its answer) is not a cut: a later
+    /// write fails, as one to a closed socket would. The default is never.
+    fn poll_write_cut(&mut self, _cx: &mut Context<'_>) -> Poll<io::Error> {
+        Poll::Pending
+    }
+
     /// The relay failed, or was dropped before it ended (cancelled, its
     /// server shutting down): tell the peer abruptly (HTTP/2 RST_STREAM; a
     /// socket resets when closed), so that it never takes a cut stream for a
@@ -413,13 +424,29 @@ impl Endpoint for H2Stream {
 
     fn poll_close_write(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // Fails only when the stream is already closed for sending: the peer
-        // reset it (a server that finished its answer resets with NO_ERROR
-        // rather than wait for our end). Nothing is left to half-close and
-        // the other direction must keep draining, so this is not an error.
-        if let Err(e) = self.send.send_data(Bytes::new(), true) {
-            tracing::trace!(error = %e, "HTTP/2 stream already closed for sending");
+        // reset it. A server that finished its answer resets with NO_ERROR
+        // rather than wait for our end: nothing is left to half-close and
+        // the other direction must keep draining, so that is no error. Any
+        // other reset cut what we sent.
+        match self.send.send_data(Bytes::new(), true) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(e) if e.reason() == Some(h2::Reason::NO_ERROR) => {
+                tracing::trace!(error = %e, "HTTP/2 stream already closed for sending");
+                Poll::Ready(Ok(()))
+            }
+            Err(e) => Poll::Ready(Err(h2_to_io(e))),
         }
-        Poll::Ready(Ok(()))
+    }
+
+    fn poll_write_cut(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        match self.send.poll_reset(cx) {
+            Poll::Pending | Poll::Ready(Ok(h2::Reason::NO_ERROR)) => Poll::Pending,
+            Poll::Ready(Ok(reason)) => Poll::Ready(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                format!("the peer reset the stream ({reason})"),
+            )),
+            Poll::Ready(Err(e)) => Poll::Ready(h2_to_io(e)),
+        }
     }
 
     fn abort(&mut self) {

@@ -240,6 +240,12 @@ impl Direction {
                     };
                     match read {
                         Poll::Pending => {
+                            // Nothing to write: a cut of the destination
+                            // must still end the relay (what it took may
+                            // be lost), not wait for the source's next byte.
+                            if let Poll::Ready(e) = dst.poll_write_cut(cx) {
+                                return Poll::Ready(Err(dst_err(Op::Write)(e)));
+                            }
                             // Waiting on the source is not a stalled write.
                             self.blocked = false;
                             dst.idle();

@@ -316,7 +316,6 @@ async fn gateway_resetting_after_its_end(
 /// answer and its end, and then a reset, not a clean close that would
 /// tell it its upload went through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap: a half-closed relay polls only the open direction's source, so a reset of the stream it writes to is seen at the actor's next write; the actor's FIN comes first here (needs an Endpoint call for a peer's reset, atunnel-core/src/endpoint.rs)"]
 async fn a_reset_after_the_gateways_end_still_resets_the_actor_whose_upload_it_cut() {
     let pki = Pki::new();
     let answer = Bytes::from(random(50_000, 13));
@@ -344,8 +343,20 @@ async fn a_reset_after_the_gateways_end_still_resets_the_actor_whose_upload_it_c
     tokio::time::timeout(Duration::from_secs(10), reset_seen.recv())
         .await
         .expect("the gateway reset within 10 s");
-    // The actor ends its upload after the reset reached atunnel.
-    s.shutdown().await.expect("half-close");
+    // The actor ends its upload after the reset reached atunnel (if the
+    // reset reached the actor first, the half-close itself fails).
+    if let Err(e) = s.shutdown().await {
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::NotConnected
+            ),
+            "half-close: {e}"
+        );
+        return;
+    }
     let seen = read_to_end(&mut s).await;
     assert!(
         seen.bytes.is_empty(),
@@ -364,9 +375,16 @@ async fn a_reset_after_the_gateways_end_still_resets_the_actor_whose_upload_it_c
     })
     .await;
     match (seen.end, reset) {
-        (Err(e), _) | (Ok(()), Ok(e)) => {
-            assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}")
-        }
+        // The reset reaches the actor as soon as the gateway's does, so
+        // its half-close may have taken the ECONNRESET and a read after it
+        // sees the broken pipe: the kernel reports a reset to one call.
+        (Err(e), _) | (Ok(()), Ok(e)) => assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            ),
+            "{e}"
+        ),
         (Ok(()), Err(_)) => {
             panic!("the actor's socket closed cleanly: its cut upload looks complete")
         }
