@@ -248,6 +248,8 @@ struct Binding {
     /// Cancelled to shed the actor's tunnels (the overload guard), then
     /// replaced, so tunnels opened later are not shed with them.
     shed: Mutex<CancellationToken>,
+    /// Warnings about this actor's tunnels, rate limited.
+    warnings: crate::log_limit::LogLimit,
 }
 
 impl Binding {
@@ -258,6 +260,7 @@ impl Binding {
             pool,
             refusals: Arc::new(refusals),
             shed: Mutex::new(CancellationToken::new()),
+            warnings: Default::default(),
         }
     }
 
@@ -362,9 +365,32 @@ pub struct EgressStats {
     pub stalled_write_ends_total: u64,
     /// Tunnels reset because they stayed half-closed and idle past the half-closed timeout.
     pub half_closed_ends_total: u64,
+    /// Bytes from actors to the gateway and back, of tunnels that have
+    /// ended (a tunnel's count is added when it ends).
+    pub bytes_up_total: u64,
+    pub bytes_down_total: u64,
+    /// Time from an actor's connection to its tunnel open (the CONNECT
+    /// answered), for tunnels that opened.
+    pub open_latency: OpenLatency,
     /// Size of one tunnel's task future (its state lives in the task's one
     /// heap allocation), for the memory accounting in docs/memory.md.
     pub tunnel_future_bytes: usize,
+}
+
+/// Upper bounds of the open-latency buckets, in microseconds: 0.25 ms
+/// (a pooled connection on loopback) to 10 s (the open timeout).
+pub const OPEN_LATENCY_BOUNDS_US: [u64; 14] = [
+    250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
+    2_500_000, 10_000_000,
+];
+
+/// A histogram of open latencies: how many opens took at most each of
+/// [`OPEN_LATENCY_BOUNDS_US`] (cumulative), all of them, and their sum.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpenLatency {
+    pub at_most_us: [u64; 14],
+    pub count: u64,
+    pub sum_us: u64,
 }
 
 #[derive(Default)]
@@ -375,9 +401,44 @@ struct Counters {
     open_failed: AtomicU64,
     stalled_write: AtomicU64,
     half_closed: AtomicU64,
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
+    /// Per bucket (not cumulative), the last for opens past every bound.
+    open_buckets: [AtomicU64; 15],
+    open_sum_us: AtomicU64,
 }
 
 impl Counters {
+    fn opened_after(&self, took: std::time::Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let at = OPEN_LATENCY_BOUNDS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(OPEN_LATENCY_BOUNDS_US.len());
+        self.open_buckets[at].fetch_add(1, Ordering::Relaxed);
+        self.open_sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    fn relayed(&self, stats: atunnel_core::relay::RelayStats) {
+        // The relay runs actor (a) to gateway (b).
+        self.bytes_up.fetch_add(stats.a_to_b, Ordering::Relaxed);
+        self.bytes_down.fetch_add(stats.b_to_a, Ordering::Relaxed);
+    }
+
+    fn open_latency(&self) -> OpenLatency {
+        let mut h = OpenLatency::default();
+        let mut seen = 0;
+        for (i, b) in self.open_buckets.iter().enumerate() {
+            seen += b.load(Ordering::Relaxed);
+            if let Some(slot) = h.at_most_us.get_mut(i) {
+                *slot = seen;
+            }
+        }
+        h.count = seen;
+        h.sum_us = self.open_sum_us.load(Ordering::Relaxed);
+        h
+    }
+
     /// Counts a tunnel that a relay bound ended.
     fn count_end(&self, e: &RelayError) {
         let counter = match e.op {
@@ -457,6 +518,9 @@ impl Egress {
             open_failed_total: c.open_failed.load(Ordering::Relaxed),
             stalled_write_ends_total: c.stalled_write.load(Ordering::Relaxed),
             half_closed_ends_total: c.half_closed.load(Ordering::Relaxed),
+            bytes_up_total: c.bytes_up.load(Ordering::Relaxed),
+            bytes_down_total: c.bytes_down.load(Ordering::Relaxed),
+            open_latency: c.open_latency(),
             tunnel_future_bytes: self.listener_stats.connection_future_bytes(),
         }
     }
@@ -645,21 +709,32 @@ impl Egress {
             },
         };
         let client = &activation.egress.client;
-        // Boxed so the TLS/HTTP/2 handshake state is heap only while opening,
-        // not part of every idle tunnel's task. Cancellation first: a
-        // connection accepted as deactivation begins sends no CONNECT.
+        // Boxed so the TLS/HTTP/2 handshake state (and the clock of the
+        // open) is heap only while opening, not part of every idle
+        // tunnel's task. Cancellation first: a connection accepted as
+        // deactivation begins sends no CONNECT.
         let opened = tokio::select! {
             biased;
             _ = activation.cancel.cancelled() => return,
-            r = Box::pin(client.open(dest)) => r,
+            r = Box::pin(async {
+                let started = std::time::Instant::now();
+                client.open(dest).await.map(|t| (t, started.elapsed()))
+            }) => r,
         };
         slot.opened();
+        let actor_ref = activation.egress.credential.actor();
         let mut tunnel = match opened {
-            Ok(t) => t,
+            Ok((t, took)) => {
+                self.counters.opened_after(took);
+                tracing::debug!(actor = %actor_ref, %dest, ?took, "egress tunnel open");
+                t
+            }
             Err(e) => {
                 self.counters.open_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(actor = %activation.egress.credential.actor(), %dest, error = %e,
-                    "atunnel failed to open egress tunnel");
+                if let Some(suppressed) = slot.binding.warnings.admit() {
+                    tracing::warn!(actor = %actor_ref, %dest, error = %e, suppressed,
+                        "atunnel failed to open egress tunnel");
+                }
                 return;
             }
         };
@@ -685,9 +760,21 @@ impl Egress {
             relay_until_cancelled(relay, cancel, &shed, dest).await
         };
         match ended {
-            Ended::Clean => clean_close(&actor),
-            Ended::Failed(e) => self.counters.count_end(&e),
-            Ended::Cancelled => {}
+            Ended::Clean(stats) => {
+                clean_close(&actor);
+                self.counters.relayed(stats);
+                tracing::debug!(actor = %actor_ref, %dest, up = stats.a_to_b,
+                    down = stats.b_to_a, "egress tunnel closed");
+            }
+            Ended::Failed(e) => {
+                self.counters.count_end(&e);
+                self.counters.relayed(e.stats);
+                tracing::debug!(actor = %actor_ref, %dest, up = e.stats.a_to_b,
+                    down = e.stats.b_to_a, error = %e, "egress tunnel reset");
+            }
+            Ended::Cancelled => {
+                tracing::debug!(actor = %actor_ref, %dest, "egress tunnel cut (deactivated or shed)")
+            }
         }
     }
 
@@ -787,9 +874,9 @@ impl Egress {
 }
 
 /// How a tunnel's relay ended.
-pub(crate) enum Ended<E> {
+pub(crate) enum Ended<T, E> {
     /// Both directions ended: every byte and both ends went through.
-    Clean,
+    Clean(T),
     /// The relay failed (it has reset both sides).
     Failed(E),
     /// The activation was cancelled or the actor shed (the relay, dropped,
@@ -807,13 +894,13 @@ pub(crate) async fn relay_until_cancelled<T, E: std::fmt::Display>(
     cancel: &CancellationToken,
     shed: &CancellationToken,
     dest: SocketAddr,
-) -> Ended<E> {
+) -> Ended<T, E> {
     tokio::select! {
         biased;
         _ = cancel.cancelled() => Ended::Cancelled,
         _ = shed.cancelled() => Ended::Cancelled,
         r = relay => match r {
-            Ok(_) => Ended::Clean,
+            Ok(out) => Ended::Clean(out),
             Err(e) => {
                 tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
                 Ended::Failed(e)

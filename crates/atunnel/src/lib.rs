@@ -15,6 +15,7 @@ pub mod comparison;
 pub mod egress;
 pub mod host;
 pub mod ingress;
+mod log_limit;
 mod metrics;
 pub mod stats;
 pub mod tunnel;

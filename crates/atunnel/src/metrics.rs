@@ -7,6 +7,7 @@
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
@@ -62,6 +63,32 @@ impl Out<'_, '_> {
             .0
             .encode_descriptor(name, help, unit.as_ref(), g.metric_type())?;
         g.encode(e)
+    }
+
+    fn histogram(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Option<Unit>,
+        h: &crate::egress::OpenLatency,
+    ) -> Fmt {
+        let mut e = self
+            .0
+            .encode_descriptor(name, help, unit.as_ref(), MetricType::Histogram)?;
+        // The encoder wants each bucket's own count (it accumulates them);
+        // ours are cumulative.
+        let mut below = 0;
+        let mut buckets: Vec<(f64, u64)> = crate::egress::OPEN_LATENCY_BOUNDS_US
+            .iter()
+            .zip(h.at_most_us)
+            .map(|(&le, at_most)| {
+                let own = at_most.saturating_sub(below);
+                below = at_most;
+                (le as f64 / 1e6, own)
+            })
+            .collect();
+        buckets.push((f64::MAX, h.count.saturating_sub(below)));
+        e.encode_histogram::<Vec<(String, String)>>(h.sum_us as f64 / 1e6, h.count, &buckets, None)
     }
 
     /// A counter with one series per `(label value, count)`.
@@ -266,6 +293,24 @@ fn egress(out: &mut Out, s: &Stats) -> Fmt {
             "Egress tunnels reset at the half-closed bound",
             None,
             e.half_closed_ends_total,
+        )?;
+        out.counter(
+            "egress_bytes_up",
+            "Bytes from actors through ended egress tunnels",
+            Some(Unit::Bytes),
+            e.bytes_up_total,
+        )?;
+        out.counter(
+            "egress_bytes_down",
+            "Bytes to actors through ended egress tunnels",
+            Some(Unit::Bytes),
+            e.bytes_down_total,
+        )?;
+        out.histogram(
+            "egress_open_latency",
+            "Time from an actor's connection to its tunnel open",
+            Some(Unit::Seconds),
+            &e.open_latency,
         )?;
     }
     let a = &s.egress_actors;

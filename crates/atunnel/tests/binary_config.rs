@@ -127,3 +127,34 @@ async fn json_logs_are_one_object_per_line_and_text_logs_have_no_escapes() {
         }
     }
 }
+
+/// An actor whose every tunnel fails (no gateway) gets at most
+/// `log_limit::PER_MINUTE` (10) warnings a minute, however many fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warnings_about_one_actor_are_rate_limited() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = format!("{LOOPBACK}actors = 1\n");
+    let (ready, mut child) = start(&pki, dir.path(), &config, &[]).await;
+    let listener = *ready.actors[0].listeners.values().next().expect("a listener");
+    for _ in 0..25 {
+        let mut conn = tokio::net::TcpStream::connect(listener).await.expect("connect");
+        let mut buf = [0u8; 16];
+        // Closed once its open failed.
+        let _ = conn.read(&mut buf).await;
+    }
+    child.start_kill().expect("kill");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .await
+        .expect("read stderr");
+    let warned = stderr
+        .lines()
+        .filter(|l| l.contains("failed to open egress tunnel"))
+        .count();
+    assert_eq!(warned, 10, "{stderr}");
+}

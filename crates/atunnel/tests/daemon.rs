@@ -86,6 +86,23 @@ async fn scrape(addr: SocketAddr) -> prometheus_parse::Scrape {
     prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("parses")
 }
 
+/// The cumulative count of histogram `name`'s bucket `le`.
+fn scrape_bucket(scrape: &prometheus_parse::Scrape, name: &str, le: f64) -> f64 {
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name)
+        .unwrap_or_else(|| panic!("no histogram {name}"));
+    let prometheus_parse::Value::Histogram(buckets) = &sample.value else {
+        panic!("{name} is not a histogram: {:?}", sample.value)
+    };
+    buckets
+        .iter()
+        .find(|b| b.less_than == le)
+        .unwrap_or_else(|| panic!("{name}: no bucket {le}: {buckets:?}"))
+        .count
+}
+
 /// The value of sample `name` whose labels include `labels`.
 fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
     let sample = scrape
@@ -122,7 +139,27 @@ async fn metrics_parse_as_prometheus_text_and_move_with_the_traffic() {
     );
     assert!(value(&during, "atunnel_process_open_fds", &[]) > 0.0);
     assert!(value(&during, "atunnel_process_resident_memory_bytes", &[]) > 0.0);
+    assert_eq!(
+        value(&during, "atunnel_egress_open_latency_seconds_count", &[]),
+        value(&before, "atunnel_egress_open_latency_seconds_count", &[]) + 1.0,
+        "the open is in the latency histogram"
+    );
+    let inf = scrape_bucket(&during, "atunnel_egress_open_latency_seconds", f64::INFINITY);
+    assert_eq!(inf, value(&during, "atunnel_egress_open_latency_seconds_count", &[]));
+    // Its bytes are counted once it has ended (both directions closed).
     drop(tunnel);
+    let started = Instant::now();
+    let after = loop {
+        let after = scrape(admin).await;
+        if value(&after, "atunnel_egress_tunnels_open", &[]) == 0.0 {
+            break after;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the tunnel never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let counted = |name| value(&after, name, &[]) - value(&before, name, &[]);
+    assert_eq!(counted("atunnel_egress_bytes_up_bytes_total"), 7.0, "\"counted\" went up");
+    assert_eq!(counted("atunnel_egress_bytes_down_bytes_total"), 7.0, "and came back");
     let (status, body) = get(admin, "/healthz").await.expect("/healthz");
     assert_eq!((status, body.as_str()), (200, "ok\n"));
     let (status, _) = get(admin, "/readyz").await.expect("/readyz");
