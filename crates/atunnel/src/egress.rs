@@ -722,17 +722,16 @@ impl Egress {
             }) => r,
         };
         slot.opened();
-        let actor_ref = activation.egress.credential.actor();
         let mut tunnel = match opened {
             Ok((t, took)) => {
                 self.counters.opened_after(took);
-                tracing::debug!(actor = %actor_ref, %dest, ?took, "egress tunnel open");
+                tracing::debug!(actor = %activation.egress.credential.actor(), %dest, ?took, "egress tunnel open");
                 t
             }
             Err(e) => {
                 self.counters.open_failed.fetch_add(1, Ordering::Relaxed);
                 if let Some(suppressed) = slot.binding.warnings.admit() {
-                    tracing::warn!(actor = %actor_ref, %dest, error = %e, suppressed,
+                    tracing::warn!(actor = %activation.egress.credential.actor(), %dest, error = %e, suppressed,
                         "atunnel failed to open egress tunnel");
                 }
                 return;
@@ -763,17 +762,17 @@ impl Egress {
             Ended::Clean(stats) => {
                 clean_close(&actor);
                 self.counters.relayed(stats);
-                tracing::debug!(actor = %actor_ref, %dest, up = stats.a_to_b,
+                tracing::debug!(actor = %activation.egress.credential.actor(), %dest, up = stats.a_to_b,
                     down = stats.b_to_a, "egress tunnel closed");
             }
             Ended::Failed(e) => {
                 self.counters.count_end(&e);
                 self.counters.relayed(e.stats);
-                tracing::debug!(actor = %actor_ref, %dest, up = e.stats.a_to_b,
+                tracing::debug!(actor = %activation.egress.credential.actor(), %dest, up = e.stats.a_to_b,
                     down = e.stats.b_to_a, error = %e, "egress tunnel reset");
             }
             Ended::Cancelled => {
-                tracing::debug!(actor = %actor_ref, %dest, "egress tunnel cut (deactivated or shed)")
+                tracing::debug!(actor = %activation.egress.credential.actor(), %dest, "egress tunnel cut (deactivated or shed)")
             }
         }
     }
