@@ -1,104 +1,96 @@
-//! The sandbox's nftables ruleset, through nft's JSON interface.
+//! The sandbox's nftables ruleset, programmed over netlink: no `nft`
+//! binary, no libnftnl.
 //!
-//! The ruleset is built as JSON (not text) and applied with `nft -j -f -`,
-//! started from the executor thread while it is inside the gateway namespace,
-//! so the child runs there too (a child inherits its parent thread's
-//! namespace).
+//! A [`Ruleset`] is a typed list of tables, chains and rules. [`apply`]
+//! sends it as one nf_tables batch on a NETLINK_NETFILTER socket made in
+//! the calling thread's namespace (run it through
+//! [`crate::NsExecutor::run_in`] to program a sandbox), so the kernel adds
+//! all of it or none; every message is acknowledged and a refusal comes
+//! back as an `io::Error` naming the object and the errno. [`list`] dumps
+//! a namespace's objects back into a `Ruleset`.
+//!
+//! The messages are encoded here (nft/wire.rs), from the kernel's uapi
+//! headers, because no crate we can take covers them: `rustables` is GPL,
+//! `nftnl` binds the C libnftnl (a system library a fresh machine lacks),
+//! and `netlink-packet-netfilter` (MIT; 0.4's nftables module) has no
+//! `redir` expression, which the sandbox's one NAT rule needs. What the
+//! sandbox needs is a few fixed messages; a test compares them byte for
+//! byte with what nft itself sends.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+mod ruleset;
+mod socket;
+mod wire;
 
-use serde_json::{Value, json};
+use std::io;
 
-/// Table holding every rule for one sandbox.
-pub const TABLE: &str = "atunnel";
+pub use ruleset::{
+    BaseChain, Chain, ChainType, CmpOp, Expr, FAMILY, Family, Hook, MetaKey, PayloadBase, Rule,
+    Ruleset, TABLE, Table, Verdict,
+};
 
-/// The table's family. `inet` (IPv4 and IPv6 in one table), not `ip`: the
-/// veth carries IPv6 link-local addresses, which an `ip` table never sees.
-/// The redirect's `ip daddr` match limits it to IPv4, so it stays one rule,
-/// and the input chain accepts IPv4 only, so all IPv6 from the actor
-/// (neighbour discovery included) is dropped.
-pub const FAMILY: &str = "inet";
+use socket::NfSocket;
+use wire::Message;
 
-/// The ruleset for one gateway namespace:
-/// * nat/prerouting (dstnat priority): the one redirect rule: IPv4 TCP whose
-///   destination is outside the sandbox /30 goes to `egress_port`;
-/// * filter/input: from the actor, IPv4 TCP (which after the redirect is
-///   ours) and DNS over UDP are accepted, everything else (ICMP, other UDP,
-///   every IPv6 packet) dropped;
-/// * filter/forward: nothing is forwarded.
-pub fn ruleset(iface: &str, net: &str, mask: &str, egress_port: u16, dns_port: u16) -> Value {
-    let table = json!({"family": FAMILY, "name": TABLE});
-    let chain = |name: &str, kind: &str, hook: &str, prio: i32, policy: &str| {
-        json!({"add": {"chain": {"family": FAMILY, "table": TABLE, "name": name,
-            "type": kind, "hook": hook, "prio": prio, "policy": policy}}})
-    };
-    let rule = |chain: &str, expr: Value| json!({"add": {"rule": {"family": FAMILY, "table": TABLE, "chain": chain, "expr": expr}}});
-    let from_actor =
-        json!({"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": iface}});
-    let ipv4 =
-        json!({"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": "ipv4"}});
-    json!({"nftables": [
-        {"add": {"table": table}},
-        chain("prerouting", "nat", "prerouting", -100, "accept"),
-        rule("prerouting", json!([
-            {"match": {"op": "!=",
-                "left": {"&": [{"payload": {"protocol": "ip", "field": "daddr"}}, mask]},
-                "right": net}},
-            {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
-            {"redirect": {"port": egress_port}}
-        ])),
-        chain("input", "filter", "input", 0, "accept"),
-        rule("input", json!([from_actor, ipv4, {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}}, {"accept": null}])),
-        rule("input", json!([from_actor, ipv4, {"match": {"op": "==", "left": {"payload": {"protocol": "udp", "field": "dport"}}, "right": dns_port}}, {"accept": null}])),
-        rule("input", json!([from_actor, {"drop": null}])),
-        chain("forward", "filter", "forward", 0, "drop"),
-    ]})
+/// Adds every object of `ruleset` in the calling thread's namespace, in one
+/// transaction. Tables and chains that already exist are kept (and their
+/// policy updated); rules are appended.
+pub fn apply(ruleset: &Ruleset) -> io::Result<()> {
+    let mut ops = Vec::new();
+    for t in &ruleset.tables {
+        ops.push((
+            format!("add table {} {}", t.family, t.name),
+            Message::new_table(t)?,
+        ));
+    }
+    for c in &ruleset.chains {
+        ops.push((
+            format!("add chain {} {} {}", c.family, c.table, c.name),
+            Message::new_chain(c)?,
+        ));
+    }
+    for (i, r) in ruleset.rules.iter().enumerate() {
+        ops.push((
+            format!(
+                "add rule {i} of the ruleset to chain {} {} {}",
+                r.family, r.table, r.chain
+            ),
+            Message::new_rule(r)?,
+        ));
+    }
+    NfSocket::open()?.transact(&ops)
 }
 
-/// Applies `ruleset` with `nft -j -f -` in the calling thread's namespace.
-pub fn apply(ruleset: &Value) -> std::io::Result<()> {
-    let mut child = Command::new("nft")
-        .args(["-j", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("running nft: {e} (is nftables installed?)"),
-            )
-        })?;
-    child
-        .stdin
-        .take()
-        .expect("stdin was piped")
-        .write_all(ruleset.to_string().as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        return Err(std::io::Error::other(format!(
-            "nft rejected the ruleset ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(())
+/// Deletes table `name` of `family`, with its chains and rules, in the
+/// calling thread's namespace. A missing table is an error (`NotFound`).
+pub fn delete_table(family: Family, name: &str) -> io::Result<()> {
+    let op = (
+        format!("delete table {family} {name}"),
+        Message::del_table(family, name)?,
+    );
+    NfSocket::open()?.transact(&[op])
 }
 
-/// The calling thread's namespace's whole ruleset, as `nft -j list ruleset`
-/// prints it (for diagnostics and tests).
-pub fn list() -> std::io::Result<Value> {
-    let out = Command::new("nft")
-        .args(["-j", "list", "ruleset"])
-        .stdin(Stdio::null())
-        .output()?;
-    if !out.status.success() {
-        return Err(std::io::Error::other(format!(
-            "nft list ruleset ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    serde_json::from_slice(&out.stdout).map_err(std::io::Error::other)
+/// Every table, chain and rule of the calling thread's namespace, as the
+/// kernel holds them (for tests and diagnostics). Three dumps, not one
+/// snapshot: a change made meanwhile may show in part.
+pub fn list() -> io::Result<Ruleset> {
+    let mut socket = NfSocket::open()?;
+    Ok(Ruleset {
+        tables: decode(
+            socket.dump(wire::NFT_MSG_GETTABLE, "tables")?,
+            wire::decode_table,
+        )?,
+        chains: decode(
+            socket.dump(wire::NFT_MSG_GETCHAIN, "chains")?,
+            wire::decode_chain,
+        )?,
+        rules: decode(
+            socket.dump(wire::NFT_MSG_GETRULE, "rules")?,
+            wire::decode_rule,
+        )?,
+    })
+}
+
+fn decode<T>(payloads: Vec<Vec<u8>>, f: fn(&[u8]) -> io::Result<T>) -> io::Result<Vec<T>> {
+    payloads.iter().map(|p| f(p)).collect()
 }

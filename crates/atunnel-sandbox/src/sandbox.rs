@@ -95,20 +95,23 @@ impl SandboxNetwork {
         rt.add_address(ACTOR_IFACE, ACTOR_ADDR, PREFIX_LEN).await?;
         rt.up(ACTOR_IFACE).await?;
         rt.add_default_route(GATEWAY_ADDR).await?;
-        let rules = nft::ruleset(
-            GATEWAY_IFACE,
-            &SANDBOX_NET.to_string(),
-            "255.255.255.252",
-            self.egress_port,
-            DNS_PORT,
-        );
-        exec.run_in(&self.gateway, move || nft::apply(&rules))
-            .await?
-            .map_err(|source| SandboxError::Io {
-                name: self.runtime.name().to_string(),
-                op: "apply nftables ruleset",
-                source,
-            })
+        let egress_port = self.egress_port;
+        exec.run_in(&self.gateway, move || {
+            let rules = nft::Ruleset::sandbox(
+                GATEWAY_IFACE,
+                SANDBOX_NET,
+                PREFIX_LEN,
+                egress_port,
+                DNS_PORT,
+            )?;
+            nft::apply(&rules)
+        })
+        .await?
+        .map_err(|source| SandboxError::Io {
+            name: self.runtime.name().to_string(),
+            op: "apply nftables ruleset",
+            source,
+        })
     }
 
     /// Opens an existing sandbox by its runtime namespace's name (another

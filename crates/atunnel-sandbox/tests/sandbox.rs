@@ -6,8 +6,10 @@ use std::time::{Duration, Instant};
 
 use atunnel_core::original_dst::original_dst;
 use atunnel_sandbox::link::Netlink;
+use atunnel_sandbox::nft::{ChainType, CmpOp, Expr, Hook, MetaKey, PayloadBase};
 use atunnel_sandbox::sandbox::{
-    ACTOR_IFACE, DEFAULT_EGRESS_PORT, GATEWAY_ADDR, GATEWAY_IFACE, SandboxNetwork,
+    ACTOR_IFACE, DEFAULT_EGRESS_PORT, DNS_PORT, GATEWAY_ADDR, GATEWAY_IFACE, PREFIX_LEN,
+    SANDBOX_NET, SandboxNetwork,
 };
 use atunnel_sandbox::{NetNs, NsExecutor, netns, nft, require_root};
 use futures_util::TryStreamExt;
@@ -15,7 +17,6 @@ use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags};
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader};
 use rtnetlink::RouteMessageBuilder;
-use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn name(tag: &str) -> String {
@@ -229,54 +230,86 @@ async fn one_dstnat_rule_redirects_outside_tcp_to_the_egress_port() {
         .run_in(&sb.gateway, nft::list)
         .await
         .expect("executor")
-        .expect("nft list ruleset in the gateway namespace");
-    let items = listed["nftables"].as_array().expect("nftables array");
-    let of = |kind: &str| -> Vec<&Value> { items.iter().filter_map(|i| i.get(kind)).collect() };
-    let tables = of("table");
-    assert_eq!(tables.len(), 1, "one table: {listed}");
+        .expect("dump the gateway namespace's nftables objects over netlink");
     assert_eq!(
-        (&tables[0]["family"], &tables[0]["name"]),
-        (&json!("inet"), &json!(nft::TABLE)),
-        "an inet table, so IPv6 is filtered too"
+        listed.tables,
+        vec![nft::Table {
+            family: nft::Family::Inet,
+            name: "atunnel".into()
+        }],
+        "one inet table, so IPv6 is filtered too"
     );
-    let prerouting: Vec<_> = of("chain")
-        .into_iter()
-        .filter(|c| c["hook"] == "prerouting")
-        .collect();
-    assert_eq!(prerouting.len(), 1, "one prerouting chain: {listed}");
-    assert_eq!(prerouting[0]["type"], "nat");
-    assert_eq!(prerouting[0]["prio"], -100, "dstnat priority");
-    let rules = of("rule");
-    let in_prerouting: Vec<_> = rules
+    let prerouting: Vec<_> = listed
+        .chains
         .iter()
-        .filter(|r| r["chain"] == prerouting[0]["name"])
+        .filter(|c| c.base.as_ref().is_some_and(|b| b.hook == Hook::Prerouting))
+        .collect();
+    assert_eq!(prerouting.len(), 1, "one prerouting chain: {listed:#?}");
+    let base = prerouting[0].base.as_ref().expect("a base chain");
+    assert_eq!(
+        (base.kind, base.priority),
+        (ChainType::Nat, -100),
+        "a nat chain at dstnat priority"
+    );
+    let in_prerouting: Vec<_> = listed
+        .rules
+        .iter()
+        .filter(|r| r.chain == prerouting[0].name)
         .collect();
     assert_eq!(
         in_prerouting.len(),
         1,
-        "exactly one redirect rule: {listed}"
+        "exactly one redirect rule: {listed:#?}"
     );
+    let eq = |data: &[u8]| Expr::Cmp {
+        op: CmpOp::Eq,
+        data: data.to_vec(),
+    };
     assert_eq!(
-        in_prerouting[0]["expr"],
-        json!([
-            {"match": {"op": "!=",
-                "left": {"payload": {"protocol": "ip", "field": "daddr"}},
-                "right": {"prefix": {"addr": "169.254.17.0", "len": 30}}}},
-            {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
-            {"redirect": {"port": port}}
-        ]),
+        in_prerouting[0].exprs,
+        vec![
+            // ip daddr & 255.255.255.252 != 169.254.17.0 (IPv4 only)
+            Expr::Meta(MetaKey::NfProto),
+            eq(&[2]),
+            Expr::Payload {
+                base: PayloadBase::Network,
+                offset: 16,
+                len: 4
+            },
+            Expr::Bitwise {
+                mask: vec![255, 255, 255, 252],
+                xor: vec![0; 4]
+            },
+            Expr::Cmp {
+                op: CmpOp::Neq,
+                data: vec![169, 254, 17, 0]
+            },
+            // meta l4proto tcp
+            Expr::Meta(MetaKey::L4Proto),
+            eq(&[6]),
+            // redirect to :port
+            Expr::Immediate(port.to_be_bytes().to_vec()),
+            Expr::Redirect,
+        ],
         "TCP outside the sandbox /30 goes to the egress port"
     );
-    let nat_rules = rules
+    let nat_rules = listed
+        .rules
         .iter()
         .filter(|r| {
-            r["expr"].as_array().is_some_and(|e| {
-                e.iter()
-                    .any(|x| x.get("redirect").is_some() || x.get("dnat").is_some())
+            r.exprs.iter().any(|e| {
+                matches!(e, Expr::Redirect)
+                    || matches!(e, Expr::Other(name) if ["nat", "redir", "masq"].contains(&name.as_str()))
             })
         })
         .count();
     assert_eq!(nat_rules, 1, "no other rule rewrites destinations");
+    assert_eq!(
+        listed,
+        nft::Ruleset::sandbox(GATEWAY_IFACE, SANDBOX_NET, PREFIX_LEN, port, DNS_PORT)
+            .expect("ruleset"),
+        "the kernel holds exactly the sandbox's ruleset"
+    );
     sb.destroy(&exec).await.expect("destroy");
 }
 
@@ -290,8 +323,13 @@ async fn redirected_connections_keep_their_original_destination() {
     let listener = sb.listen_egress(&exec).await.expect("egress listener");
     for dest in ["192.0.2.10:443", "198.51.100.7:8080", "203.0.113.99:9999"] {
         let dest: SocketAddr = dest.parse().expect("addr");
-        let (client, accepted) =
-            tokio::join!(sb.connect_from_runtime(&exec, dest), listener.accept());
+        // Bounded: a dial the redirect misses is refused, and the accept
+        // beside it would wait forever.
+        let (client, accepted) = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::join!(sb.connect_from_runtime(&exec, dest), listener.accept())
+        })
+        .await
+        .unwrap_or_else(|_| panic!("a dial to {dest} is not redirected to the egress listener"));
         let mut client = client.expect("actor dials any address");
         let (mut server, peer) = accepted.expect("redirected to the egress listener");
         assert_eq!(peer.ip(), std::net::IpAddr::from([169, 254, 17, 2]));
@@ -495,9 +533,7 @@ async fn only_ipv4_tcp_and_dns_leave_the_actor() {
 
     // The same probes with the ruleset gone do arrive: the filter stopped
     // them, not a probe that could never work.
-    let delete =
-        json!({"nftables": [{"delete": {"table": {"family": nft::FAMILY, "name": nft::TABLE}}}]});
-    exec.run_in(&sb.gateway, move || nft::apply(&delete))
+    exec.run_in(&sb.gateway, || nft::delete_table(nft::FAMILY, nft::TABLE))
         .await
         .expect("executor")
         .expect("delete the table");
@@ -545,4 +581,52 @@ async fn destroying_twice_is_harmless() {
     sb.clone().destroy(&exec).await.expect("first destroy");
     assert!(!netns::exists(sb.name()));
     sb.destroy(&exec).await.expect("second destroy is a no-op");
+}
+
+#[tokio::test]
+async fn a_refused_ruleset_names_the_object_and_errno_and_leaves_nothing() {
+    require_root("nftables refusal test");
+    let exec = NsExecutor::start().expect("executor");
+    let ns_name = name("refused");
+    let ns = exec.create(&ns_name).await.expect("namespace");
+    // A valid table and chain, then a nat chain on the forward hook, which
+    // the kernel refuses (nat chains hook pre/postrouting, input, output).
+    let mut rules = nft::Ruleset::drop_tcp_port("refused", 4321);
+    let mut nat_forward = rules.chains[0].clone();
+    nat_forward.name = "natfwd".into();
+    nat_forward.base = Some(nft::BaseChain {
+        kind: ChainType::Nat,
+        hook: Hook::Forward,
+        priority: 0,
+        policy: nft::Verdict::Accept,
+    });
+    rules.chains.push(nat_forward);
+    let err = exec
+        .run_in(&ns, move || nft::apply(&rules))
+        .await
+        .expect("executor")
+        .expect_err("the kernel refuses a nat chain on forward");
+    let message = err.to_string();
+    assert!(
+        message.contains("add chain inet refused natfwd") && message.contains("EOPNOTSUPP"),
+        "the error names the object and the errno: {message}"
+    );
+    assert_eq!(err.kind(), std::io::ErrorKind::Unsupported);
+    let listed = exec
+        .run_in(&ns, nft::list)
+        .await
+        .expect("executor")
+        .expect("dump");
+    assert_eq!(
+        listed,
+        nft::Ruleset::default(),
+        "one batch: the valid table, chains and rules before the refused chain are not kept"
+    );
+    let missing = exec
+        .run_in(&ns, || nft::delete_table(nft::FAMILY, "refused"))
+        .await
+        .expect("executor")
+        .expect_err("no such table");
+    assert_eq!(missing.kind(), std::io::ErrorKind::NotFound, "{missing}");
+    exec.delete(&ns_name).await.expect("delete namespace");
 }

@@ -12,8 +12,11 @@ use atunnel::egress::ActorEgress;
 use atunnel_core::sockopt::{Keepalive, SocketOptions};
 use atunnel_identity::clock::Clock;
 use atunnel_sandbox::link::Netlink;
-use atunnel_sandbox::{NetNs, NsExecutor, require_root};
+use atunnel_sandbox::{NetNs, NsExecutor, nft, require_root};
 use tokio::net::TcpListener;
+
+/// The table of [`FarNet::black_hole`]'s drop rules.
+const BLACKHOLE: &str = "blackhole";
 
 /// A namespace `far` joined to the host: the host's end of the veth has
 /// `.1`, `far`'s `.2` of a /30 of its own.
@@ -75,21 +78,10 @@ impl FarNet {
     /// Drops every packet of the connection whose host-side port is `port`,
     /// both ways, inside `far`: to the host it is a peer that vanished.
     async fn black_hole(&self, port: u16) {
-        let rules = serde_json::json!({"nftables": [
-            {"add": {"table": {"family": "inet", "name": "blackhole"}}},
-            {"add": {"chain": {"family": "inet", "table": "blackhole", "name": "input",
-                "type": "filter", "hook": "input", "prio": -10, "policy": "accept"}}},
-            {"add": {"chain": {"family": "inet", "table": "blackhole", "name": "output",
-                "type": "filter", "hook": "output", "prio": -10, "policy": "accept"}}},
-            {"add": {"rule": {"family": "inet", "table": "blackhole", "chain": "input", "expr": [
-                {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "sport"}}, "right": port}},
-                {"drop": null}]}}},
-            {"add": {"rule": {"family": "inet", "table": "blackhole", "chain": "output", "expr": [
-                {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": port}},
-                {"drop": null}]}}},
-        ]});
         self.exec
-            .run_in(&self.far, move || atunnel_sandbox::nft::apply(&rules))
+            .run_in(&self.far, move || {
+                nft::apply(&nft::Ruleset::drop_tcp_port(BLACKHOLE, port))
+            })
             .await
             .expect("enter the namespace")
             .expect("the drop rule");
@@ -98,12 +90,9 @@ impl FarNet {
     /// Takes the drop rules away, so what is left of the connections can
     /// finish and the namespace go.
     async fn clear_holes(&self) {
-        let rules = serde_json::json!({"nftables": [
-            {"delete": {"table": {"family": "inet", "name": "blackhole"}}},
-        ]});
         let _ = self
             .exec
-            .run_in(&self.far, move || atunnel_sandbox::nft::apply(&rules))
+            .run_in(&self.far, || nft::delete_table(nft::FAMILY, BLACKHOLE))
             .await;
     }
 
@@ -182,6 +171,9 @@ fn ports_to(far: SocketAddr) -> Vec<u16> {
                 .then(|| u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok())
                 .flatten()
         })
+        .collect::<std::collections::BTreeSet<u16>>()
+        // Read in pieces while the table changes, it can list a socket twice.
+        .into_iter()
         .collect()
 }
 

@@ -1,0 +1,338 @@
+//! The typed description of nftables objects: what [`super::apply`] adds
+//! and what [`super::list`] reads back, so a test compares the two directly.
+//!
+//! Expressions are the kernel's own (nft's `meta l4proto tcp` is two:
+//! [`Expr::Meta`] then [`Expr::Cmp`]), each working on register 1: every
+//! match here is a load followed by a compare, which needs no other register.
+
+use std::io;
+use std::net::Ipv4Addr;
+
+/// Table holding every rule for one sandbox.
+pub const TABLE: &str = "atunnel";
+
+/// The sandbox table's family. `inet` (IPv4 and IPv6 in one table), not
+/// `ip`: the veth carries IPv6 link-local addresses, which an `ip` table
+/// never sees. The redirect matches IPv4 only, so it stays one rule, and
+/// the input chain accepts IPv4 only, so all IPv6 from the actor (neighbour
+/// discovery included) is dropped.
+pub const FAMILY: Family = Family::Inet;
+
+/// Longest interface name the kernel takes (IFNAMSIZ less its NUL).
+const IFNAME_MAX: usize = 15;
+/// `meta iifname` loads IFNAMSIZ bytes, so an exact match compares all 16.
+const IFNAMSIZ: usize = 16;
+/// Values of `meta nfproto` and `meta l4proto` (linux/netfilter.h, in.h).
+const NFPROTO_IPV4: u8 = 2;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+/// Offsets in the IPv4 header and the TCP/UDP header.
+const IPV4_DADDR: u32 = 16;
+const L4_SPORT: u32 = 0;
+const L4_DPORT: u32 = 2;
+
+/// A set of nftables objects, in the order they are added (tables, then
+/// chains, then rules) or were listed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ruleset {
+    pub tables: Vec<Table>,
+    pub chains: Vec<Chain>,
+    pub rules: Vec<Rule>,
+}
+
+/// Address families of nftables tables (NFPROTO_*).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Inet,
+    Ip,
+    Ip6,
+    Other(u8),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    pub family: Family,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    pub family: Family,
+    pub table: String,
+    pub name: String,
+    /// Where packets enter the chain; `None` for a chain only jumped to.
+    pub base: Option<BaseChain>,
+}
+
+/// A chain attached to a netfilter hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BaseChain {
+    pub kind: ChainType,
+    pub hook: Hook,
+    /// Lower runs first: dstnat is -100, filter 0.
+    pub priority: i32,
+    /// The verdict for packets no rule decided.
+    pub policy: Verdict,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainType {
+    Filter,
+    Nat,
+    Route,
+}
+
+/// Netfilter hooks of the ip/ip6/inet families (NF_INET_*).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+    Other(u32),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub family: Family,
+    pub table: String,
+    pub chain: String,
+    pub exprs: Vec<Expr>,
+}
+
+/// One nf_tables expression on register 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expr {
+    /// Loads a packet's meta key.
+    Meta(MetaKey),
+    /// Loads `len` bytes at `offset` from a header.
+    Payload {
+        base: PayloadBase,
+        offset: u32,
+        len: u32,
+    },
+    /// `reg = (reg & mask) ^ xor`, over `mask.len()` bytes.
+    Bitwise { mask: Vec<u8>, xor: Vec<u8> },
+    /// Ends the rule unless the register's first `data.len()` bytes compare
+    /// as `op` to `data`.
+    Cmp { op: CmpOp, data: Vec<u8> },
+    /// Loads `data`.
+    Immediate(Vec<u8>),
+    /// Decides the packet's fate.
+    Verdict(Verdict),
+    /// Redirects to this host, to the port in register 1 (network order).
+    Redirect,
+    /// An expression this module does not build, by name (listings only).
+    Other(String),
+}
+
+/// `meta` keys (NFT_META_*).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaKey {
+    IifName,
+    NfProto,
+    L4Proto,
+    Other(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PayloadBase {
+    Link,
+    Network,
+    Transport,
+    Other(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmpOp {
+    Eq,
+    Neq,
+    Other(u32),
+}
+
+/// Verdicts (NF_ACCEPT, NF_DROP; the rest, such as jumps, as their code).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    Other(i32),
+}
+
+impl Ruleset {
+    /// The ruleset for one gateway namespace (`iface` is its end of the
+    /// veth, `net/prefix_len` the sandbox's network):
+    /// * nat/prerouting (dstnat priority): the one redirect rule: IPv4 TCP
+    ///   whose destination is outside the sandbox network goes to
+    ///   `egress_port`;
+    /// * filter/input: from the actor, IPv4 TCP (which after the redirect is
+    ///   ours) and DNS over UDP are accepted, everything else (ICMP, other
+    ///   UDP, every IPv6 packet) dropped;
+    /// * filter/forward: nothing is forwarded.
+    pub fn sandbox(
+        iface: &str,
+        net: Ipv4Addr,
+        prefix_len: u8,
+        egress_port: u16,
+        dns_port: u16,
+    ) -> io::Result<Self> {
+        if iface.is_empty() || iface.len() > IFNAME_MAX || iface.contains('\0') {
+            return Err(invalid(format!("interface name {iface:?}")));
+        }
+        if prefix_len > 32 {
+            return Err(invalid(format!("prefix length {prefix_len}")));
+        }
+        let mask = u32::MAX
+            .checked_shl(32 - u32::from(prefix_len))
+            .unwrap_or(0);
+        let net = u32::from(net) & mask;
+        let from_actor = || {
+            let mut name = iface.as_bytes().to_vec();
+            name.resize(IFNAMSIZ, 0);
+            [Expr::Meta(MetaKey::IifName), eq(name)]
+        };
+        let ipv4 = || [Expr::Meta(MetaKey::NfProto), eq(vec![NFPROTO_IPV4])];
+        let l4 = |proto| [Expr::Meta(MetaKey::L4Proto), eq(vec![proto])];
+        let redirect = [
+            ipv4().as_slice(),
+            &[
+                Expr::Payload {
+                    base: PayloadBase::Network,
+                    offset: IPV4_DADDR,
+                    len: 4,
+                },
+                Expr::Bitwise {
+                    mask: mask.to_be_bytes().to_vec(),
+                    xor: vec![0; 4],
+                },
+                Expr::Cmp {
+                    op: CmpOp::Neq,
+                    data: net.to_be_bytes().to_vec(),
+                },
+            ],
+            &l4(IPPROTO_TCP),
+            &[
+                Expr::Immediate(egress_port.to_be_bytes().to_vec()),
+                Expr::Redirect,
+            ],
+        ]
+        .concat();
+        let tcp_in = [
+            from_actor().as_slice(),
+            &ipv4(),
+            &l4(IPPROTO_TCP),
+            &[Expr::Verdict(Verdict::Accept)],
+        ]
+        .concat();
+        let dns_in = [
+            from_actor().as_slice(),
+            &ipv4(),
+            &l4(IPPROTO_UDP),
+            &[
+                Expr::Payload {
+                    base: PayloadBase::Transport,
+                    offset: L4_DPORT,
+                    len: 2,
+                },
+                eq(dns_port.to_be_bytes().to_vec()),
+                Expr::Verdict(Verdict::Accept),
+            ],
+        ]
+        .concat();
+        let rest_dropped = [from_actor().as_slice(), &[Expr::Verdict(Verdict::Drop)]].concat();
+        Ok(Self {
+            tables: vec![table(TABLE)],
+            chains: vec![
+                base_chain(TABLE, "prerouting", ChainType::Nat, Hook::Prerouting, -100),
+                base_chain(TABLE, "input", ChainType::Filter, Hook::Input, 0),
+                Chain {
+                    base: Some(BaseChain {
+                        kind: ChainType::Filter,
+                        hook: Hook::Forward,
+                        priority: 0,
+                        policy: Verdict::Drop,
+                    }),
+                    ..base_chain(TABLE, "forward", ChainType::Filter, Hook::Forward, 0)
+                },
+            ],
+            rules: vec![
+                rule(TABLE, "prerouting", redirect),
+                rule(TABLE, "input", tcp_in),
+                rule(TABLE, "input", dns_in),
+                rule(TABLE, "input", rest_dropped),
+            ],
+        })
+    }
+
+    /// An inet table `table` that black-holes the TCP connection whose peer
+    /// port is `port`: packets from it (input, `tcp sport`) and to it
+    /// (output, `tcp dport`) are dropped, before the filter priority.
+    pub fn drop_tcp_port(table_name: &str, port: u16) -> Self {
+        let tcp_port = |offset| {
+            vec![
+                Expr::Meta(MetaKey::L4Proto),
+                eq(vec![IPPROTO_TCP]),
+                Expr::Payload {
+                    base: PayloadBase::Transport,
+                    offset,
+                    len: 2,
+                },
+                eq(port.to_be_bytes().to_vec()),
+                Expr::Verdict(Verdict::Drop),
+            ]
+        };
+        Self {
+            tables: vec![table(table_name)],
+            chains: vec![
+                base_chain(table_name, "input", ChainType::Filter, Hook::Input, -10),
+                base_chain(table_name, "output", ChainType::Filter, Hook::Output, -10),
+            ],
+            rules: vec![
+                rule(table_name, "input", tcp_port(L4_SPORT)),
+                rule(table_name, "output", tcp_port(L4_DPORT)),
+            ],
+        }
+    }
+}
+
+fn invalid(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, format!("nftables: bad {what}"))
+}
+
+fn eq(data: Vec<u8>) -> Expr {
+    Expr::Cmp {
+        op: CmpOp::Eq,
+        data,
+    }
+}
+
+fn table(name: &str) -> Table {
+    Table {
+        family: FAMILY,
+        name: name.into(),
+    }
+}
+
+/// A base chain of `kind` whose policy accepts.
+fn base_chain(table: &str, name: &str, kind: ChainType, hook: Hook, priority: i32) -> Chain {
+    Chain {
+        family: FAMILY,
+        table: table.into(),
+        name: name.into(),
+        base: Some(BaseChain {
+            kind,
+            hook,
+            priority,
+            policy: Verdict::Accept,
+        }),
+    }
+}
+
+fn rule(table: &str, chain: &str, exprs: Vec<Expr>) -> Rule {
+    Rule {
+        family: FAMILY,
+        table: table.into(),
+        chain: chain.into(),
+        exprs,
+    }
+}
