@@ -30,6 +30,10 @@ pub enum NetnsError {
     },
     #[error("network namespace {0} already exists")]
     Exists(String),
+    #[error(
+        "{0:?} cannot name a network namespace: one path component of 1 to 255 bytes, not . or .."
+    )]
+    BadName(String),
     #[error("the namespace executor thread is gone")]
     ExecutorGone,
 }
@@ -80,6 +84,7 @@ impl NetNs {
 
     /// Opens an existing named namespace.
     pub fn open(name: &str) -> Result<Self, NetnsError> {
+        check_name(name)?;
         let file = File::open(Path::new(NETNS_DIR).join(name)).map_err(io(name, "open"))?;
         Ok(Self {
             name: name.to_string(),
@@ -171,7 +176,22 @@ impl NsExecutor {
     }
 }
 
+/// A name is one file in /run/netns: a name from an actor's uid must not
+/// reach another directory (`../x`) or be refused by the filesystem late.
+fn check_name(name: &str) -> Result<(), NetnsError> {
+    let bad = name.is_empty()
+        || name.len() > 255
+        || name == "."
+        || name == ".."
+        || name.contains(['/', '\0']);
+    if bad {
+        return Err(NetnsError::BadName(name.to_string()));
+    }
+    Ok(())
+}
+
 fn create_named(name: &str) -> Result<NetNs, NetnsError> {
+    check_name(name)?;
     std::fs::create_dir_all(NETNS_DIR).map_err(io(name, "create /run/netns"))?;
     let path = Path::new(NETNS_DIR).join(name);
     match std::fs::OpenOptions::new()
@@ -211,6 +231,7 @@ fn create_named(name: &str) -> Result<NetNs, NetnsError> {
 }
 
 fn delete_named(name: &str) -> Result<(), NetnsError> {
+    check_name(name)?;
     let path = Path::new(NETNS_DIR).join(name);
     match nix::mount::umount2(&path, MntFlags::MNT_DETACH) {
         Ok(()) | Err(nix::Error::ENOENT) | Err(nix::Error::EINVAL) => {}
@@ -231,5 +252,23 @@ pub fn exists(name: &str) -> bool {
 impl std::os::fd::AsRawFd for NetNs {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_would_leave_run_netns_are_refused() {
+        for bad in ["", ".", "..", "../x", "a/b", "a\0b", &"x".repeat(256)] {
+            assert!(
+                matches!(check_name(bad), Err(NetnsError::BadName(_))),
+                "{bad:?}"
+            );
+        }
+        for good in ["atn-uid-1", "a.b", "..x", &"x".repeat(255)] {
+            assert!(check_name(good).is_ok(), "{good:?}");
+        }
     }
 }
