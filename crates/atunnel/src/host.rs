@@ -51,6 +51,20 @@ pub struct HostArgs {
     /// Name the gateway's certificate must carry (default: the host of --gateway).
     #[arg(long)]
     pub gateway_name: Option<String>,
+    /// Loopback network: address the egress listeners bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub listen_ip: IpAddr,
+    /// Loopback network: destinations, comma separated (one listener each per actor).
+    #[arg(long, value_delimiter = ',')]
+    pub destinations: Vec<SocketAddr>,
+    #[command(flatten)]
+    pub tunnel: TunnelArgs,
+}
+
+/// The tunnel's own flags, shared by `atunnel host` and `atunnel serve`:
+/// everything but the actors, which `host` invents and `serve` is told of.
+#[derive(clap::Args, Clone, Debug)]
+pub struct TunnelArgs {
     /// CA certificates that sign the gateway's certificate (PEM).
     #[arg(long)]
     pub gateway_ca: PathBuf,
@@ -103,12 +117,6 @@ pub struct HostArgs {
     #[arg(long, default_value = "/etc/resolv.conf",
           value_parser = |s: &str| Ok::<_, std::convert::Infallible>(PathBuf::from(s)))]
     pub resolv_conf: PathBuf,
-    /// Loopback network: address the egress listeners bind.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub listen_ip: IpAddr,
-    /// Loopback network: destinations, comma separated (one listener each per actor).
-    #[arg(long, value_delimiter = ',')]
-    pub destinations: Vec<SocketAddr>,
     #[cfg(feature = "comparison")]
     #[command(flatten)]
     pub comparison: crate::comparison::RelayVariant,
@@ -256,7 +264,7 @@ pub enum HostError {
     NoDestinations,
 }
 
-fn cert_source(args: &HostArgs) -> Result<Arc<dyn CertificateSource>, BoxError> {
+fn cert_source(args: &TunnelArgs) -> Result<Arc<dyn CertificateSource>, BoxError> {
     if let Some(socket) = &args.node_agent_socket {
         let (Some(cert), Some(key), Some(trust)) =
             (&args.worker_cert, &args.worker_key, &args.trust_bundle)
@@ -288,69 +296,81 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
     if args.network == Network::Loopback && args.destinations.is_empty() {
         return Err(HostError::NoDestinations.into());
     }
-    let mut cfg = TunnelConfig::new(Arc::new(load_roots(&args.gateway_ca)?), cert_source(&args)?);
-    cfg.pool = args.pool.pool();
-    cfg.egress = EgressConfig {
-        socket: args.socket.options(),
-        sandbox_socket: args.socket.sandbox_options(),
-        drain_timeout: args.drain_timeout.0,
-        budget: args.budget.budget(),
-        stream_window: args.gateway_stream_window,
-        connection_window: args.gateway_connection_window,
-        pool_idle_timeout: args.gateway_idle_timeout.0,
-        pool_ping_interval: args.gateway_ping_interval.0,
-        pool_ping_timeout: args.gateway_ping_timeout.0,
-        relay: args.relay.bounds(),
-        #[cfg(feature = "comparison")]
-        comparison: args.comparison,
-    };
-    cfg.egress_port = args.egress_port;
-    cfg.netns_prefix = args.netns_prefix.clone();
-    if let (Some(bundle), Some(trust)) = (&args.credential_bundle, &args.trust_bundle) {
-        cfg.ingress = Some(IngressListen {
-            config: IngressConfig {
-                credential_bundle: bundle.clone(),
-                trust_bundle: trust.clone(),
-                allowed_client_id: args.client_identity.clone(),
-                pools: PoolSettings {
-                    max_in_flight: args.budget.actor_max_ingress_in_flight,
-                    response_timeout: args.budget.actor_response_timeout.0,
-                    ..PoolSettings::default()
-                },
-                socket: args.socket.options(),
-                sandbox_socket: args.socket.sandbox_options(),
-                drain_timeout: args.drain_timeout.0,
-                hibernate_after: args.hibernate_after.0,
-                header_read_timeout: args.header_read_timeout.0,
-                router_ping_interval: args.router_ping_interval.0,
-                router_ping_timeout: args.router_ping_timeout.0,
-                tls_handshake_timeout: args.tls_handshake_timeout.0,
-                pre_auth: args.pre_auth.limits(),
-            },
-            https: args.ingress_https,
-            connect: args.ingress_connect,
-        });
-    }
-    if args.network == Network::Sandbox && !args.resolv_conf.as_os_str().is_empty() {
-        cfg.dns = Some(atunnel_dns::RelayConfig {
-            upstreams: atunnel_dns::resolvers_from_resolv_conf(&args.resolv_conf)?,
-            max_in_flight: args.budget.dns_max_in_flight,
-            ..atunnel_dns::RelayConfig::default()
-        });
-    }
-    cfg.stats = Some(args.stats);
-    cfg.stats_limits = args.admin.limits();
-    cfg.overload = args.overload.config();
+    let cfg = args.tunnel.config(args.network == Network::Sandbox)?;
     let tunnel = Tunnel::start(cfg).await?;
     let stats = tunnel.stats_addr().expect("asked for /stats");
     let result = host_actors(&args, &tunnel, stats, &cancel).await;
     // A stop signal: stop accepting, let what is open finish (bounded),
     // then end the rest.
-    if !tunnel.drain(args.drain_timeout.0).await {
-        tracing::info!(after = ?args.drain_timeout.0, "drain timed out; ending what is still open");
+    let drain = args.tunnel.drain_timeout.0;
+    if !tunnel.drain(drain).await {
+        tracing::info!(after = ?drain, "drain timed out; ending what is still open");
     }
     tunnel.shutdown().await;
     result
+}
+
+impl TunnelArgs {
+    /// The tunnel these flags describe. `sandboxes`: actors get sandboxes,
+    /// so their DNS relay is configured (from --resolv-conf).
+    pub fn config(&self, sandboxes: bool) -> Result<TunnelConfig, BoxError> {
+        let args = self;
+        let mut cfg =
+            TunnelConfig::new(Arc::new(load_roots(&args.gateway_ca)?), cert_source(args)?);
+        cfg.pool = args.pool.pool();
+        cfg.egress = EgressConfig {
+            socket: args.socket.options(),
+            sandbox_socket: args.socket.sandbox_options(),
+            drain_timeout: args.drain_timeout.0,
+            budget: args.budget.budget(),
+            stream_window: args.gateway_stream_window,
+            connection_window: args.gateway_connection_window,
+            pool_idle_timeout: args.gateway_idle_timeout.0,
+            pool_ping_interval: args.gateway_ping_interval.0,
+            pool_ping_timeout: args.gateway_ping_timeout.0,
+            relay: args.relay.bounds(),
+            #[cfg(feature = "comparison")]
+            comparison: args.comparison,
+        };
+        cfg.egress_port = args.egress_port;
+        cfg.netns_prefix = args.netns_prefix.clone();
+        if let (Some(bundle), Some(trust)) = (&args.credential_bundle, &args.trust_bundle) {
+            cfg.ingress = Some(IngressListen {
+                config: IngressConfig {
+                    credential_bundle: bundle.clone(),
+                    trust_bundle: trust.clone(),
+                    allowed_client_id: args.client_identity.clone(),
+                    pools: PoolSettings {
+                        max_in_flight: args.budget.actor_max_ingress_in_flight,
+                        response_timeout: args.budget.actor_response_timeout.0,
+                        ..PoolSettings::default()
+                    },
+                    socket: args.socket.options(),
+                    sandbox_socket: args.socket.sandbox_options(),
+                    drain_timeout: args.drain_timeout.0,
+                    hibernate_after: args.hibernate_after.0,
+                    header_read_timeout: args.header_read_timeout.0,
+                    router_ping_interval: args.router_ping_interval.0,
+                    router_ping_timeout: args.router_ping_timeout.0,
+                    tls_handshake_timeout: args.tls_handshake_timeout.0,
+                    pre_auth: args.pre_auth.limits(),
+                },
+                https: args.ingress_https,
+                connect: args.ingress_connect,
+            });
+        }
+        if sandboxes && !args.resolv_conf.as_os_str().is_empty() {
+            cfg.dns = Some(atunnel_dns::RelayConfig {
+                upstreams: atunnel_dns::resolvers_from_resolv_conf(&args.resolv_conf)?,
+                max_in_flight: args.budget.dns_max_in_flight,
+                ..atunnel_dns::RelayConfig::default()
+            });
+        }
+        cfg.stats = Some(args.stats);
+        cfg.stats_limits = args.admin.limits();
+        cfg.overload = args.overload.config();
+        Ok(cfg)
+    }
 }
 
 async fn host_actors(
@@ -434,41 +454,59 @@ mod tests {
         use crate::ingress::IngressConfig;
         let args = parse(&[]).unwrap();
         let (egress, ingress) = (EgressConfig::default(), IngressConfig::default());
-        assert_eq!(args.socket.options(), egress.socket);
-        assert_eq!(args.socket.sandbox_options(), egress.sandbox_socket);
-        assert_eq!(args.socket.options(), ingress.socket);
-        assert_eq!(args.socket.sandbox_options(), ingress.sandbox_socket);
-        assert_eq!(args.drain_timeout.0, egress.drain_timeout);
-        assert_eq!(args.drain_timeout.0, ingress.drain_timeout);
-        assert_eq!(args.budget.budget(), egress.budget);
+        assert_eq!(args.tunnel.socket.options(), egress.socket);
+        assert_eq!(args.tunnel.socket.sandbox_options(), egress.sandbox_socket);
+        assert_eq!(args.tunnel.socket.options(), ingress.socket);
+        assert_eq!(args.tunnel.socket.sandbox_options(), ingress.sandbox_socket);
+        assert_eq!(args.tunnel.drain_timeout.0, egress.drain_timeout);
+        assert_eq!(args.tunnel.drain_timeout.0, ingress.drain_timeout);
+        assert_eq!(args.tunnel.budget.budget(), egress.budget);
         assert_eq!(
-            args.budget.dns_max_in_flight,
+            args.tunnel.budget.dns_max_in_flight,
             atunnel_dns::RelayConfig::default().max_in_flight
         );
-        assert_eq!(args.gateway_stream_window, egress.stream_window);
-        assert_eq!(args.gateway_connection_window, egress.connection_window);
-        assert_eq!(args.gateway_idle_timeout.0, egress.pool_idle_timeout);
-        assert_eq!(args.gateway_ping_interval.0, egress.pool_ping_interval);
-        assert_eq!(args.gateway_ping_timeout.0, egress.pool_ping_timeout);
-        assert_eq!(args.hibernate_after.0, ingress.hibernate_after);
-        assert_eq!(args.header_read_timeout.0, ingress.header_read_timeout);
-        assert_eq!(args.router_ping_interval.0, ingress.router_ping_interval);
-        assert_eq!(args.router_ping_timeout.0, ingress.router_ping_timeout);
-        assert_eq!(args.tls_handshake_timeout.0, ingress.tls_handshake_timeout);
-        assert_eq!(args.pre_auth.limits(), ingress.pre_auth);
-        assert_eq!(args.client_identity, ingress.allowed_client_id);
+        assert_eq!(args.tunnel.gateway_stream_window, egress.stream_window);
+        assert_eq!(
+            args.tunnel.gateway_connection_window,
+            egress.connection_window
+        );
+        assert_eq!(args.tunnel.gateway_idle_timeout.0, egress.pool_idle_timeout);
+        assert_eq!(
+            args.tunnel.gateway_ping_interval.0,
+            egress.pool_ping_interval
+        );
+        assert_eq!(args.tunnel.gateway_ping_timeout.0, egress.pool_ping_timeout);
+        assert_eq!(args.tunnel.hibernate_after.0, ingress.hibernate_after);
+        assert_eq!(
+            args.tunnel.header_read_timeout.0,
+            ingress.header_read_timeout
+        );
+        assert_eq!(
+            args.tunnel.router_ping_interval.0,
+            ingress.router_ping_interval
+        );
+        assert_eq!(
+            args.tunnel.router_ping_timeout.0,
+            ingress.router_ping_timeout
+        );
+        assert_eq!(
+            args.tunnel.tls_handshake_timeout.0,
+            ingress.tls_handshake_timeout
+        );
+        assert_eq!(args.tunnel.pre_auth.limits(), ingress.pre_auth);
+        assert_eq!(args.tunnel.client_identity, ingress.allowed_client_id);
         let tunnel = crate::tunnel::TunnelConfig::new(
             std::sync::Arc::new(rustls::RootCertStore::empty()),
             std::sync::Arc::new(atunnel_identity::LocalCaSource::new(std::sync::Arc::new(
                 atunnel_identity::CertificateAuthority::new("ca").unwrap(),
             ))),
         );
-        assert_eq!(args.egress_port, tunnel.egress_port);
-        assert_eq!(args.netns_prefix, tunnel.netns_prefix);
-        assert_eq!(args.pool.pool().stats(), tunnel.pool.stats());
-        assert_eq!(args.admin.limits(), tunnel.stats_limits);
+        assert_eq!(args.tunnel.egress_port, tunnel.egress_port);
+        assert_eq!(args.tunnel.netns_prefix, tunnel.netns_prefix);
+        assert_eq!(args.tunnel.pool.pool().stats(), tunnel.pool.stats());
+        assert_eq!(args.tunnel.admin.limits(), tunnel.stats_limits);
         assert_eq!(
-            args.node_agent_timeout.0,
+            args.tunnel.node_agent_timeout.0,
             atunnel_nodeagent::DEFAULT_MINT_TIMEOUT
         );
     }
@@ -476,19 +514,22 @@ mod tests {
     #[test]
     fn an_empty_resolv_conf_serves_no_dns() {
         let args = parse(&["--resolv-conf="]).expect("an empty path parses");
-        assert!(args.resolv_conf.as_os_str().is_empty());
+        assert!(args.tunnel.resolv_conf.as_os_str().is_empty());
         let args = parse(&["--resolv-conf", ""]).expect("an empty path parses");
-        assert!(args.resolv_conf.as_os_str().is_empty());
+        assert!(args.tunnel.resolv_conf.as_os_str().is_empty());
     }
 
     #[test]
     fn ingress_listens_on_443_and_8443_once_it_has_a_credential() {
         let off = parse(&[]).unwrap();
-        assert!(off.credential_bundle.is_none(), "ingress is off by default");
+        assert!(
+            off.tunnel.credential_bundle.is_none(),
+            "ingress is off by default"
+        );
         let on = parse(&["--credential-bundle=b.pem", "--trust-bundle=t.pem"]).unwrap();
-        assert!(on.credential_bundle.is_some());
-        assert_eq!(on.ingress_https, "0.0.0.0:443".parse().unwrap());
-        assert_eq!(on.ingress_connect, "0.0.0.0:8443".parse().unwrap());
+        assert!(on.tunnel.credential_bundle.is_some());
+        assert_eq!(on.tunnel.ingress_https, "0.0.0.0:443".parse().unwrap());
+        assert_eq!(on.tunnel.ingress_connect, "0.0.0.0:8443".parse().unwrap());
         let moved = parse(&[
             "--credential-bundle=b.pem",
             "--trust-bundle=t.pem",
@@ -496,8 +537,14 @@ mod tests {
             "--ingress-connect=127.0.0.1:9444",
         ])
         .unwrap();
-        assert_eq!(moved.ingress_https, "127.0.0.1:9443".parse().unwrap());
-        assert_eq!(moved.ingress_connect, "127.0.0.1:9444".parse().unwrap());
+        assert_eq!(
+            moved.tunnel.ingress_https,
+            "127.0.0.1:9443".parse().unwrap()
+        );
+        assert_eq!(
+            moved.tunnel.ingress_connect,
+            "127.0.0.1:9444".parse().unwrap()
+        );
         // The router is trusted through the trust bundle; without it ingress
         // could not check the router, so the flag alone is refused.
         assert!(parse(&["--credential-bundle=b.pem"]).is_err());

@@ -12,6 +12,7 @@
 
 #[cfg(feature = "comparison")]
 pub mod comparison;
+pub mod control;
 pub mod egress;
 pub mod host;
 pub mod ingress;
