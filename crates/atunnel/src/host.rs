@@ -222,6 +222,14 @@ pub struct BudgetArgs {
     /// the router gets 504 ("60s").
     #[arg(long, default_value_t = FlagDuration(PoolSettings::default().response_timeout))]
     pub actor_response_timeout: FlagDuration,
+    /// An HTTP/2 connection to an actor with requests in flight is pinged
+    /// this often and closed (its requests answered 502) if a ping goes
+    /// unanswered for --actor-ping-timeout ("20s"; 0: never).
+    #[arg(long, default_value_t = FlagDuration(PoolSettings::default().ping_interval))]
+    pub actor_ping_interval: FlagDuration,
+    /// See --actor-ping-interval ("10s").
+    #[arg(long, default_value_t = FlagDuration(PoolSettings::default().ping_timeout))]
+    pub actor_ping_timeout: FlagDuration,
 }
 
 impl BudgetArgs {
@@ -343,6 +351,8 @@ impl TunnelArgs {
                     pools: PoolSettings {
                         max_in_flight: args.budget.actor_max_ingress_in_flight,
                         response_timeout: args.budget.actor_response_timeout.0,
+                        ping_interval: args.budget.actor_ping_interval.0,
+                        ping_timeout: args.budget.actor_ping_timeout.0,
                         ..PoolSettings::default()
                     },
                     socket: args.socket.options(),
@@ -494,6 +504,14 @@ mod tests {
             ingress.tls_handshake_timeout
         );
         assert_eq!(args.tunnel.pre_auth.limits(), ingress.pre_auth);
+        assert_eq!(
+            args.tunnel.budget.actor_ping_interval.0,
+            ingress.pools.ping_interval
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_ping_timeout.0,
+            ingress.pools.ping_timeout
+        );
         assert_eq!(args.tunnel.client_identity, ingress.allowed_client_id);
         let tunnel = crate::tunnel::TunnelConfig::new(
             std::sync::Arc::new(rustls::RootCertStore::empty()),
