@@ -58,7 +58,11 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(limit.admit_at(t0 + Duration::from_secs(30)), None);
         }
-        assert_eq!(limit.admit_at(t0 + WINDOW), Some(5), "the next says how many");
+        assert_eq!(
+            limit.admit_at(t0 + WINDOW),
+            Some(5),
+            "the next says how many"
+        );
         assert_eq!(limit.admit_at(t0 + WINDOW), Some(0));
     }
 }

@@ -136,9 +136,15 @@ async fn warnings_about_one_actor_are_rate_limited() {
     let dir = tempfile::tempdir().expect("dir");
     let config = format!("{LOOPBACK}actors = 1\n");
     let (ready, mut child) = start(&pki, dir.path(), &config, &[]).await;
-    let listener = *ready.actors[0].listeners.values().next().expect("a listener");
+    let listener = *ready.actors[0]
+        .listeners
+        .values()
+        .next()
+        .expect("a listener");
     for _ in 0..25 {
-        let mut conn = tokio::net::TcpStream::connect(listener).await.expect("connect");
+        let mut conn = tokio::net::TcpStream::connect(listener)
+            .await
+            .expect("connect");
         let mut buf = [0u8; 16];
         // Closed once its open failed.
         let _ = conn.read(&mut buf).await;

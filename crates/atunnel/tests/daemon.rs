@@ -144,8 +144,15 @@ async fn metrics_parse_as_prometheus_text_and_move_with_the_traffic() {
         value(&before, "atunnel_egress_open_latency_seconds_count", &[]) + 1.0,
         "the open is in the latency histogram"
     );
-    let inf = scrape_bucket(&during, "atunnel_egress_open_latency_seconds", f64::INFINITY);
-    assert_eq!(inf, value(&during, "atunnel_egress_open_latency_seconds_count", &[]));
+    let inf = scrape_bucket(
+        &during,
+        "atunnel_egress_open_latency_seconds",
+        f64::INFINITY,
+    );
+    assert_eq!(
+        inf,
+        value(&during, "atunnel_egress_open_latency_seconds_count", &[])
+    );
     // Its bytes are counted once it has ended (both directions closed).
     drop(tunnel);
     let started = Instant::now();
@@ -154,12 +161,23 @@ async fn metrics_parse_as_prometheus_text_and_move_with_the_traffic() {
         if value(&after, "atunnel_egress_tunnels_open", &[]) == 0.0 {
             break after;
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "the tunnel never ended");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the tunnel never ended"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let counted = |name| value(&after, name, &[]) - value(&before, name, &[]);
-    assert_eq!(counted("atunnel_egress_bytes_up_bytes_total"), 7.0, "\"counted\" went up");
-    assert_eq!(counted("atunnel_egress_bytes_down_bytes_total"), 7.0, "and came back");
+    assert_eq!(
+        counted("atunnel_egress_bytes_up_bytes_total"),
+        7.0,
+        "\"counted\" went up"
+    );
+    assert_eq!(
+        counted("atunnel_egress_bytes_down_bytes_total"),
+        7.0,
+        "and came back"
+    );
     let (status, body) = get(admin, "/healthz").await.expect("/healthz");
     assert_eq!((status, body.as_str()), (200, "ok\n"));
     let (status, _) = get(admin, "/readyz").await.expect("/readyz");

@@ -461,7 +461,14 @@ async fn unmodified_programs_in_the_sandbox_reach_any_address_through_the_tunnel
     let out = run_in_netns(
         &sandbox.runtime,
         "bash",
-        &["-c", BASH_HTTP_GET, "bash", "198.51.100.7", "80", "/from-the-sandbox"],
+        &[
+            "-c",
+            BASH_HTTP_GET,
+            "bash",
+            "198.51.100.7",
+            "80",
+            "/from-the-sandbox",
+        ],
     )
     .await;
     assert!(
@@ -472,7 +479,10 @@ async fn unmodified_programs_in_the_sandbox_reach_any_address_through_the_tunnel
     );
     let answer = String::from_utf8_lossy(&out.stdout);
     let (head, got) = answer.split_once("\n\n").expect("an HTTP answer");
-    assert!(head.starts_with("HTTP/1.") && head.contains(" 200"), "{head}");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200"),
+        "{head}"
+    );
     let body = "x".repeat(SinkConfig::default().http_body_bytes);
     assert_eq!(got, body, "the body bash read");
     expect_seen(&mut gw, "alpha", "198.51.100.7:80").await;
