@@ -187,3 +187,20 @@ pub async fn watched_end_is_reset(
         Err(_) => panic!("{what}: the socket was left open"),
     }
 }
+
+/// The one JSON line a process started with a piped stdout prints once it
+/// is ready (`atunnel host`'s `HostReady`, `atunnel serve`'s `ServeReady`),
+/// within 30 s.
+pub async fn ready_line<T: serde::de::DeserializeOwned>(child: &mut tokio::process::Child) -> T {
+    use tokio::io::AsyncBufReadExt;
+    let stdout = child.stdout.take().expect("a piped stdout");
+    let line = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tokio::io::BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("ready within 30 s")
+    .expect("read")
+    .expect("a ready line");
+    serde_json::from_str(&line).expect("ready JSON")
+}

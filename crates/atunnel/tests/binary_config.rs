@@ -4,10 +4,9 @@
 
 use atunnel_support::prelude::*;
 use std::process::Stdio;
-use std::time::Duration;
 
 use atunnel::host::HostReady;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+use tokio::io::AsyncReadExt;
 
 /// Starts `atunnel host` with `config` as its file and `extra` flags, and
 /// returns what it printed when ready, and the child.
@@ -38,16 +37,7 @@ async fn start(
         .kill_on_drop(true)
         .spawn()
         .expect("atunnel starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let line = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::io::BufReader::new(stdout).lines().next_line(),
-    )
-    .await
-    .expect("ready within 30 s")
-    .expect("read")
-    .expect("a ready line");
-    (serde_json::from_str(&line).expect("ready JSON"), child)
+    (ready_line(&mut child).await, child)
 }
 
 const LOOPBACK: &str = "network = \"loopback\"\ngateway = \"127.0.0.1:1\"\n\

@@ -23,7 +23,7 @@ use atunnel_identity::cert_source::{CertificateSource, MintError, MintFuture};
 use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
 use atunnel_sandbox::{NetNs, NsExecutor, require_root};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -824,16 +824,7 @@ async fn atunnel_ctl_drives_atunnel_serve_through_a_lifecycle() {
         .kill_on_drop(true)
         .spawn()
         .expect("atunnel serve starts");
-    let stdout = daemon.stdout.take().expect("stdout");
-    let line = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::io::BufReader::new(stdout).lines().next_line(),
-    )
-    .await
-    .expect("ready within 30 s")
-    .expect("read")
-    .expect("a ready line");
-    let ready: ServeReady = serde_json::from_str(&line).expect("ready JSON");
+    let ready: ServeReady = ready_line(&mut daemon).await;
     assert_eq!(ready.control_socket, socket);
 
     let actor = [

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use atunnel::host::HostReady;
 use atunnel_support::stats_client::get;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 struct Daemon {
@@ -45,16 +45,7 @@ async fn start(drain_timeout: &str) -> Daemon {
         .kill_on_drop(true)
         .spawn()
         .expect("atunnel starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let line = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::io::BufReader::new(stdout).lines().next_line(),
-    )
-    .await
-    .expect("ready within 30 s")
-    .expect("read")
-    .expect("a ready line");
-    let ready: HostReady = serde_json::from_str(&line).expect("ready JSON");
+    let ready: HostReady = ready_line(&mut child).await;
     let listener = ready.actors[0].listeners[&echo];
     Daemon {
         ready,

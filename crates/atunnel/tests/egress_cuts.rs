@@ -18,7 +18,7 @@ use std::time::Duration;
 use atunnel::host::HostReady;
 use atunnel_identity::clock::Clock;
 use bytes::Bytes;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -513,16 +513,7 @@ async fn atunnel_process(
         .kill_on_drop(true)
         .spawn()
         .expect("atunnel starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let line = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::io::BufReader::new(stdout).lines().next_line(),
-    )
-    .await
-    .expect("ready within 30 s")
-    .expect("read")
-    .expect("a ready line");
-    let ready: HostReady = serde_json::from_str(&line).expect("ready JSON");
+    let ready: HostReady = ready_line(&mut child).await;
     (child, ready)
 }
 

@@ -15,7 +15,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
-use tokio::io::AsyncBufReadExt;
 
 static CHUNK: [u8; 64 * 1024] = [b'z'; 64 * 1024];
 const N: u64 = 100 << 20;
@@ -85,16 +84,7 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
         .kill_on_drop(true)
         .spawn()
         .expect("atunnel starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let line = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::io::BufReader::new(stdout).lines().next_line(),
-    )
-    .await
-    .expect("ready within 30 s")
-    .expect("read")
-    .expect("a ready line");
-    let ready: HostReady = serde_json::from_str(&line).expect("ready JSON");
+    let ready: HostReady = ready_line(&mut child).await;
     let (https, _) = ready.ingress.expect("ingress is on");
     let actor = actor().await;
     let port = actor.port().to_string();
