@@ -8,7 +8,7 @@
 //! idles for the hibernation period drops its rustls session for its
 //! traffic keys (atunnel_tls::stream), tunnels open or not.
 
-use atunnel_tls::{PreAuthFigures, PreAuthGate, PreAuthLimits};
+use atunnel_tls::{PreAuthFigures, PreAuthGate, PreAuthLimits, ReloadableConfig};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -146,7 +146,7 @@ async fn unanswered_ping(mut pinger: h2::PingPong, interval: Duration, timeout: 
 
 pub struct ConnectServer<H: ConnectHandler> {
     handler: Arc<H>,
-    acceptor: TlsAcceptor,
+    tls: Arc<ReloadableConfig>,
     socket: SocketOptions,
     h2: H2Settings,
     hibernation: Arc<Hibernation>,
@@ -157,14 +157,14 @@ pub struct ConnectServer<H: ConnectHandler> {
 impl<H: ConnectHandler> ConnectServer<H> {
     pub fn new(
         handler: Arc<H>,
-        tls: Arc<rustls::ServerConfig>,
+        tls: Arc<ReloadableConfig>,
         socket: SocketOptions,
         h2: H2Settings,
         hibernation: Arc<Hibernation>,
     ) -> Arc<Self> {
         Arc::new(Self {
             handler,
-            acceptor: TlsAcceptor::from(tls),
+            tls,
             socket,
             h2,
             hibernation,
@@ -219,11 +219,11 @@ impl<H: ConnectHandler> ConnectServer<H> {
         // into each future it moves through) and h2's connection state are
         // boxed: a future keeps room for its largest state for the whole
         // connection, idle or not.
-        let handshake = handshaking.run(atunnel_tls::accept(
-            &self.acceptor,
-            tcp,
-            self.h2.handshake_timeout,
-        ));
+        // The config current at the accept (it may be reloaded).
+        let acceptor = TlsAcceptor::from(self.tls.current());
+        let timeout = self.h2.handshake_timeout;
+        let handshake =
+            handshaking.run(async move { atunnel_tls::accept(&acceptor, tcp, timeout).await });
         let Some(tls) = Box::pin(handshake).await else {
             return Ok(());
         };

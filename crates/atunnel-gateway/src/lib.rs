@@ -333,7 +333,7 @@ pub fn new<F: FarEnd>(
     let hibernation = atunnel_tls::Hibernation::disabled();
     Ok(ConnectServer::new(
         handler,
-        Arc::new(tls),
+        atunnel_tls::ReloadableConfig::new(Arc::new(tls)),
         cfg.socket,
         h2,
         hibernation,

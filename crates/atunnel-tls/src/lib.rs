@@ -8,6 +8,7 @@
 //! - [`secrets`]: the key log that hands that stream its traffic secrets,
 //!   so that it can follow key updates.
 //! - [`hibernate`]: idle detection, and asking a connection to hibernate.
+//! - [`reloadable`]: a server config replaced while its listeners run.
 //!
 //! Depends on `atunnel-core` (readiness) and `atunnel-identity` (certificate
 //! validity); knows nothing of actors, HTTP or CONNECT. The CONNECT server,
@@ -17,10 +18,12 @@ pub mod admission;
 pub mod hibernate;
 pub mod pre_auth;
 pub mod records;
+pub mod reloadable;
 pub mod secrets;
 pub mod stream;
 
 pub use admission::accept;
 pub use hibernate::{Activity, ActivityIo, Hibernation, HibernationStats, with_hibernation};
 pub use pre_auth::{PreAuthFigures, PreAuthGate, PreAuthLimits, PreAuthPermit};
+pub use reloadable::ReloadableConfig;
 pub use stream::{RecordStream, RecordTracking, RustlsStream, ServerTls};

@@ -306,6 +306,7 @@ pub async fn run(args: HostArgs, cancel: CancellationToken) -> Result<(), BoxErr
     }
     let cfg = args.tunnel.config(args.network == Network::Sandbox)?;
     let tunnel = Tunnel::start(cfg).await?;
+    tokio::spawn(tunnel.clone().reload_tls_on_sighup(cancel.clone()));
     let stats = tunnel.stats_addr().expect("asked for /stats");
     let result = host_actors(&args, &tunnel, stats, &cancel).await;
     // A stop signal: stop accepting, let what is open finish (bounded),

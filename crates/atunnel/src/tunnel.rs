@@ -288,6 +288,32 @@ impl Tunnel {
         self.ingress.as_ref().map(|(i, h, c)| (i, *h, *c))
     }
 
+    /// On every SIGHUP until `cancel`, re-reads ingress's credential and
+    /// trust bundles ([`Ingress::reload_tls`]); a bundle that fails to load
+    /// is logged and the previous one kept.
+    pub async fn reload_tls_on_sighup(self: Arc<Self>, cancel: CancellationToken) {
+        let Some((ingress, _, _)) = self.ingress() else {
+            return;
+        };
+        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGHUP handler: TLS bundles reload only with their files");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                got = hup.recv() => if got.is_none() { return },
+            }
+            match ingress.reload_tls() {
+                Ok(()) => tracing::info!("SIGHUP: reloaded the credential and trust bundles"),
+                Err(e) => tracing::warn!(error = %e, "SIGHUP: keeping the previous TLS bundles"),
+            }
+        }
+    }
+
     /// Where /stats is served, if it is.
     pub fn stats_addr(&self) -> Option<SocketAddr> {
         self.stats

@@ -37,6 +37,7 @@ pub struct ServeReady {
 pub async fn run(args: ServeArgs, cancel: CancellationToken) -> Result<(), BoxError> {
     let control = args.control.config();
     let tunnel = Tunnel::start(args.tunnel.config(true)?).await?;
+    tokio::spawn(tunnel.clone().reload_tls_on_sighup(cancel.clone()));
     let socket = match ControlSocket::bind(&control).await {
         Ok(s) => s,
         Err(e) => {

@@ -123,7 +123,8 @@ pub enum IngressError {
 pub struct Ingress {
     cfg: IngressConfig,
     routes: Arc<Routes>,
-    tls: Arc<rustls::ServerConfig>,
+    /// Both listeners' TLS, replaced by [`Ingress::reload_tls`].
+    tls: Arc<atunnel_tls::ReloadableConfig>,
     connect: Arc<ConnectServer<connect::IngressConnect>>,
     https_listeners: ListenerStats,
     https_pre_auth: Arc<PreAuthGate>,
@@ -144,8 +145,7 @@ impl Ingress {
         pool: BufferPool,
         overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
     ) -> Result<Arc<Self>, IngressError> {
-        let trust = atunnel_identity::pem_files::load_certs(&cfg.trust_bundle)?;
-        let tls = tls::server_config(&cfg.credential_bundle, &trust, &cfg.allowed_client_id)?;
+        let tls = atunnel_tls::ReloadableConfig::new(Self::server_config(&cfg)?);
         let routes = Arc::new(Routes::new(
             cfg.pools,
             cfg.sandbox_socket,
@@ -202,6 +202,23 @@ impl Ingress {
 
     /// Connections in their TLS handshake on the HTTPS and the CONNECT
     /// listener, and those closed at the cap.
+    fn server_config(cfg: &IngressConfig) -> Result<Arc<rustls::ServerConfig>, IngressError> {
+        let trust = atunnel_identity::pem_files::load_certs(&cfg.trust_bundle)?;
+        Ok(tls::server_config(
+            &cfg.credential_bundle,
+            &trust,
+            &cfg.allowed_client_id,
+        )?)
+    }
+
+    /// Reads the credential and trust bundles again: connections accepted
+    /// from now on, on both listeners, handshake with them (open ones keep
+    /// theirs). A bundle that fails to load changes nothing.
+    pub fn reload_tls(&self) -> Result<(), IngressError> {
+        self.tls.replace(Self::server_config(&self.cfg)?);
+        Ok(())
+    }
+
     pub fn pre_auth(&self) -> (PreAuthFigures, PreAuthFigures) {
         (self.https_pre_auth.figures(), self.connect.pre_auth())
     }
@@ -239,13 +256,13 @@ impl Ingress {
     /// Serves the HTTPS listener until `cancel`, then finishes in-flight
     /// requests gracefully and waits for every connection.
     pub async fn serve_https(&self, listener: TcpListener, cancel: CancellationToken) {
-        let acceptor = TlsAcceptor::from(self.tls.clone());
         let listener = Listener::new(listener, "ingress-https");
         listener
             .serve(&cancel, &self.https_listeners, |tcp, client| {
                 // Closed at once past the cap: no task, no handshake state.
                 let handshaking = self.https_pre_auth.admit(client.ip())?;
-                let acceptor = acceptor.clone();
+                // The config current at the accept (it may be reloaded).
+                let acceptor = TlsAcceptor::from(self.tls.current());
                 let routes = self.routes.clone();
                 let socket = self.cfg.socket;
                 let cancel = cancel.clone();
