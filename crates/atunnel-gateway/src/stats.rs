@@ -82,16 +82,11 @@ pub(crate) async fn serve(
     .await
 }
 
-/// Whether the query asks for free memory to be released first.
-fn wants_release(query: Option<&str>) -> bool {
-    query.is_some_and(|q| q.split('&').any(|p| p == "release=1" || p == "trim=1"))
-}
-
 fn answer(source: &StatsSource, req: &admin::Request) -> admin::Response {
     if req.uri().path() != "/stats" {
         return admin::not_found();
     }
-    let stats = source.collect(wants_release(req.uri().query()));
+    let stats = source.collect(admin::wants_release(req.uri().query()));
     admin::json(serde_json::to_vec(&stats).unwrap_or_default())
 }
 
@@ -99,15 +94,6 @@ fn answer(source: &StatsSource, req: &admin::Request) -> admin::Response {
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    #[test]
-    fn release_is_asked_by_either_name_and_only_as_a_whole_parameter() {
-        assert!(wants_release(Some("release=1")));
-        assert!(wants_release(Some("x=2&trim=1")));
-        assert!(!wants_release(None));
-        assert!(!wants_release(Some("release=10")));
-        assert!(!wants_release(Some("norelease=1")));
-    }
 
     #[tokio::test]
     async fn stats_serves_heap_pool_and_listener_figures_as_json() {

@@ -121,6 +121,12 @@ pub async fn serve<A>(
         .await
 }
 
+/// Whether a request's query asks for free memory to be released before
+/// the figures are read: `release=1` (or `trim=1`), as a whole parameter.
+pub fn wants_release(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|p| p == "release=1" || p == "trim=1"))
+}
+
 /// A JSON answer.
 pub fn json(body: Vec<u8>) -> Response {
     hyper::Response::builder()
@@ -206,6 +212,15 @@ mod tests {
             .expect("the server closes it")
             .unwrap_or(0);
         assert_eq!(n, 0, "no more bytes");
+    }
+
+    #[test]
+    fn release_is_asked_by_either_name_and_only_as_a_whole_parameter() {
+        assert!(wants_release(Some("release=1")));
+        assert!(wants_release(Some("x=2&trim=1")));
+        assert!(!wants_release(None));
+        assert!(!wants_release(Some("release=10")));
+        assert!(!wants_release(Some("norelease=1")));
     }
 
     #[test]

@@ -867,6 +867,12 @@ impl Egress {
             let _ = self.unbind(&uid).await;
         }
         self.stop.cancel();
+        self.wait_served_listeners().await;
+    }
+
+    /// Waits for the listeners [`Egress::serve_listener`] started (each
+    /// stops at its caller's cancel or at shutdown) and for their tunnels.
+    pub(crate) async fn wait_served_listeners(&self) {
         self.listeners.close();
         self.listeners.wait().await;
     }

@@ -110,7 +110,7 @@ fn answer(
 ) -> admin::Response {
     match req.uri().path() {
         "/stats" => {
-            let release = req.uri().query().is_some_and(|q| q.contains("release=1"));
+            let release = admin::wants_release(req.uri().query());
             admin::json(serde_json::to_vec(&source.collect(release)).unwrap_or_default())
         }
         "/metrics" => admin::text(

@@ -578,11 +578,9 @@ impl Tunnel {
             if let Some((ingress, _, _)) = &self.ingress {
                 ingress.wait_listeners().await;
             }
-            // Tunnels of listeners the caller serves (loopback actors)
-            // have no task set here to wait on: their count is read.
-            while self.egress.stats().tunnels_open > 0 {
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
+            // Listeners the caller serves (loopback actors) end with
+            // their last tunnel, once the caller's cancel stopped them.
+            self.egress.wait_served_listeners().await;
         };
         tokio::time::timeout(within, ended).await.is_ok()
     }

@@ -40,6 +40,20 @@ async fn start(
     (ready_line(&mut child).await, child)
 }
 
+/// Kills `child` and returns all it wrote to stderr.
+async fn killed_stderr(child: &mut tokio::process::Child) -> String {
+    child.start_kill().expect("kill");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .await
+        .expect("read stderr");
+    stderr
+}
+
 const LOOPBACK: &str = "network = \"loopback\"\ngateway = \"127.0.0.1:1\"\n\
     destinations = [\"192.0.2.10:7\"]\nresolv-conf = \"\"\n";
 
@@ -93,15 +107,7 @@ async fn json_logs_are_one_object_per_line_and_text_logs_have_no_escapes() {
             .expect("connect");
         let mut buf = [0u8; 16];
         let _ = conn.read(&mut buf).await;
-        child.start_kill().expect("kill");
-        let mut stderr = String::new();
-        child
-            .stderr
-            .take()
-            .expect("stderr")
-            .read_to_string(&mut stderr)
-            .await
-            .expect("read stderr");
+        let stderr = killed_stderr(&mut child).await;
         let lines: Vec<&str> = stderr.lines().collect();
         assert!(!lines.is_empty(), "{format}: nothing logged at debug");
         for line in lines {
@@ -139,15 +145,7 @@ async fn warnings_about_one_actor_are_rate_limited() {
         // Closed once its open failed.
         let _ = conn.read(&mut buf).await;
     }
-    child.start_kill().expect("kill");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .await
-        .expect("read stderr");
+    let stderr = killed_stderr(&mut child).await;
     let warned = stderr
         .lines()
         .filter(|l| l.contains("failed to open egress tunnel"))
