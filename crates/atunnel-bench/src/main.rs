@@ -40,6 +40,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// atunnel hosting N actors (nothing else runs in this process).
     Tunnel(Box<atunnel::host::HostArgs>),
+    /// atunnel as a daemon the worker drives over its control API (`atunnel serve`).
+    Serve(Box<atunnel::control::daemon::ServeArgs>),
     /// The egress gateway in bench mode (answers by destination port).
     Sink(atunnel_support::sink::SinkArgs),
     /// The production egress gateway (forwarding to allowed destinations).
@@ -69,6 +71,7 @@ fn main() -> std::process::ExitCode {
                 Command::Demo(args) => demo::run(args).await,
                 Command::Actors(args) => actors::run(args, cancel).await,
                 Command::Tunnel(args) => atunnel::host::run(*args, cancel).await,
+                Command::Serve(args) => atunnel::control::daemon::run(*args, cancel).await,
                 Command::Sink(args) => atunnel_support::sink::run(args, cancel).await,
                 Command::Gateway(args) => {
                     let far = args.far_end();

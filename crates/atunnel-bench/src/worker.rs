@@ -1,9 +1,12 @@
 //! `atunnel-bench worker`: what a worker node runs around atunnel. It gives
 //! atunnel a cgroup of its own (CPU quota, memory limit, no swap), serves
-//! actor certificates as the node agent does, starts atunnel (the `tunnel`
-//! role) inside the cgroup and the actors' programs (the `actors` role) in
-//! its sandboxes, and starts fresh ones by itself whenever atunnel dies,
-//! logging how it died (exit status and the cgroup's OOM-kill counter).
+//! actor certificates as the node agent does, starts atunnel as a daemon
+//! (`atunnel serve`, the `serve` role) inside the cgroup and brings each
+//! actor up over atunnel's control API as a real worker does (prepare
+//! egress, serve sandbox, activate), starts the actors' programs (the
+//! `actors` role) in the sandboxes, and starts fresh ones by itself whenever
+//! atunnel dies, logging how it died (exit status and the cgroup's OOM-kill
+//! counter).
 //!
 //! The load generator drives it over a Unix socket: one JSON request line
 //! in, one JSON reply line out, any number per connection.
@@ -14,19 +17,25 @@
 //! {"op":"status","wait_generation":3}      -> once the 3rd atunnel runs
 //! {"op":"restart","tunnel_args":["--tcp-notsent-lowat=-1"]}
 //!                                          -> once the fresh atunnel is ready
+//! {"op":"deactivate","actor":2}            -> once atunnel deactivated actor-2
+//! {"op":"activate","actor":2}              -> once it is prepared and active again
 //! anything else                            -> {"ok":false,"error":"..."}
 //! ```
 //!
-//! `status` is [`WorkerStatus`]: atunnel's ready line, the pids, the
-//! cgroup's directories (the load generator samples them itself), and the
-//! deaths and restarts so far.
+//! `status` is [`WorkerStatus`]: what atunnel serves and the actors hosted
+//! (the shape `atunnel host` prints), the pids, the cgroup's directories
+//! (the load generator samples them itself), and the deaths and restarts so
+//! far.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use atunnel::host::HostReady;
+use atunnel::control::daemon::ServeReady;
+use atunnel::control::proto;
+use atunnel::control::proto::control_client::ControlClient;
+use atunnel::host::{HostReady, HostedActor};
 use atunnel_bench::cgroup::{Cgroup, CgroupDirs, Limits};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -44,6 +53,10 @@ const MAX_REQUEST: u64 = 64 * 1024;
 /// How long a client waits for a reply that needs a fresh atunnel (each
 /// role gets 60 s to become ready; atunnel and the actors are two).
 pub const START_TIMEOUT: Duration = Duration::from_secs(150);
+
+/// The longest the worker waits for one control API call: a little over
+/// atunnel's own call timeout, whose DEADLINE_EXCEEDED says more.
+const CONTROL_CALL_TIMEOUT: Duration = Duration::from_secs(65);
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct WorkerArgs {
@@ -103,12 +116,20 @@ pub enum Request {
     },
     /// Stops atunnel and the actors and starts fresh ones with
     /// `tunnel_args` on top of the worker's flags (a flag named here
-    /// replaces the worker's: `--gateway=...` points atunnel elsewhere);
-    /// replies once they are ready. An empty list returns to the defaults.
+    /// replaces the worker's: `--gateway=...` points the actors' egress
+    /// elsewhere); replies once they are ready. An empty list returns to
+    /// the defaults.
     Restart {
         #[serde(default)]
         tunnel_args: Vec<String>,
     },
+    /// Deactivates actor number `actor` (its tunnels cut, its requests
+    /// cancelled, as the worker does when an actor stops); replies once
+    /// atunnel is done.
+    Deactivate { actor: usize },
+    /// Prepares actor number `actor`'s egress afresh and activates it;
+    /// replies once it is active.
+    Activate { actor: usize },
 }
 
 /// The reply to one request.
@@ -177,6 +198,10 @@ pub struct WorkerStatus {
     pub restarts: u64,
     /// How each death happened, in order.
     pub events: Vec<String>,
+    /// Actors (by number) deactivated over the control socket and not
+    /// activated since; a fresh atunnel activates them all.
+    #[serde(default)]
+    pub inactive_actors: BTreeSet<usize>,
 }
 
 impl WorkerStatus {
@@ -267,6 +292,104 @@ impl WorkerClient {
         self.call(&Request::Restart { tunnel_args }, START_TIMEOUT)
             .await
     }
+
+    /// Actor number `actor` deactivated; the status once atunnel is done.
+    pub async fn deactivate(
+        &self,
+        actor: usize,
+    ) -> Result<WorkerStatus, atunnel_process::BoxError> {
+        self.call(&Request::Deactivate { actor }, START_TIMEOUT)
+            .await
+    }
+
+    /// Actor number `actor` prepared and active again.
+    pub async fn activate(&self, actor: usize) -> Result<WorkerStatus, atunnel_process::BoxError> {
+        self.call(&Request::Activate { actor }, START_TIMEOUT).await
+    }
+}
+
+/// Actor number `i`, named as `atunnel host` names its actors.
+fn actor(i: usize) -> proto::Actor {
+    proto::Actor {
+        atespace: "bench".into(),
+        name: format!("actor-{i}"),
+        uid: format!("uid-{i}"),
+    }
+}
+
+/// atunnel's control API as the worker uses it, with the gateway every
+/// actor's egress is prepared for.
+struct Control {
+    client: ControlClient<tonic::transport::Channel>,
+    gateway: proto::Gateway,
+}
+
+/// A control call's answer, bounded by [`CONTROL_CALL_TIMEOUT`].
+async fn control_call<T>(
+    what: String,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, atunnel_process::BoxError> {
+    match tokio::time::timeout(CONTROL_CALL_TIMEOUT, call).await {
+        Ok(Ok(answer)) => Ok(answer.into_inner()),
+        Ok(Err(status)) => Err(format!(
+            "atunnel refused {what}: {} {}",
+            atunnel::control::client::code_name(status.code()),
+            status.message()
+        )
+        .into()),
+        Err(_) => {
+            Err(format!("atunnel did not answer {what} within {CONTROL_CALL_TIMEOUT:?}").into())
+        }
+    }
+}
+
+impl Control {
+    /// Prepares actor `i`'s egress and activates it (its sandbox must be
+    /// served).
+    async fn activate(&mut self, i: usize) -> Result<(), atunnel_process::BoxError> {
+        let gateway = Some(self.gateway.clone());
+        control_call(
+            format!("PrepareEgress of actor-{i}"),
+            self.client.prepare_egress(proto::PrepareEgressRequest {
+                actor: Some(actor(i)),
+                gateway,
+            }),
+        )
+        .await?;
+        control_call(
+            format!("Activate of actor-{i}"),
+            self.client.activate(proto::ActivateRequest {
+                actor: Some(actor(i)),
+            }),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Brings actor `i` up as a worker does: its sandbox, then its egress,
+    /// then activation. Returns its runtime namespace.
+    async fn bring_up(&mut self, i: usize) -> Result<String, atunnel_process::BoxError> {
+        let served = control_call(
+            format!("ServeSandbox of actor-{i}"),
+            self.client.serve_sandbox(proto::ServeSandboxRequest {
+                actor: Some(actor(i)),
+            }),
+        )
+        .await?;
+        self.activate(i).await?;
+        Ok(served.runtime_netns)
+    }
+
+    async fn deactivate(&mut self, i: usize) -> Result<(), atunnel_process::BoxError> {
+        control_call(
+            format!("Deactivate of actor-{i}"),
+            self.client.deactivate(proto::DeactivateRequest {
+                actor: Some(actor(i)),
+            }),
+        )
+        .await?;
+        Ok(())
+    }
 }
 
 /// `--name` of `--name=value`.
@@ -353,6 +476,7 @@ async fn serve(
         deaths: 0,
         restarts: 0,
         events: Vec::new(),
+        inactive_actors: BTreeSet::new(),
     };
     let (publish, watch) = watch::channel(status.clone());
     let control = args.control.clone();
@@ -361,6 +485,7 @@ async fn serve(
         pki,
         cgroup,
         tunnel: None,
+        control: None,
         actors: None,
         status,
         publish,
@@ -405,9 +530,9 @@ fn bind_control(path: &Path) -> Result<UnixListener, atunnel_process::BoxError> 
     Ok(listener)
 }
 
-/// A restart asked for over the control socket.
-struct RestartCommand {
-    tunnel_args: Vec<String>,
+/// A request that changes what runs, for the supervisor.
+struct Command {
+    request: Request,
     reply: oneshot::Sender<Result<WorkerStatus, String>>,
 }
 
@@ -417,6 +542,8 @@ struct Supervisor {
     pki: PkiFiles,
     cgroup: Cgroup,
     tunnel: Option<Role>,
+    /// The running atunnel's control API.
+    control: Option<Control>,
     actors: Option<Role>,
     status: WorkerStatus,
     publish: watch::Sender<WorkerStatus>,
@@ -427,7 +554,7 @@ enum Wake {
     Stop,
     TunnelExited(std::io::Result<std::process::ExitStatus>),
     ActorsExited(std::io::Result<std::process::ExitStatus>),
-    Restart(RestartCommand),
+    Command(Command),
 }
 
 /// Waits for `role` to exit; forever if there is none.
@@ -441,7 +568,7 @@ async fn exited(role: &mut Option<Role>) -> std::io::Result<std::process::ExitSt
 impl Supervisor {
     async fn supervise(
         &mut self,
-        mut commands: mpsc::Receiver<RestartCommand>,
+        mut commands: mpsc::Receiver<Command>,
         cancel: &CancellationToken,
     ) {
         loop {
@@ -450,7 +577,7 @@ impl Supervisor {
                 _ = cancel.cancelled() => Wake::Stop,
                 s = exited(&mut self.tunnel) => Wake::TunnelExited(s),
                 s = exited(&mut self.actors) => Wake::ActorsExited(s),
-                Some(c) = commands.recv() => Wake::Restart(c),
+                Some(c) = commands.recv() => Wake::Command(c),
             };
             let restart = match wake {
                 Wake::Stop => return,
@@ -477,11 +604,29 @@ impl Supervisor {
                     ));
                     None
                 }
-                Wake::Restart(command) => {
-                    self.status.restarts += 1;
-                    self.status.extra_args = command.tunnel_args.clone();
-                    Some(command)
-                }
+                Wake::Command(command) => match &command.request {
+                    Request::Restart { tunnel_args } => {
+                        self.status.restarts += 1;
+                        self.status.extra_args = tunnel_args.clone();
+                        Some(command)
+                    }
+                    Request::Deactivate { actor } | Request::Activate { actor } => {
+                        // One actor's lifecycle: atunnel and the rest run on.
+                        let activate = matches!(command.request, Request::Activate { .. });
+                        let result = self.lifecycle(*actor, activate).await;
+                        self.publish();
+                        let _ = command.reply.send(
+                            result
+                                .map(|()| self.status.clone())
+                                .map_err(|e| e.to_string()),
+                        );
+                        continue;
+                    }
+                    Request::Status { .. } => {
+                        let _ = command.reply.send(Ok(self.status.clone()));
+                        continue;
+                    }
+                },
             };
             let done = tokio::select! {
                 _ = cancel.cancelled() => None,
@@ -501,6 +646,26 @@ impl Supervisor {
                 );
             }
         }
+    }
+
+    /// Deactivates or (re)activates actor number `i` over the control API.
+    async fn lifecycle(
+        &mut self,
+        i: usize,
+        activate: bool,
+    ) -> Result<(), atunnel_process::BoxError> {
+        if i >= self.args.actors {
+            return Err(format!("no actor {i}: the worker hosts {}", self.args.actors).into());
+        }
+        let control = self.control.as_mut().ok_or("atunnel is not running")?;
+        if activate {
+            control.activate(i).await?;
+            self.status.inactive_actors.remove(&i);
+        } else {
+            control.deactivate(i).await?;
+            self.status.inactive_actors.insert(i);
+        }
+        Ok(())
     }
 
     fn record(&mut self, event: String) {
@@ -550,10 +715,31 @@ impl Supervisor {
             Box::new(self.cgroup.pre_exec_hook()),
             role::own_process_group(),
         );
-        let tunnel = role::start_with(&self.tunnel_command(), Some(hook)).await?;
-        let ready: HostReady = serde_json::from_str(&tunnel.first_line)?;
+        let (command, gateway) = self.serve_command()?;
+        let tunnel = role::start_with(&command, Some(hook)).await?;
+        let serving: ServeReady = serde_json::from_str(&tunnel.first_line)?;
         self.status.generation += 1;
+        self.status.inactive_actors.clear();
         self.tunnel = Some(tunnel);
+        let mut control = Control {
+            client: atunnel::control::client::connect(&serving.control_socket),
+            gateway,
+        };
+        let mut ready = HostReady {
+            stats: serving.stats,
+            ingress: serving.ingress,
+            actors: Vec::with_capacity(self.args.actors),
+        };
+        for i in 0..self.args.actors {
+            let runtime_netns = control.bring_up(i).await?;
+            let a = actor(i);
+            ready.actors.push(HostedActor {
+                name: format!("{}/{}", a.atespace, a.name),
+                runtime_netns: Some(runtime_netns),
+                listeners: BTreeMap::new(),
+            });
+        }
+        self.control = Some(control);
         let names: Vec<&str> = ready
             .actors
             .iter()
@@ -569,14 +755,20 @@ impl Supervisor {
         Ok(())
     }
 
-    /// The `tunnel` role's command line: the worker's flags, then
-    /// `--tunnel-arg`s, then the last restart's, later ones replacing
-    /// earlier ones of the same name.
-    fn tunnel_command(&self) -> Vec<String> {
+    /// Where atunnel serves its control API: beside the worker's own.
+    fn atunnel_socket(&self) -> PathBuf {
+        self.args.control.with_extension("atunnel.sock")
+    }
+
+    /// The `serve` role's command line and the gateway the actors' egress
+    /// is prepared for: the worker's flags, then `--tunnel-arg`s, then the
+    /// last restart's, later ones replacing earlier ones of the same name.
+    /// `--gateway` and `--gateway-name` are not atunnel's flags but the
+    /// worker's PrepareEgress arguments.
+    fn serve_command(&self) -> Result<(Vec<String>, proto::Gateway), atunnel_process::BoxError> {
         let (a, p) = (&self.args, &self.pki);
         let own = vec![
-            arg("actors", a.actors),
-            "--network=sandbox".into(),
+            arg("control-socket", self.atunnel_socket().display()),
             arg("gateway", a.gateway),
             arg("gateway-name", pki::GATEWAY_NAME),
             arg("gateway-ca", p.gateway_ca().display()),
@@ -590,13 +782,11 @@ impl Supervisor {
             arg("trust-bundle", p.pod_ca().display()),
             arg("stats", a.stats),
         ];
-        let mut command = vec!["tunnel".to_string()];
-        command.extend(layered(&[
-            &own,
-            &self.args.tunnel_arg,
-            &self.status.extra_args,
-        ]));
-        command
+        let flags = layered(&[&own, &self.args.tunnel_arg, &self.status.extra_args]);
+        let (flags, gateway) = split_gateway(flags)?;
+        let mut command = vec!["serve".to_string()];
+        command.extend(flags);
+        Ok((command, gateway))
     }
 
     /// Stops the actors and atunnel, and removes sandboxes a killed atunnel
@@ -605,12 +795,36 @@ impl Supervisor {
         if let Some(actors) = self.actors.take() {
             actors.stop().await;
         }
+        self.control = None;
         if let Some(tunnel) = self.tunnel.take() {
             tunnel.stop().await;
         }
         self.status.ready = None;
         role::sweep_namespaces(&self.args.netns_prefix).await;
     }
+}
+
+/// Takes `--gateway=` and `--gateway-name=` out of `flags`: the gateway
+/// the worker prepares each actor's egress for, not a flag of atunnel's.
+fn split_gateway(
+    flags: Vec<String>,
+) -> Result<(Vec<String>, proto::Gateway), atunnel_process::BoxError> {
+    let mut gateway = proto::Gateway::default();
+    let mut rest = Vec::with_capacity(flags.len());
+    for flag in flags {
+        match flag.split_once('=') {
+            Some(("--gateway", v)) => gateway.address = v.to_string(),
+            Some(("--gateway-name", v)) => gateway.server_name = v.to_string(),
+            _ if matches!(flag_name(&flag), "--gateway" | "--gateway-name") => {
+                return Err(format!("{flag}: give it as {flag}=value").into());
+            }
+            _ => rest.push(flag),
+        }
+    }
+    if gateway.address.is_empty() {
+        return Err("no --gateway= for the actors' egress".into());
+    }
+    Ok((rest, gateway))
 }
 
 fn describe(status: &std::io::Result<std::process::ExitStatus>) -> String {
@@ -623,7 +837,7 @@ fn describe(status: &std::io::Result<std::process::ExitStatus>) -> String {
 async fn serve_control(
     listener: UnixListener,
     status: watch::Receiver<WorkerStatus>,
-    commands: mpsc::Sender<RestartCommand>,
+    commands: mpsc::Sender<Command>,
     cancel: CancellationToken,
 ) {
     loop {
@@ -650,7 +864,7 @@ async fn serve_control(
 async fn serve_connection(
     conn: UnixStream,
     status: watch::Receiver<WorkerStatus>,
-    commands: mpsc::Sender<RestartCommand>,
+    commands: mpsc::Sender<Command>,
     cancel: CancellationToken,
 ) {
     let (read, mut write) = conn.into_split();
@@ -682,7 +896,7 @@ async fn serve_connection(
 async fn answer(
     line: &str,
     status: &watch::Receiver<WorkerStatus>,
-    commands: &mpsc::Sender<RestartCommand>,
+    commands: &mpsc::Sender<Command>,
     cancel: &CancellationToken,
 ) -> Reply {
     let request: Request = match serde_json::from_str(line.trim()) {
@@ -709,9 +923,9 @@ async fn answer(
                 },
             }
         }
-        Request::Restart { tunnel_args } => {
+        request => {
             let (reply, answer) = oneshot::channel();
-            let command = RestartCommand { tunnel_args, reply };
+            let command = Command { request, reply };
             if commands.send(command).await.is_err() {
                 return Reply::error("the worker is stopping");
             }
@@ -750,6 +964,25 @@ mod tests {
     }
 
     #[test]
+    fn the_gateway_flags_become_prepare_egress_arguments() {
+        let flags = strings(&[
+            "--control-socket=/tmp/a.sock",
+            "--gateway=10.0.0.1:443",
+            "--gateway-name=gw",
+            "--tcp-notsent-lowat=-1",
+        ]);
+        let (rest, gateway) = split_gateway(flags).expect("splits");
+        assert_eq!(
+            rest,
+            strings(&["--control-socket=/tmp/a.sock", "--tcp-notsent-lowat=-1"])
+        );
+        assert_eq!(gateway.address, "10.0.0.1:443");
+        assert_eq!(gateway.server_name, "gw");
+        assert!(split_gateway(strings(&["--gateway", "x:1"])).is_err());
+        assert!(split_gateway(strings(&["--gateway-name=gw"])).is_err());
+    }
+
+    #[test]
     fn requests_parse_and_bad_ones_are_refused() {
         assert_eq!(
             serde_json::from_str::<Request>(r#"{"op":"status"}"#).expect("status"),
@@ -766,7 +999,18 @@ mod tests {
                 tunnel_args: strings(&["--tcp-notsent-lowat=-1"])
             }
         );
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"deactivate","actor":3}"#)
+                .expect("deactivate"),
+            Request::Deactivate { actor: 3 }
+        );
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"activate","actor":0}"#).expect("activate"),
+            Request::Activate { actor: 0 }
+        );
         for bad in [
+            r#"{"op":"deactivate"}"#,
+            r#"{"op":"activate","actor":-1}"#,
             r#"{"op":"reboot"}"#,
             "status",
             r#"{"op":"status","wait_generation":-1}"#,

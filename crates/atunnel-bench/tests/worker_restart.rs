@@ -1,12 +1,15 @@
 //! `atunnel-bench worker` on its own (root): it answers on its control
-//! socket, replaces an atunnel that was killed (new pid, the death recorded
-//! with its exit status and the cgroup's OOM-kill count), refuses bad
-//! requests, and on SIGTERM stops everything and removes its cgroup.
+//! socket, brings its actors up through atunnel's control API (as a real
+//! worker does) and deactivates and re-activates one on request, replaces
+//! an atunnel that was killed (new pid, the death recorded with its exit
+//! status and the cgroup's OOM-kill count), refuses bad requests, and on
+//! SIGTERM stops everything and removes its cgroup.
 
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use atunnel::control::proto::{self, Phase};
 use atunnel_sandbox::NsExecutor;
 use atunnel_sandbox::link::Netlink;
 use serde_json::{Value, json};
@@ -41,6 +44,54 @@ fn pid_of(status: &Value, key: &str) -> Result<i32, String> {
         .ok_or_else(|| format!("no {key} in {status}"))
 }
 
+/// Actor 0's phase as atunnel's control API reports it.
+async fn atunnel_phase(atunnel: &Path) -> Result<Phase, String> {
+    let mut client = atunnel::control::client::connect(atunnel);
+    let status = tokio::time::timeout(
+        Duration::from_secs(30),
+        client.status(proto::StatusRequest {
+            uid: "uid-0".into(),
+        }),
+    )
+    .await
+    .map_err(|_| "atunnel's control API did not answer".to_string())?
+    .map_err(|e| format!("atunnel's Status: {e}"))?;
+    let phase = status.into_inner().status.ok_or("no status")?.phase;
+    Phase::try_from(phase).map_err(|e| e.to_string())
+}
+
+/// Deactivates and re-activates actor 0 through the worker, seeing each
+/// take effect in atunnel; an actor the worker does not host is refused.
+async fn cycle_actor(socket: &Path, atunnel: &Path) -> Result<(), String> {
+    if atunnel_phase(atunnel).await? != Phase::Active {
+        return Err("actor 0 not brought up through atunnel's control API".into());
+    }
+    let off = call(socket, r#"{"op":"deactivate","actor":0}"#).await?;
+    if off["ok"] != true || off["status"]["inactive_actors"] != json!([0]) {
+        return Err(format!("deactivate: {off}"));
+    }
+    if atunnel_phase(atunnel).await? != Phase::Sandboxed {
+        return Err("atunnel still has actor 0 active after deactivate".into());
+    }
+    let unknown = call(socket, r#"{"op":"activate","actor":1}"#).await?;
+    if unknown["ok"] != false
+        || !unknown["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no actor 1")
+    {
+        return Err(format!("an actor the worker does not host: {unknown}"));
+    }
+    let on = call(socket, r#"{"op":"activate","actor":0}"#).await?;
+    if on["ok"] != true || on["status"]["inactive_actors"] != json!([]) {
+        return Err(format!("activate: {on}"));
+    }
+    if atunnel_phase(atunnel).await? != Phase::Active {
+        return Err("actor 0 not active again in atunnel".into());
+    }
+    Ok(())
+}
+
 /// The checks; the caller cleans up whatever happens here.
 async fn exercise(socket: &Path, pids: &mut Vec<i32>) -> Result<Value, String> {
     let first = call(socket, r#"{"op":"status"}"#).await?;
@@ -52,6 +103,7 @@ async fn exercise(socket: &Path, pids: &mut Vec<i32>) -> Result<Value, String> {
         .ok_or("no generation")?;
     let tunnel = pid_of(&first, "tunnel_pid")?;
     pids.extend([tunnel, pid_of(&first, "actors_pid")?]);
+    cycle_actor(socket, &socket.with_extension("atunnel.sock")).await?;
     let bad = call(socket, r#"{"op":"reboot"}"#).await?;
     if bad["ok"] != false || !bad["error"].is_string() {
         return Err(format!("bad request not refused: {bad}"));

@@ -111,6 +111,19 @@ impl Bench {
         self.adopt(status)
     }
 
+    /// Deactivates actor number `actor` through the worker, as a worker
+    /// does when an actor stops: atunnel cuts its tunnels.
+    pub async fn deactivate_actor(&mut self, actor: u64) -> Result<(), atunnel_process::BoxError> {
+        let status = self.worker.deactivate(actor as usize).await?;
+        self.adopt(status)
+    }
+
+    /// Prepares actor number `actor`'s egress afresh and activates it.
+    pub async fn activate_actor(&mut self, actor: u64) -> Result<(), atunnel_process::BoxError> {
+        let status = self.worker.activate(actor as usize).await?;
+        self.adopt(status)
+    }
+
     /// The flags atunnel was last asked to run with on top of the worker's.
     pub fn tunnel_args(&self) -> &[String] {
         &self.tunnel_args

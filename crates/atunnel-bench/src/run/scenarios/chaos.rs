@@ -1,9 +1,10 @@
 //! chaos: faults lose no data silently. Many concurrent egress tunnels, each
 //! carrying a known pseudo-random stream both ways, checked byte for byte at
 //! both ends, while one fault strikes mid-transfer: the gateway killed
-//! (SIGKILL) and restarted, atunnel killed and restarted by the worker, a
-//! destination resetting (SO_LINGER 0) mid-stream; and a phase with no
-//! fault. Every tunnel is classified from the actor's side: completed (all
+//! (SIGKILL) and restarted, an actor deactivated (and activated again) by
+//! the worker over atunnel's control API, atunnel killed and restarted by
+//! the worker, a destination resetting (SO_LINGER 0) mid-stream; and a
+//! phase with no fault. Every tunnel is classified from the actor's side: completed (all
 //! bytes both ways, the destination's trailer confirming the upload, a clean
 //! end), cut with a reset (ECONNRESET on either half of the actor's socket),
 //! refused (closed with no byte before the destination ever saw it: a
@@ -13,9 +14,7 @@
 //! The far end is a forwarding gateway process the scenario owns (so it can
 //! kill it) in the sink's namespace, and behind it a destination served by
 //! this process; atunnel is pointed at that gateway for the scenario (`run`
-//! restores its flags afterwards). Deactivating an actor mid-stream is not
-//! among the faults: the tunnel process has no control call for it (the
-//! in-process tests cover it: egress_tunnel.rs, egress_cuts.rs).
+//! restores its flags afterwards).
 
 use std::collections::HashSet;
 use std::io;
@@ -78,22 +77,28 @@ impl Sizes {
 enum Fault {
     None,
     GatewayKill,
+    ActorDeactivate,
     TunnelKill,
     DestinationReset,
 }
 
-const FAULTS: [Fault; 4] = [
+const FAULTS: [Fault; 5] = [
     Fault::None,
     Fault::GatewayKill,
+    Fault::ActorDeactivate,
     Fault::TunnelKill,
     Fault::DestinationReset,
 ];
+
+/// The actor the deactivation fault strikes.
+const STRUCK_ACTOR: u64 = 0;
 
 impl Fault {
     fn name(self) -> &'static str {
         match self {
             Fault::None => "none",
             Fault::GatewayKill => "gateway-kill",
+            Fault::ActorDeactivate => "actor-deactivate",
             Fault::TunnelKill => "tunnel-kill",
             Fault::DestinationReset => "destination-reset",
         }
@@ -415,6 +420,9 @@ struct Counts {
     other: u64,
     first_truncated: Option<String>,
     first_other: Option<String>,
+    /// Tunnels of the actors the fault did not strike that did not complete
+    /// (the deactivation fault only: it must touch one actor).
+    bystanders_incomplete: u64,
 }
 
 impl Counts {
@@ -457,19 +465,24 @@ async fn phase(
         } else {
             0
         };
-        tasks.spawn(actor_tunnel(
+        let actor = i % count;
+        let tunnel = actor_tunnel(
             actors.clone(),
-            i % count,
+            actor,
             first_id + i,
             len,
             reset_after,
             progress.clone(),
             seen.clone(),
-        ));
+        );
+        tasks.spawn(async move { (actor, tunnel.await) });
     }
     let mut counts = Counts::default();
     let mut struck = None;
-    if matches!(fault, Fault::GatewayKill | Fault::TunnelKill) {
+    if matches!(
+        fault,
+        Fault::GatewayKill | Fault::ActorDeactivate | Fault::TunnelKill
+    ) {
         // Mid-transfer: a quarter of the download bytes arrived (polled: a
         // counter has nothing to await).
         let target = n * u64::from(len) / 4;
@@ -488,6 +501,7 @@ async fn phase(
         ));
         match fault {
             Fault::GatewayKill => gateway.kill_and_restart(bench).await?,
+            Fault::ActorDeactivate => bench.deactivate_actor(STRUCK_ACTOR).await?,
             Fault::TunnelKill => {
                 let generation = bench.last_status().generation;
                 let pid = bench.tunnel_pid().ok_or("atunnel is not running")?;
@@ -502,7 +516,17 @@ async fn phase(
         }
     }
     while let Some(done) = tasks.join_next().await {
-        counts.add(done.unwrap_or_else(|e| Outcome::Other(format!("task: {e}"))));
+        let (actor, outcome) =
+            done.unwrap_or_else(|e| (STRUCK_ACTOR, Outcome::Other(format!("task: {e}"))));
+        if fault == Fault::ActorDeactivate && actor != STRUCK_ACTOR && outcome != Outcome::Completed
+        {
+            counts.bystanders_incomplete += 1;
+        }
+        counts.add(outcome);
+    }
+    if fault == Fault::ActorDeactivate {
+        // Back for the recovery tunnels, as a worker re-activates an actor.
+        bench.activate_actor(STRUCK_ACTOR).await?;
     }
     Ok((counts, struck))
 }
@@ -574,6 +598,7 @@ pub(super) async fn chaos(bench: &mut Bench) -> Result<ScenarioResult, BoxError>
                 "struck": struck,
                 "first_truncated": counts.first_truncated,
                 "first_other": counts.first_other,
+                "bystanders_incomplete": (fault == Fault::ActorDeactivate).then_some(counts.bystanders_incomplete),
                 "recovered": after.completed == sizes.recovery_tunnels,
                 "recovery_completed": after.completed,
                 "recovery_tunnels": sizes.recovery_tunnels,
@@ -592,7 +617,11 @@ pub(super) async fn chaos(bench: &mut Bench) -> Result<ScenarioResult, BoxError>
     let baseline_clean = rows
         .first()
         .is_some_and(|r| r["completed"].as_u64() == Some(sizes.tunnels));
-    let pass = truncated == 0 && baseline_clean;
+    // Deactivating one actor cuts its tunnels and no one else's.
+    let bystanders_clean = rows
+        .iter()
+        .all(|r| r["bystanders_incomplete"].as_u64().unwrap_or(0) == 0);
+    let pass = truncated == 0 && baseline_clean && bystanders_clean;
     Ok(ScenarioResult {
         name: Scenario::Chaos.name().into(),
         rungs: Vec::new(),
@@ -609,13 +638,12 @@ pub(super) async fn chaos(bench: &mut Bench) -> Result<ScenarioResult, BoxError>
                 sizes.tunnels,
                 sizes.bytes >> 20
             ),
-            "gateway-kill: the gateway SIGKILLed once a quarter of the download bytes arrived, and a fresh one started on its address; tunnel-kill: atunnel SIGKILLed at the same point, the worker starting a fresh one (new sandboxes); destination-reset: every other tunnel's destination resets (SO_LINGER 0, close) halfway through its download".into(),
+            "gateway-kill: the gateway SIGKILLed once a quarter of the download bytes arrived, and a fresh one started on its address; actor-deactivate: at the same point the worker deactivates actor-0 over atunnel's control API (Deactivate), and once every tunnel ended prepares and activates it again (PrepareEgress, Activate); tunnel-kill: atunnel SIGKILLed at the same point, the worker starting a fresh one (new sandboxes); destination-reset: every other tunnel's destination resets (SO_LINGER 0, close) halfway through its download".into(),
             "completed: every byte both ways and the trailer, then a clean end; cut_rst: ECONNRESET on either half of the actor's socket (a broken pipe on a write counts: the kernel reports the reset to one call only); refused: closed with no byte before the destination saw the tunnel (a CONNECT that failed); silently_truncated: a clean end after fewer bytes, without the trailer or with bytes that differ; other: a connect or read error that is not a reset, or not ended within 60 s".into(),
             format!(
-                "pass: silently_truncated 0 in every phase and all {} tunnels completed with no fault; recovered: {} fresh 64 KiB tunnels all completed right after each fault",
+                "pass: silently_truncated 0 in every phase, all {} tunnels completed with no fault, and with actor-0 deactivated every other actor's tunnels completed (bystanders_incomplete 0); recovered: {} fresh 64 KiB tunnels all completed right after each fault",
                 sizes.tunnels, sizes.recovery_tunnels
             ),
-            "deactivating an actor mid-stream is not a fault here: the tunnel process has no control call for it; crates/atunnel/tests/egress_tunnel.rs and egress_cuts.rs cover it in process".into(),
         ],
     })
 }
@@ -627,13 +655,13 @@ pub(in crate::run) fn report_section(s: &ScenarioResult) -> String {
         return String::new();
     };
     let mut md = String::from(
-        "| fault | tunnels | completed | cut with RST | silently truncated | refused | other | recovered |\n|---|---|---|---|---|---|---|---|\n",
+        "| fault | tunnels | completed | cut with RST | silently truncated | refused | other | recovered | other actors' tunnels not completed |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     let n = |r: &Value, k: &str| r[k].as_u64().unwrap_or(0);
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r["fault"].as_str().unwrap_or(""),
             n(r, "tunnels"),
             n(r, "completed"),
@@ -641,7 +669,10 @@ pub(in crate::run) fn report_section(s: &ScenarioResult) -> String {
             n(r, "silently_truncated"),
             n(r, "refused"),
             n(r, "other"),
-            r["recovered"].as_bool().unwrap_or(false)
+            r["recovered"].as_bool().unwrap_or(false),
+            r["bystanders_incomplete"]
+                .as_u64()
+                .map_or("-".to_string(), |n| n.to_string())
         );
     }
     md.push('\n');
