@@ -176,8 +176,12 @@ pub struct WorkerStatus {
     pub state: TunnelState,
     /// Why the last start failed.
     pub error: Option<String>,
-    /// atunnel's ready line while it runs.
+    /// What atunnel serves and the actors hosted, while it runs.
     pub ready: Option<HostReady>,
+    /// atunnel's control API socket while it runs (a scenario may bring
+    /// actors of its own up through it).
+    #[serde(default)]
+    pub atunnel_control: Option<PathBuf>,
     pub tunnel_pid: Option<u32>,
     pub actors_pid: Option<u32>,
     /// atunnel's cgroup, for whoever samples it.
@@ -465,6 +469,7 @@ async fn serve(
         state: TunnelState::Starting,
         error: None,
         ready: None,
+        atunnel_control: None,
         tunnel_pid: None,
         actors_pid: None,
         cgroup: cgroup.dirs().clone(),
@@ -751,6 +756,7 @@ impl Supervisor {
         )
         .await?;
         self.status.ready = Some(ready);
+        self.status.atunnel_control = Some(serving.control_socket.clone());
         self.actors = Some(actors);
         Ok(())
     }
@@ -800,6 +806,7 @@ impl Supervisor {
             tunnel.stop().await;
         }
         self.status.ready = None;
+        self.status.atunnel_control = None;
         role::sweep_namespaces(&self.args.netns_prefix).await;
     }
 }
