@@ -34,19 +34,26 @@ impl DnsRelay {
     pub async fn serve_udp(&self, socket: UdpSocket, cancel: CancellationToken) {
         let socket = Arc::new(socket);
         let tracker = TaskTracker::new();
-        // One byte more than a query may have, so a longer datagram (which
-        // the kernel cuts to the buffer) is seen and dropped rather than
-        // forwarded cut short.
-        let mut buf = vec![0u8; MAX_QUERY_LEN + 1];
         loop {
-            let received = tokio::select! {
+            let readable = tokio::select! {
                 // Cancel first, so a flood of datagrams cannot delay shutdown.
                 biased;
                 () = cancel.cancelled() => break,
-                received = socket.recv_from(&mut buf) => received,
+                readable = socket.readable() => readable,
             };
-            let (len, client) = match received {
+            if let Err(error) = readable {
+                tracing::debug!(%error, "DNS relay: UDP socket not readable");
+                continue;
+            }
+            // The receive buffer lives on the stack only while a datagram is
+            // read, not in this future while the relay waits: an idle
+            // sandbox's relay holds no buffer. One byte more than a query may
+            // have, so a longer datagram (which the kernel cuts to the
+            // buffer) is seen and dropped rather than forwarded cut short.
+            let mut buf = [0u8; MAX_QUERY_LEN + 1];
+            let (len, client) = match socket.try_recv_from(&mut buf) {
                 Ok(received) => received,
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(error) => {
                     // Errors on an unconnected UDP socket are per-datagram
                     // (ICMP reports and the like); the socket stays usable.

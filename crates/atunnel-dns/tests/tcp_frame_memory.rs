@@ -1,5 +1,5 @@
 //! What a DNS-over-TCP client can make the relay allocate with a length
-//! prefix alone. A binary of its own: it installs an allocator that records
+//! prefix alone, and what an idle UDP relay holds. A binary of its own: it installs an allocator that records
 //! the largest allocation made on the test's thread, and the relay runs on
 //! a current-thread runtime on that thread, so nothing else is counted.
 
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use atunnel_dns::{DnsRelay, RelayConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
 
 thread_local! {
@@ -122,5 +122,46 @@ fn a_length_prefix_alone_does_not_size_the_relays_buffer() {
                 .expect("serve_tcp returned")
                 .expect("join");
             assert_eq!(relay.stats().tcp_queries, 0);
+        });
+}
+
+#[test]
+fn an_idle_udp_relay_allocates_no_receive_buffer() {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let relay = DnsRelay::new(RelayConfig::new(vec!["127.0.0.1:9".parse().expect("addr")]))
+                .expect("relay");
+            let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+            let address = socket.local_addr().expect("address");
+            let client = UdpSocket::bind("127.0.0.1:0").await.expect("bind client");
+            let cancel = CancellationToken::new();
+            let (largest, ()) = largest_allocation_of(async {
+                let serve = relay.serve_udp(socket, cancel.clone());
+                let drive = async {
+                    // Shorter than a DNS header: read, counted, dropped; the
+                    // relay then waits for the next one.
+                    client.send_to(&[0u8; 3], address).await.expect("send");
+                    let dropped = async {
+                        while relay.stats().dropped < 1 {
+                            tokio::task::yield_now().await;
+                        }
+                    };
+                    tokio::time::timeout(GUARD, dropped)
+                        .await
+                        .expect("the datagram was read within the guard");
+                    cancel.cancel();
+                };
+                tokio::join!(serve, drive);
+            })
+            .await;
+            eprintln!("largest allocation of an idle UDP relay: {largest} bytes");
+            // A 4,097-byte receive buffer before the fix.
+            assert!(
+                largest < 1024,
+                "an idle UDP relay allocated {largest} bytes at once"
+            );
         });
 }

@@ -128,3 +128,19 @@ fn a_datagram_one_byte_over_the_limit_is_dropped_not_forwarded_cut_short() {
     assert_eq!(sent.len(), 1, "only the final valid query is forwarded");
     assert_eq!(answers.len(), 1, "{:?}", answers.keys().collect::<Vec<_>>());
 }
+
+/// An idle sandbox's relay is one of a thousand on a worker: waiting for a
+/// datagram it holds no receive buffer (the buffer lives on the stack only
+/// while a datagram is read), so its future is far smaller than a query.
+#[tokio::test]
+async fn an_idle_udp_relay_holds_no_receive_buffer() {
+    let relay = DnsRelay::new(RelayConfig::new(vec!["127.0.0.1:53".parse().expect("addr")]))
+        .expect("valid config");
+    let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+    let serving = relay.serve_udp(socket, CancellationToken::new());
+    let bytes = std::mem::size_of_val(&serving);
+    assert!(
+        bytes < 1024,
+        "the UDP relay's future is {bytes} B: it keeps a receive buffer while idle"
+    );
+}
