@@ -19,11 +19,12 @@ pub enum Scenario {
     IngressIdle,
     NoisyNeighbour,
     Chaos,
+    ActorScale,
 }
 
 impl Scenario {
     /// Every scenario, in the order they run.
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::EgressIdle,
         Scenario::EgressTcp,
         Scenario::EgressHttp,
@@ -34,6 +35,7 @@ impl Scenario {
         Scenario::IngressIdle,
         Scenario::NoisyNeighbour,
         Scenario::Chaos,
+        Scenario::ActorScale,
     ];
 
     /// Its name on the command line and in the results.
@@ -49,6 +51,7 @@ impl Scenario {
             Scenario::IngressIdle => "ingress-idle",
             Scenario::NoisyNeighbour => "noisy-neighbour",
             Scenario::Chaos => "chaos",
+            Scenario::ActorScale => "actor-scale",
         }
     }
 

@@ -56,8 +56,12 @@ fn about(scenario: Scenario) -> (&'static str, &'static str) {
             "Pass: the victim's p99 within 1.1x of its baseline and its throughput at least 0.9x, no OOM kill, atunnel's memory under the overload guard's soft threshold, and everything back to baseline within 60 s.",
         ),
         Scenario::Chaos => (
-            "Faults lose no data silently: many concurrent egress tunnels, each a known pseudo-random stream both ways checked byte for byte at both ends, while the gateway is SIGKILLed and restarted, atunnel is SIGKILLed and restarted by the worker, or destinations reset mid-stream (and a phase with no fault). Each tunnel is classified from the actor's side: completed, cut with RST, refused (a CONNECT that failed, no byte), or silently truncated (a clean end after fewer or different bytes).",
-            "Pass: no tunnel silently truncated under any fault, and every tunnel completed with no fault.",
+            "Faults lose no data silently: many concurrent egress tunnels, each a known pseudo-random stream both ways checked byte for byte at both ends, while the gateway is SIGKILLed and restarted, the worker deactivates an actor over atunnel's control API (and activates it again), atunnel is SIGKILLed and restarted by the worker, or destinations reset mid-stream (and a phase with no fault). Each tunnel is classified from the actor's side: completed, cut with RST, refused (a CONNECT that failed, no byte), or silently truncated (a clean end after fewer or different bytes).",
+            "Pass: no tunnel silently truncated under any fault, every tunnel completed with no fault, and with one actor deactivated every other actor's tunnels completed.",
+        ),
+        Scenario::ActorScale => (
+            "Many actors on one atunnel (1,000; 100 with --quick), each brought up through the control API as a worker does (ServeSandbox: two namespaces, a veth and the redirect; PrepareEgress; Activate), one at a time; one idle egress connection from every sandbox; then, once the connections and the pooled gateway connections closed, what an idle actor costs; then every sandbox closed. Time per sandbox (p50/p99, first and last tenth) and in total, atunnel's CPU per sandbox, heap, cgroup and kernel memory and descriptors per idle actor, the pooled gateway connection's and the idle tunnel's heap beside it, and what teardown left behind.",
+            "Target: <= 8 KiB of atunnel heap per idle actor once its pooled gateway connection closed, no per-actor cost that grows with the count, and nothing left after teardown.",
         ),
         Scenario::IngressConnect => (
             "CONNECT tunnels from the router through the CONNECT listener to actor:80, one request and answer inside each.",

@@ -12,11 +12,13 @@
 //! - [`noisy_neighbour`]: the noisy-neighbour scenario (and its report
 //!   section).
 //! - [`chaos`]: the chaos scenario (and its report section).
+//! - [`actor_scale`]: the actor-scale scenario.
 //!
 //! What they share is below them: the [`Bench`] they drive, the
 //! measurement around a rung (`run::rung`), dialing from the sandboxes
 //! (`run::dial`) and the router's TLS (`run::router`).
 
+mod actor_scale;
 pub(super) mod chaos;
 mod egress;
 mod ingress;
@@ -62,5 +64,6 @@ async fn run_scenario(
         Scenario::IngressIdle => ingress_idle::ingress_idle(bench).await,
         Scenario::NoisyNeighbour => noisy_neighbour::noisy_neighbour(bench).await,
         Scenario::Chaos => chaos::chaos(bench).await,
+        Scenario::ActorScale => actor_scale::actor_scale(bench).await,
     }
 }

@@ -1,0 +1,419 @@
+//! actor-scale: many actors on one atunnel, brought up and torn down
+//! through its control API as a worker does. Each actor gets a real sandbox
+//! (two namespaces, a veth, the redirect), a prepared egress and an
+//! activation, one at a time; then one idle egress connection from every
+//! sandbox; then, once the connections and the actors' pooled gateway
+//! connections closed, what an idle actor costs; then every sandbox closed.
+//!
+//! Reported: time per sandbox (p50/p99, first and last tenth, so a cost
+//! that grows with the count shows) and in total, atunnel's CPU per
+//! sandbox at its 1-CPU quota, atunnel's heap and cgroup per idle actor
+//! (with and without its pooled gateway connection, the connection and
+//! the idle tunnel each beside it), the kernel's share, descriptors per
+//! actor, the teardown time, and what teardown left behind (namespaces,
+//! descriptors, actors atunnel still knows, heap).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use atunnel::control::proto;
+use atunnel::control::proto::control_client::ControlClient;
+use atunnel_bench::load::results::ScenarioResult;
+use atunnel_bench::scenario::Scenario;
+use atunnel_sandbox::NetNs;
+use atunnel_support::stats_client::num;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tonic::transport::Channel;
+
+use crate::run::bench::Bench;
+use crate::topology::SINK_ADDR;
+use crate::traffic::{ECHO, ping};
+
+type BoxError = atunnel_process::BoxError;
+
+/// Actors brought up: the 1,000, or a tenth with `--quick`.
+fn actor_count(quick: bool) -> usize {
+    if quick { 100 } else { 1000 }
+}
+
+/// A pooled gateway connection with no tunnel closes after this, so the
+/// scenario sees an idle actor without one soon after its tunnels closed.
+const GATEWAY_IDLE: &str = "3s";
+/// The longest one control call may take here.
+const CALL_LIMIT: Duration = Duration::from_secs(65);
+/// How long the scenario waits for closes to be seen (tunnels, pooled
+/// connections).
+const SETTLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// The scenario's actors are their own atespace, apart from the worker's.
+fn actor(i: usize) -> proto::Actor {
+    proto::Actor {
+        atespace: "scale".into(),
+        name: format!("actor-{i}"),
+        uid: format!("scale-{i}"),
+    }
+}
+
+async fn call<T>(
+    what: &str,
+    i: usize,
+    fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, BoxError> {
+    match tokio::time::timeout(CALL_LIMIT, fut).await {
+        Ok(Ok(r)) => Ok(r.into_inner()),
+        Ok(Err(s)) => {
+            Err(format!("{what} of scale actor {i}: {:?} {}", s.code(), s.message()).into())
+        }
+        Err(_) => Err(format!("{what} of scale actor {i}: no answer within {CALL_LIMIT:?}").into()),
+    }
+}
+
+/// Sandbox, egress, activation: a worker's three calls for one actor.
+/// Returns the runtime namespace.
+async fn bring_up(
+    client: &mut ControlClient<Channel>,
+    gateway: &proto::Gateway,
+    i: usize,
+) -> Result<String, BoxError> {
+    let served = call(
+        "ServeSandbox",
+        i,
+        client.serve_sandbox(proto::ServeSandboxRequest {
+            actor: Some(actor(i)),
+        }),
+    )
+    .await?;
+    call(
+        "PrepareEgress",
+        i,
+        client.prepare_egress(proto::PrepareEgressRequest {
+            actor: Some(actor(i)),
+            gateway: Some(gateway.clone()),
+        }),
+    )
+    .await?;
+    call(
+        "Activate",
+        i,
+        client.activate(proto::ActivateRequest {
+            actor: Some(actor(i)),
+        }),
+    )
+    .await?;
+    Ok(served.runtime_netns)
+}
+
+/// Milliseconds at quantile `q` of `sorted`.
+fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let at = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    (sorted[at].as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// p50 and p99 of `times`, and the p50 of its first and last tenth (in
+/// the order taken), in ms.
+fn timing(times: &[Duration]) -> Value {
+    let mut sorted = times.to_vec();
+    sorted.sort();
+    let tenth = (times.len() / 10).max(1);
+    let p50_of = |part: &[Duration]| {
+        let mut p = part.to_vec();
+        p.sort();
+        quantile_ms(&p, 0.5)
+    };
+    let (first, last) = (
+        p50_of(&times[..tenth.min(times.len())]),
+        p50_of(&times[times.len().saturating_sub(tenth)..]),
+    );
+    json!({
+        "p50_ms": quantile_ms(&sorted, 0.5),
+        "p99_ms": quantile_ms(&sorted, 0.99),
+        "max_ms": quantile_ms(&sorted, 1.0),
+        "first_tenth_p50_ms": first,
+        "last_tenth_p50_ms": last,
+        "last_over_first": if first > 0.0 { ((last / first) * 100.0).round() / 100.0 } else { 0.0 },
+    })
+}
+
+/// The kernel's memory outside any one process, host-wide: slab and
+/// per-CPU allocations (`/proc/meminfo`), where namespaces, devices and
+/// nftables live. Other work on the machine moves it too.
+fn kernel_bytes() -> u64 {
+    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
+        return 0;
+    };
+    meminfo
+        .lines()
+        .filter_map(|l| {
+            let (key, rest) = l.split_once(':')?;
+            matches!(key, "Slab" | "Percpu" | "KernelStack" | "PageTables")
+                .then(|| {
+                    rest.trim()
+                        .trim_end_matches(" kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .flatten()
+        })
+        .sum::<u64>()
+        * 1024
+}
+
+/// One reading of what atunnel holds.
+struct Reading {
+    heap: f64,
+    rss: f64,
+    fds: f64,
+    cgroup: u64,
+    kernel_cgroup: u64,
+    kernel_host: u64,
+    cpu_ns: u64,
+}
+
+async fn read(bench: &Bench) -> Result<(Reading, Value), BoxError> {
+    let stats = bench.stats(true).await?;
+    let cg = bench.cgroup_sample();
+    Ok((
+        Reading {
+            heap: num(&stats, &["process", "heap_bytes"]),
+            rss: num(&stats, &["process", "rss_bytes"]),
+            fds: num(&stats, &["process", "open_fds"]),
+            cgroup: cg.memory_bytes,
+            kernel_cgroup: cg.kernel_bytes,
+            kernel_host: kernel_bytes(),
+            cpu_ns: cg.cpu_usage_ns,
+        },
+        stats,
+    ))
+}
+
+/// The sum of every actor's pooled gateway connections.
+fn gateway_connections(stats: &Value) -> f64 {
+    stats["egress_actors"]
+        .as_array()
+        .map(|a| a.iter().map(|x| num(x, &["gateway_connections"])).sum())
+        .unwrap_or(0.0)
+}
+
+/// Polls /stats until `done` holds (closes have nothing to await from
+/// here), for [`SETTLE_LIMIT`] at most.
+async fn settle(bench: &Bench, done: impl Fn(&Value) -> bool) -> Result<bool, BoxError> {
+    let deadline = Instant::now() + SETTLE_LIMIT;
+    loop {
+        let s = bench.stats(false).await?;
+        if done(&s) {
+            return Ok(true);
+        }
+        if Instant::now() > deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub(super) async fn actor_scale(bench: &mut Bench) -> Result<ScenarioResult, BoxError> {
+    let n = actor_count(bench.quick);
+    let mut flags = bench.tunnel_args().to_vec();
+    flags.push(format!("--gateway-idle-timeout={GATEWAY_IDLE}"));
+    bench.restart_tunnel(flags).await?;
+    let status = bench.last_status().clone();
+    let socket = status
+        .atunnel_control
+        .clone()
+        .ok_or("the worker names no control socket for atunnel")?;
+    let gateway = proto::Gateway {
+        address: status
+            .base_args
+            .iter()
+            .chain(&status.extra_args)
+            .rev()
+            .find_map(|a| a.strip_prefix("--gateway=").map(String::from))
+            // The worker's own default, as `run` starts it.
+            .unwrap_or_else(|| std::net::SocketAddr::from((SINK_ADDR, 443)).to_string()),
+        server_name: crate::pki::GATEWAY_NAME.to_string(),
+    };
+    let mut client = atunnel::control::client::connect(Path::new(&socket));
+    let result = scale(bench, &mut client, &gateway, n).await;
+    // Whatever happened, close what this scenario opened (idempotent).
+    for i in 0..n {
+        let _ = call(
+            "CloseSandbox",
+            i,
+            client.close_sandbox(proto::CloseSandboxRequest {
+                actor: Some(actor(i)),
+            }),
+        )
+        .await;
+    }
+    result
+}
+
+async fn scale(
+    bench: &mut Bench,
+    client: &mut ControlClient<Channel>,
+    gateway: &proto::Gateway,
+    n: usize,
+) -> Result<ScenarioResult, BoxError> {
+    let mut notes = Vec::new();
+    let (base, base_stats) = read(bench).await?;
+    let base_gateway_conns = gateway_connections(&base_stats);
+
+    // Up, one actor at a time, as a worker places them.
+    let mut up_times = Vec::with_capacity(n);
+    let mut netns = Vec::with_capacity(n);
+    let started = Instant::now();
+    let mut half = None;
+    for i in 0..n {
+        let t = Instant::now();
+        netns.push(bring_up(client, gateway, i).await?);
+        up_times.push(t.elapsed());
+        if i + 1 == n / 2 {
+            half = Some(read(bench).await?.0);
+        }
+    }
+    let up_total = started.elapsed();
+    let (up, _) = read(bench).await?;
+    let half = half.ok_or("fewer than two actors")?;
+
+    // One idle egress connection from every sandbox: each actor's first
+    // tunnel, over its own pooled gateway connection.
+    let sandboxes: Vec<NetNs> = netns
+        .iter()
+        .map(|name| NetNs::open(name))
+        .collect::<Result<_, _>>()?;
+    let mut held: Vec<TcpStream> = Vec::with_capacity(n);
+    let dest = ECHO.parse()?;
+    let mut dial_failures = 0u64;
+    for ns in &sandboxes {
+        match crate::topology::connect_in(&bench.topo.exec, ns, dest).await {
+            Ok(mut s) => match ping(&mut s).await {
+                Ok(()) => held.push(s),
+                Err(_) => dial_failures += 1,
+            },
+            Err(_) => dial_failures += 1,
+        }
+    }
+    let (busy, busy_stats) = read(bench).await?;
+    let pooled = gateway_connections(&busy_stats) - base_gateway_conns;
+    let idle_tunnels = held.len();
+    drop(held);
+    let tunnels_closed = settle(bench, |s| num(s, &["egress", "tunnels_open"]) == 0.0).await?;
+    let (pooled_only, pooled_stats) = read(bench).await?;
+    let pooled_left = gateway_connections(&pooled_stats) - base_gateway_conns;
+    let pools_closed = settle(bench, |s| gateway_connections(s) <= base_gateway_conns).await?;
+    let (idle, _) = read(bench).await?;
+    if !tunnels_closed || !pools_closed {
+        notes.push(format!(
+            "closes not all seen within {SETTLE_LIMIT:?}: tunnels closed {tunnels_closed}, pooled gateway connections closed {pools_closed}"
+        ));
+    }
+
+    // Down.
+    let mut down_times = Vec::with_capacity(n);
+    let started = Instant::now();
+    for i in 0..n {
+        let t = Instant::now();
+        call(
+            "CloseSandbox",
+            i,
+            client.close_sandbox(proto::CloseSandboxRequest {
+                actor: Some(actor(i)),
+            }),
+        )
+        .await?;
+        down_times.push(t.elapsed());
+    }
+    let down_total = started.elapsed();
+    drop(sandboxes);
+    let (gone, _) = read(bench).await?;
+    let left_netns: Vec<String> = netns
+        .iter()
+        .filter(|name| Path::new("/run/netns").join(name).exists())
+        .cloned()
+        .collect();
+    let listed = call("List", 0, client.list(proto::ListRequest {})).await?;
+    let still_known = listed
+        .actors
+        .iter()
+        .filter(|a| a.actor.as_ref().is_some_and(|a| a.atespace == "scale"))
+        .count();
+    let left_fds = gone.fds - base.fds;
+
+    let per = |v: f64| (v / n as f64).round();
+    let per_i = |after: u64, before: u64| per(after as f64 - before as f64);
+    let heap_idle = per(idle.heap - base.heap);
+    let pass_heap = heap_idle <= 8.0 * 1024.0;
+    let nothing_left = left_netns.is_empty() && still_known == 0 && left_fds <= 2.0;
+    let growth = timing(&up_times)["last_over_first"].as_f64().unwrap_or(0.0);
+    let heap_first_half = (half.heap - base.heap) / (n / 2) as f64;
+    let heap_second_half = (up.heap - half.heap) / (n - n / 2) as f64;
+    if dial_failures > 0 {
+        notes.push(format!(
+            "{dial_failures} of {n} sandboxes' idle connections failed to open"
+        ));
+    }
+    notes.push(format!(
+        "{n} actors (atespace \"scale\"), each brought up through atunnel's control API one at a time (ServeSandbox, PrepareEgress, Activate) beside the worker's own; atunnel at its cgroup's CPU quota; then one idle egress connection (a byte echoed) from every sandbox; then closed, and once atunnel's pooled gateway connections closed ({GATEWAY_IDLE} idle timeout) the idle actors measured; then CloseSandbox for each"
+    ));
+    notes.push("heap and descriptors from atunnel's /stats (after releasing free memory); cgroup: atunnel's cgroup memory (its kernel share is the cgroup's kmem figure, which holds the namespaces, veth devices and nftables atunnel creates); kernel_host: /proc/meminfo Slab + Percpu + KernelStack + PageTables, host-wide, moved by anything else on the machine too".into());
+    notes.push(format!(
+        "pass: heap per idle actor <= 8 KiB once its pooled connection closed, and teardown leaves no namespace, no descriptor, no actor atunnel knows; growth: the last tenth's bring-up p50 over the first tenth's is {growth}"
+    ));
+    Ok(ScenarioResult {
+        name: Scenario::ActorScale.name().into(),
+        rungs: Vec::new(),
+        summary: json!({
+            "actors": n,
+            "bring_up": timing(&up_times),
+            "bring_up_total_s": (up_total.as_secs_f64() * 100.0).round() / 100.0,
+            "bring_up_cpu_ms_per_actor": ((up.cpu_ns.saturating_sub(base.cpu_ns)) as f64 / n as f64 / 1e4).round() / 100.0,
+            "teardown": timing(&down_times),
+            "teardown_total_s": (down_total.as_secs_f64() * 100.0).round() / 100.0,
+            "teardown_cpu_ms_per_actor": ((gone.cpu_ns.saturating_sub(idle.cpu_ns)) as f64 / n as f64 / 1e4).round() / 100.0,
+            "heap_bytes_per_idle_actor": heap_idle,
+            "heap_bytes_per_actor_just_activated": per(up.heap - base.heap),
+            "heap_bytes_per_actor_first_half": heap_first_half.round(),
+            "heap_bytes_per_actor_second_half": heap_second_half.round(),
+            "heap_bytes_per_pooled_gateway_connection": if pooled_left > 0.0 { ((pooled_only.heap - idle.heap) / pooled_left).round() } else { 0.0 },
+            "heap_bytes_per_idle_tunnel": if idle_tunnels > 0 { ((busy.heap - pooled_only.heap) / idle_tunnels as f64).round() } else { 0.0 },
+            "rss_bytes_per_idle_actor": per(idle.rss - base.rss),
+            "cgroup_bytes_per_idle_actor": per_i(idle.cgroup, base.cgroup),
+            "cgroup_kernel_bytes_per_idle_actor": per_i(idle.kernel_cgroup, base.kernel_cgroup),
+            "kernel_host_bytes_per_actor": per_i(idle.kernel_host, base.kernel_host),
+            "fds_per_idle_actor": (((idle.fds - base.fds) / n as f64) * 100.0).round() / 100.0,
+            "pooled_gateway_connections": pooled,
+            "idle_tunnels": idle_tunnels,
+            "after_teardown": {
+                "namespaces_left": left_netns.len(),
+                "actors_still_known": still_known,
+                "fds_left": left_fds,
+                "heap_bytes_left": (gone.heap - base.heap).round(),
+                "cgroup_bytes_left": gone.cgroup as f64 - base.cgroup as f64,
+            },
+            "pass": pass_heap && nothing_left && dial_failures == 0,
+        }),
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timing_reports_quantiles_and_growth_in_order_taken() {
+        let times: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        let t = timing(&times);
+        assert_eq!(t["p50_ms"], 50.0);
+        assert_eq!(t["p99_ms"], 99.0);
+        assert_eq!(t["max_ms"], 100.0);
+        assert_eq!(t["first_tenth_p50_ms"], 5.0);
+        assert_eq!(t["last_tenth_p50_ms"], 95.0);
+        assert_eq!(t["last_over_first"], 19.0);
+        assert_eq!(timing(&[])["p50_ms"], 0.0);
+    }
+}
