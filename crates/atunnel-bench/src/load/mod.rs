@@ -6,8 +6,10 @@
 //! - [`verdict`]: names what limited each rung (the tunnel, the generator,
 //!   the far end, errors) and picks the sustainable rate of a ladder.
 //! - [`results`]: `results.json` (read by other tools), `results.txt` (read
-//!   by people first) and one SVG chart per scenario.
+//!   by people first), and writes the plots.
+//! - [`plots`]: every plot of the report (plotters, SVG backend).
 
+pub mod plots;
 pub mod results;
 pub mod schedule;
 pub mod verdict;

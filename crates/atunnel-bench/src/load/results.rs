@@ -8,10 +8,8 @@
 //!   the required ones are never renamed.
 //! - `results.txt` — one aligned table per scenario plus its summary: what a
 //!   person reads first.
-//! - `<scenario>.svg` — tunnel CPU, tunnel cgroup memory and p99 latency
-//!   against offered rate. Written by hand as SVG text: three polylines with
-//!   axes and a few tick labels need no plotting crate (and its dependency
-//!   tree and font handling) — a page of string formatting does it.
+//! - `<scenario>.svg` and `<scenario>.<figure>.svg` — the plots, drawn by
+//!   [`super::plots`] (plotters, SVG backend).
 
 use std::fmt::Write as _;
 use std::fs;
@@ -22,6 +20,7 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::plots;
 use super::schedule::RungOutcome;
 use super::verdict::{Verdict, sustainable_rate};
 use crate::scenario::Scenario;
@@ -62,8 +61,20 @@ impl Variant {
     }
 }
 
+/// Whether `c` compares ingress (atunnel and peers in its place) rather
+/// than egress settings.
+fn compares_ingress(c: &Comparison) -> bool {
+    c.variants
+        .iter()
+        .flat_map(|v| &v.scenarios)
+        .any(|s| s.name == Scenario::IngressHttps.name() || s.name == Scenario::IngressIdle.name())
+}
+
 /// The side-by-side table of a comparison (text; report.md embeds it too).
 pub fn comparison_table(c: &Comparison) -> String {
+    if compares_ingress(c) {
+        return ingress_comparison_table(c);
+    }
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -96,6 +107,84 @@ pub fn comparison_table(c: &Comparison) -> String {
             num(Scenario::EgressHttp, "cores_at_8000_rps"),
             tcp
         );
+    }
+    out
+}
+
+/// ingress-idle's figure `key` for `case` in a variant's summary.
+fn idle_case(v: &Variant, case: &str, key: &str) -> Option<f64> {
+    v.summary(Scenario::IngressIdle, "cases")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("case").and_then(Value::as_str) == Some(case))?
+        .get(key)?
+        .as_f64()
+}
+
+/// The ingress comparison (`--compare peers`): per variant, sustainable
+/// requests/s and CPU per request (ingress-https), cgroup bytes per idle
+/// HTTP/1.1 and HTTP/2 router connection (ingress-idle, awake), each with
+/// the ratio of the first variant's (atunnel's) figure to this one's: above
+/// 1, atunnel needs more CPU or memory, or sustains more requests/s.
+/// atunnel's hibernated figure (its default after 15 s idle) is beside it.
+fn ingress_comparison_table(c: &Comparison) -> String {
+    type Figure = fn(&Variant) -> Option<f64>;
+    let figures: [(&str, Figure); 5] = [
+        ("req/s", |v| {
+            v.summary(Scenario::IngressHttps, "sustainable_rps")?
+                .as_f64()
+        }),
+        ("CPU us/req", |v| {
+            v.summary(Scenario::IngressHttps, "cpu_us_per_request")?
+                .as_f64()
+        }),
+        ("idle h1 B/conn", |v| {
+            idle_case(v, "http1-keepalive-short", "cgroup_bytes_per_conn")
+        }),
+        ("idle h2 B/conn", |v| {
+            idle_case(v, "http2-one-request", "cgroup_bytes_per_conn")
+        }),
+        ("hibernated h1", |v| {
+            idle_case(
+                v,
+                "http1-keepalive-short",
+                "hibernated_cgroup_bytes_per_conn",
+            )
+        }),
+    ];
+    // Ratios for the first four; the hibernated figure is atunnel's alone.
+    const WITH_RATIO: usize = 4;
+    let base = c.variants.first();
+    let fmt = |x: Option<f64>| x.map_or("-".to_string(), |x| trim_float(x, 1));
+    let ratio = |x: Option<f64>, i: usize| {
+        let b = base.and_then(figures[i].1);
+        match (b, x) {
+            (Some(b), Some(x)) if x != 0.0 => format!("{:.2}", b / x),
+            _ => "-".to_string(),
+        }
+    };
+    let mut out = String::new();
+    let mut head = format!("{:<10}", "variant");
+    for (i, (name, _)) in figures.iter().enumerate() {
+        let _ = write!(head, " {name:>14}");
+        if i < WITH_RATIO {
+            let _ = write!(head, " {:>7}", "ratio");
+        }
+    }
+    let _ = writeln!(out, "{}", head.trim_end());
+    for v in &c.variants {
+        let mut row = format!("{:<10}", v.label);
+        for (i, (_, figure)) in figures.iter().enumerate() {
+            let x = figure(v);
+            let _ = write!(row, " {:>14}", fmt(x));
+            if i < WITH_RATIO {
+                let _ = write!(row, " {:>7}", ratio(x, i));
+            }
+        }
+        let _ = writeln!(out, "{}", row.trim_end());
+    }
+    if let Some(b) = base {
+        let _ = writeln!(out, "ratio = {}'s figure / this variant's", b.label);
     }
     out
 }
@@ -258,11 +347,12 @@ pub fn render_txt(r: &Results) -> String {
         if !out.is_empty() {
             out.push('\n');
         }
-        let _ = writeln!(
-            out,
-            "== compare {} (egress, per idle connection) ==",
-            c.name
-        );
+        let what = if compares_ingress(c) {
+            "ingress, side by side"
+        } else {
+            "egress, per idle connection"
+        };
+        let _ = writeln!(out, "== compare {} ({what}) ==", c.name);
         out.push_str(&comparison_table(c));
     }
     out
@@ -420,234 +510,20 @@ fn fmt_ms(us: u64) -> String {
     }
 }
 
-/// One SVG per scenario with rungs: tunnel CPU cores, tunnel cgroup MiB and p99 latency against offered rate (three small line charts stacked, axes labelled, written by hand as SVG text — a few polylines need no plotting crate).
-///
-/// Files are `dir/<scenario name>.svg` (characters other than letters,
-/// digits, `-`, `_` and `.` become `_`); returns their paths.
+/// Every plot of the run ([`super::plots::of_results`]: the ladder of each
+/// scenario with rungs, memory per idle connection, hibernation, CPU per
+/// request, bulk throughput, stall memory), written into `dir` beside
+/// report.md; returns their paths. A file is `<scenario>.svg` (the ladder)
+/// or `<scenario>.<figure>.svg`.
 pub fn write_plots(dir: &Path, r: &Results) -> io::Result<Vec<PathBuf>> {
     fs::create_dir_all(dir)?;
     let mut paths = Vec::new();
-    for s in r.scenarios.iter().filter(|s| !s.rungs.is_empty()) {
-        let path = dir.join(format!("{}.svg", file_stem(&s.name)));
-        write_whole(&path, render_svg(s))?;
+    for plot in plots::of_results(r).map_err(io::Error::other)? {
+        let path = dir.join(&plot.file);
+        write_whole(&path, plot.svg)?;
         paths.push(path);
     }
     Ok(paths)
-}
-
-fn file_stem(name: &str) -> String {
-    let stem: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let stem = stem.trim_start_matches('.');
-    if stem.is_empty() {
-        "scenario".to_string()
-    } else {
-        stem.to_string()
-    }
-}
-
-const SVG_W: f64 = 640.0;
-const TITLE_H: f64 = 34.0;
-const PANEL_TITLE_H: f64 = 26.0;
-const PLOT_H: f64 = 130.0;
-const PANEL_BOTTOM: f64 = 44.0;
-const LEFT: f64 = 70.0;
-const RIGHT: f64 = 20.0;
-const OK_COLOR: &str = "#1f77b4";
-const BAD_COLOR: &str = "#d62728";
-
-/// The SVG text of one scenario's charts.
-pub fn render_svg(s: &ScenarioResult) -> String {
-    type Series = (&'static str, &'static str, fn(&RungResult) -> f64);
-    let series: [Series; 3] = [
-        ("tunnel CPU", "cores", |r| r.tunnel_cpu_cores),
-        ("tunnel cgroup memory", "MiB", |r| {
-            r.tunnel_cgroup_bytes as f64 / MIB
-        }),
-        ("p99 latency", "ms", |r| r.latency_us.p99 as f64 / 1000.0),
-    ];
-    let mut rungs: Vec<&RungResult> = s.rungs.iter().collect();
-    rungs.sort_by(|a, b| a.offered.total_cmp(&b.offered));
-
-    let panel_h = PANEL_TITLE_H + PLOT_H + PANEL_BOTTOM;
-    let height = TITLE_H + panel_h * series.len() as f64;
-    let x_max_data = rungs.iter().map(|r| finite(r.offered)).fold(0.0, f64::max);
-    let (x_max, x_step) = axis(x_max_data);
-    let px = |x: f64| LEFT + (finite(x) / x_max) * (SVG_W - LEFT - RIGHT);
-
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{SVG_W}" height="{height}" viewBox="0 0 {SVG_W} {height}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = writeln!(o, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        o,
-        r#"<text x="{}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{}: tunnel against offered rate</text>"#,
-        SVG_W / 2.0,
-        esc(&s.name)
-    );
-    let _ = writeln!(
-        o,
-        r#"<text x="{}" y="{}" text-anchor="end" fill="{BAD_COLOR}">red points: verdict not ok</text>"#,
-        SVG_W - RIGHT,
-        TITLE_H - 4.0
-    );
-
-    for (p, (title, unit, value)) in series.iter().enumerate() {
-        let top = TITLE_H + panel_h * p as f64;
-        let y0 = top + PANEL_TITLE_H; // top of the plot area
-        let y1 = y0 + PLOT_H; // its bottom (the x axis)
-        let values: Vec<f64> = rungs.iter().map(|r| finite(value(r))).collect();
-        let (y_max, y_step) = axis(values.iter().copied().fold(0.0, f64::max));
-        let py = |y: f64| y1 - (y / y_max) * PLOT_H;
-
-        let _ = writeln!(
-            o,
-            r#"<text x="{LEFT}" y="{}" font-size="12" font-weight="bold">{} ({})</text>"#,
-            top + PANEL_TITLE_H - 8.0,
-            esc(title),
-            esc(unit)
-        );
-        // Horizontal grid lines and y tick labels.
-        for k in 0..=((y_max / y_step).round() as usize) {
-            let v = y_step * k as f64;
-            let y = py(v);
-            let _ = writeln!(
-                o,
-                r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e0e0e0"/>"##,
-                SVG_W - RIGHT
-            );
-            let _ = writeln!(
-                o,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-                LEFT - 6.0,
-                y + 4.0,
-                tick(v)
-            );
-        }
-        // X ticks.
-        for k in 0..=((x_max / x_step).round() as usize) {
-            let v = x_step * k as f64;
-            let x = px(v);
-            let _ = writeln!(
-                o,
-                r#"<line x1="{x:.1}" y1="{y1:.1}" x2="{x:.1}" y2="{:.1}" stroke="black"/>"#,
-                y1 + 4.0
-            );
-            let _ = writeln!(
-                o,
-                r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-                y1 + 16.0,
-                tick(v)
-            );
-        }
-        // Axes and their labels.
-        let _ = writeln!(
-            o,
-            r#"<line x1="{LEFT}" y1="{y0:.1}" x2="{LEFT}" y2="{y1:.1}" stroke="black"/>"#
-        );
-        let _ = writeln!(
-            o,
-            r#"<line x1="{LEFT}" y1="{y1:.1}" x2="{:.1}" y2="{y1:.1}" stroke="black"/>"#,
-            SVG_W - RIGHT
-        );
-        let _ = writeln!(
-            o,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">offered rate (per second)</text>"#,
-            (LEFT + SVG_W - RIGHT) / 2.0,
-            y1 + 32.0
-        );
-        let (lx, ly) = (16.0, (y0 + y1) / 2.0);
-        let _ = writeln!(
-            o,
-            r#"<text x="{lx}" y="{ly:.1}" text-anchor="middle" transform="rotate(-90 {lx} {ly:.1})">{}</text>"#,
-            esc(unit)
-        );
-        // The series.
-        let points: Vec<String> = rungs
-            .iter()
-            .zip(&values)
-            .map(|(r, &v)| format!("{:.1},{:.1}", px(r.offered), py(v)))
-            .collect();
-        let _ = writeln!(
-            o,
-            r#"<polyline fill="none" stroke="{OK_COLOR}" stroke-width="2" points="{}"/>"#,
-            points.join(" ")
-        );
-        for (r, &v) in rungs.iter().zip(&values) {
-            let color = if r.verdict == Verdict::Ok {
-                OK_COLOR
-            } else {
-                BAD_COLOR
-            };
-            let _ = writeln!(
-                o,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{color}"><title>{}/s: {} {} ({})</title></circle>"#,
-                px(r.offered),
-                py(v),
-                fmt_rate(r.offered),
-                trim_float(v, 3),
-                esc(unit),
-                r.verdict
-            );
-        }
-    }
-    o.push_str("</svg>\n");
-    o
-}
-
-fn finite(x: f64) -> f64 {
-    if x.is_finite() { x.max(0.0) } else { 0.0 }
-}
-
-/// An axis from 0 covering `max`: its end and its tick step (1, 2 or 5
-/// times a power of ten, about four ticks).
-fn axis(max: f64) -> (f64, f64) {
-    if max.is_nan() || max <= 0.0 {
-        return (1.0, 0.25);
-    }
-    let raw = max / 4.0;
-    let mag = 10f64.powf(raw.log10().floor());
-    let f = raw / mag;
-    let step = mag
-        * if f <= 1.0 {
-            1.0
-        } else if f <= 2.0 {
-            2.0
-        } else if f <= 5.0 {
-            5.0
-        } else {
-            10.0
-        };
-    ((max / step - 1e-9).ceil().max(1.0) * step, step)
-}
-
-fn tick(v: f64) -> String {
-    trim_float(v, 3)
-}
-
-fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -762,6 +638,73 @@ mod tests {
             serde_json::from_str(&fs::read_to_string(dir.path().join("results.json")).unwrap())
                 .unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn a_peers_comparison_prints_atunnel_to_peer_ratios() {
+        let variant = |label: &str, rps: f64, cpu: f64, h1: f64, hibernated: Option<f64>| {
+            let mut h1_case = json!({"case": "http1-keepalive-short", "cgroup_bytes_per_conn": h1});
+            if let Some(b) = hibernated {
+                h1_case["hibernated_cgroup_bytes_per_conn"] = json!(b);
+            }
+            Variant {
+                label: label.to_string(),
+                flags: Vec::new(),
+                scenarios: vec![
+                    ScenarioResult {
+                        name: "ingress-https".into(),
+                        summary: json!({"sustainable_rps": rps, "cpu_us_per_request": cpu}),
+                        ..ScenarioResult::default()
+                    },
+                    ScenarioResult {
+                        name: "ingress-idle".into(),
+                        summary: json!({"cases": [h1_case,
+                            {"case": "http2-one-request", "cgroup_bytes_per_conn": 2.0 * h1}]}),
+                        ..ScenarioResult::default()
+                    },
+                ],
+            }
+        };
+        let c = Comparison {
+            name: "peers".into(),
+            variants: vec![
+                variant("atunnel", 4000.0, 17.1, 8000.0, Some(2000.0)),
+                variant("nginx", 4000.0, 13.2, 25000.0, None),
+                variant("haproxy", 2000.0, 7.5, 26000.0, None),
+            ],
+        };
+        let txt = render_txt(&Results {
+            scenarios: Vec::new(),
+            comparisons: vec![c],
+        });
+        assert!(txt.contains("== compare peers (ingress"), "{txt}");
+        let row = |label: &str| -> Vec<String> {
+            txt.lines()
+                .find(|l| l.starts_with(label))
+                .unwrap_or_else(|| panic!("no {label} row in\n{txt}"))
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        };
+        // label, req/s, ratio, CPU, ratio, h1, ratio, h2, ratio, hibernated
+        assert_eq!(
+            row("atunnel"),
+            [
+                "atunnel", "4000", "1.00", "17.1", "1.00", "8000", "1.00", "16000", "1.00", "2000"
+            ]
+        );
+        assert_eq!(
+            row("nginx"),
+            [
+                "nginx", "4000", "1.00", "13.2", "1.30", "25000", "0.32", "50000", "0.32", "-"
+            ]
+        );
+        assert_eq!(
+            row("haproxy"),
+            [
+                "haproxy", "2000", "2.00", "7.5", "2.28", "26000", "0.31", "52000", "0.31", "-"
+            ]
+        );
     }
 
     fn keys(v: &Value) -> BTreeSet<&str> {
@@ -883,17 +826,26 @@ mod tests {
     fn svg_has_one_polyline_per_series() {
         let dir = tempfile::tempdir().unwrap();
         let paths = write_plots(dir.path(), &sample()).unwrap();
+        // The ladder of the scenario with rungs, its CPU per request, and
+        // socket-memory's stall memory (it has cases but no rungs).
         assert_eq!(
             paths,
-            vec![dir.path().join("egress-http.svg")],
-            "only scenarios with rungs"
+            vec![
+                dir.path().join("egress-http.svg"),
+                dir.path().join("egress-http.cpu-per-request.svg"),
+                dir.path().join("socket-memory.stall-memory.svg"),
+            ],
         );
         let svg = fs::read_to_string(&paths[0]).unwrap();
         assert!(svg.starts_with("<svg"));
         assert!(svg.trim_end().ends_with("</svg>"));
-        assert_eq!(svg.matches("<polyline").count(), 3);
-        assert_eq!(svg.matches("<circle").count(), 3 * 4);
-        assert_eq!(svg.matches("</circle>").count(), 3 * 4);
+        // Three panels of one series each, four rungs: a line and four
+        // markers per panel, and a red ring per rung whose verdict is not
+        // ok (two of the four).
+        let line = r##"<polyline fill="none" opacity="1" stroke="#1F77B4" stroke-width="2""##;
+        assert_eq!(svg.matches(line).count(), 3, "{svg}");
+        assert_eq!(svg.matches(r##"<circle"##).count(), 3 * 4 + 3 * 2, "{svg}");
+        assert_eq!(svg.matches(r##"stroke="#D62728""##).count(), 3 * 2, "{svg}");
         for label in [
             "tunnel CPU (cores)",
             "tunnel cgroup memory (MiB)",
@@ -918,26 +870,16 @@ mod tests {
             rungs: vec![r],
             ..ScenarioResult::default()
         };
-        let svg = render_svg(&s);
-        assert!(svg.contains("a&lt;b &amp; &quot;c&quot;"));
-        assert!(!svg.contains("NaN") && !svg.contains("inf"));
-        assert_eq!(file_stem(&s.name), "a_b____c_");
-        assert_eq!(file_stem("../x"), "_x");
-    }
-
-    #[test]
-    fn axis_steps_are_round() {
-        let close = |(a, b): (f64, f64), (c, d): (f64, f64)| {
-            assert!(
-                (a - c).abs() < 1e-9 && (b - d).abs() < 1e-9,
-                "({a}, {b}) != ({c}, {d})"
-            );
+        let dir = tempfile::tempdir().unwrap();
+        let results = Results {
+            scenarios: vec![s],
+            comparisons: Vec::new(),
         };
-        close(axis(8000.0), (8000.0, 2000.0));
-        close(axis(7000.0), (8000.0, 2000.0));
-        close(axis(37.0), (40.0, 10.0));
-        close(axis(0.9), (1.0, 0.5));
-        close(axis(0.0), (1.0, 0.25));
-        close(axis(f64::NAN), (1.0, 0.25));
+        let paths = write_plots(dir.path(), &results).unwrap();
+        assert_eq!(paths, vec![dir.path().join("a_b____c_.svg")]);
+        let svg = fs::read_to_string(&paths[0]).unwrap();
+        assert!(svg.contains("a&lt;b &amp; &quot;c&quot;"), "{svg}");
+        assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+        assert_eq!(plots::file_stem("../x"), "___x");
     }
 }

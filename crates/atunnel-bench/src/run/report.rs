@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use atunnel_bench::load::plots::file_stem;
 use atunnel_bench::load::results::{self, Results, ScenarioResult};
 use atunnel_bench::scenario::Scenario;
 
@@ -167,15 +168,8 @@ pub fn write(
         for n in &s.notes {
             let _ = writeln!(md, "- {n}");
         }
-        if let Some(plot) = plots.iter().find(|p| {
-            p.file_name()
-                .is_some_and(|f| f.to_string_lossy().contains(&s.name))
-        }) {
-            let name = plot
-                .file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let _ = writeln!(md, "\n![{}]({name})\n", s.name);
+        for name in plot_names(plots).filter(|n| plot_scenario(n) == file_stem(&s.name)) {
+            let _ = writeln!(md, "\n![{}]({name})\n", plot_alt(&name));
         }
     }
     for c in &results.comparisons {
@@ -197,6 +191,16 @@ pub fn write(
             results::comparison_table(c)
         );
     }
+    // Plots of scenarios run only under a comparison (their variants are
+    // the series): under the comparisons.
+    for name in plot_names(plots).filter(|n| {
+        !results
+            .scenarios
+            .iter()
+            .any(|s| file_stem(&s.name) == plot_scenario(n))
+    }) {
+        let _ = writeln!(md, "![{}]({name})\n", plot_alt(&name));
+    }
     if !events.is_empty() {
         let _ = writeln!(md, "## Events\n");
         for e in events {
@@ -204,6 +208,24 @@ pub fn write(
         }
     }
     results::write_whole(&dir.join("report.md"), md)
+}
+
+/// The file names of the plots written beside report.md.
+fn plot_names(plots: &[PathBuf]) -> impl Iterator<Item = String> + '_ {
+    plots
+        .iter()
+        .filter_map(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+}
+
+/// The scenario a plot belongs to: its name up to the first `.`
+/// (`egress-idle.memory-per-connection.svg`, `egress-idle.svg`).
+fn plot_scenario(name: &str) -> &str {
+    name.split('.').next().unwrap_or(name)
+}
+
+/// A plot's alt text: "egress-idle memory-per-connection".
+fn plot_alt(name: &str) -> String {
+    name.trim_end_matches(".svg").replace('.', " ")
 }
 
 /// socket-memory's cases as a table: per stalled connection, kernel, heap
@@ -270,6 +292,63 @@ mod tests {
             "{table}"
         );
         assert_eq!(stall_table(&serde_json::json!({})), "");
+    }
+
+    #[test]
+    fn each_plot_is_linked_under_its_own_scenario() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let scenario = |name: &str| ScenarioResult {
+            name: name.into(),
+            ..ScenarioResult::default()
+        };
+        let results = Results {
+            scenarios: vec![scenario("egress-idle"), scenario("ingress-idle")],
+            comparisons: vec![results::Comparison {
+                name: "copy-mode".into(),
+                variants: Vec::new(),
+            }],
+        };
+        let plots: Vec<PathBuf> = [
+            "egress-idle.svg",
+            "egress-idle.memory-per-connection.svg",
+            "ingress-idle.hibernation.svg",
+            "egress-tcp.throughput.svg",
+        ]
+        .iter()
+        .map(|f| dir.path().join(f))
+        .collect();
+        write(dir.path(), &info(None, None), &results, &plots, &[]).expect("written");
+        let md = std::fs::read_to_string(dir.path().join("report.md")).expect("report");
+        let section = |head: &str| -> &str {
+            let start = md.find(head).unwrap_or_else(|| panic!("{head} in {md}"));
+            let rest = &md[start + head.len()..];
+            &rest[..rest.find("\n## ").unwrap_or(rest.len())]
+        };
+        let egress = section("## egress-idle\n");
+        assert!(egress.contains("![egress-idle](egress-idle.svg)"), "{md}");
+        assert!(
+            egress.contains(
+                "![egress-idle memory-per-connection](egress-idle.memory-per-connection.svg)"
+            ),
+            "{md}"
+        );
+        assert!(
+            !egress.contains("ingress-idle.") && !egress.contains("egress-tcp."),
+            "{md}"
+        );
+        let ingress = section("## ingress-idle\n");
+        assert!(
+            ingress.contains("![ingress-idle hibernation](ingress-idle.hibernation.svg)"),
+            "{md}"
+        );
+        assert!(!ingress.contains("(egress-idle"), "{md}");
+        // egress-tcp ran only under the comparison: its plot follows it.
+        let compared = section("## Comparison: copy-mode");
+        assert!(
+            compared.contains("![egress-tcp throughput](egress-tcp.throughput.svg)"),
+            "{md}"
+        );
+        assert_eq!(md.matches("](").count(), 4, "each plot once: {md}");
     }
 
     #[test]
