@@ -296,6 +296,17 @@ pub struct ClientStats {
     pub h2_dead_retired_total: u64,
 }
 
+/// The crypto provider every actor's client uses: one for the process, as
+/// its cipher suites and key exchange groups are the same for every actor
+/// (a copy each would cost a worker with 1,000 actors ~0.3 MB for nothing).
+fn shared_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    static PROVIDER: std::sync::OnceLock<Arc<rustls::crypto::CryptoProvider>> =
+        std::sync::OnceLock::new();
+    PROVIDER
+        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
+        .clone()
+}
+
 /// One actor's tunnel client: its TLS identity and its connection pool.
 pub struct GatewayClient {
     cfg: GatewayClientConfig,
@@ -320,12 +331,10 @@ impl GatewayClient {
         cfg: GatewayClientConfig,
         credential: Arc<ActorCredential>,
     ) -> Result<Self, rustls::Error> {
-        let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(cfg.roots.clone())
-        .with_client_cert_resolver(credential.clone());
+        let mut tls = rustls::ClientConfig::builder_with_provider(shared_provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(cfg.roots.clone())
+            .with_client_cert_resolver(credential.clone());
         tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         // A pooled connection's expiry must be that of the certificate it
         // actually authenticated with: a resumed session would carry the
