@@ -88,6 +88,10 @@ pub struct TunnelArgs {
     /// CAs that sign the router's (ingress) and the node agent's certificates (PEM).
     #[arg(long)]
     pub trust_bundle: Option<PathBuf>,
+    /// How often ingress checks the trust bundle's file for a change and
+    /// reloads it (SIGHUP reloads it at once) ("10s"; 0: only on SIGHUP).
+    #[arg(long, default_value_t = FlagDuration(IngressConfig::default().trust_bundle_poll))]
+    pub trust_bundle_poll_interval: FlagDuration,
     /// Ingress HTTPS listen address; used when ingress is on (--credential-bundle).
     #[arg(long, default_value = "0.0.0.0:443")]
     pub ingress_https: SocketAddr,
@@ -348,6 +352,7 @@ impl TunnelArgs {
                 config: IngressConfig {
                     credential_bundle: bundle.clone(),
                     trust_bundle: trust.clone(),
+                    trust_bundle_poll: args.trust_bundle_poll_interval.0,
                     allowed_client_id: args.client_identity.clone(),
                     pools: PoolSettings {
                         max_in_flight: args.budget.actor_max_ingress_in_flight,
@@ -514,6 +519,10 @@ mod tests {
             ingress.pools.ping_timeout
         );
         assert_eq!(args.tunnel.client_identity, ingress.allowed_client_id);
+        assert_eq!(
+            args.tunnel.trust_bundle_poll_interval.0,
+            ingress.trust_bundle_poll
+        );
         let tunnel = crate::tunnel::TunnelConfig::new(
             std::sync::Arc::new(rustls::RootCertStore::empty()),
             std::sync::Arc::new(atunnel_identity::LocalCaSource::new(std::sync::Arc::new(

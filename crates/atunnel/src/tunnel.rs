@@ -302,14 +302,36 @@ impl Tunnel {
                 return;
             }
         };
+        // The trust bundle's file is also checked for a change (its own
+        // rotation needs no signal); the credential bundle is checked at
+        // every handshake (`ReloadingCert`).
+        let trust = ingress.config().trust_bundle.clone();
+        let poll = ingress.config().trust_bundle_poll;
+        let mut stamp = crate::ingress::tls::modified(&trust);
+        let mut tick = (!poll.is_zero()).then(|| {
+            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
         loop {
-            tokio::select! {
+            let why = tokio::select! {
                 _ = cancel.cancelled() => return,
-                got = hup.recv() => if got.is_none() { return },
-            }
+                got = hup.recv() => match got {
+                    Some(()) => "SIGHUP",
+                    None => return,
+                },
+                _ = async { match &mut tick { Some(t) => t.tick().await, None => std::future::pending().await } } => {
+                    let now = crate::ingress::tls::modified(&trust);
+                    if now == stamp {
+                        continue;
+                    }
+                    "the trust bundle changed"
+                }
+            };
+            stamp = crate::ingress::tls::modified(&trust);
             match ingress.reload_tls() {
-                Ok(()) => tracing::info!("SIGHUP: reloaded the credential and trust bundles"),
-                Err(e) => tracing::warn!(error = %e, "SIGHUP: keeping the previous TLS bundles"),
+                Ok(()) => tracing::info!(why, "reloaded the credential and trust bundles"),
+                Err(e) => tracing::warn!(why, error = %e, "keeping the previous TLS bundles"),
             }
         }
     }

@@ -266,6 +266,18 @@ async fn router_accepted(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_the_trust_bundle_for_new_connections() {
+    trust_bundle_reloads(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_trust_bundle_file_is_reloaded_without_a_signal() {
+    trust_bundle_reloads(false).await;
+}
+
+/// A router of a new CA is admitted once the trust bundle's file holds that
+/// CA, after a SIGHUP (`signal`) or by the file's change alone (checked every
+/// 100 ms here), and the old CA's router no longer is.
+async fn trust_bundle_reloads(signal: bool) {
     let old = IngressPki::new();
     let new = IngressPki::new();
     let gw_pki = Pki::new();
@@ -291,6 +303,11 @@ async fn sighup_reloads_the_trust_bundle_for_new_connections() {
             old.bundle_path().display()
         ))
         .arg(format!("--trust-bundle={}", trust.display()))
+        .arg(if signal {
+            "--trust-bundle-poll-interval=0"
+        } else {
+            "--trust-bundle-poll-interval=100ms"
+        })
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -300,10 +317,16 @@ async fn sighup_reloads_the_trust_bundle_for_new_connections() {
     assert!(router_accepted(https, &old, &old.router, &old.pod_ca).await);
     assert!(!router_accepted(https, &new, &new.router, &old.pod_ca).await);
 
-    std::fs::copy(new.trust_path(), &trust).expect("the next trust bundle");
-    let pid = nix::unistd::Pid::from_raw(child.id().expect("pid") as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
-    // The reload runs when the signal is taken: polled, bounded.
+    // Replaced by rename, as the kubelet swaps a projected file.
+    let next = p("trust.pem.next");
+    std::fs::copy(new.trust_path(), &next).expect("the next trust bundle");
+    std::fs::rename(&next, &trust).expect("swap the trust bundle");
+    if signal {
+        let pid = nix::unistd::Pid::from_raw(child.id().expect("pid") as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP");
+    }
+    // The reload runs when the signal is taken or the change is seen:
+    // polled, bounded.
     let started = Instant::now();
     while !router_accepted(https, &new, &new.router, &old.pod_ca).await {
         assert!(

@@ -7,7 +7,7 @@ mod connect;
 mod https;
 mod router_conn;
 mod routes;
-mod tls;
+pub(crate) mod tls;
 
 use atunnel_tls::{PreAuthFigures, PreAuthGate, PreAuthLimits};
 use std::net::SocketAddr;
@@ -39,12 +39,20 @@ pub use tls::IngressTlsError;
 /// The router's default SPIFFE ID, the only client ingress admits.
 pub const ROUTER_SPIFFE_ID: &str = "spiffe://cluster.local/ns/ate-system/sa/atenet-router";
 
+/// How often the trust bundle's file is checked for a change: a stat every
+/// 10 s costs nothing, and a rotated CA is trusted within that.
+pub const TRUST_BUNDLE_POLL: Duration = Duration::from_secs(10);
+
 #[derive(Clone, Debug)]
 pub struct IngressConfig {
     /// One PEM with the worker's certificate chain and key; re-read when it changes.
     pub credential_bundle: PathBuf,
-    /// CAs that sign the router's certificate.
+    /// CAs that sign the router's certificate; re-read on SIGHUP and, every
+    /// `trust_bundle_poll`, when its file changed.
     pub trust_bundle: PathBuf,
+    /// How often the trust bundle's file is checked for a change (zero:
+    /// only on SIGHUP) ([`TRUST_BUNDLE_POLL`], 10 s).
+    pub trust_bundle_poll: Duration,
     /// The only client identity admitted.
     pub allowed_client_id: String,
     pub pools: PoolSettings,
@@ -105,6 +113,7 @@ impl Default for IngressConfig {
             router_ping_interval: ROUTER_PING_INTERVAL,
             router_ping_timeout: ROUTER_PING_TIMEOUT,
             tls_handshake_timeout: HANDSHAKE_TIMEOUT,
+            trust_bundle_poll: TRUST_BUNDLE_POLL,
             pre_auth: PreAuthLimits::default(),
         }
     }
@@ -214,6 +223,11 @@ impl Ingress {
     /// Reads the credential and trust bundles again: connections accepted
     /// from now on, on both listeners, handshake with them (open ones keep
     /// theirs). A bundle that fails to load changes nothing.
+    /// The ingress configuration it runs with.
+    pub fn config(&self) -> &IngressConfig {
+        &self.cfg
+    }
+
     pub fn reload_tls(&self) -> Result<(), IngressError> {
         self.tls.replace(Self::server_config(&self.cfg)?);
         Ok(())

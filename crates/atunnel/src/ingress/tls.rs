@@ -44,9 +44,9 @@ fn load(path: &Path) -> Result<Arc<CertifiedKey>, IngressTlsError> {
 /// What identifies a version of the file: modification time, size and
 /// inode. Timestamps are coarse (a few ms), so a quick rewrite can keep the
 /// same mtime; a swap by rename (as the kubelet does) always changes the inode.
-type Stamp = Option<(SystemTime, u64, u64)>;
+pub(crate) type Stamp = Option<(SystemTime, u64, u64)>;
 
-fn modified(path: &Path) -> Stamp {
+pub(crate) fn modified(path: &Path) -> Stamp {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
     Some((m.modified().ok()?, m.len(), m.ino()))
