@@ -38,7 +38,11 @@ struct Current {
 /// The certificate an actor's egress tunnels present.
 pub struct ActorCredential {
     actor: ActorRef,
-    key: rcgen::KeyPair,
+    /// The private key as PKCS#8 DER, from which a renewal rebuilds the
+    /// key pair it signs its CSR with: kept as bytes rather than as a
+    /// second parsed key pair beside `signing_key`, since a worker holds one
+    /// per actor and renewals are rare.
+    key_der: PrivatePkcs8KeyDer<'static>,
     signing_key: Arc<dyn rustls::sign::SigningKey>,
     current: RwLock<Option<Current>>,
     clock: Clock,
@@ -66,12 +70,14 @@ impl ActorCredential {
             message,
         };
         let key = pki::new_actor_key().map_err(|e| key_err(e.to_string()))?;
-        let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let key_der = PrivatePkcs8KeyDer::from(key.serialize_der());
+        drop(key);
         let signing_key =
-            rustls::crypto::ring::sign::any_ecdsa_type(&der).map_err(|e| key_err(e.to_string()))?;
+            rustls::crypto::ring::sign::any_ecdsa_type(&PrivateKeyDer::Pkcs8(key_der.clone_key()))
+                .map_err(|e| key_err(e.to_string()))?;
         let credential = Self {
             actor,
-            key,
+            key_der,
             signing_key,
             current: RwLock::new(None),
             clock,
@@ -95,10 +101,11 @@ impl ActorCredential {
             actor: self.actor.to_string(),
             source,
         };
-        let csr =
-            pki::actor_csr(&self.key).map_err(|e| mint_err(MintError::Failed(e.to_string())))?;
+        let failed = |e: String| mint_err(MintError::Failed(e));
+        let key = rcgen::KeyPair::try_from(&self.key_der).map_err(|e| failed(e.to_string()))?;
+        let csr = pki::actor_csr(&key).map_err(|e| failed(e.to_string()))?;
         let chain = source.mint(&self.actor, &csr).await.map_err(mint_err)?;
-        let not_after = check_minted(&chain, &self.key, self.clock.now()).map_err(mint_err)?;
+        let not_after = check_minted(&chain, &key, self.clock.now()).map_err(mint_err)?;
         let key = Arc::new(CertifiedKey::new(chain, self.signing_key.clone()));
         *self.current.write().expect("credential lock poisoned") = Some(Current { key, not_after });
         Ok(())
