@@ -193,6 +193,15 @@ async fn read(bench: &Bench) -> Result<(Reading, Value), BoxError> {
     ))
 }
 
+/// atunnel's user and system CPU seconds so far.
+async fn cpu(bench: &Bench) -> Result<(f64, f64), BoxError> {
+    let s = bench.stats(false).await?;
+    Ok((
+        num(&s, &["process", "cpu_user_s"]),
+        num(&s, &["process", "cpu_system_s"]),
+    ))
+}
+
 /// The sum of every actor's pooled gateway connections.
 fn gateway_connections(stats: &Value) -> f64 {
     stats["egress_actors"]
@@ -269,14 +278,35 @@ async fn scale(
     let mut netns = Vec::with_capacity(n);
     let started = Instant::now();
     let mut half = None;
+    // atunnel's user and system CPU over the first and the last tenth: a
+    // cost growing with the count shows in one or the other (atunnel's own
+    // work, or the kernel's for the namespaces).
+    let tenth = (n / 10).max(1);
+    let mut cpu_marks = Vec::with_capacity(4);
     for i in 0..n {
+        if i == 0 || i == n - tenth {
+            cpu_marks.push(cpu(bench).await?);
+        }
         let t = Instant::now();
         netns.push(bring_up(client, gateway, i).await?);
         up_times.push(t.elapsed());
+        if i + 1 == tenth || i + 1 == n {
+            cpu_marks.push(cpu(bench).await?);
+        }
         if i + 1 == n / 2 {
             half = Some(read(bench).await?.0);
         }
     }
+    let tenth_cpu = |from: usize| {
+        let (a, b) = (cpu_marks.get(from), cpu_marks.get(from + 1));
+        a.zip(b).map_or(json!(null), |((u0, s0), (u1, s1))| {
+            json!({
+                "user_ms_per_actor": ((u1 - u0) * 1e3 / tenth as f64 * 100.0).round() / 100.0,
+                "system_ms_per_actor": ((s1 - s0) * 1e3 / tenth as f64 * 100.0).round() / 100.0,
+            })
+        })
+    };
+    let (first_tenth_cpu, last_tenth_cpu) = (tenth_cpu(0), tenth_cpu(2));
     let up_total = started.elapsed();
     let (up, _) = read(bench).await?;
     let half = half.ok_or("fewer than two actors")?;
@@ -377,6 +407,8 @@ async fn scale(
         summary: json!({
             "actors": n,
             "bring_up": timing(&up_times),
+            "bring_up_cpu_first_tenth": first_tenth_cpu,
+            "bring_up_cpu_last_tenth": last_tenth_cpu,
             "bring_up_total_s": (up_total.as_secs_f64() * 100.0).round() / 100.0,
             "bring_up_cpu_ms_per_actor": ((up.cpu_ns.saturating_sub(base.cpu_ns)) as f64 / n as f64 / 1e4).round() / 100.0,
             "teardown": timing(&down_times),
