@@ -163,12 +163,8 @@ impl Inner {
     }
 
     fn status(&self, entry: &Entry) -> proto::ActorStatus {
-        let stats = self.tunnel.egress().actor_stats();
-        status_of(
-            &self.tunnel,
-            entry,
-            stats.iter().find(|s| s.actor == entry.actor.uid),
-        )
+        let stats = self.tunnel.egress().actor_stat(&entry.actor.uid);
+        status_of(&self.tunnel, entry, stats.as_ref())
     }
 
     fn release_name(&self, actor: &ActorRef) {
@@ -370,14 +366,21 @@ impl Inner {
             .values()
             .cloned()
             .collect();
-        let stats = self.tunnel.egress().actor_stats();
+        // By uid, so listing n actors is not n scans of n.
+        let stats: std::collections::HashMap<String, _> = self
+            .tunnel
+            .egress()
+            .actor_stats()
+            .into_iter()
+            .map(|s| (s.actor.clone(), s))
+            .collect();
         let mut actors = Vec::with_capacity(slots.len());
         for slot in slots {
             let entry = slot.lock().await;
             if entry.gone {
                 continue;
             }
-            let s = stats.iter().find(|s| s.actor == entry.actor.uid);
+            let s = stats.get(&entry.actor.uid);
             actors.push(status_of(&self.tunnel, &entry, s));
         }
         Ok(proto::ListResponse { actors })
