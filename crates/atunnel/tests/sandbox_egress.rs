@@ -222,7 +222,16 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
     // DNS from the actor reaches the worker's resolver through the relay.
     dns_over_udp_check(&sandbox, &exec).await;
     dns_over_tcp_check(&sandbox, &exec).await;
-    // Counted for this sandbox, as /stats `dns_relays` serves them.
+    // Counted for this sandbox, as /stats `dns_relays` serves them. The
+    // relay counts an answer once it is sent, so the actor can read it
+    // before the count moves: polled (a counter has nothing to await),
+    // bounded.
+    let counted = async {
+        while tunnel.dns_stats().first().map(|d| d.relay.answered) != Some(2) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), counted).await;
     let dns = tunnel.dns_stats();
     assert_eq!(dns.len(), 1, "{dns:?}");
     let (who, relay) = (&dns[0].actor, dns[0].relay);
