@@ -134,8 +134,10 @@ fn a_datagram_one_byte_over_the_limit_is_dropped_not_forwarded_cut_short() {
 /// while a datagram is read), so its future is far smaller than a query.
 #[tokio::test]
 async fn an_idle_udp_relay_holds_no_receive_buffer() {
-    let relay = DnsRelay::new(RelayConfig::new(vec!["127.0.0.1:53".parse().expect("addr")]))
-        .expect("valid config");
+    let relay = DnsRelay::new(RelayConfig::new(vec![
+        "127.0.0.1:53".parse().expect("addr"),
+    ]))
+    .expect("valid config");
     let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
     let serving = relay.serve_udp(socket, CancellationToken::new());
     let bytes = std::mem::size_of_val(&serving);
