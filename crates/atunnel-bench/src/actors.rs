@@ -3,6 +3,11 @@
 //! 169.254.17.2:<port>, and two ports for stalled peers (one that floods,
 //! one that never reads). A process of its own, so its CPU is the far
 //! end's, not the tunnel's or the generator's.
+//!
+//! With `--loopback-actors N` it serves the same HTTP server for N actors
+//! on 127.0.0.1 in its own namespace instead, one port each from
+//! `--loopback-base-port`: the backends of the peers that run in atunnel's
+//! place (`--compare peers`), which cannot enter the sandboxes.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -22,8 +27,19 @@ use tokio_util::sync::CancellationToken;
 #[derive(clap::Args, Clone, Debug)]
 pub struct ActorsArgs {
     /// Runtime namespaces to serve in, comma separated.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "loopback_actors"
+    )]
     pub netns: Vec<String>,
+    /// Serve this many actors on 127.0.0.1 here instead (no sandboxes),
+    /// actor i on `--loopback-base-port` + i.
+    #[arg(long, conflicts_with = "netns")]
+    pub loopback_actors: Option<usize>,
+    /// The first loopback actor's port.
+    #[arg(long, default_value_t = LOOPBACK_BASE_PORT)]
+    pub loopback_base_port: u16,
     /// Port the actors listen on.
     #[arg(long, default_value_t = 80)]
     pub port: u16,
@@ -42,6 +58,19 @@ pub struct ActorsArgs {
 }
 
 static FLOOD: [u8; 64 * 1024] = [b'f'; 64 * 1024];
+
+/// The first loopback actor's port (`--loopback-actors`): clear of the
+/// ephemeral range and of every port the bench serves on.
+pub const LOOPBACK_BASE_PORT: u16 = 18000;
+
+/// Loopback actor `i`'s address (`--loopback-actors`).
+pub fn loopback_addr(base_port: u16, i: usize) -> Result<SocketAddr, String> {
+    u16::try_from(i)
+        .ok()
+        .and_then(|i| base_port.checked_add(i))
+        .map(|port| SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)))
+        .ok_or_else(|| format!("loopback actor {i} has no port above {base_port}"))
+}
 
 /// Pause after a failed accept (out of descriptors), so a full descriptor
 /// table does not turn an accept loop into a spin that skews CPU figures.
@@ -131,8 +160,20 @@ pub async fn run(
     args: ActorsArgs,
     cancel: CancellationToken,
 ) -> Result<(), atunnel_process::BoxError> {
-    let exec = NsExecutor::start()?;
     let body = Bytes::from(vec![b'a'; args.body_bytes]);
+    if let Some(n) = args.loopback_actors {
+        for i in 0..n {
+            let addr = loopback_addr(args.loopback_base_port, i)?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("loopback actor {i} on {addr}: {e}"))?;
+            tokio::spawn(serve_http(listener, body.clone(), cancel.clone()));
+        }
+        println!("ready {n} loopback actors");
+        cancel.cancelled().await;
+        return Ok(());
+    }
+    let exec = NsExecutor::start()?;
     let addr = SocketAddr::from((ACTOR_ADDR, args.port));
     for name in &args.netns {
         let ns = NetNs::open(name)?;
@@ -145,35 +186,35 @@ pub async fn run(
             listen(SocketAddr::from((ACTOR_ADDR, args.hold_port))).await??,
         )?;
         tokio::spawn(hold(holder, cancel.clone()));
-        let body = body.clone();
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            while let Some(tcp) = accept(&listener, &cancel).await {
-                let body = body.clone();
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        // `/page`: a 60 KB answer (a rendered page, for the
-                        // hibernation table); `/endless`: an answer that
-                        // never ends (for routers that stop reading);
-                        // anything else the short body.
-                        let body = match req.uri().path() {
-                            "/page" => Either::Left(Full::new(Bytes::from_static(&PAGE))),
-                            "/endless" => Either::Right(Endless),
-                            _ => Either::Left(Full::new(body.clone())),
-                        };
-                        async move { Ok::<_, Infallible>(hyper::Response::new(body)) }
-                    });
-                    let mut builder =
-                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    // Answer clients that half-close after their request
-                    // (as a CONNECT tunnel's client may), as most servers do.
-                    builder.http1().half_close(true);
-                    let _ = builder.serve_connection(TokioIo::new(tcp), svc).await;
-                });
-            }
-        });
+        tokio::spawn(serve_http(listener, body.clone(), cancel.clone()));
     }
     println!("ready {} actors", args.netns.len());
     cancel.cancelled().await;
     Ok(())
+}
+
+/// The actor's HTTP server (HTTP/1.1 and h2c) on `listener` until `cancel`.
+async fn serve_http(listener: tokio::net::TcpListener, body: Bytes, cancel: CancellationToken) {
+    while let Some(tcp) = accept(&listener, &cancel).await {
+        let body = body.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                // `/page`: a 60 KB answer (a rendered page, for the
+                // hibernation table); `/endless`: an answer that never
+                // ends (for routers that stop reading); anything else the
+                // short body.
+                let body = match req.uri().path() {
+                    "/page" => Either::Left(Full::new(Bytes::from_static(&PAGE))),
+                    "/endless" => Either::Right(Endless),
+                    _ => Either::Left(Full::new(body.clone())),
+                };
+                async move { Ok::<_, Infallible>(hyper::Response::new(body)) }
+            });
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // Answer clients that half-close after their request (as a
+            // CONNECT tunnel's client may), as most servers do.
+            builder.http1().half_close(true);
+            let _ = builder.serve_connection(TokioIo::new(tcp), svc).await;
+        });
+    }
 }

@@ -4,5 +4,6 @@
 
 pub mod cgroup;
 pub mod load;
+pub mod peers;
 pub mod scenario;
 pub mod sockmem;

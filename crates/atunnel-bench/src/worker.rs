@@ -17,6 +17,7 @@
 //! {"op":"status","wait_generation":3}      -> once the 3rd atunnel runs
 //! {"op":"restart","tunnel_args":["--tcp-notsent-lowat=-1"]}
 //!                                          -> once the fresh atunnel is ready
+//! {"op":"restart","contender":"nginx"}     -> once nginx serves in atunnel's place
 //! {"op":"deactivate","actor":2}            -> once atunnel deactivated actor-2
 //! {"op":"activate","actor":2}              -> once it is prepared and active again
 //! anything else                            -> {"ok":false,"error":"..."}
@@ -26,6 +27,15 @@
 //! (the shape `atunnel host` prints), the pids, the cgroup's directories
 //! (the load generator samples them itself), and the deaths and restarts so
 //! far.
+//!
+//! A restart may name a contender other than atunnel (`peers.rs`: nginx or
+//! HAProxy). It runs in atunnel's place: the same cgroup, listening on
+//! atunnel's ingress HTTPS address with the worker's serving certificate,
+//! its configuration written to the peers folder and started from there.
+//! It cannot enter the sandboxes, so the actors' program serves the same
+//! actors on 127.0.0.1 in the worker's namespace for it (one port each);
+//! `ready` is then empty (no /stats, no sandboxes) and `peer` says what
+//! runs. A peer that dies is restarted as atunnel is.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
@@ -37,6 +47,7 @@ use atunnel::control::proto;
 use atunnel::control::proto::control_client::ControlClient;
 use atunnel::host::{HostReady, HostedActor};
 use atunnel_bench::cgroup::{Cgroup, CgroupDirs, Limits};
+use atunnel_bench::peers::{Contender, Peer, PeerSetup};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -101,6 +112,10 @@ pub struct WorkerArgs {
     /// replaces the worker's own flag of that name.
     #[arg(long, allow_hyphen_values = true)]
     pub tunnel_arg: Vec<String>,
+    /// Folder a peer's configuration is written to (default: `peers`
+    /// beside the control socket, in the run folder).
+    #[arg(long)]
+    pub peers_dir: Option<PathBuf>,
 }
 
 /// A request on the control socket.
@@ -122,6 +137,10 @@ pub enum Request {
     Restart {
         #[serde(default)]
         tunnel_args: Vec<String>,
+        /// What runs in atunnel's place (atunnel when not named); a peer
+        /// takes no `tunnel_args`.
+        #[serde(default)]
+        contender: Contender,
     },
     /// Deactivates actor number `actor` (its tunnels cut, its requests
     /// cancelled, as the worker does when an actor stops); replies once
@@ -206,6 +225,24 @@ pub struct WorkerStatus {
     /// activated since; a fresh atunnel activates them all.
     #[serde(default)]
     pub inactive_actors: BTreeSet<usize>,
+    /// What runs in atunnel's place: atunnel unless a restart named a peer.
+    #[serde(default)]
+    pub contender: Contender,
+    /// The peer running in atunnel's place, while one runs.
+    #[serde(default)]
+    pub peer: Option<PeerRunning>,
+}
+
+/// A peer serving in atunnel's place (`tunnel_pid` is its process).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerRunning {
+    /// Its configuration, in the peers folder.
+    pub config: PathBuf,
+    /// Where it serves the router (atunnel's ingress HTTPS address).
+    pub listen: SocketAddr,
+    /// Each actor's `ate-target-actor` value and the loopback server it is
+    /// routed to.
+    pub backends: Vec<(String, SocketAddr)>,
 }
 
 impl WorkerStatus {
@@ -288,13 +325,18 @@ impl WorkerClient {
         .await
     }
 
-    /// A fresh atunnel with `tunnel_args`; the status once it is ready.
-    pub async fn restart(
+    /// A fresh `contender` (atunnel with `tunnel_args`, or a peer) in
+    /// atunnel's place; the status once it is ready.
+    pub async fn restart_as(
         &self,
+        contender: Contender,
         tunnel_args: Vec<String>,
     ) -> Result<WorkerStatus, atunnel_process::BoxError> {
-        self.call(&Request::Restart { tunnel_args }, START_TIMEOUT)
-            .await
+        let request = Request::Restart {
+            tunnel_args,
+            contender,
+        };
+        self.call(&request, START_TIMEOUT).await
     }
 
     /// Actor number `actor` deactivated; the status once atunnel is done.
@@ -482,6 +524,8 @@ async fn serve(
         restarts: 0,
         events: Vec::new(),
         inactive_actors: BTreeSet::new(),
+        contender: Contender::Atunnel,
+        peer: None,
     };
     let (publish, watch) = watch::channel(status.clone());
     let control = args.control.clone();
@@ -610,9 +654,13 @@ impl Supervisor {
                     None
                 }
                 Wake::Command(command) => match &command.request {
-                    Request::Restart { tunnel_args } => {
+                    Request::Restart {
+                        tunnel_args,
+                        contender,
+                    } => {
                         self.status.restarts += 1;
                         self.status.extra_args = tunnel_args.clone();
+                        self.status.contender = *contender;
                         Some(command)
                     }
                     Request::Deactivate { actor } | Request::Activate { actor } => {
@@ -661,6 +709,13 @@ impl Supervisor {
     ) -> Result<(), atunnel_process::BoxError> {
         if i >= self.args.actors {
             return Err(format!("no actor {i}: the worker hosts {}", self.args.actors).into());
+        }
+        if let Some(peer) = self.status.contender.peer() {
+            return Err(format!(
+                "{} runs in atunnel's place: no actor lifecycle",
+                peer.name()
+            )
+            .into());
         }
         let control = self.control.as_mut().ok_or("atunnel is not running")?;
         if activate {
@@ -716,6 +771,9 @@ impl Supervisor {
     }
 
     async fn start_roles(&mut self) -> Result<(), atunnel_process::BoxError> {
+        if let Some(peer) = self.status.contender.peer() {
+            return self.start_peer(peer).await;
+        }
         let hook = role::both(
             Box::new(self.cgroup.pre_exec_hook()),
             role::own_process_group(),
@@ -759,6 +817,83 @@ impl Supervisor {
         self.status.atunnel_control = Some(serving.control_socket.clone());
         self.actors = Some(actors);
         Ok(())
+    }
+
+    /// Starts `peer` in atunnel's place: the actors on loopback first (its
+    /// backends), then its configuration written to the peers folder, then
+    /// the peer from it inside atunnel's cgroup; ready once it accepts
+    /// connections on atunnel's ingress HTTPS address.
+    async fn start_peer(&mut self, peer: Peer) -> Result<(), atunnel_process::BoxError> {
+        let binary = peer.find().ok_or_else(|| {
+            format!(
+                "{} is not installed (Debian: apt-get install nginx haproxy)",
+                peer.name()
+            )
+        })?;
+        let n = self.args.actors;
+        let backends = (0..n)
+            .map(|i| {
+                let a = actor(i);
+                let addr = crate::actors::loopback_addr(crate::actors::LOOPBACK_BASE_PORT, i)?;
+                Ok((format!("{}/{}", a.atespace, a.name), addr))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let actors = role::start_with(
+            &["actors".into(), arg("loopback-actors", n)],
+            Some(role::own_process_group()),
+        )
+        .await?;
+        self.actors = Some(actors);
+        let setup = PeerSetup {
+            listen: self.args.ingress_https,
+            cert_bundle: self.pki.worker_bundle(),
+            client_ca: self.pki.pod_ca(),
+            backends: backends.clone(),
+            dir: self.peers_dir(),
+        };
+        let config = peer.write_config(&setup)?;
+        let command = peer.command(&binary, &config);
+        let hook = role::both(
+            Box::new(self.cgroup.pre_exec_hook()),
+            role::own_process_group(),
+        );
+        let mut cmd = tokio::process::Command::new(&command[0]);
+        cmd.args(&command[1..])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        // SAFETY: the hook only makes async-signal-safe syscalls (open,
+        // write, close for the cgroup move; setpgid), as pre_exec requires
+        // after fork.
+        unsafe { cmd.pre_exec(hook) };
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+        self.status.generation += 1;
+        self.status.inactive_actors.clear();
+        let tunnel = self.tunnel.insert(Role {
+            child,
+            first_line: String::new(),
+        });
+        wait_listening(peer, &mut tunnel.child, self.args.ingress_https).await?;
+        self.status.peer = Some(PeerRunning {
+            config,
+            listen: self.args.ingress_https,
+            backends,
+        });
+        Ok(())
+    }
+
+    /// Where a peer's configuration goes.
+    fn peers_dir(&self) -> PathBuf {
+        self.args.peers_dir.clone().unwrap_or_else(|| {
+            self.args
+                .control
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join("peers")
+        })
     }
 
     /// Where atunnel serves its control API: beside the worker's own.
@@ -805,9 +940,64 @@ impl Supervisor {
         if let Some(tunnel) = self.tunnel.take() {
             tunnel.stop().await;
         }
+        // A peer's children outlive it when it is killed (nginx's worker
+        // does): nothing may be left running in atunnel's cgroup.
+        kill_cgroup_leftovers(&self.status.cgroup);
         self.status.ready = None;
         self.status.atunnel_control = None;
+        self.status.peer = None;
         role::sweep_namespaces(&self.args.netns_prefix).await;
+    }
+}
+
+/// SIGKILLs every process still in `cgroup` (read from `cgroup.procs`).
+fn kill_cgroup_leftovers(cgroup: &CgroupDirs) {
+    let procs = cgroup.memory.join("cgroup.procs");
+    let Ok(pids) = std::fs::read_to_string(&procs) else {
+        return;
+    };
+    for pid in pids
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        eprintln!("atunnel-bench worker: killed process {pid} left in atunnel's cgroup");
+    }
+}
+
+/// How long a peer gets to listen after it starts (nginx and HAProxy take
+/// milliseconds; a busy host, a few seconds).
+const PEER_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Returns once `addr` accepts a connection (the peer is serving), or an
+/// error once the peer exits or [`PEER_START_TIMEOUT`] passes. Neither
+/// peer says when it is ready, so this polls the listener.
+async fn wait_listening(
+    peer: Peer,
+    child: &mut tokio::process::Child,
+    addr: SocketAddr,
+) -> Result<(), atunnel_process::BoxError> {
+    let deadline = tokio::time::Instant::now() + PEER_START_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Err(
+                format!("{} exited ({status}) before serving on {addr}", peer.name()).into(),
+            );
+        }
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "{} did not serve on {addr} within {PEER_START_TIMEOUT:?}",
+                peer.name()
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -1003,7 +1193,16 @@ mod tests {
             )
             .expect("restart"),
             Request::Restart {
-                tunnel_args: strings(&["--tcp-notsent-lowat=-1"])
+                tunnel_args: strings(&["--tcp-notsent-lowat=-1"]),
+                contender: Contender::Atunnel,
+            }
+        );
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"restart","contender":"haproxy"}"#)
+                .expect("restart as a peer"),
+            Request::Restart {
+                tunnel_args: Vec::new(),
+                contender: Contender::Haproxy,
             }
         );
         assert_eq!(
@@ -1019,6 +1218,7 @@ mod tests {
             r#"{"op":"deactivate"}"#,
             r#"{"op":"activate","actor":-1}"#,
             r#"{"op":"reboot"}"#,
+            r#"{"op":"restart","contender":"envoy"}"#,
             "status",
             r#"{"op":"status","wait_generation":-1}"#,
         ] {

@@ -121,43 +121,91 @@ fn idle_case(v: &Variant, case: &str, key: &str) -> Option<f64> {
         .as_f64()
 }
 
+/// The highest ingress-https rate every variant kept up with (achieved at
+/// least 99 % of it, no errors), whatever the verdict: CPU per request is
+/// compared there, at the same load for all.
+fn common_rate(c: &Comparison) -> Option<f64> {
+    let kept_up = |v: &Variant| -> Vec<f64> {
+        v.scenarios
+            .iter()
+            .filter(|s| s.name == Scenario::IngressHttps.name())
+            .flat_map(|s| &s.rungs)
+            .filter(|r| r.errors == 0 && r.achieved >= 0.99 * r.offered)
+            .map(|r| r.offered)
+            .collect()
+    };
+    let first = kept_up(c.variants.first()?);
+    let rest: Vec<Vec<f64>> = c.variants.iter().skip(1).map(kept_up).collect();
+    first
+        .into_iter()
+        .filter(|rate| rest.iter().all(|rates| rates.contains(rate)))
+        .fold(None, |best: Option<f64>, r| {
+            Some(best.map_or(r, |b| b.max(r)))
+        })
+}
+
+/// A variant's CPU per request (microseconds) at ingress-https's `rate`
+/// rung, else the figure its summary gives.
+fn cpu_us_per_request(v: &Variant, rate: Option<f64>) -> Option<f64> {
+    let at_rate = rate.and_then(|rate| {
+        v.scenarios
+            .iter()
+            .filter(|s| s.name == Scenario::IngressHttps.name())
+            .flat_map(|s| &s.rungs)
+            .find(|r| r.offered == rate && r.achieved > 0.0)
+            .map(|r| r.tunnel_cpu_cores / r.achieved * 1e6)
+    });
+    at_rate.or_else(|| {
+        v.summary(Scenario::IngressHttps, "cpu_us_per_request")?
+            .as_f64()
+    })
+}
+
 /// The ingress comparison (`--compare peers`): per variant, sustainable
-/// requests/s and CPU per request (ingress-https), cgroup bytes per idle
-/// HTTP/1.1 and HTTP/2 router connection (ingress-idle, awake), each with
-/// the ratio of the first variant's (atunnel's) figure to this one's: above
-/// 1, atunnel needs more CPU or memory, or sustains more requests/s.
-/// atunnel's hibernated figure (its default after 15 s idle) is beside it.
+/// requests/s (ingress-https), CPU per request at the highest rate all kept
+/// up with, cgroup bytes per idle HTTP/1.1 and HTTP/2 router connection
+/// (ingress-idle, awake), each with the ratio of the first variant's
+/// (atunnel's) figure to this one's: above 1, atunnel needs more CPU or
+/// memory, or sustains more requests/s. atunnel's hibernated figure (its
+/// default after 15 s idle) is beside them.
 fn ingress_comparison_table(c: &Comparison) -> String {
-    type Figure = fn(&Variant) -> Option<f64>;
-    let figures: [(&str, Figure); 5] = [
-        ("req/s", |v| {
-            v.summary(Scenario::IngressHttps, "sustainable_rps")?
-                .as_f64()
-        }),
-        ("CPU us/req", |v| {
-            v.summary(Scenario::IngressHttps, "cpu_us_per_request")?
-                .as_f64()
-        }),
-        ("idle h1 B/conn", |v| {
-            idle_case(v, "http1-keepalive-short", "cgroup_bytes_per_conn")
-        }),
-        ("idle h2 B/conn", |v| {
-            idle_case(v, "http2-one-request", "cgroup_bytes_per_conn")
-        }),
-        ("hibernated h1", |v| {
-            idle_case(
-                v,
-                "http1-keepalive-short",
-                "hibernated_cgroup_bytes_per_conn",
-            )
-        }),
+    /// A column: its heading and how a variant's figure is read.
+    type Column<'a> = (&'a str, Box<dyn Fn(&Variant) -> Option<f64>>);
+    let rate = common_rate(c);
+    let figures: [Column; 5] = [
+        (
+            "req/s",
+            Box::new(|v| {
+                v.summary(Scenario::IngressHttps, "sustainable_rps")?
+                    .as_f64()
+            }),
+        ),
+        ("CPU us/req", Box::new(move |v| cpu_us_per_request(v, rate))),
+        (
+            "idle h1 B/conn",
+            Box::new(|v| idle_case(v, "http1-keepalive-short", "cgroup_bytes_per_conn")),
+        ),
+        (
+            "idle h2 B/conn",
+            Box::new(|v| idle_case(v, "http2-one-request", "cgroup_bytes_per_conn")),
+        ),
+        (
+            "hibernated h1",
+            Box::new(|v| {
+                idle_case(
+                    v,
+                    "http1-keepalive-short",
+                    "hibernated_cgroup_bytes_per_conn",
+                )
+            }),
+        ),
     ];
     // Ratios for the first four; the hibernated figure is atunnel's alone.
     const WITH_RATIO: usize = 4;
     let base = c.variants.first();
     let fmt = |x: Option<f64>| x.map_or("-".to_string(), |x| trim_float(x, 1));
     let ratio = |x: Option<f64>, i: usize| {
-        let b = base.and_then(figures[i].1);
+        let b = base.and_then(|b| figures[i].1(b));
         match (b, x) {
             (Some(b), Some(x)) if x != 0.0 => format!("{:.2}", b / x),
             _ => "-".to_string(),
@@ -185,6 +233,13 @@ fn ingress_comparison_table(c: &Comparison) -> String {
     }
     if let Some(b) = base {
         let _ = writeln!(out, "ratio = {}'s figure / this variant's", b.label);
+    }
+    if let Some(rate) = rate {
+        let _ = writeln!(
+            out,
+            "CPU us/req at {}/s, the highest ingress-https rate every variant kept up with",
+            fmt_rate(rate)
+        );
     }
     out
 }
@@ -653,7 +708,17 @@ mod tests {
                 scenarios: vec![
                     ScenarioResult {
                         name: "ingress-https".into(),
-                        summary: json!({"sustainable_rps": rps, "cpu_us_per_request": cpu}),
+                        // Kept up with 1,000/s and 2,000/s (CPU per
+                        // request `cpu` at 2,000/s), not 4,000/s.
+                        rungs: [1000.0, 2000.0, 4000.0]
+                            .into_iter()
+                            .map(|offered: f64| RungResult {
+                                achieved: offered.min(rps),
+                                tunnel_cpu_cores: cpu * offered.min(rps) / 1e6,
+                                ..rung(offered, Verdict::Ok)
+                            })
+                            .collect(),
+                        summary: json!({"sustainable_rps": rps, "cpu_us_per_request": 999.0}),
                         ..ScenarioResult::default()
                     },
                     ScenarioResult {
@@ -678,6 +743,8 @@ mod tests {
             comparisons: vec![c],
         });
         assert!(txt.contains("== compare peers (ingress"), "{txt}");
+        // Compared where all three kept up, not at the summaries' figure.
+        assert!(txt.contains("CPU us/req at 2000/s"), "{txt}");
         let row = |label: &str| -> Vec<String> {
             txt.lines()
                 .find(|l| l.starts_with(label))

@@ -1,11 +1,16 @@
 //! [`Bench`], the context every scenario runs in: atunnel through the
-//! worker's control socket (its status, restarts with other flags), the
-//! bench's namespaces and the running atunnel's sandboxes, the tunnel's
-//! cgroup and /stats, and the router's TLS.
+//! worker's control socket (its status, restarts with other flags or with
+//! a peer in its place), the bench's namespaces and the running atunnel's
+//! sandboxes, the tunnel's cgroup and /stats, and the router's TLS.
+//!
+//! With a peer (nginx, HAProxy) in atunnel's place there are no sandboxes
+//! and no /stats: [`Bench::stats`] fails, and the scenarios a peer runs
+//! check [`Bench::contender`] and leave atunnel's own figures out.
 
 use std::path::Path;
 
 use atunnel_bench::cgroup::CgroupSample;
+use atunnel_bench::peers::Contender;
 use atunnel_sandbox::NetNs;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -22,8 +27,12 @@ pub struct Bench {
     pub pki: PkiFiles,
     /// The router's TLS settings, built once.
     router: RouterTls,
-    /// The actors' runtime namespaces (where their programs dial from).
+    /// The actors' runtime namespaces (where their programs dial from);
+    /// none while a peer runs in atunnel's place.
     pub sandboxes: Vec<NetNs>,
+    /// Actors the contender routes to (the sandboxes', or the peer's
+    /// backends).
+    actors: usize,
     pub quick: bool,
     pub idle_conns: usize,
     pub worker: WorkerClient,
@@ -51,6 +60,7 @@ impl Bench {
         let status = worker.settled().await?;
         let topo = Topology::open(netns_prefix)?;
         let sandboxes = running(&status)?;
+        let actors = actors_of(&status);
         let pki = PkiFiles {
             dir: pki.to_path_buf(),
         };
@@ -59,6 +69,7 @@ impl Bench {
             router: RouterTls::new(&pki)?,
             pki,
             sandboxes,
+            actors,
             quick,
             idle_conns,
             worker,
@@ -77,6 +88,7 @@ impl Bench {
     fn adopt(&mut self, status: WorkerStatus) -> Result<(), atunnel_process::BoxError> {
         if status.generation != self.status.generation || status.tunnel_pid != self.tunnel_pid() {
             self.sandboxes = running(&status)?;
+            self.actors = actors_of(&status);
         }
         self.status = status;
         Ok(())
@@ -101,14 +113,35 @@ impl Bench {
     }
 
     /// Restarts atunnel (and the actors in its fresh sandboxes) with `extra`
-    /// flags; an empty list returns to the defaults.
+    /// flags; an empty list returns to the defaults. A peer in atunnel's
+    /// place stays (and takes no flags).
     pub async fn restart_tunnel(
         &mut self,
         extra: Vec<String>,
     ) -> Result<(), atunnel_process::BoxError> {
+        self.restart_as(self.contender(), extra).await
+    }
+
+    /// Puts `contender` in atunnel's place (atunnel itself with `extra`
+    /// flags, or a peer), fresh.
+    pub async fn restart_as(
+        &mut self,
+        contender: Contender,
+        extra: Vec<String>,
+    ) -> Result<(), atunnel_process::BoxError> {
         self.tunnel_args = extra.clone();
-        let status = self.worker.restart(extra).await?;
+        let status = self.worker.restart_as(contender, extra).await?;
         self.adopt(status)
+    }
+
+    /// What runs in atunnel's place.
+    pub fn contender(&self) -> Contender {
+        self.status.contender
+    }
+
+    /// Whether atunnel itself runs (not a peer in its place).
+    pub fn is_atunnel(&self) -> bool {
+        self.contender() == Contender::Atunnel
     }
 
     /// Deactivates actor number `actor` through the worker, as a worker
@@ -147,9 +180,9 @@ impl Bench {
     }
 
     /// How many actors the scenarios spread units over: the running
-    /// atunnel's sandboxes, at least one.
+    /// atunnel's sandboxes (or the peer's backends), at least one.
     pub fn actor_count(&self) -> u64 {
-        self.sandboxes.len().max(1) as u64
+        self.actors.max(1) as u64
     }
 
     pub fn cgroup_sample(&self) -> CgroupSample {
@@ -162,6 +195,9 @@ impl Bench {
         &self,
         release: bool,
     ) -> Result<serde_json::Value, atunnel_process::BoxError> {
+        if !self.is_atunnel() {
+            return Err(format!("{} runs in atunnel's place: no /stats", self.contender()).into());
+        }
         let addr = self.status.host_ready()?.stats;
         let s = self.topo.connect_in(&self.topo.load, addr).await?;
         atunnel_support::stats_client::fetch_over(s, release).await
@@ -189,15 +225,28 @@ impl Bench {
     }
 }
 
-/// The running atunnel's sandboxes, opened.
+/// Actors the running contender routes to.
+fn actors_of(status: &WorkerStatus) -> usize {
+    match (&status.peer, &status.ready) {
+        (Some(peer), _) => peer.backends.len(),
+        (None, Some(ready)) => ready.actors.len(),
+        (None, None) => 0,
+    }
+}
+
+/// The running atunnel's sandboxes, opened (none for a peer).
 fn running(status: &WorkerStatus) -> Result<Vec<NetNs>, atunnel_process::BoxError> {
     if status.state != TunnelState::Running {
         return Err(format!(
-            "atunnel is not running ({:?}): {}",
+            "{} is not running ({:?}): {}",
+            status.contender,
             status.state,
             status.error.as_deref().unwrap_or("")
         )
         .into());
+    }
+    if status.contender != Contender::Atunnel {
+        return Ok(Vec::new());
     }
     let sandboxes = status
         .host_ready()?

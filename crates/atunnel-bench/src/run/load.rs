@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use atunnel_bench::load::results::{self, Results, ScenarioResult};
+use atunnel_bench::peers::Contender;
 use atunnel_bench::scenario::Scenario;
 use tokio_util::sync::CancellationToken;
 
@@ -47,36 +48,73 @@ pub struct LoadArgs {
     pub compare: Option<Compare>,
 }
 
-/// Settings `--compare` sweeps, each variant on a fresh atunnel.
+/// Settings `--compare` sweeps, each variant on a fresh atunnel (or a peer
+/// in its place).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Compare {
     /// The lean relay vs the reference's design before its fix.
     CopyMode,
     /// Waiting for data by readiness vs with a 512 B to 4 KiB wait buffer.
     WaitBuffer,
+    /// atunnel vs nginx and HAProxy in its place (ingress-https,
+    /// ingress-idle); needs `apt-get install nginx haproxy`.
+    Peers,
 }
 
-/// The scenarios a comparison runs under each variant.
-const COMPARED: [Scenario; 3] = [
-    Scenario::EgressIdle,
-    Scenario::EgressHttp,
-    Scenario::EgressTcp,
-];
+/// One variant of a comparison: what runs in atunnel's place, with which
+/// flags of atunnel's.
+struct VariantSpec {
+    label: String,
+    contender: Contender,
+    flags: Vec<String>,
+}
+
+impl VariantSpec {
+    fn atunnel(label: impl Into<String>, flag: String) -> Self {
+        Self {
+            label: label.into(),
+            contender: Contender::Atunnel,
+            flags: vec![flag],
+        }
+    }
+}
 
 impl Compare {
     pub fn name(self) -> &'static str {
         match self {
             Compare::CopyMode => "copy-mode",
             Compare::WaitBuffer => "wait-buffer",
+            Compare::Peers => "peers",
         }
     }
 
-    fn variants(self) -> Vec<(String, Vec<String>)> {
+    /// The scenarios it runs under each variant: those every variant can
+    /// run (a peer does only ingress HTTPS).
+    pub fn scenarios(self) -> &'static [Scenario] {
+        match self {
+            Compare::CopyMode | Compare::WaitBuffer => &[
+                Scenario::EgressIdle,
+                Scenario::EgressHttp,
+                Scenario::EgressTcp,
+            ],
+            Compare::Peers => &[Scenario::IngressHttps, Scenario::IngressIdle],
+        }
+    }
+
+    fn variants(self) -> Vec<VariantSpec> {
         match self {
             Compare::CopyMode => vec![
-                ("lean".into(), vec!["--copy-mode=lean".into()]),
-                ("naive".into(), vec!["--copy-mode=naive".into()]),
+                VariantSpec::atunnel("lean", "--copy-mode=lean".into()),
+                VariantSpec::atunnel("naive", "--copy-mode=naive".into()),
             ],
+            Compare::Peers => Contender::ALL
+                .into_iter()
+                .map(|contender| VariantSpec {
+                    label: contender.name().into(),
+                    contender,
+                    flags: Vec::new(),
+                })
+                .collect(),
             Compare::WaitBuffer => [0usize, 512, 1024, 2048, 4096]
                 .into_iter()
                 .map(|n| {
@@ -85,7 +123,7 @@ impl Compare {
                     } else {
                         format!("{n} B")
                     };
-                    (label, vec![format!("--wait-buffer={n}")])
+                    VariantSpec::atunnel(label, format!("--wait-buffer={n}"))
                 })
                 .collect(),
         }
@@ -146,19 +184,20 @@ pub async fn run(
             name: compare.name().into(),
             variants: Vec::new(),
         };
-        'variants: for (label, flags) in compare.variants() {
+        'variants: for spec in compare.variants() {
             eprintln!(
-                "[{:>5.0}s] compare {}: {label}",
+                "[{:>5.0}s] compare {}: {}",
                 started.elapsed().as_secs_f64(),
-                compare.name()
+                compare.name(),
+                spec.label
             );
-            bench.restart_tunnel(flags.clone()).await?;
+            bench.restart_as(spec.contender, spec.flags.clone()).await?;
             let mut variant = results::Variant {
-                label,
-                flags,
+                label: spec.label,
+                flags: spec.flags,
                 scenarios: Vec::new(),
             };
-            for scenario in COMPARED {
+            for &scenario in compare.scenarios() {
                 let Some(result) = run_scenario(&mut bench, scenario, &cancel).await else {
                     break 'variants;
                 };
@@ -169,7 +208,7 @@ pub async fn run(
         eprint!("{}", results::comparison_table(&comparison));
         results.comparisons.push(comparison);
         results::write_results_json(&args.out, &results)?;
-        bench.restart_tunnel(Vec::new()).await?;
+        bench.restart_as(Contender::Atunnel, Vec::new()).await?;
     }
     // The deaths the worker saw, for the report (the last status if it is
     // already gone).
@@ -249,6 +288,26 @@ mod tests {
         let tcp = [Scenario::EgressTcp];
         assert_eq!(scenarios_to_run(&tcp, compare), tcp);
         assert_eq!(scenarios_to_run(&tcp, None), tcp);
+    }
+
+    #[test]
+    fn the_peers_comparison_runs_each_contender_on_the_ingress_scenarios() {
+        let variants = Compare::Peers.variants();
+        let labels: Vec<&str> = variants.iter().map(|v| v.label.as_str()).collect();
+        assert_eq!(labels, ["atunnel", "nginx", "haproxy"]);
+        let contenders: Vec<Contender> = variants.iter().map(|v| v.contender).collect();
+        assert_eq!(contenders, Contender::ALL);
+        assert!(variants.iter().all(|v| v.flags.is_empty()));
+        assert_eq!(
+            Compare::Peers.scenarios(),
+            [Scenario::IngressHttps, Scenario::IngressIdle]
+        );
+        // The other comparisons vary atunnel's flags on egress.
+        for v in Compare::CopyMode.variants() {
+            assert_eq!(v.contender, Contender::Atunnel);
+            assert_eq!(v.flags.len(), 1);
+        }
+        assert_eq!(Compare::WaitBuffer.scenarios()[0], Scenario::EgressIdle);
     }
 
     #[test]

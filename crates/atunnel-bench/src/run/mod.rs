@@ -50,7 +50,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub quick: bool,
     /// Also run egress-idle, egress-http and egress-tcp under each variant of
-    /// one setting and print them side by side (alone unless --scenarios).
+    /// one setting (`peers`: ingress-https and ingress-idle with atunnel,
+    /// nginx and HAProxy in atunnel's place) and print them side by side
+    /// (alone unless --scenarios).
     #[arg(long, value_enum)]
     pub compare: Option<load::Compare>,
     /// Run folder (default: runs/<timestamp>).
@@ -109,6 +111,10 @@ pub async fn run(
         None => PathBuf::from("runs").join(timestamp()),
     };
     let chosen = load::scenarios_to_run(&args.scenarios, args.compare);
+    // Before anything is set up: a comparison with peers needs them here.
+    if args.compare == Some(load::Compare::Peers) {
+        atunnel_bench::peers::require_installed()?;
+    }
     std::fs::create_dir_all(&out)?;
     let pid = std::process::id();
     let names = Names {

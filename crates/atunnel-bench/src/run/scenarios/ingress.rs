@@ -1,12 +1,14 @@
 //! The ingress scenarios: requests from the load namespace as the router
 //! (with the router's certificate) through atunnel's router-facing
 //! listeners to the actors: HTTPS (ingress-https) and CONNECT tunnels
-//! (ingress-connect).
+//! (ingress-connect). ingress-https also runs with a peer (nginx, HAProxy)
+//! in atunnel's place (`--compare peers`); atunnel's /stats figures are
+//! left out then.
 
 use std::future::Future;
 use std::sync::Arc;
 
-use atunnel_bench::load::results::ScenarioResult;
+use atunnel_bench::load::results::{RungResult, ScenarioResult};
 use atunnel_bench::load::schedule::Rung;
 use atunnel_bench::scenario::Scenario;
 use atunnel_support::stats_client::num;
@@ -79,11 +81,16 @@ pub(super) async fn ingress_https(
     );
     let mut rungs = Vec::new();
     let mut new_conns = Vec::new();
+    // Upstream connections opened, from atunnel's /stats (a peer has none).
+    let upstream_conns = async |bench: &Bench| -> Result<Option<f64>, atunnel_process::BoxError> {
+        if !bench.is_atunnel() {
+            return Ok(None);
+        }
+        let stats = bench.stats(false).await?;
+        Ok(Some(num(&stats, &["ingress", "new_upstream_connections"])))
+    };
     for rate in rates {
-        let before = num(
-            &bench.stats(false).await?,
-            &["ingress", "new_upstream_connections"],
-        );
+        let before = upstream_conns(bench).await?;
         let s = senders.clone();
         let (r, outcome) = measure(
             bench,
@@ -113,11 +120,10 @@ pub(super) async fn ingress_https(
             },
         )
         .await;
-        let after = num(
-            &bench.stats(false).await?,
-            &["ingress", "new_upstream_connections"],
-        );
-        new_conns.push((after - before, outcome.completed));
+        let after = upstream_conns(bench).await?;
+        if let (Some(before), Some(after)) = (before, after) {
+            new_conns.push((after - before, outcome.completed));
+        }
         rungs.push(r);
     }
     // After warm-up: every rung but the first.
@@ -130,15 +136,38 @@ pub(super) async fn ingress_https(
     } else {
         0.0
     };
+    let sustained = sustainable(&rungs);
+    let mut summary = json!({
+        "sustainable_rps": sustained,
+        "cpu_us_per_request": cpu_us_per_request(&rungs, sustained),
+    });
+    let mut notes = vec!["4 router HTTP/2 connections with the router's certificate, GET / to actor-(i mod actors), HTTP/1.1 to the actor".to_string()];
+    if bench.is_atunnel() {
+        summary["new_upstream_conns_per_1000"] = json!((per_1000 * 100.0).round() / 100.0);
+    } else {
+        notes.push(format!(
+            "{} in atunnel's place, in its cgroup, routing to the same actors' program on 127.0.0.1 in the worker's namespace (atunnel crosses a veth into each sandbox); no /stats figures",
+            bench.contender()
+        ));
+    }
     Ok(ScenarioResult {
         name: Scenario::IngressHttps.name().into(),
-        summary: json!({
-            "sustainable_rps": sustainable(&rungs),
-            "new_upstream_conns_per_1000": (per_1000 * 100.0).round() / 100.0,
-        }),
+        summary,
         rungs,
-        notes: vec!["4 router HTTP/2 connections with the router's certificate, GET / to actor-(i mod actors), HTTP/1.1 to the actor".into()],
+        notes,
     })
+}
+
+/// The contender's CPU per request, in microseconds, at the sustainable
+/// rate's rung (the fastest that kept up; the last rung when none did), so
+/// that contenders sustaining the same rate are compared at the same load.
+fn cpu_us_per_request(rungs: &[RungResult], sustained: Option<f64>) -> Option<f64> {
+    let rung = match sustained {
+        Some(rate) => rungs.iter().find(|r| r.offered == rate),
+        None => rungs.last(),
+    }?;
+    (rung.achieved > 0.0)
+        .then(|| (rung.tunnel_cpu_cores / rung.achieved * 1e6 * 100.0).round() / 100.0)
 }
 
 /// CONNECT tunnels through the router-facing CONNECT listener: open an h2

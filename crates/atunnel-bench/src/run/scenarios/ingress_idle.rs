@@ -10,6 +10,10 @@
 //! each connection serves one more request: the first after waking when
 //! hibernated. Last, keep-alive throughput at a fixed rate with hibernation
 //! off and on.
+//!
+//! With a peer (nginx, HAProxy) in atunnel's place (`--compare peers`):
+//! one pass as it is (it has no hibernation), the HTTPS cases only (it has
+//! no CONNECT listener), cgroup bytes only (its heap is not in /stats).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +51,10 @@ enum Case {
 }
 
 const CASES: [Case; 4] = [Case::H1Short, Case::H1Page, Case::H2, Case::Connect];
+
+/// The cases a peer in atunnel's place can serve (it has no CONNECT
+/// listener).
+const PEER_CASES: [Case; 3] = [Case::H1Short, Case::H1Page, Case::H2];
 
 impl Case {
     fn name(self) -> &'static str {
@@ -94,9 +102,18 @@ async fn open(bench: &Bench, case: Case, actor: u64) -> Result<Conn, String> {
 /// One request over `conn`; the answer is read entirely.
 async fn request(conn: &mut Conn, case: Case, actor: u64) -> Result<(), String> {
     let path = if case == Case::H1Page { "/page" } else { "/" };
+    let h1 = matches!(conn, Conn::H1(_));
     let req = || {
-        http::Request::builder()
-            .uri(format!("https://worker.bench{path}"))
+        let builder = if h1 {
+            // HTTP/1.1 as a router sends it: origin form and a Host header
+            // (nginx refuses a request without one with 400).
+            http::Request::builder()
+                .uri(path)
+                .header(http::header::HOST, "worker.bench")
+        } else {
+            http::Request::builder().uri(format!("https://worker.bench{path}"))
+        };
+        builder
             .header("ate-target-actor", format!("bench/actor-{actor}"))
             .body(Empty::<Bytes>::new())
             .map_err(|e| e.to_string())
@@ -147,7 +164,8 @@ async fn exchange_in_tunnel(tls: &mut TlsStream<TcpStream>) -> Result<(), String
 /// One case's figures in one pass.
 #[derive(Default)]
 struct Held {
-    heap_per_conn: f64,
+    /// atunnel's heap (none for a peer).
+    heap_per_conn: Option<f64>,
     cgroup_per_conn: f64,
     /// Tunnel CPU while the connections went idle (and hibernated), per connection.
     idle_cpu_us_per_conn: f64,
@@ -178,8 +196,8 @@ async fn hold(
         let mut c = open(bench, warm, i).await?;
         request(&mut c, warm, i).await?;
     }
-    let before = bench.stats(true).await?;
-    let fds0 = num(&before, &["process", "open_fds"]);
+    let before = atunnel_stats(bench, true).await?;
+    let fds0 = open_fds(bench).await?;
     let cg0 = bench.cgroup_sample();
     let mut conns = Vec::with_capacity(n);
     for i in 0..n as u64 {
@@ -194,7 +212,7 @@ async fn hold(
     let deadline = idle_since + PERIOD * 2 + Duration::from_secs(10);
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let done = if hibernating {
+        let done = if hibernating && bench.is_atunnel() {
             let s = bench.stats(false).await?;
             num(&s, &["hibernation", "hibernating"]) as usize >= n
         } else {
@@ -205,13 +223,14 @@ async fn hold(
         }
     }
     let cg2 = bench.cgroup_sample();
-    let after = bench.stats(true).await?;
+    let after = atunnel_stats(bench, true).await?;
     let cg3 = bench.cgroup_sample();
     let per = |x: f64| x / n as f64;
+    let heap = |s: &Value| num(s, &["process", "heap_bytes"]);
     let mut held = Held {
-        heap_per_conn: per(
-            num(&after, &["process", "heap_bytes"]) - num(&before, &["process", "heap_bytes"])
-        ),
+        heap_per_conn: before
+            .zip(after)
+            .map(|(before, after)| per(heap(&after) - heap(&before))),
         cgroup_per_conn: per(cg3.memory_bytes as f64 - cg0.memory_bytes as f64),
         idle_cpu_us_per_conn: per(cg2.cpu_seconds_since(&cg1) * 1e6),
         ..Held::default()
@@ -237,7 +256,7 @@ async fn hold(
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut last = f64::MAX;
     while Instant::now() < deadline {
-        let fds = num(&bench.stats(false).await?, &["process", "open_fds"]);
+        let fds = open_fds(bench).await?;
         if fds <= fds0 + 2.0 || fds >= last {
             break;
         }
@@ -245,6 +264,34 @@ async fn hold(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(held)
+}
+
+/// atunnel's /stats (after releasing free memory when `release`); none
+/// for a peer.
+async fn atunnel_stats(
+    bench: &Bench,
+    release: bool,
+) -> Result<Option<Value>, atunnel_process::BoxError> {
+    if !bench.is_atunnel() {
+        return Ok(None);
+    }
+    Ok(Some(bench.stats(release).await?))
+}
+
+/// Descriptors the contender holds: atunnel's own count (/stats), or those
+/// of every process in the cgroup for a peer (nginx's master and worker).
+async fn open_fds(bench: &Bench) -> Result<f64, atunnel_process::BoxError> {
+    if bench.is_atunnel() {
+        return Ok(num(&bench.stats(false).await?, &["process", "open_fds"]));
+    }
+    let procs = bench.last_status().cgroup.memory.join("cgroup.procs");
+    let pids = std::fs::read_to_string(&procs).map_err(|e| format!("{}: {e}", procs.display()))?;
+    let fds = pids
+        .split_whitespace()
+        .filter_map(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).ok())
+        .map(|dir| dir.count())
+        .sum::<usize>();
+    Ok(fds as f64)
 }
 
 /// Keep-alive requests at a fixed rate over a few HTTP/1.1 connections.
@@ -289,18 +336,34 @@ pub(super) async fn ingress_idle(
     let mut passes: Vec<Vec<Held>> = Vec::new();
     let mut rungs = Vec::new();
     let period_s = PERIOD.as_secs_f64();
-    for hibernating in [false, true] {
+    // A peer runs one pass as it is: it has no hibernation to turn on.
+    let peer = !bench.is_atunnel();
+    let (passes_run, cases): (&[bool], &[Case]) = if peer {
+        (&[false], &PEER_CASES)
+    } else {
+        (&[false, true], &CASES)
+    };
+    for &hibernating in passes_run {
         let period = if hibernating { PERIOD } else { Duration::ZERO };
-        bench
-            .restart_tunnel(vec![format!("--hibernate-after={}ms", period.as_millis())])
-            .await?;
+        if !peer {
+            bench
+                .restart_tunnel(vec![format!("--hibernate-after={}ms", period.as_millis())])
+                .await?;
+        }
         let mut pass = Vec::new();
-        for case in CASES {
+        for &case in cases {
             eprintln!(
                 "         {} ({}): {n} connections",
                 case.name(),
                 if hibernating { "hibernation on" } else { "off" }
             );
+            if peer {
+                // A fresh peer for each case: its allocator keeps what an
+                // earlier case grew (HAProxy's pools, nginx's), which
+                // atunnel's /stats release gives back, so a later case
+                // would otherwise look free.
+                bench.restart_tunnel(Vec::new()).await?;
+            }
             pass.push(hold(bench, case, n, hibernating).await?);
         }
         passes.push(pass);
@@ -316,15 +379,19 @@ pub(super) async fn ingress_idle(
         rungs.push(rung);
     }
     let round = |x: f64| x.round();
-    let cases: Vec<Value> = CASES
+    if peer {
+        return Ok(peer_result(bench, n, cases, &passes[0], rungs));
+    }
+    let cases: Vec<Value> = cases
         .iter()
         .enumerate()
         .map(|(i, case)| {
             let (off, on) = (&passes[0][i], &passes[1][i]);
+            let heap = |h: &Held| h.heap_per_conn.map(round);
             json!({
                 "case": case.name(),
-                "heap_bytes_per_conn": round(off.heap_per_conn),
-                "hibernated_heap_bytes_per_conn": round(on.heap_per_conn),
+                "heap_bytes_per_conn": heap(off),
+                "hibernated_heap_bytes_per_conn": heap(on),
                 "cgroup_bytes_per_conn": round(off.cgroup_per_conn),
                 "hibernated_cgroup_bytes_per_conn": round(on.cgroup_per_conn),
                 "idle_cpu_us_per_conn": round(off.idle_cpu_us_per_conn),
@@ -338,13 +405,6 @@ pub(super) async fn ingress_idle(
             })
         })
         .collect();
-    let cores_per_krps = |r: &RungResult| {
-        if r.achieved > 0.0 {
-            (r.tunnel_cpu_cores / r.achieved * 1000.0 * 1000.0).round() / 1000.0
-        } else {
-            0.0
-        }
-    };
     Ok(ScenarioResult {
         name: Scenario::IngressIdle.name().into(),
         summary: json!({
@@ -361,4 +421,54 @@ pub(super) async fn ingress_idle(
             "idle CPU is atunnel's CPU from the last request until all had hibernated (or the same wait), per connection; the next-request figures are one request at a time on each idle connection".into(),
         ],
     })
+}
+
+/// Cores per 1,000 requests/s of a keep-alive rung.
+fn cores_per_krps(r: &RungResult) -> f64 {
+    if r.achieved > 0.0 {
+        (r.tunnel_cpu_cores / r.achieved * 1000.0 * 1000.0).round() / 1000.0
+    } else {
+        0.0
+    }
+}
+
+/// ingress-idle's result for a peer in atunnel's place: its one pass, the
+/// cgroup figures only, in the keys atunnel's result uses for the same
+/// figures (awake, hibernation off).
+fn peer_result(
+    bench: &Bench,
+    n: usize,
+    cases: &[Case],
+    pass: &[Held],
+    rungs: Vec<RungResult>,
+) -> ScenarioResult {
+    let round = |x: f64| x.round();
+    let cases: Vec<Value> = cases
+        .iter()
+        .zip(pass)
+        .map(|(case, h)| {
+            json!({
+                "case": case.name(),
+                "cgroup_bytes_per_conn": round(h.cgroup_per_conn),
+                "idle_cpu_us_per_conn": round(h.idle_cpu_us_per_conn),
+                "next_request_cpu_us": round(h.next_cpu_us),
+                "next_request_p50_us": h.next_p50_us,
+                "next_request_p99_us": h.next_p99_us,
+            })
+        })
+        .collect();
+    ScenarioResult {
+        name: Scenario::IngressIdle.name().into(),
+        summary: json!({
+            "conns": n,
+            "cases": cases,
+            "keepalive_rps": {"off": rungs[0].achieved},
+            "keepalive_cores_per_1000_rps": {"off": cores_per_krps(&rungs[0])},
+        }),
+        rungs,
+        notes: vec![format!(
+            "{} in atunnel's place, fresh for each case: {n} router connections per case, each served one request, then idle for as long as atunnel's pass with hibernation off; cgroup bytes per connection (its heap is not in /stats); no CONNECT case (it has no CONNECT listener) and no hibernation",
+            bench.contender()
+        )],
+    }
 }

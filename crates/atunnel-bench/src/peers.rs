@@ -1,0 +1,557 @@
+//! The peers `run --compare peers` measures in atunnel's place: nginx and
+//! HAProxy (Debian packages), each as a router-facing HTTPS ingress doing
+//! atunnel's job: mutual TLS with the worker's serving certificate, clients
+//! checked against the pod CA (the router's), ALPN h2 and http/1.1, routing
+//! by `ate-target-actor` to that actor's HTTP/1.1 server over pooled
+//! keep-alive connections, `421` with `X-Ate-Assignment-Stale: true` for an
+//! actor it does not know. One worker process (nginx) or thread (HAProxy),
+//! as atunnel gets one CPU.
+//!
+//! This module writes their configuration and finds their programs; the
+//! worker starts them in atunnel's cgroup (`worker.rs`).
+//!
+//! What they do not do as atunnel does: they check that the router's
+//! certificate chains to the pod CA, not its SPIFFE ID (neither reads a URI
+//! SAN without scripting), and nginx answers a client without a certificate
+//! with `400` after the handshake instead of failing it.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// What runs in atunnel's place (atunnel itself by default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Contender {
+    #[default]
+    Atunnel,
+    Nginx,
+    Haproxy,
+}
+
+impl Contender {
+    /// Every contender, in the order a comparison runs them.
+    pub const ALL: [Contender; 3] = [Contender::Atunnel, Contender::Nginx, Contender::Haproxy];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::Atunnel => "atunnel",
+            Contender::Nginx => "nginx",
+            Contender::Haproxy => "haproxy",
+        }
+    }
+
+    /// The peer, unless it is atunnel.
+    pub fn peer(self) -> Option<Peer> {
+        match self {
+            Contender::Atunnel => None,
+            Contender::Nginx => Some(Peer::Nginx),
+            Contender::Haproxy => Some(Peer::Haproxy),
+        }
+    }
+}
+
+impl std::fmt::Display for Contender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A proxy that can do atunnel's ingress HTTPS job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Peer {
+    Nginx,
+    Haproxy,
+}
+
+/// Streams one router connection may carry at once: atunnel's own
+/// (`PROXY_ROUTER_MAX_CONCURRENT_STREAMS`), so the load sees the same limit.
+const MAX_CONCURRENT_STREAMS: u32 = atunnel_connect::limits::PROXY_ROUTER_MAX_CONCURRENT_STREAMS;
+
+/// Idle keep-alive connections kept per actor, and for how long: atunnel's
+/// ingress pool defaults (128 per actor, 90 s).
+const UPSTREAM_IDLE_PER_ACTOR: usize = 128;
+const UPSTREAM_IDLE_SECS: u64 = 90;
+
+/// How long an idle router connection is kept: an hour, so that neither
+/// peer closes the idle connections ingress-idle holds (atunnel keeps them
+/// until the router closes them).
+const CLIENT_IDLE_SECS: u64 = 3600;
+
+/// Connections each peer takes at once (nginx's `worker_connections`,
+/// HAProxy's `maxconn`), router and actor sides together: far above the
+/// bench's largest idle case (1,000 router connections), and with two
+/// descriptors each within a 20,000 descriptor limit (this machine's hard
+/// limit; HAProxy refuses to start when it cannot raise its own to fit).
+const MAX_CONNS: u32 = 9000;
+
+/// Where a peer listens, with which credentials, and where each actor is.
+#[derive(Clone, Debug)]
+pub struct PeerSetup {
+    /// The router-facing listener (atunnel's ingress HTTPS address).
+    pub listen: SocketAddr,
+    /// The worker's serving certificate and key in one PEM.
+    pub cert_bundle: PathBuf,
+    /// The CA a client certificate must chain to (the pod CA, the router's).
+    pub client_ca: PathBuf,
+    /// `ate-target-actor` value (`bench/actor-0`) and that actor's HTTP/1.1
+    /// server, in order.
+    pub backends: Vec<(String, SocketAddr)>,
+    /// The folder the configuration is written to (and nginx's pid and
+    /// temporary files go).
+    pub dir: PathBuf,
+}
+
+impl Peer {
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Nginx => "nginx",
+            Peer::Haproxy => "haproxy",
+        }
+    }
+
+    /// The configuration's file name in the peers folder.
+    pub fn config_file(self) -> &'static str {
+        match self {
+            Peer::Nginx => "nginx.conf",
+            Peer::Haproxy => "haproxy.cfg",
+        }
+    }
+
+    /// The program, from `PATH` or `/usr/sbin` (where Debian puts both,
+    /// and which a non-root `PATH` may lack).
+    pub fn find(self) -> Option<PathBuf> {
+        self.find_in(&search_path())
+    }
+
+    /// The program in the first of `dirs` that has it.
+    fn find_in(self, dirs: &[PathBuf]) -> Option<PathBuf> {
+        dirs.iter()
+            .map(|d| d.join(self.name()))
+            .find(|p| is_executable(p))
+    }
+
+    /// The configuration for `setup`.
+    pub fn config(self, setup: &PeerSetup) -> String {
+        match self {
+            Peer::Nginx => nginx_conf(setup),
+            Peer::Haproxy => haproxy_cfg(setup),
+        }
+    }
+
+    /// Writes the configuration into `setup.dir`; its path.
+    pub fn write_config(self, setup: &PeerSetup) -> std::io::Result<PathBuf> {
+        std::fs::create_dir_all(&setup.dir)?;
+        if self == Peer::Nginx {
+            // Its temporary files (unused by GET answers, created at start).
+            std::fs::create_dir_all(setup.dir.join("nginx-temp"))?;
+        }
+        let path = setup.dir.join(self.config_file());
+        std::fs::write(&path, self.config(setup))?;
+        Ok(path)
+    }
+
+    /// The arguments that run `binary` in the foreground with `config`.
+    pub fn command(self, binary: &Path, config: &Path) -> Vec<String> {
+        let (b, c) = (binary.display().to_string(), config.display().to_string());
+        match self {
+            // `-e stderr`: startup errors go to stderr before the
+            // configuration's error_log is read.
+            Peer::Nginx => vec![b, "-e".into(), "stderr".into(), "-c".into(), c],
+            // `-db`: foreground, no daemon.
+            Peer::Haproxy => vec![b, "-db".into(), "-f".into(), c],
+        }
+    }
+}
+
+/// `PATH`, then `/usr/sbin`.
+fn search_path() -> Vec<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin")])
+        .collect()
+}
+
+/// Both peers' programs, or what to install.
+pub fn require_installed() -> Result<Vec<(Peer, PathBuf)>, String> {
+    require_installed_in(&search_path())
+}
+
+fn require_installed_in(dirs: &[PathBuf]) -> Result<Vec<(Peer, PathBuf)>, String> {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for peer in [Peer::Nginx, Peer::Haproxy] {
+        match peer.find_in(dirs) {
+            Some(p) => found.push((peer, p)),
+            None => missing.push(peer.name()),
+        }
+    }
+    if missing.is_empty() {
+        Ok(found)
+    } else {
+        Err(format!(
+            "--compare peers runs nginx and HAProxy in atunnel's place; not installed: {} \
+             (Debian: apt-get install nginx haproxy)",
+            missing.join(", ")
+        ))
+    }
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// An upstream or backend name for actor number `i`.
+fn backend_name(i: usize) -> String {
+    format!("actor_{i}")
+}
+
+/// nginx: one worker process, access log off, HTTP/2 and HTTP/1.1 with
+/// client certificates required, a `map` from `ate-target-actor` to one
+/// upstream per actor with a keep-alive pool.
+fn nginx_conf(s: &PeerSetup) -> String {
+    let dir = s.dir.display();
+    let temp = s.dir.join("nginx-temp");
+    let temp = temp.display();
+    let mut c = String::new();
+    let _ = write!(
+        c,
+        "# Written by atunnel-bench (--compare peers): nginx in atunnel's place.\n\
+         worker_processes 1;\n\
+         daemon off;\n\
+         pid {dir}/nginx.pid;\n\
+         error_log stderr warn;\n\
+         events {{\n    worker_connections {MAX_CONNS};\n}}\n\
+         http {{\n\
+         \x20   access_log off;\n\
+         \x20   server_tokens off;\n\
+         \x20   client_body_temp_path {temp}/body;\n\
+         \x20   proxy_temp_path {temp}/proxy;\n\
+         \x20   fastcgi_temp_path {temp}/fastcgi;\n\
+         \x20   uwsgi_temp_path {temp}/uwsgi;\n\
+         \x20   scgi_temp_path {temp}/scgi;\n\
+         \x20   # Router connections: kept while idle, never closed for a request count.\n\
+         \x20   keepalive_timeout {CLIENT_IDLE_SECS}s;\n\
+         \x20   keepalive_requests 1000000000;\n\
+         \x20   client_header_timeout 10s;\n\
+         \x20   http2_max_concurrent_streams {MAX_CONCURRENT_STREAMS};\n\
+         \x20   ssl_protocols TLSv1.2 TLSv1.3;\n\
+         \x20   # The router makes full handshakes (as atunnel sees it): no resumption state.\n\
+         \x20   ssl_session_cache off;\n\
+         \x20   ssl_session_tickets off;\n\
+         \x20   map $http_ate_target_actor $actor_upstream {{\n\
+         \x20       default \"\";\n"
+    );
+    for (i, (name, _)) in s.backends.iter().enumerate() {
+        let _ = writeln!(c, "        \"{name}\" {};", backend_name(i));
+    }
+    c.push_str("    }\n");
+    for (i, (_, addr)) in s.backends.iter().enumerate() {
+        let _ = write!(
+            c,
+            "    upstream {} {{\n\
+             \x20       server {addr};\n\
+             \x20       keepalive {UPSTREAM_IDLE_PER_ACTOR};\n\
+             \x20       keepalive_timeout {UPSTREAM_IDLE_SECS}s;\n\
+             \x20       keepalive_requests 1000000000;\n\
+             \x20   }}\n",
+            backend_name(i)
+        );
+    }
+    let _ = write!(
+        c,
+        "    server {{\n\
+         \x20       listen {listen} ssl http2 backlog=4096;\n\
+         \x20       ssl_certificate {cert};\n\
+         \x20       ssl_certificate_key {cert};\n\
+         \x20       ssl_client_certificate {ca};\n\
+         \x20       ssl_verify_client on;\n\
+         \x20       location / {{\n\
+         \x20           if ($actor_upstream = \"\") {{\n\
+         \x20               add_header X-Ate-Assignment-Stale true always;\n\
+         \x20               return 421;\n\
+         \x20           }}\n\
+         \x20           proxy_pass http://$actor_upstream;\n\
+         \x20           proxy_http_version 1.1;\n\
+         \x20           proxy_set_header Connection \"\";\n\
+         \x20           proxy_set_header Host $host;\n\
+         \x20           proxy_set_header ate-target-actor \"\";\n\
+         \x20           proxy_set_header X-Ate-Target-Port \"\";\n\
+         \x20           proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
+         \x20           proxy_set_header X-Forwarded-Proto https;\n\
+         \x20       }}\n\
+         \x20   }}\n\
+         }}\n",
+        listen = s.listen,
+        cert = s.cert_bundle.display(),
+        ca = s.client_ca.display(),
+    );
+    c
+}
+
+/// HAProxy: one thread, no logging, HTTP/2 and HTTP/1.1 with client
+/// certificates required, one ACL and backend per actor, idle server
+/// connections reused by any request (`http-reuse always`: the backends
+/// are the actors' own servers).
+fn haproxy_cfg(s: &PeerSetup) -> String {
+    let mut c = String::new();
+    let _ = write!(
+        c,
+        "# Written by atunnel-bench (--compare peers): HAProxy in atunnel's place.\n\
+         global\n\
+         \x20   nbthread 1\n\
+         \x20   maxconn {MAX_CONNS}\n\
+         \x20   tune.h2.max-concurrent-streams {MAX_CONCURRENT_STREAMS}\n\
+         \x20   ssl-default-bind-options ssl-min-ver TLSv1.2\n\
+         \x20   # The router makes full handshakes (as atunnel sees it): no resumption state.\n\
+         \x20   tune.ssl.cachesize 0\n\
+         \n\
+         defaults\n\
+         \x20   mode http\n\
+         \x20   # No log line per request (atunnel writes none either).\n\
+         \x20   no log\n\
+         \x20   timeout connect 5s\n\
+         \x20   timeout http-request 10s\n\
+         \x20   # Router connections: kept while idle.\n\
+         \x20   timeout client {CLIENT_IDLE_SECS}s\n\
+         \x20   timeout http-keep-alive {CLIENT_IDLE_SECS}s\n\
+         \x20   timeout server 60s\n\
+         \x20   option http-keep-alive\n\
+         \x20   http-reuse always\n\
+         \n\
+         frontend ingress\n\
+         \x20   bind {listen} ssl crt {cert} ca-file {ca} verify required alpn h2,http/1.1 no-tls-tickets\n",
+        listen = s.listen,
+        cert = s.cert_bundle.display(),
+        ca = s.client_ca.display(),
+    );
+    for (i, (name, _)) in s.backends.iter().enumerate() {
+        let b = backend_name(i);
+        let _ = writeln!(c, "    acl {b} req.hdr(ate-target-actor) -m str {name}");
+        let _ = writeln!(c, "    use_backend {b} if {b}");
+    }
+    c.push_str(
+        "    default_backend stale\n\
+         \n\
+         backend stale\n\
+         \x20   http-request return status 421 hdr X-Ate-Assignment-Stale true\n",
+    );
+    for (i, (_, addr)) in s.backends.iter().enumerate() {
+        let b = backend_name(i);
+        let _ = write!(
+            c,
+            "\nbackend {b}\n\
+             \x20   http-request del-header ate-target-actor\n\
+             \x20   http-request del-header X-Ate-Target-Port\n\
+             \x20   option forwardfor\n\
+             \x20   server {b} {addr} pool-max-conn {UPSTREAM_IDLE_PER_ACTOR} pool-purge-delay {UPSTREAM_IDLE_SECS}s\n"
+        );
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup(actors: usize) -> PeerSetup {
+        PeerSetup {
+            listen: "198.18.1.1:443".parse().expect("address"),
+            cert_bundle: "/run/x/pki/worker-credential-bundle.pem".into(),
+            client_ca: "/run/x/pki/pod-ca.pem".into(),
+            backends: (0..actors)
+                .map(|i| {
+                    (
+                        format!("bench/actor-{i}"),
+                        SocketAddr::from(([127, 0, 0, 1], 18000 + i as u16)),
+                    )
+                })
+                .collect(),
+            dir: "/run/x/peers".into(),
+        }
+    }
+
+    /// The lines of `config` that mention `needle`, trimmed.
+    fn lines_with<'a>(config: &'a str, needle: &str) -> Vec<&'a str> {
+        config
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.contains(needle))
+            .collect()
+    }
+
+    #[test]
+    fn nginx_routes_every_actor_to_its_own_keepalive_upstream() {
+        let c = Peer::Nginx.config(&setup(16));
+        for i in 0..16 {
+            assert_eq!(
+                lines_with(&c, &format!("\"bench/actor-{i}\" ")),
+                [format!("\"bench/actor-{i}\" actor_{i};")],
+                "{c}"
+            );
+            let upstream = c
+                .split(&format!("upstream actor_{i} {{"))
+                .nth(1)
+                .and_then(|rest| rest.split('}').next())
+                .unwrap_or_else(|| panic!("no upstream actor_{i} in\n{c}"));
+            assert!(
+                upstream.contains(&format!("server 127.0.0.1:{};", 18000 + i))
+                    && upstream.contains("keepalive 128;"),
+                "{upstream}"
+            );
+        }
+        assert_eq!(lines_with(&c, "upstream actor_").len(), 16);
+        // Unknown actors are refused as atunnel refuses them.
+        assert!(
+            c.contains("default \"\";") && c.contains("return 421;"),
+            "{c}"
+        );
+        assert!(c.contains("X-Ate-Assignment-Stale true always"), "{c}");
+        // Upstream keep-alive needs HTTP/1.1 without "Connection: close".
+        assert!(
+            c.contains("proxy_http_version 1.1;")
+                && c.contains("proxy_set_header Connection \"\";")
+        );
+    }
+
+    #[test]
+    fn nginx_requires_a_client_certificate_and_runs_one_worker() {
+        let c = Peer::Nginx.config(&setup(2));
+        assert_eq!(lines_with(&c, "worker_processes"), ["worker_processes 1;"]);
+        assert_eq!(lines_with(&c, "daemon"), ["daemon off;"]);
+        assert_eq!(
+            lines_with(&c, "ssl_verify_client"),
+            ["ssl_verify_client on;"]
+        );
+        assert_eq!(
+            lines_with(&c, "ssl_client_certificate"),
+            ["ssl_client_certificate /run/x/pki/pod-ca.pem;"]
+        );
+        assert_eq!(
+            lines_with(&c, "listen "),
+            ["listen 198.18.1.1:443 ssl http2 backlog=4096;"]
+        );
+        assert_eq!(lines_with(&c, "access_log"), ["access_log off;"]);
+        assert!(c.contains("pid /run/x/peers/nginx.pid;"), "{c}");
+        // Braces balance (nginx refuses the file otherwise).
+        assert_eq!(c.matches('{').count(), c.matches('}').count(), "{c}");
+    }
+
+    #[test]
+    fn haproxy_routes_every_actor_to_its_own_backend() {
+        let c = Peer::Haproxy.config(&setup(16));
+        for i in 0..16 {
+            assert_eq!(
+                lines_with(&c, &format!("acl actor_{i} ")),
+                [format!(
+                    "acl actor_{i} req.hdr(ate-target-actor) -m str bench/actor-{i}"
+                )]
+            );
+            assert_eq!(
+                lines_with(&c, &format!("use_backend actor_{i} ")),
+                [format!("use_backend actor_{i} if actor_{i}")]
+            );
+            assert_eq!(
+                lines_with(&c, &format!("server actor_{i} ")),
+                [format!(
+                    "server actor_{i} 127.0.0.1:{} pool-max-conn 128 pool-purge-delay 90s",
+                    18000 + i
+                )]
+            );
+        }
+        assert_eq!(lines_with(&c, "backend actor_").len(), 16 * 2);
+        // Unknown actors are refused as atunnel refuses them.
+        assert_eq!(lines_with(&c, "default_backend"), ["default_backend stale"]);
+        assert!(
+            c.contains("http-request return status 421 hdr X-Ate-Assignment-Stale true"),
+            "{c}"
+        );
+        assert_eq!(lines_with(&c, "http-reuse"), ["http-reuse always"]);
+    }
+
+    #[test]
+    fn haproxy_requires_a_client_certificate_and_runs_one_thread() {
+        let c = Peer::Haproxy.config(&setup(2));
+        assert_eq!(lines_with(&c, "nbthread"), ["nbthread 1"]);
+        assert_eq!(
+            lines_with(&c, "bind "),
+            [
+                "bind 198.18.1.1:443 ssl crt /run/x/pki/worker-credential-bundle.pem \
+              ca-file /run/x/pki/pod-ca.pem verify required alpn h2,http/1.1 no-tls-tickets"
+            ]
+        );
+        assert_eq!(
+            lines_with(&c, "log"),
+            [
+                "# No log line per request (atunnel writes none either).",
+                "no log"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_commands_run_the_written_file_in_the_foreground() {
+        let (bin, cfg) = (Path::new("/usr/sbin/x"), Path::new("/r/peers/c"));
+        assert_eq!(
+            Peer::Nginx.command(bin, cfg),
+            ["/usr/sbin/x", "-e", "stderr", "-c", "/r/peers/c"]
+        );
+        assert_eq!(
+            Peer::Haproxy.command(bin, cfg),
+            ["/usr/sbin/x", "-db", "-f", "/r/peers/c"]
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = PeerSetup {
+            dir: dir.path().join("peers"),
+            ..setup(1)
+        };
+        for peer in [Peer::Nginx, Peer::Haproxy] {
+            let path = peer.write_config(&s).expect("written");
+            assert_eq!(path, s.dir.join(peer.config_file()));
+            assert_eq!(
+                std::fs::read_to_string(&path).expect("read"),
+                peer.config(&s)
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_peer_is_named_with_the_packages_to_install() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dirs = [dir.path().to_path_buf()];
+        let error = require_installed_in(&dirs).expect_err("neither is there");
+        assert!(error.contains("not installed: nginx, haproxy"), "{error}");
+        assert!(error.contains("apt-get install nginx haproxy"), "{error}");
+        // A file that is not executable is not the program.
+        let nginx = dir.path().join("nginx");
+        std::fs::write(&nginx, "#!/bin/sh\n").expect("write");
+        let error = require_installed_in(&dirs).expect_err("nginx is not executable");
+        assert!(error.contains("not installed: nginx, haproxy"), "{error}");
+        std::fs::set_permissions(&nginx, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let error = require_installed_in(&dirs).expect_err("haproxy is not there");
+        assert!(error.contains("not installed: haproxy ("), "{error}");
+        let haproxy = dir.path().join("haproxy");
+        std::fs::write(&haproxy, "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(&haproxy, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(
+            require_installed_in(&dirs).expect("both there"),
+            [(Peer::Nginx, nginx), (Peer::Haproxy, haproxy)]
+        );
+    }
+
+    #[test]
+    fn contenders_are_named_in_requests_and_atunnel_is_the_default() {
+        assert_eq!(Contender::default(), Contender::Atunnel);
+        for c in Contender::ALL {
+            let json = serde_json::to_string(&c).expect("serialises");
+            assert_eq!(json, format!("\"{}\"", c.name()));
+            assert_eq!(serde_json::from_str::<Contender>(&json).expect("parses"), c);
+        }
+        assert_eq!(Contender::Atunnel.peer(), None);
+        assert_eq!(Contender::Haproxy.peer(), Some(Peer::Haproxy));
+    }
+}
