@@ -5,6 +5,7 @@
 mod actors;
 // The global allocator; the tunnel role's /stats reads live heap from it.
 mod allocator;
+mod control;
 mod demo;
 mod pki;
 mod role;

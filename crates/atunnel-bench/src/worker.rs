@@ -44,7 +44,6 @@ use std::time::Duration;
 
 use atunnel::control::daemon::ServeReady;
 use atunnel::control::proto;
-use atunnel::control::proto::control_client::ControlClient;
 use atunnel::host::{HostReady, HostedActor};
 use atunnel_bench::cgroup::{Cgroup, CgroupDirs, Limits};
 use atunnel_bench::peers::{Contender, Peer, PeerSetup};
@@ -54,6 +53,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::control::Control;
 use crate::pki::{self, PkiFiles};
 use crate::role::{self, Role, arg};
 use crate::topology::{SINK_ADDR, WORKER_LOAD_SIDE};
@@ -64,10 +64,6 @@ const MAX_REQUEST: u64 = 64 * 1024;
 /// How long a client waits for a reply that needs a fresh atunnel (each
 /// role gets 60 s to become ready; atunnel and the actors are two).
 pub const START_TIMEOUT: Duration = Duration::from_secs(150);
-
-/// The longest the worker waits for one control API call: a little over
-/// atunnel's own call timeout, whose DEADLINE_EXCEEDED says more.
-const CONTROL_CALL_TIMEOUT: Duration = Duration::from_secs(65);
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct WorkerArgs {
@@ -201,6 +197,10 @@ pub struct WorkerStatus {
     /// actors of its own up through it).
     #[serde(default)]
     pub atunnel_control: Option<PathBuf>,
+    /// The gateway (address, server name) the actors' egress is prepared
+    /// for, while atunnel runs.
+    #[serde(default)]
+    pub gateway: Option<(String, String)>,
     pub tunnel_pid: Option<u32>,
     pub actors_pid: Option<u32>,
     /// atunnel's cgroup, for whoever samples it.
@@ -363,81 +363,6 @@ fn actor(i: usize) -> proto::Actor {
     }
 }
 
-/// atunnel's control API as the worker uses it, with the gateway every
-/// actor's egress is prepared for.
-struct Control {
-    client: ControlClient<tonic::transport::Channel>,
-    gateway: proto::Gateway,
-}
-
-/// A control call's answer, bounded by [`CONTROL_CALL_TIMEOUT`].
-async fn control_call<T>(
-    what: String,
-    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-) -> Result<T, atunnel_process::BoxError> {
-    match tokio::time::timeout(CONTROL_CALL_TIMEOUT, call).await {
-        Ok(Ok(answer)) => Ok(answer.into_inner()),
-        Ok(Err(status)) => Err(format!(
-            "atunnel refused {what}: {} {}",
-            atunnel::control::client::code_name(status.code()),
-            status.message()
-        )
-        .into()),
-        Err(_) => {
-            Err(format!("atunnel did not answer {what} within {CONTROL_CALL_TIMEOUT:?}").into())
-        }
-    }
-}
-
-impl Control {
-    /// Prepares actor `i`'s egress and activates it (its sandbox must be
-    /// served).
-    async fn activate(&mut self, i: usize) -> Result<(), atunnel_process::BoxError> {
-        let gateway = Some(self.gateway.clone());
-        control_call(
-            format!("PrepareEgress of actor-{i}"),
-            self.client.prepare_egress(proto::PrepareEgressRequest {
-                actor: Some(actor(i)),
-                gateway,
-            }),
-        )
-        .await?;
-        control_call(
-            format!("Activate of actor-{i}"),
-            self.client.activate(proto::ActivateRequest {
-                actor: Some(actor(i)),
-            }),
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// Brings actor `i` up as a worker does: its sandbox, then its egress,
-    /// then activation. Returns its runtime namespace.
-    async fn bring_up(&mut self, i: usize) -> Result<String, atunnel_process::BoxError> {
-        let served = control_call(
-            format!("ServeSandbox of actor-{i}"),
-            self.client.serve_sandbox(proto::ServeSandboxRequest {
-                actor: Some(actor(i)),
-            }),
-        )
-        .await?;
-        self.activate(i).await?;
-        Ok(served.runtime_netns)
-    }
-
-    async fn deactivate(&mut self, i: usize) -> Result<(), atunnel_process::BoxError> {
-        control_call(
-            format!("Deactivate of actor-{i}"),
-            self.client.deactivate(proto::DeactivateRequest {
-                actor: Some(actor(i)),
-            }),
-        )
-        .await?;
-        Ok(())
-    }
-}
-
 /// `--name` of `--name=value`.
 fn flag_name(arg: &str) -> &str {
     arg.split_once('=').map_or(arg, |(name, _)| name)
@@ -512,6 +437,7 @@ async fn serve(
         error: None,
         ready: None,
         atunnel_control: None,
+        gateway: None,
         tunnel_pid: None,
         actors_pid: None,
         cgroup: cgroup.dirs().clone(),
@@ -719,10 +645,10 @@ impl Supervisor {
         }
         let control = self.control.as_mut().ok_or("atunnel is not running")?;
         if activate {
-            control.activate(i).await?;
+            control.activate(&actor(i)).await?;
             self.status.inactive_actors.remove(&i);
         } else {
-            control.deactivate(i).await?;
+            control.deactivate(&actor(i)).await?;
             self.status.inactive_actors.insert(i);
         }
         Ok(())
@@ -784,17 +710,15 @@ impl Supervisor {
         self.status.generation += 1;
         self.status.inactive_actors.clear();
         self.tunnel = Some(tunnel);
-        let mut control = Control {
-            client: atunnel::control::client::connect(&serving.control_socket),
-            gateway,
-        };
+        self.status.gateway = Some((gateway.address.clone(), gateway.server_name.clone()));
+        let mut control = Control::connect(&serving.control_socket, gateway);
         let mut ready = HostReady {
             stats: serving.stats,
             ingress: serving.ingress,
             actors: Vec::with_capacity(self.args.actors),
         };
         for i in 0..self.args.actors {
-            let runtime_netns = control.bring_up(i).await?;
+            let runtime_netns = control.bring_up(&actor(i)).await?;
             let a = actor(i);
             ready.actors.push(HostedActor {
                 name: format!("{}/{}", a.atespace, a.name),
@@ -945,6 +869,7 @@ impl Supervisor {
         kill_cgroup_leftovers(&self.status.cgroup);
         self.status.ready = None;
         self.status.atunnel_control = None;
+        self.status.gateway = None;
         self.status.peer = None;
         role::sweep_namespaces(&self.args.netns_prefix).await;
     }

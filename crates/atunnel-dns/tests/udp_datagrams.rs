@@ -129,11 +129,12 @@ fn a_datagram_one_byte_over_the_limit_is_dropped_not_forwarded_cut_short() {
     assert_eq!(answers.len(), 1, "{:?}", answers.keys().collect::<Vec<_>>());
 }
 
-/// An idle sandbox's relay is one of a thousand on a worker: waiting for a
-/// datagram it holds no receive buffer (the buffer lives on the stack only
-/// while a datagram is read), so its future is far smaller than a query.
+/// The receive buffer is a stack array inside the relay's loop, not held
+/// across its wait: kept across it, the array would be part of every idle
+/// relay's task (4 KiB each). That the relay allocates no buffer while idle
+/// is tcp_frame_memory.rs's `an_idle_udp_relay_allocates_no_receive_buffer`.
 #[tokio::test]
-async fn an_idle_udp_relay_holds_no_receive_buffer() {
+async fn the_udp_relays_receive_buffer_is_not_kept_across_its_wait() {
     let relay = DnsRelay::new(RelayConfig::new(vec![
         "127.0.0.1:53".parse().expect("addr"),
     ]))
@@ -143,6 +144,6 @@ async fn an_idle_udp_relay_holds_no_receive_buffer() {
     let bytes = std::mem::size_of_val(&serving);
     assert!(
         bytes < 1024,
-        "the UDP relay's future is {bytes} B: it keeps a receive buffer while idle"
+        "the UDP relay's future is {bytes} B: its receive buffer is kept across the wait"
     );
 }

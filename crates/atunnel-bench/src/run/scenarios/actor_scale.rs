@@ -17,17 +17,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use atunnel::control::proto;
-use atunnel::control::proto::control_client::ControlClient;
 use atunnel_bench::load::results::ScenarioResult;
 use atunnel_bench::scenario::Scenario;
 use atunnel_sandbox::NetNs;
 use atunnel_support::stats_client::num;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
-use tonic::transport::Channel;
 
+use crate::control::Control;
 use crate::run::bench::Bench;
-use crate::topology::SINK_ADDR;
 use crate::traffic::{ECHO, ping};
 
 type BoxError = atunnel_process::BoxError;
@@ -45,8 +43,6 @@ fn actor_count(quick: bool) -> usize {
 fn gateway_idle(quick: bool) -> &'static str {
     if quick { "10s" } else { "30s" }
 }
-/// The longest one control call may take here.
-const CALL_LIMIT: Duration = Duration::from_secs(65);
 /// How long the scenario waits for closes to be seen (tunnels, pooled
 /// connections).
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
@@ -58,55 +54,6 @@ fn actor(i: usize) -> proto::Actor {
         name: format!("actor-{i}"),
         uid: format!("scale-{i}"),
     }
-}
-
-async fn call<T>(
-    what: &str,
-    i: usize,
-    fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-) -> Result<T, BoxError> {
-    match tokio::time::timeout(CALL_LIMIT, fut).await {
-        Ok(Ok(r)) => Ok(r.into_inner()),
-        Ok(Err(s)) => {
-            Err(format!("{what} of scale actor {i}: {:?} {}", s.code(), s.message()).into())
-        }
-        Err(_) => Err(format!("{what} of scale actor {i}: no answer within {CALL_LIMIT:?}").into()),
-    }
-}
-
-/// Sandbox, egress, activation: a worker's three calls for one actor.
-/// Returns the runtime namespace.
-async fn bring_up(
-    client: &mut ControlClient<Channel>,
-    gateway: &proto::Gateway,
-    i: usize,
-) -> Result<String, BoxError> {
-    let served = call(
-        "ServeSandbox",
-        i,
-        client.serve_sandbox(proto::ServeSandboxRequest {
-            actor: Some(actor(i)),
-        }),
-    )
-    .await?;
-    call(
-        "PrepareEgress",
-        i,
-        client.prepare_egress(proto::PrepareEgressRequest {
-            actor: Some(actor(i)),
-            gateway: Some(gateway.clone()),
-        }),
-    )
-    .await?;
-    call(
-        "Activate",
-        i,
-        client.activate(proto::ActivateRequest {
-            actor: Some(actor(i)),
-        }),
-    )
-    .await?;
-    Ok(served.runtime_netns)
 }
 
 /// Milliseconds at quantile `q` of `sorted`.
@@ -242,37 +189,26 @@ pub(super) async fn actor_scale(bench: &mut Bench) -> Result<ScenarioResult, Box
         .atunnel_control
         .clone()
         .ok_or("the worker names no control socket for atunnel")?;
+    let (address, server_name) = status
+        .gateway
+        .clone()
+        .ok_or("the worker names no gateway for atunnel's actors")?;
     let gateway = proto::Gateway {
-        address: status
-            .base_args
-            .iter()
-            .chain(&status.extra_args)
-            .rev()
-            .find_map(|a| a.strip_prefix("--gateway=").map(String::from))
-            // The worker's own default, as `run` starts it.
-            .unwrap_or_else(|| std::net::SocketAddr::from((SINK_ADDR, 443)).to_string()),
-        server_name: crate::pki::GATEWAY_NAME.to_string(),
+        address,
+        server_name,
     };
-    let mut client = atunnel::control::client::connect(Path::new(&socket));
-    let result = scale(bench, &mut client, &gateway, n).await;
+    let mut control = Control::connect(Path::new(&socket), gateway);
+    let result = scale(bench, &mut control, n).await;
     // Whatever happened, close what this scenario opened (idempotent).
     for i in 0..n {
-        let _ = call(
-            "CloseSandbox",
-            i,
-            client.close_sandbox(proto::CloseSandboxRequest {
-                actor: Some(actor(i)),
-            }),
-        )
-        .await;
+        let _ = control.close_sandbox(&actor(i)).await;
     }
     result
 }
 
 async fn scale(
     bench: &mut Bench,
-    client: &mut ControlClient<Channel>,
-    gateway: &proto::Gateway,
+    control: &mut Control,
     n: usize,
 ) -> Result<ScenarioResult, BoxError> {
     let mut notes = Vec::new();
@@ -294,7 +230,7 @@ async fn scale(
             cpu_marks.push(cpu(bench).await?);
         }
         let t = Instant::now();
-        netns.push(bring_up(client, gateway, i).await?);
+        netns.push(control.bring_up(&actor(i)).await?);
         up_times.push(t.elapsed());
         if i + 1 == tenth || i + 1 == n {
             cpu_marks.push(cpu(bench).await?);
@@ -366,14 +302,7 @@ async fn scale(
     let started = Instant::now();
     for i in 0..n {
         let t = Instant::now();
-        call(
-            "CloseSandbox",
-            i,
-            client.close_sandbox(proto::CloseSandboxRequest {
-                actor: Some(actor(i)),
-            }),
-        )
-        .await?;
+        control.close_sandbox(&actor(i)).await?;
         down_times.push(t.elapsed());
     }
     let down_total = started.elapsed();
@@ -384,9 +313,9 @@ async fn scale(
         .filter(|name| Path::new("/run/netns").join(name).exists())
         .cloned()
         .collect();
-    let listed = call("List", 0, client.list(proto::ListRequest {})).await?;
-    let still_known = listed
-        .actors
+    let still_known = control
+        .list()
+        .await?
         .iter()
         .filter(|a| a.actor.as_ref().is_some_and(|a| a.atespace == "scale"))
         .count();
