@@ -22,6 +22,7 @@ use atunnel_core::endpoint::ReadReady;
 use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::stream::ServerTls;
@@ -212,11 +213,12 @@ impl Activity {
     }
 
     /// Resolves once a whole `period` passed with no I/O and no request in
-    /// flight (checked once per period, so between one and two periods).
+    /// flight (checked about once per period, so between one and two
+    /// periods and a tick).
     async fn idle_for(&self, period: Duration) {
         let mut seen = self.io_events.load(Ordering::Relaxed);
         loop {
-            tokio::time::sleep(period).await;
+            tokio::time::sleep_until(on_tick(Instant::now() + period, period)).await;
             let now = self.io_events.load(Ordering::Relaxed);
             if now == seen && self.in_flight.load(Ordering::Relaxed) == 0 {
                 return;
@@ -224,6 +226,32 @@ impl Activity {
             seen = now;
         }
     }
+}
+
+/// Idle checks land on a process-wide grid of this many ticks per period,
+/// so connections that went quiet at different moments are checked
+/// together, in one wake-up of the runtime: one wake-up per connection
+/// costs more CPU than hibernating it.
+const TICKS_PER_PERIOD: u32 = 8;
+
+/// The finest grid: below it the timer wheel's 1 ms resolution batches
+/// anyway.
+const MIN_TICK: Duration = Duration::from_millis(10);
+
+/// The coarsest grid, so a long period does not delay hibernation by much.
+const MAX_TICK: Duration = Duration::from_secs(1);
+
+/// `at`, rounded up to the next tick of the grid for `period`.
+fn on_tick(at: Instant, period: Duration) -> Instant {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(Instant::now);
+    let tick = (period / TICKS_PER_PERIOD).clamp(MIN_TICK, MAX_TICK);
+    let since = at.saturating_duration_since(origin).as_nanos();
+    let tick_ns = tick.as_nanos();
+    let ticks = since.div_ceil(tick_ns);
+    // Whole ticks since the process began fit in u64 nanoseconds for
+    // centuries; past that, no rounding.
+    u64::try_from(ticks * tick_ns).map_or(at, |ns| origin + Duration::from_nanos(ns))
 }
 
 pub struct InFlight(Arc<Activity>);
@@ -428,6 +456,53 @@ mod tests {
             io.notify_one();
         }
         connection.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_gone_quiet_at_different_moments_are_checked_together() {
+        let period = Duration::from_secs(2);
+        let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
+        // 100 connections going quiet over one period, 20 ms apart.
+        for _ in 0..100 {
+            let done = done.clone();
+            tokio::spawn(async move {
+                Activity::default().idle_for(period).await;
+                let _ = done.send(Instant::now());
+            });
+            tokio::time::sleep(period / 100).await;
+        }
+        drop(done);
+        let mut wakeups = std::collections::BTreeSet::new();
+        while let Some(at) = finished.recv().await {
+            wakeups.insert(at);
+        }
+        // One period of quiet starts spread over 8 ticks (9 when the
+        // first one falls just past a tick).
+        assert!(
+            wakeups.len() <= TICKS_PER_PERIOD as usize + 1,
+            "{} separate idle checks for 100 connections",
+            wakeups.len()
+        );
+    }
+
+    #[test]
+    fn a_check_lands_on_the_next_tick_never_before_its_time() {
+        let period = Duration::from_secs(2);
+        let tick = period / TICKS_PER_PERIOD;
+        let base = on_tick(Instant::now(), period);
+        for offset_ms in [0u64, 1, 100, 249, 250, 251, 1999] {
+            let at = base + Duration::from_millis(offset_ms);
+            let due = on_tick(at, period);
+            assert!(due >= at, "{offset_ms} ms: due before its time");
+            assert!(due - at < tick, "{offset_ms} ms: more than a tick late");
+            assert_eq!(on_tick(due, period), due, "{offset_ms} ms: not on the grid");
+        }
+        // A short period keeps a tick of at least 10 ms, a long one at most 1 s.
+        let short = Duration::from_millis(20);
+        let at = base + Duration::from_millis(3);
+        assert!(on_tick(at, short) - at < MIN_TICK);
+        let long = Duration::from_secs(120);
+        assert!(on_tick(base + Duration::from_millis(1), long) - base <= MAX_TICK);
     }
 
     #[tokio::test]

@@ -916,14 +916,14 @@ fn hibernation(s: &ScenarioResult) -> Result<Option<String>, PlotError> {
     ];
     if cases
         .iter()
-        .any(|c| f(&c["hibernating_cpu_us_per_conn"]).is_some())
+        .any(|c| f(&c["hibernated_idle_cpu_us_per_conn"]).is_some())
     {
         panels.push(pair(
             "atunnel CPU per connection while going idle",
             "CPU us per connection",
             "idle_cpu_us_per_conn",
-            "hibernating_cpu_us_per_conn",
-            ["hibernation off", "hibernating"],
+            "hibernated_idle_cpu_us_per_conn",
+            ["hibernation off", "hibernation on"],
         ));
     }
     render("ingress-idle: hibernation, before and after", &panels).map(Some)
@@ -1246,7 +1246,7 @@ mod tests {
         let case = |name: &str, heap: f64, hib: f64| {
             json!({"case": name, "heap_bytes_per_conn": heap, "hibernated_heap_bytes_per_conn": hib,
                    "cgroup_bytes_per_conn": heap * 2.0, "hibernated_cgroup_bytes_per_conn": hib * 2.0,
-                   "idle_cpu_us_per_conn": 1.0, "hibernating_cpu_us_per_conn": 9.0})
+                   "idle_cpu_us_per_conn": 1.0, "hibernated_idle_cpu_us_per_conn": 9.0})
         };
         ScenarioResult {
             name: "ingress-idle".into(),
@@ -1679,7 +1679,7 @@ mod tests {
         for t in [
             "awake (hibernation off)",
             "hibernated",
-            "hibernating",
+            "hibernation on",
             "atunnel CPU per connection while going idle",
             "CPU us per connection",
             "http1-keepalive-short",
@@ -1700,7 +1700,7 @@ mod tests {
             .find(|s| s.name == "ingress-idle")
             .expect("there");
         for c in idle.summary["cases"].as_array_mut().expect("cases") {
-            c["hibernating_cpu_us_per_conn"] = Value::Null;
+            c["hibernated_idle_cpu_us_per_conn"] = Value::Null;
         }
         let svg = plot(&r, "ingress-idle.hibernation.svg");
         assert_eq!(rects(&svg, 0), 2 * 2 + 2, "{svg}");
