@@ -33,6 +33,8 @@ pub const MAX_PLAINTEXT: usize = 16 * 1024;
 /// and tag may add up to 256 bytes (RFC 8446 section 5.2).
 pub const MAX_RECORD: usize = HEADER_LEN + MAX_PLAINTEXT + 256;
 const TAG_LEN: usize = 16;
+/// What sealing adds to a record's plaintext: header, content type, tag.
+pub const SEAL_OVERHEAD: usize = HEADER_LEN + 1 + TAG_LEN;
 const NONCE_LEN: usize = 12;
 
 pub const CONTENT_CHANGE_CIPHER_SPEC: u8 = 20;

@@ -24,7 +24,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use crate::records::{self, Direction, Inbound, MAX_PLAINTEXT, Outbound, Read, Suite, TlsError};
+use crate::records::{
+    self, Direction, Inbound, MAX_PLAINTEXT, Outbound, Read, SEAL_OVERHEAD, Suite, TlsError,
+};
 use crate::secrets::{Filing, TrafficSecrets};
 
 /// The TCP stream under rustls, which notes where TLS records begin in
@@ -287,6 +289,9 @@ fn can_leave_rustls(tls: &mut RustlsStream) -> Option<(Suite, u64)> {
     idle.then_some((suite, limit))
 }
 
+/// Most plaintext one write of a [`RecordStream`] seals and sends at once.
+const WRITE_BATCH: usize = 4 * MAX_PLAINTEXT;
+
 /// A TLS 1.3 connection carried by its traffic secrets: one record read or
 /// written at a time, buffers held only while one is in flight.
 pub struct RecordStream {
@@ -464,11 +469,19 @@ impl AsyncWrite for RecordStream {
         if data.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        let n = data.len().min(MAX_PLAINTEXT);
-        if let Err(e) = this.outbound.seal_data(&data[..n], &mut this.outgoing) {
-            return Poll::Ready(Err(this.fail(e, cx)));
+        // Up to WRITE_BATCH in one go, sent with one syscall: one record per
+        // write cost a syscall and an allocation per 16 KiB (a 60 KB answer
+        // took four of each on a woken connection, against rustls' one).
+        let n = data.len().min(WRITE_BATCH);
+        let records = n.div_ceil(MAX_PLAINTEXT);
+        // One more record's room for a key update sealed before them.
+        this.outgoing.reserve(n + (records + 1) * SEAL_OVERHEAD);
+        for record in data[..n].chunks(MAX_PLAINTEXT) {
+            if let Err(e) = this.outbound.seal_data(record, &mut this.outgoing) {
+                return Poll::Ready(Err(this.fail(e, cx)));
+            }
         }
-        // The record is ours to send now; start at once, finish on flush.
+        // The records are ours to send now; start at once, finish on flush.
         if let Poll::Ready(Err(e)) = this.poll_send_outgoing(cx) {
             return Poll::Ready(Err(e));
         }

@@ -329,3 +329,31 @@ async fn a_peer_closing_without_close_notify_is_an_error_not_an_end() {
         .expect_err("truncation is not a clean end");
     assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
 }
+
+#[tokio::test]
+async fn a_hibernated_stream_seals_a_whole_answer_in_one_write() {
+    let (mut server, mut client) = pair(rustls::DEFAULT_VERSIONS).await;
+    both_ways(&mut server, &mut client, b"request", b"answer").await;
+    assert!(server.hibernate());
+    // A 60 KB answer, as hyper hands it over: one write takes all of it
+    // (four records, one syscall), not one 16 KiB record per write.
+    let answer = random_bytes(60_000);
+    let took = server.write(&answer).await.expect("write");
+    assert_eq!(took, answer.len(), "one write sealed only {took} bytes");
+    server.flush().await.expect("flush");
+    let mut got = vec![0u8; answer.len()];
+    client.read_exact(&mut got).await.expect("client read");
+    assert!(got == answer, "client received other bytes than sent");
+    // Past the batch, a write takes a batch's worth and the rest follows.
+    let big = random_bytes(200_000);
+    let took = server.write(&big).await.expect("write");
+    assert_eq!(took, 4 * 16 * 1024);
+    server
+        .write_all(&big[took..])
+        .await
+        .expect("write the rest");
+    server.flush().await.expect("flush");
+    let mut got = vec![0u8; big.len()];
+    client.read_exact(&mut got).await.expect("client read");
+    assert!(got == big, "client received other bytes than sent");
+}
