@@ -256,12 +256,13 @@ async fn a_reset_after_every_byte_and_the_end_gives_them_all_then_resets_the_upl
 }
 
 /// A gateway that answers every CONNECT with `answer` and END_STREAM, then,
-/// once they are delivered, resets the stream (CANCEL, as a gateway whose
-/// destination failed) and tells `reset_seen` once the client has taken
-/// the reset in (a PING after it answered).
+/// once `go` says the actor has read them, resets the stream (CANCEL, as a
+/// gateway whose destination failed) and tells `reset_seen` once the
+/// client has taken the reset in (a PING after it answered).
 async fn gateway_resetting_after_its_end(
     pki: &Pki,
     answer: Bytes,
+    mut go: tokio::sync::mpsc::UnboundedReceiver<()>,
     reset_seen: tokio::sync::mpsc::UnboundedSender<()>,
 ) -> SocketAddr {
     let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
@@ -301,7 +302,10 @@ async fn gateway_resetting_after_its_end(
                 continue;
             };
             let _ = send.send_data(answer.clone(), true);
-            let _ = pings.ping(h2::Ping::opaque()).await;
+            // A reset sooner could reach the actor before it read the
+            // answer (the kernel drops unread bytes on a reset), or
+            // before its connect returned.
+            let _ = go.recv().await;
             send.send_reset(h2::Reason::CANCEL);
             let _ = pings.ping(h2::Ping::opaque()).await;
             let _ = reset_seen.send(());
@@ -320,7 +324,8 @@ async fn a_reset_after_the_gateways_end_still_resets_the_actor_whose_upload_it_c
     let pki = Pki::new();
     let answer = Bytes::from(random(50_000, 13));
     let (reset_tx, mut reset_seen) = tokio::sync::mpsc::unbounded_channel();
-    let gateway = gateway_resetting_after_its_end(&pki, answer.clone(), reset_tx).await;
+    let (go, go_rx) = tokio::sync::mpsc::unbounded_channel();
+    let gateway = gateway_resetting_after_its_end(&pki, answer.clone(), go_rx, reset_tx).await;
     let a = actor("alpha");
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let prepared = prepare(&pki, gateway, a.clone(), source).await;
@@ -340,9 +345,20 @@ async fn a_reset_after_the_gateways_end_still_resets_the_actor_whose_upload_it_c
         .expect("the answer within 10 s")
         .expect("read");
     assert!(got == answer[..], "the answer came through altered");
+    let _ = go.send(());
     tokio::time::timeout(Duration::from_secs(10), reset_seen.recv())
         .await
         .expect("the gateway reset within 10 s");
+    // atunnel's h2 connection has taken the reset in; the tunnel acts on
+    // it in its own task. A half-close before then could meet atunnel's
+    // FIN with both ends closed, leaving nothing for a reset to cut.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while egress.stats().tunnels_open > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the tunnel ended within 10 s of the gateway's reset");
     // The actor ends its upload after the reset reached atunnel (if the
     // reset reached the actor first, the half-close itself fails).
     if let Err(e) = s.shutdown().await {
