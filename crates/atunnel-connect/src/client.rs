@@ -31,7 +31,8 @@ use crate::limits::{
     INITIAL_MAX_SEND_STREAMS, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
     MAX_PENDING_ACCEPT_RESET_STREAMS, MAX_REFUSAL_BODY, OPEN_TIMEOUT, POOL_CLOSE_WAIT,
     POOL_IDLE_TIMEOUT, POOL_PING_INTERVAL, POOL_PING_TIMEOUT, REFUSAL_BODY_WAIT,
-    TUNNEL_CONNECTION_WINDOW, TUNNEL_MAX_HEADER_LIST, TUNNEL_MAX_SEND_BUF, TUNNEL_STREAM_WINDOW,
+    TUNNEL_CONNECTION_WINDOW, TUNNEL_MAX_FRAME_SIZE, TUNNEL_MAX_HEADER_LIST, TUNNEL_MAX_SEND_BUF,
+    TUNNEL_STREAM_WINDOW,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +83,8 @@ pub struct GatewayClientConfig {
     /// Receive window per pooled connection: the most its tunnels together
     /// hold unread (see [`TUNNEL_CONNECTION_WINDOW`]).
     pub connection_window: u32,
+    /// Largest frame the gateway may send (see [`TUNNEL_MAX_FRAME_SIZE`]).
+    pub max_frame_size: u32,
     /// A pooled connection with no tunnel for this long is closed (see
     /// [`POOL_IDLE_TIMEOUT`]).
     pub idle_timeout: Duration,
@@ -107,6 +110,7 @@ impl GatewayClientConfig {
             refusal_body_wait: REFUSAL_BODY_WAIT,
             stream_window: TUNNEL_STREAM_WINDOW,
             connection_window: TUNNEL_CONNECTION_WINDOW,
+            max_frame_size: TUNNEL_MAX_FRAME_SIZE,
             idle_timeout: POOL_IDLE_TIMEOUT,
             ping_interval: POOL_PING_INTERVAL,
             ping_timeout: POOL_PING_TIMEOUT,
@@ -527,6 +531,7 @@ impl GatewayClient {
         let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(self.cfg.stream_window)
             .initial_connection_window_size(self.cfg.connection_window)
+            .max_frame_size(self.cfg.max_frame_size)
             .initial_max_send_streams(INITIAL_MAX_SEND_STREAMS)
             .max_header_list_size(TUNNEL_MAX_HEADER_LIST)
             .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)

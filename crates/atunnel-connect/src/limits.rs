@@ -67,6 +67,19 @@ pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 /// default, explicit): more are forgotten, not buffered.
 pub const MAX_CONCURRENT_RESET_STREAMS: usize = 50;
 
+/// Largest HTTP/2 frame a tunnel's peer may send (SETTINGS_MAX_FRAME_SIZE),
+/// between atunnel and the gateway and on ingress CONNECT, on both ends
+/// (the tunnel's `--gateway-max-frame-size`, the gateway's
+/// `--max-frame-size`). h2 writes one DATA frame per write to TLS, so at
+/// RFC 9113's 16 KiB a relay buffer (32 KiB) took two writes, two TLS
+/// record batches and two syscalls; at 64 KiB it takes one
+/// (`atunnel-bench run --quick --scenarios egress-tcp
+/// --sink-arg=--max-frame-size=65536` against the 16 KiB default, rounds
+/// alternated: about 1.2x the MB per tunnel CPU second on a noisy host).
+/// It also bounds what one connection's read buffer may grow to: h2 reads
+/// a whole frame before handing it on.
+pub const TUNNEL_MAX_FRAME_SIZE: u32 = 64 * 1024;
+
 /// Bytes h2 may queue to send on one tunnel stream, on the CONNECT servers
 /// and the gateway client (h2's default, explicit). The relay sends only
 /// what flow control granted (`H2Stream` waits for capacity, and h2 grants

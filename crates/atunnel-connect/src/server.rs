@@ -33,7 +33,7 @@ use crate::http1;
 use crate::limits::{
     HANDSHAKE_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_CONCURRENT_STREAMS,
     MAX_LOCAL_ERROR_RESET_STREAMS, MAX_PENDING_ACCEPT_RESET_STREAMS, TUNNEL_CONNECTION_WINDOW,
-    TUNNEL_MAX_HEADER_LIST, TUNNEL_MAX_SEND_BUF, TUNNEL_STREAM_WINDOW,
+    TUNNEL_MAX_FRAME_SIZE, TUNNEL_MAX_HEADER_LIST, TUNNEL_MAX_SEND_BUF, TUNNEL_STREAM_WINDOW,
 };
 use crate::preface::read_h2_preface;
 
@@ -101,6 +101,8 @@ pub struct H2Settings {
     pub max_concurrent_streams: u32,
     pub stream_window: u32,
     pub connection_window: u32,
+    /// Largest frame a client may send (see [`TUNNEL_MAX_FRAME_SIZE`]).
+    pub max_frame_size: u32,
     /// How long a client has, once TLS is done, to send its preface
     /// ([`read_h2_preface`]; default [`HANDSHAKE_TIMEOUT`]).
     pub preface_timeout: Duration,
@@ -123,6 +125,7 @@ impl Default for H2Settings {
             max_concurrent_streams: MAX_CONCURRENT_STREAMS,
             stream_window: TUNNEL_STREAM_WINDOW,
             connection_window: TUNNEL_CONNECTION_WINDOW,
+            max_frame_size: TUNNEL_MAX_FRAME_SIZE,
             preface_timeout: HANDSHAKE_TIMEOUT,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             pre_auth: PreAuthLimits::default(),
@@ -255,6 +258,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
             .max_concurrent_streams(self.h2.max_concurrent_streams)
             .initial_window_size(self.h2.stream_window)
             .initial_connection_window_size(self.h2.connection_window)
+            .max_frame_size(self.h2.max_frame_size)
             .max_header_list_size(TUNNEL_MAX_HEADER_LIST)
             .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
             .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS))

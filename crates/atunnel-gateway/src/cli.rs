@@ -45,6 +45,11 @@ pub struct GatewayArgs {
     #[arg(long, default_value_t = atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
           value_parser = clap::value_parser!(u32).range(65535..=(1 << 31) - 1))]
     pub connection_window: u32,
+    /// Largest HTTP/2 frame a client may send, in bytes: a tunnel's bytes
+    /// per write, and what one connection's read buffer may grow to.
+    #[arg(long, default_value_t = atunnel_connect::limits::TUNNEL_MAX_FRAME_SIZE,
+          value_parser = clap::value_parser!(u32).range(16384..=(1 << 24) - 1))]
+    pub max_frame_size: u32,
     /// Address to serve `GET /stats` on (JSON: the process's heap, the
     /// buffer pool, the CONNECT listener); off unless given.
     #[arg(long)]
@@ -123,6 +128,7 @@ pub async fn run<F: FarEnd>(
     cfg.max_concurrent_streams = args.max_concurrent_streams;
     cfg.stream_window = args.stream_window;
     cfg.connection_window = args.connection_window;
+    cfg.max_frame_size = args.max_frame_size;
     cfg.handshake_timeout = args.tls_handshake_timeout.0;
     cfg.pre_auth = args.pre_auth.limits();
     cfg.budget = crate::budget::IdentityBudget {
@@ -198,6 +204,7 @@ mod tests {
         );
         assert_eq!(args.gateway.stream_window, library.stream_window);
         assert_eq!(args.gateway.connection_window, library.connection_window);
+        assert_eq!(args.gateway.max_frame_size, library.max_frame_size);
         assert_eq!(
             args.gateway.tls_handshake_timeout.0,
             library.handshake_timeout

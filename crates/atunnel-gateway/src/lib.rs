@@ -159,6 +159,8 @@ pub struct GatewayConfig {
     /// Receive window per connection: what one client identity's tunnels on
     /// one connection hold unread together.
     pub connection_window: u32,
+    /// Largest HTTP/2 frame a client may send.
+    pub max_frame_size: u32,
     /// How long a client has to finish TLS.
     pub handshake_timeout: std::time::Duration,
     /// Connections in their TLS handshake, in total and per source.
@@ -186,6 +188,7 @@ impl GatewayConfig {
             max_concurrent_streams: MAX_CONCURRENT_STREAMS,
             stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
             connection_window: atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
+            max_frame_size: atunnel_connect::limits::TUNNEL_MAX_FRAME_SIZE,
             handshake_timeout: atunnel_connect::limits::HANDSHAKE_TIMEOUT,
             pre_auth: atunnel_tls::PreAuthLimits::default(),
             budget: IdentityBudget::default(),
@@ -318,6 +321,7 @@ pub fn new<F: FarEnd>(
         max_concurrent_streams: cfg.max_concurrent_streams,
         stream_window: cfg.stream_window,
         connection_window: cfg.connection_window,
+        max_frame_size: cfg.max_frame_size,
         handshake_timeout: cfg.handshake_timeout,
         pre_auth: cfg.pre_auth,
         ..H2Settings::default()

@@ -320,6 +320,8 @@ pub struct EgressConfig {
     /// Receive window per gateway connection: the most one actor's tunnels
     /// on it hold unread together.
     pub connection_window: u32,
+    /// Largest HTTP/2 frame the gateway may send.
+    pub max_frame_size: u32,
     /// A pooled gateway connection with no tunnel for this long closes.
     pub pool_idle_timeout: Duration,
     /// Pooled gateway connections are pinged this often (zero: never)
@@ -342,6 +344,7 @@ impl Default for EgressConfig {
             budget: ActorBudget::default(),
             stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
             connection_window: atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
+            max_frame_size: atunnel_connect::limits::TUNNEL_MAX_FRAME_SIZE,
             pool_idle_timeout: atunnel_connect::limits::POOL_IDLE_TIMEOUT,
             pool_ping_interval: atunnel_connect::limits::POOL_PING_INTERVAL,
             pool_ping_timeout: atunnel_connect::limits::POOL_PING_TIMEOUT,

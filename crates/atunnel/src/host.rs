@@ -168,6 +168,12 @@ pub struct TunnelArgs {
     #[arg(long, default_value_t = EgressConfig::default().connection_window,
           value_parser = clap::value_parser!(u32).range(65535..=(1 << 31) - 1))]
     pub gateway_connection_window: u32,
+    /// Largest HTTP/2 frame the gateway may send, in bytes: a tunnel's
+    /// bytes per write, and what one gateway connection's read buffer may
+    /// grow to.
+    #[arg(long, default_value_t = EgressConfig::default().max_frame_size,
+          value_parser = clap::value_parser!(u32).range(16384..=(1 << 24) - 1))]
+    pub gateway_max_frame_size: u32,
     /// A pooled gateway connection with no tunnel for this long is closed
     /// ("90s").
     #[arg(long, default_value_t = FlagDuration(EgressConfig::default().pool_idle_timeout))]
@@ -338,6 +344,7 @@ impl TunnelArgs {
             budget: args.budget.budget(),
             stream_window: args.gateway_stream_window,
             connection_window: args.gateway_connection_window,
+            max_frame_size: args.gateway_max_frame_size,
             pool_idle_timeout: args.gateway_idle_timeout.0,
             pool_ping_interval: args.gateway_ping_interval.0,
             pool_ping_timeout: args.gateway_ping_timeout.0,
@@ -482,6 +489,7 @@ mod tests {
             atunnel_dns::RelayConfig::default().max_in_flight
         );
         assert_eq!(args.tunnel.gateway_stream_window, egress.stream_window);
+        assert_eq!(args.tunnel.gateway_max_frame_size, egress.max_frame_size);
         assert_eq!(
             args.tunnel.gateway_connection_window,
             egress.connection_window

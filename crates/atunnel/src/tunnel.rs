@@ -377,6 +377,7 @@ impl Tunnel {
         client.socket = self.cfg.egress.socket;
         client.stream_window = self.cfg.egress.stream_window;
         client.connection_window = self.cfg.egress.connection_window;
+        client.max_frame_size = self.cfg.egress.max_frame_size;
         client.idle_timeout = self.cfg.egress.pool_idle_timeout;
         client.ping_interval = self.cfg.egress.pool_ping_interval;
         client.ping_timeout = self.cfg.egress.pool_ping_timeout;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use atunnel::egress::ActorEgress;
 use atunnel_connect::limits::{
     MAX_CONCURRENT_STREAMS, PROXY_MAX_HEADER_LIST, PROXY_ROUTER_MAX_CONCURRENT_STREAMS,
-    TUNNEL_MAX_HEADER_LIST,
+    TUNNEL_MAX_FRAME_SIZE, TUNNEL_MAX_HEADER_LIST,
 };
 use atunnel_core::sockopt::SocketOptions;
 use atunnel_identity::clock::Clock;
@@ -308,6 +308,69 @@ async fn the_raw_connection_serves(raw: &mut RawH2<RouterTls>, server: Server, s
             assert_eq!(back, b"ping");
         }
     }
+}
+
+// ---- frame size ----
+
+/// The CONNECT server (the gateway's too) takes DATA frames up to its
+/// SETTINGS_MAX_FRAME_SIZE, relayed intact, and ends a connection that
+/// sends a larger one with FRAME_SIZE_ERROR rather than buffer it.
+#[tokio::test]
+async fn ingress_connect_takes_frames_up_to_its_max_frame_size_and_no_larger() {
+    let site = site().await;
+    let server = Server::Connect;
+    // Windows with room for the echo: the raw peer grants no more later.
+    let mut raw = raw_router(&site, server, &[(setting::INITIAL_WINDOW_SIZE, 1 << 20)]).await;
+    raw.send(&Frame::window_update(0, 1 << 20))
+        .await
+        .expect("WINDOW_UPDATE");
+    assert_eq!(
+        raw.peer_setting(setting::MAX_FRAME_SIZE),
+        Some(TUNNEL_MAX_FRAME_SIZE),
+        "the CONNECT server's SETTINGS"
+    );
+    raw.send(&opening(server, 1, request(server, ECHO_PORT, &[])))
+        .await
+        .expect("CONNECT");
+    let head = raw
+        .wait_for(WITHIN, |f| f.stream == 1 && f.kind != kind::WINDOW_UPDATE)
+        .await
+        .expect("the CONNECT is answered");
+    assert!(head.is_status_200(), "CONNECT answered {head:?}");
+    // One frame of the largest size, echoed byte for byte.
+    let largest: Vec<u8> = (0..TUNNEL_MAX_FRAME_SIZE)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    raw.send(&Frame::data(1, &largest, false))
+        .await
+        .expect("DATA");
+    let mut back = Vec::new();
+    while back.len() < largest.len() {
+        let f = raw
+            .wait_for(WITHIN, |f| f.stream == 1 && f.kind == kind::DATA)
+            .await
+            .expect("echo");
+        back.extend_from_slice(&f.payload);
+    }
+    assert!(back == largest, "the largest frame came back altered");
+    // One byte more ends the connection.
+    let past = vec![b'x'; TUNNEL_MAX_FRAME_SIZE as usize + 1];
+    raw.send(&Frame::data(1, &past, false))
+        .await
+        .expect("DATA past the limit");
+    let ended = raw.until_goaway(WITHIN).await.expect("GOAWAY or close");
+    assert!(
+        matches!(
+            ended,
+            Ended::GoAway {
+                error: code::FRAME_SIZE_ERROR,
+                ..
+            }
+        ),
+        "a frame of {} bytes ended with {ended:?}",
+        past.len()
+    );
+    a_well_behaved_router_is_served(&site, server).await;
 }
 
 // ---- rapid reset ----
