@@ -70,15 +70,15 @@ pub const MAX_CONCURRENT_RESET_STREAMS: usize = 50;
 /// Largest HTTP/2 frame a tunnel's peer may send (SETTINGS_MAX_FRAME_SIZE),
 /// between atunnel and the gateway and on ingress CONNECT, on both ends
 /// (the tunnel's `--gateway-max-frame-size`, the gateway's
-/// `--max-frame-size`). h2 writes one DATA frame per write to TLS, so at
-/// RFC 9113's 16 KiB a relay buffer (32 KiB) took two writes, two TLS
-/// record batches and two syscalls; at 64 KiB it takes one
-/// (`atunnel-bench run --quick --scenarios egress-tcp
-/// --sink-arg=--max-frame-size=65536` against the 16 KiB default, rounds
-/// alternated: about 1.2x the MB per tunnel CPU second on a noisy host).
-/// It also bounds what one connection's read buffer may grow to: h2 reads
-/// a whole frame before handing it on.
-pub const TUNNEL_MAX_FRAME_SIZE: u32 = 64 * 1024;
+/// `--max-frame-size`). It is also what one connection's read buffer may
+/// grow to: h2 reads a whole frame before handing it on. h2 writes one DATA
+/// frame per write to TLS, so at 16 KiB a 32 KiB relay buffer takes two
+/// writes and two syscalls; 64 KiB frames take one, but measured no faster
+/// (`atunnel-bench run --quick --scenarios egress-tcp`, 16 KiB on both
+/// ends against 64 KiB, five rounds alternated: MB per tunnel CPU second
+/// 0.92-1.29x round by round, 1.06x overall, inside this host's noise), so
+/// RFC 9113's default stays.
+pub const TUNNEL_MAX_FRAME_SIZE: u32 = 16 * 1024;
 
 /// Bytes h2 may queue to send on one tunnel stream, on the CONNECT servers
 /// and the gateway client (h2's default, explicit). The relay sends only
