@@ -310,6 +310,18 @@ async fn the_raw_connection_serves(raw: &mut RawH2<RouterTls>, server: Server, s
     }
 }
 
+/// Opens stream 1 to the actor's `port` and waits for its 200.
+async fn stream_one_answered(raw: &mut RawH2<RouterTls>, server: Server, port: u16) {
+    raw.send(&opening(server, 1, request(server, port, &[])))
+        .await
+        .expect("request");
+    let head = raw
+        .wait_for(WITHIN, |f| f.stream == 1 && f.kind != kind::WINDOW_UPDATE)
+        .await
+        .expect("answered");
+    assert!(head.is_status_200(), "{server:?}: answered {head:?}");
+}
+
 // ---- frame size ----
 
 /// The CONNECT server (the gateway's too) takes DATA frames up to its
@@ -329,14 +341,7 @@ async fn ingress_connect_takes_frames_up_to_its_max_frame_size_and_no_larger() {
         Some(TUNNEL_MAX_FRAME_SIZE),
         "the CONNECT server's SETTINGS"
     );
-    raw.send(&opening(server, 1, request(server, ECHO_PORT, &[])))
-        .await
-        .expect("CONNECT");
-    let head = raw
-        .wait_for(WITHIN, |f| f.stream == 1 && f.kind != kind::WINDOW_UPDATE)
-        .await
-        .expect("the CONNECT is answered");
-    assert!(head.is_status_200(), "CONNECT answered {head:?}");
+    stream_one_answered(&mut raw, server, ECHO_PORT).await;
     // One frame of the largest size, echoed byte for byte.
     let largest: Vec<u8> = (0..TUNNEL_MAX_FRAME_SIZE)
         .map(|i| (i % 251) as u8)
@@ -578,14 +583,7 @@ async fn settled(counter: &AtomicU64, within: Duration) -> u64 {
 async fn a_zero_window_peer_pins_a_bounded_amount(server: Server) {
     let site = site().await;
     let mut raw = raw_router(&site, server, &[(setting::INITIAL_WINDOW_SIZE, 0)]).await;
-    raw.send(&opening(server, 1, request(server, ENDLESS_PORT, &[])))
-        .await
-        .expect("request");
-    let head = raw
-        .wait_for(WITHIN, |f| f.stream == 1 && f.kind != kind::WINDOW_UPDATE)
-        .await
-        .expect("answered");
-    assert!(head.is_status_200(), "{server:?}: answered {head:?}");
+    stream_one_answered(&mut raw, server, ENDLESS_PORT).await;
     if server == Server::Connect {
         // The tunnel's first bytes start the endless actor; a window of 0
         // binds only what atunnel sends.
