@@ -104,7 +104,7 @@ async fn main() {
         per(awake)
     );
     println!(
-        "hibernated: {:.0} B per connection (the boxed RecordStream {} B: socket, two traffic secrets with their sequence numbers, empty buffers)",
+        "hibernated: {:.0} B per connection (the boxed RecordStream {} B: socket, two traffic secrets with their keys, IVs and sequence numbers, empty buffers)",
         per(hibernated),
         std::mem::size_of::<RecordStream>()
     );
