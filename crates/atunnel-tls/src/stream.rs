@@ -472,20 +472,30 @@ impl AsyncWrite for RecordStream {
         // Up to WRITE_BATCH in one go, sent with one syscall: one record per
         // write cost a syscall and an allocation per 16 KiB (a 60 KB answer
         // took four of each on a woken connection, against rustls' one).
-        let n = data.len().min(WRITE_BATCH);
-        let records = n.div_ceil(MAX_PLAINTEXT);
+        // A batch is all a router that stops reading makes the stream hold:
+        // the next write first waits for this one to go out (rustls's own
+        // send buffer limit is the same 64 KiB).
+        let batch = &data[..data.len().min(WRITE_BATCH)];
+        let records = batch.len().div_ceil(MAX_PLAINTEXT);
         // One more record's room for a key update sealed before them.
-        this.outgoing.reserve(n + (records + 1) * SEAL_OVERHEAD);
-        for record in data[..n].chunks(MAX_PLAINTEXT) {
-            if let Err(e) = this.outbound.seal_data(record, &mut this.outgoing) {
-                return Poll::Ready(Err(this.fail(e, cx)));
+        this.outgoing
+            .reserve(batch.len() + (records + 1) * SEAL_OVERHEAD);
+        let mut sealed = 0;
+        for record in batch.chunks(MAX_PLAINTEXT) {
+            match this.outbound.seal_data(record, &mut this.outgoing) {
+                Ok(()) => sealed += record.len(),
+                // What was sealed goes out and is reported written; the
+                // error comes with the next write, so no byte is counted
+                // lost that the peer will get.
+                Err(_) if sealed > 0 => break,
+                Err(e) => return Poll::Ready(Err(this.fail(e, cx))),
             }
         }
         // The records are ours to send now; start at once, finish on flush.
         if let Poll::Ready(Err(e)) = this.poll_send_outgoing(cx) {
             return Poll::Ready(Err(e));
         }
-        Poll::Ready(Ok(n))
+        Poll::Ready(Ok(sealed))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

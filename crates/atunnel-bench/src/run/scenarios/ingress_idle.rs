@@ -221,14 +221,13 @@ async fn hold(
         // the CPU window), so the memory figures are of hibernated ones.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let s = bench.stats(false).await?;
-            if num(&s, &["hibernation", "hibernating"]) as usize >= n {
+            let hibernated = num(&bench.stats(false).await?, &["hibernation", "hibernating"]);
+            if hibernated as usize >= n {
                 break;
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "{} of {n} connections hibernated within {:?} of their last request",
-                    num(&s, &["hibernation", "hibernating"]),
+                    "{hibernated} of {n} connections hibernated within {:?} of their last request",
                     IDLE_WINDOW + Duration::from_secs(10)
                 )
                 .into());
