@@ -250,7 +250,7 @@ async fn forward(
         h2c = activation.h2c(port);
         &h2c
     } else {
-        &activation.http1
+        activation.http1()
     };
     let cancel = activation.cancel_token().clone();
     let response = tokio::select! {

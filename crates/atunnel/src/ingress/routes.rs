@@ -9,7 +9,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -85,8 +85,15 @@ struct Shared {
     refused_in_flight: AtomicU64,
     /// Requests answered 504: no response head within `response_timeout`.
     response_timeouts: AtomicU64,
+    upstream: Arc<Upstream>,
+}
+
+/// How every actor is dialed and pooled: one copy for all activations, not
+/// one each (about 200 B per actor).
+#[derive(Debug, Default)]
+pub(crate) struct Upstream {
+    pools: PoolSettings,
     socket: atunnel_core::sockopt::SocketOptions,
-    dial_timeout: Duration,
 }
 
 impl tower_service::Service<Uri> for ActivationConnector {
@@ -103,7 +110,7 @@ impl tower_service::Service<Uri> for ActivationConnector {
         let port = self.port.or(uri.port_u16()).unwrap_or(80);
         Box::pin(async move {
             let dial = async {
-                tokio::time::timeout(shared.dial_timeout, shared.dialer.dial(port))
+                tokio::time::timeout(shared.upstream.pools.dial_timeout, shared.dialer.dial(port))
                     .await
                     .map_err(|_| {
                         io::Error::new(
@@ -120,7 +127,7 @@ impl tower_service::Service<Uri> for ActivationConnector {
             if shared.cancel.is_cancelled() {
                 return Err(cancelled());
             }
-            shared.socket.apply(&tcp)?;
+            shared.upstream.socket.apply(&tcp)?;
             shared.new_connections.fetch_add(1, Ordering::Relaxed);
             Ok(TokioIo::new(tcp))
         })
@@ -138,13 +145,14 @@ pub struct ActorRoute {
     shared: Arc<Shared>,
     /// In-flight requests and tunnels; deactivation waits for them.
     pub(crate) tasks: TaskTracker,
-    /// HTTP/1.1 to the actor (everything but gRPC), by the URI's port.
-    pub(crate) http1: Client<ActivationConnector, UpstreamBody>,
+    /// HTTP/1.1 to the actor (everything but gRPC), by the URI's port;
+    /// made on first use, and boxed: a client and its pool cost about
+    /// 650 B, which an actor that is never sent a request need not hold.
+    http1: OnceLock<Box<Client<ActivationConnector, UpstreamBody>>>,
     /// h2c with prior knowledge (gRPC), one client per actor port, each
     /// made on first use. The port is the client's, not the URI's, so that
     /// the URI keeps the router's authority: h2 sends it as `:authority`.
     h2c: Mutex<HashMap<u16, Client<ActivationConnector, UpstreamBody>>>,
-    pools: PoolSettings,
 }
 
 /// Pool settings toward actors.
@@ -206,31 +214,20 @@ impl Default for PoolSettings {
 }
 
 impl ActorRoute {
-    fn new(
-        uid: &str,
-        dialer: Box<dyn ActorDialer>,
-        pools: PoolSettings,
-        socket: atunnel_core::sockopt::SocketOptions,
-    ) -> Self {
+    fn new(uid: &str, dialer: Box<dyn ActorDialer>, upstream: Arc<Upstream>) -> Self {
         let shared = Arc::new(Shared {
             dialer,
             cancel: CancellationToken::new(),
             new_connections: AtomicU64::new(0),
             refused_in_flight: AtomicU64::new(0),
             response_timeouts: AtomicU64::new(0),
-            socket,
-            dial_timeout: pools.dial_timeout,
+            upstream,
         });
-        let connector = ActivationConnector {
-            activation: shared.clone(),
-            port: None,
-        };
         Self {
             uid: uid.to_string(),
             tasks: TaskTracker::new(),
-            http1: client(connector, pools, false),
+            http1: OnceLock::new(),
             h2c: Mutex::default(),
-            pools,
             shared,
         }
     }
@@ -243,7 +240,7 @@ impl ActorRoute {
     /// False (counted) when the actor already has `max_in_flight` requests
     /// and tunnels: the caller answers 503.
     pub(crate) fn admits_more(&self) -> bool {
-        if self.tasks.len() < self.pools.max_in_flight {
+        if self.tasks.len() < self.pools().max_in_flight {
             return true;
         }
         self.shared
@@ -254,7 +251,7 @@ impl ActorRoute {
 
     /// How long the actor has to send a response head.
     pub(crate) fn response_timeout(&self) -> Duration {
-        self.pools.response_timeout
+        self.pools().response_timeout
     }
 
     /// A request got no response head in time (answered 504).
@@ -273,6 +270,21 @@ impl ActorRoute {
         }
     }
 
+    fn pools(&self) -> &PoolSettings {
+        &self.shared.upstream.pools
+    }
+
+    /// The HTTP/1.1 client to the actor.
+    pub(crate) fn http1(&self) -> &Client<ActivationConnector, UpstreamBody> {
+        self.http1.get_or_init(|| {
+            let connector = ActivationConnector {
+                activation: self.shared.clone(),
+                port: None,
+            };
+            Box::new(client(connector, self.pools(), false))
+        })
+    }
+
     /// The h2c client to the actor's `port`.
     pub(crate) fn h2c(&self, port: u16) -> Client<ActivationConnector, UpstreamBody> {
         let mut clients = self.h2c.lock().expect("h2c clients lock poisoned");
@@ -281,7 +293,7 @@ impl ActorRoute {
                 activation: self.shared.clone(),
                 port: Some(port),
             };
-            client(connector, self.pools, true)
+            client(connector, self.pools(), true)
         });
         client.clone()
     }
@@ -315,7 +327,7 @@ impl ActorRoute {
 
 fn client(
     connector: ActivationConnector,
-    pools: PoolSettings,
+    pools: &PoolSettings,
     http2: bool,
 ) -> Client<ActivationConnector, UpstreamBody> {
     let mut builder = Client::builder(TokioExecutor::new());
@@ -372,8 +384,7 @@ pub struct ActorIngressStats {
 #[derive(Default)]
 pub(crate) struct Routes {
     active: Mutex<HashMap<(String, String), Arc<ActorRoute>>>,
-    pools: PoolSettings,
-    socket: atunnel_core::sockopt::SocketOptions,
+    upstream: Arc<Upstream>,
     /// New connections of activations already gone, so totals never drop.
     retired_connections: AtomicU64,
     /// Refuses new requests and tunnels while the process is overloaded.
@@ -399,8 +410,7 @@ impl Routes {
         router_ping: RouterPing,
     ) -> Self {
         Self {
-            pools,
-            socket,
+            upstream: Arc::new(Upstream { pools, socket }),
             overload,
             router_ping,
             ..Self::default()
@@ -430,7 +440,7 @@ impl Routes {
         dialer: Box<dyn ActorDialer>,
     ) -> Result<(), RouteError> {
         let key = (atespace.to_string(), name.to_string());
-        let activation = Arc::new(ActorRoute::new(uid, dialer, self.pools, self.socket));
+        let activation = Arc::new(ActorRoute::new(uid, dialer, self.upstream.clone()));
         let old = {
             let mut active = self.active.lock().expect("routes lock poisoned");
             if let Some(existing) = active.get(&key)
