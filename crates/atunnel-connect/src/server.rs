@@ -194,7 +194,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
     /// Accepts until `cancel`, then closes connections (their tunnels reset)
     /// and waits for them.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, cancel: CancellationToken) {
-        let listener = Listener::new(listener, "connect");
+        let mut listener = Listener::new(listener, "connect");
         listener
             .serve(&cancel, &self.listeners, |tcp, client| {
                 let (this, cancel) = (self.clone(), cancel.clone());

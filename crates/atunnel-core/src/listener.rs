@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, TryAcquireError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -131,7 +131,8 @@ impl RefusalPace {
 
 /// A bound listener, ready to serve.
 pub struct Listener {
-    tcp: TcpListener,
+    /// Closed (taken) when serving stops, before its tasks are waited for.
+    tcp: Option<TcpListener>,
     /// Names the listener in logs.
     name: &'static str,
     cap: Option<Arc<Semaphore>>,
@@ -141,7 +142,7 @@ pub struct Listener {
 impl Listener {
     pub fn new(tcp: TcpListener, name: &'static str) -> Self {
         Self {
-            tcp,
+            tcp: Some(tcp),
             name,
             cap: None,
             pace: None,
@@ -165,78 +166,109 @@ impl Listener {
     /// Accepts until `cancel`. `accept` decides on each connection: the task
     /// to run it, or `None` to drop it (closed at once). Returns once every
     /// task it spawned has ended.
-    pub async fn serve<F, Fut>(
-        self,
-        cancel: &CancellationToken,
-        stats: &ListenerStats,
+    ///
+    /// This future is held, idle, by every listener for its life (three per
+    /// sandbox), so what it waits on while idle is kept small: the accept
+    /// is polled (its waker lives in the socket's registration, where
+    /// `accept()`'s future would carry 184 B of its own), and the waits
+    /// that are rare (pacing, the cap, backoff, the end) are boxed.
+    ///
+    /// Not an `async fn`: one keeps a second copy of its arguments in its
+    /// future for as long as it runs (rust-lang/rust#62958); the block
+    /// below uses them where they were captured. The listener is borrowed,
+    /// not moved in, for the same reason: a caller that owns it in its own
+    /// future would otherwise hold it twice.
+    // The lint's `async fn` is exactly what this avoids.
+    #[allow(clippy::manual_async_fn)]
+    pub fn serve<'a, F, Fut>(
+        &'a mut self,
+        cancel: &'a CancellationToken,
+        stats: &'a ListenerStats,
         mut accept: F,
-    ) where
-        F: FnMut(TcpStream, SocketAddr) -> Option<Fut>,
+    ) -> impl Future<Output = ()> + 'a
+    where
+        F: FnMut(TcpStream, SocketAddr) -> Option<Fut> + 'a,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let tasks = TaskTracker::new();
-        loop {
-            if let Some(pace) = &self.pace
-                && let Some(wait) = pace.wait()
-            {
-                pace.paused.fetch_add(1, Ordering::Relaxed);
-                tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(wait) => {}
-                }
-            }
-            let permit = match &self.cap {
-                Some(cap) => tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => break,
-                    permit = cap.clone().acquire_owned() => match permit {
-                        Ok(p) => Some(p),
-                        // Closed: the owner refuses everything from now on.
-                        Err(_) => break,
-                    },
-                },
-                None => None,
+        async move {
+            let Some(tcp) = &self.tcp else {
+                return;
             };
-            let accepted = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break,
-                a = self.tcp.accept() => a,
-            };
-            let (tcp, peer) = match accepted {
-                Ok(x) => x,
-                Err(e) => {
-                    stats.accept_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(listener = self.name, error = %e, "accept failed; backing off");
+            let tasks = TaskTracker::new();
+            let mut back_off = false;
+            loop {
+                // Here rather than where the error is seen, so that the
+                // failed accept's result is not held across the wait.
+                if std::mem::take(&mut back_off) {
                     tokio::select! {
                         _ = cancel.cancelled() => break,
-                        _ = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                        _ = Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)) => {}
                     }
                 }
-            };
-            stats.accepted.fetch_add(1, Ordering::Relaxed);
-            let Some(connection) = accept(tcp, peer) else {
-                continue;
-            };
-            // The task is the connection's future alone unless it holds a
-            // permit: every byte of it is kept for the connection's life.
-            match permit {
-                None => {
-                    stats.note_future(&connection);
-                    tasks.spawn(connection);
+                if let Some(pace) = &self.pace
+                    && let Some(wait) = pace.wait()
+                {
+                    pace.paused.fetch_add(1, Ordering::Relaxed);
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => break,
+                        _ = Box::pin(tokio::time::sleep(wait)) => {}
+                    }
                 }
-                Some(permit) => {
-                    let task = async move {
-                        let _permit = permit;
-                        connection.await
-                    };
-                    stats.note_future(&task);
-                    tasks.spawn(task);
+                let permit = match &self.cap {
+                    Some(cap) => match cap.clone().try_acquire_owned() {
+                        Ok(p) => Some(p),
+                        // Closed: the owner refuses everything from now on.
+                        Err(TryAcquireError::Closed) => break,
+                        Err(TryAcquireError::NoPermits) => tokio::select! {
+                            biased;
+                            _ = cancel.cancelled() => break,
+                            permit = Box::pin(cap.clone().acquire_owned()) => match permit {
+                                Ok(p) => Some(p),
+                                Err(_) => break,
+                            },
+                        },
+                    },
+                    None => None,
+                };
+                let accepted = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => break,
+                    a = std::future::poll_fn(|cx| tcp.poll_accept(cx)) => a,
+                };
+                let (tcp, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        stats.accept_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(listener = self.name, error = %e, "accept failed; backing off");
+                        back_off = true;
+                        continue;
+                    }
+                };
+                stats.accepted.fetch_add(1, Ordering::Relaxed);
+                let Some(connection) = accept(tcp, peer) else {
+                    continue;
+                };
+                // The task is the connection's future alone unless it holds a
+                // permit: every byte of it is kept for the connection's life.
+                match permit {
+                    None => {
+                        stats.note_future(&connection);
+                        tasks.spawn(connection);
+                    }
+                    Some(permit) => {
+                        let task = async move {
+                            let _permit = permit;
+                            connection.await
+                        };
+                        stats.note_future(&task);
+                        tasks.spawn(task);
+                    }
                 }
             }
+            self.tcp = None;
+            tasks.close();
+            Box::pin(tasks.wait()).await;
         }
-        drop(self.tcp);
-        tasks.close();
-        tasks.wait().await;
     }
 }

@@ -1,6 +1,7 @@
 //! DNS over TCP: one task per client connection, length-prefixed messages,
 //! a fresh upstream connection per query.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 
@@ -82,21 +83,32 @@ impl DnsRelay {
     /// beyond the in-flight limit are closed at once and counted as dropped.
     /// On cancel, stops accepting, lets queries already being forwarded be
     /// answered, closes every connection, and returns once all have ended.
-    pub async fn serve_tcp(&self, listener: TcpListener, cancel: CancellationToken) {
-        let stats = ListenerStats::default();
-        Listener::new(listener, "dns-tcp")
-            .serve(&cancel, &stats, |stream, client| {
-                let Some(permit) = self.try_admit() else {
-                    tracing::debug!(%client, "DNS relay: in-flight limit reached; refusing TCP connection");
-                    self.counters().dropped();
-                    return None;
-                };
-                Some(
-                    self.clone()
-                        .serve_connection(stream, client, cancel.clone(), permit),
-                )
-            })
-            .await
+    ///
+    /// Not an `async fn`, which would keep a second copy of its arguments
+    /// in a future every sandbox holds for its life (rust-lang/rust#62958).
+    #[allow(clippy::manual_async_fn)] // the `async fn` is what this avoids
+    pub fn serve_tcp(
+        self,
+        listener: TcpListener,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let mut listener = Listener::new(listener, "dns-tcp");
+        async move {
+            let stats = ListenerStats::default();
+            listener
+                .serve(&cancel, &stats, |stream, client| {
+                    let Some(permit) = self.try_admit() else {
+                        tracing::debug!(%client, "DNS relay: in-flight limit reached; refusing TCP connection");
+                        self.counters().dropped();
+                        return None;
+                    };
+                    Some(
+                        self.clone()
+                            .serve_connection(stream, client, cancel.clone(), permit),
+                    )
+                })
+                .await
+        }
     }
 
     async fn serve_connection(

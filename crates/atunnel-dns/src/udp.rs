@@ -1,5 +1,6 @@
 //! DNS over UDP: one task per query, a fresh upstream socket per exchange.
 
+use std::future::Future;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
@@ -31,54 +32,67 @@ impl DnsRelay {
     /// the address the query came from; if no upstream answers, nothing is
     /// sent and the client retries. On cancel, stops reading, waits for the
     /// queries already being forwarded, and returns with the socket closed.
-    pub async fn serve_udp(&self, socket: UdpSocket, cancel: CancellationToken) {
-        let socket = Arc::new(socket);
-        let tracker = TaskTracker::new();
-        loop {
-            let readable = tokio::select! {
-                // Cancel first, so a flood of datagrams cannot delay shutdown.
-                biased;
-                () = cancel.cancelled() => break,
-                readable = socket.readable() => readable,
-            };
-            if let Err(error) = readable {
-                tracing::debug!(%error, "DNS relay: UDP socket not readable");
-                continue;
-            }
-            // The receive buffer lives on the stack only while a datagram is
-            // read, not in this future while the relay waits: an idle
-            // sandbox's relay holds no buffer. One byte more than a query may
-            // have, so a longer datagram (which the kernel cuts to the
-            // buffer) is seen and dropped rather than forwarded cut short.
-            let mut buf = [0u8; MAX_QUERY_LEN + 1];
-            let (len, client) = match socket.try_recv_from(&mut buf) {
-                Ok(received) => received,
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(error) => {
-                    // Errors on an unconnected UDP socket are per-datagram
-                    // (ICMP reports and the like); the socket stays usable.
-                    tracing::debug!(%error, "DNS relay: UDP receive failed");
+    ///
+    /// Not an `async fn`, which would keep a second copy of its arguments
+    /// in a future every sandbox holds for its life (rust-lang/rust#62958).
+    #[allow(clippy::manual_async_fn)] // the `async fn` is what this avoids
+    pub fn serve_udp(
+        self,
+        socket: UdpSocket,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let socket = Arc::new(socket);
+            let tracker = TaskTracker::new();
+            loop {
+                let readable = tokio::select! {
+                    // Cancel first, so a flood of datagrams cannot delay shutdown.
+                    biased;
+                    () = cancel.cancelled() => break,
+                    // Polled, not `readable()`: its waker lives in the socket's
+                    // registration rather than in this future, which every
+                    // sandbox holds, idle, for its life.
+                    readable = std::future::poll_fn(|cx| socket.poll_recv_ready(cx)) => readable,
+                };
+                if let Err(error) = readable {
+                    tracing::debug!(%error, "DNS relay: UDP socket not readable");
                     continue;
                 }
-            };
-            self.counters().udp_query();
-            if !(HEADER_LEN..=MAX_QUERY_LEN).contains(&len) {
-                self.counters().dropped();
-                continue;
+                // The receive buffer lives on the stack only while a datagram is
+                // read, not in this future while the relay waits: an idle
+                // sandbox's relay holds no buffer. One byte more than a query may
+                // have, so a longer datagram (which the kernel cuts to the
+                // buffer) is seen and dropped rather than forwarded cut short.
+                let mut buf = [0u8; MAX_QUERY_LEN + 1];
+                let (len, client) = match socket.try_recv_from(&mut buf) {
+                    Ok(received) => received,
+                    Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(error) => {
+                        // Errors on an unconnected UDP socket are per-datagram
+                        // (ICMP reports and the like); the socket stays usable.
+                        tracing::debug!(%error, "DNS relay: UDP receive failed");
+                        continue;
+                    }
+                };
+                self.counters().udp_query();
+                if !(HEADER_LEN..=MAX_QUERY_LEN).contains(&len) {
+                    self.counters().dropped();
+                    continue;
+                }
+                let Some(permit) = self.try_admit() else {
+                    tracing::debug!(%client, "DNS relay: in-flight limit reached; dropping UDP query");
+                    self.counters().dropped();
+                    continue;
+                };
+                let query = buf[..len].to_vec();
+                tracker.spawn(
+                    self.clone()
+                        .answer_udp(query, client, Arc::clone(&socket), permit),
+                );
             }
-            let Some(permit) = self.try_admit() else {
-                tracing::debug!(%client, "DNS relay: in-flight limit reached; dropping UDP query");
-                self.counters().dropped();
-                continue;
-            };
-            let query = buf[..len].to_vec();
-            tracker.spawn(
-                self.clone()
-                    .answer_udp(query, client, Arc::clone(&socket), permit),
-            );
+            tracker.close();
+            Box::pin(tracker.wait()).await;
         }
-        tracker.close();
-        tracker.wait().await;
     }
 
     /// Forwards one query and sends the first answer back to `client`.

@@ -139,7 +139,7 @@ fn an_idle_udp_relay_allocates_no_receive_buffer() {
             let client = UdpSocket::bind("127.0.0.1:0").await.expect("bind client");
             let cancel = CancellationToken::new();
             let (largest, ()) = largest_allocation_of(async {
-                let serve = relay.serve_udp(socket, cancel.clone());
+                let serve = relay.clone().serve_udp(socket, cancel.clone());
                 let drive = async {
                     // Shorter than a DNS header: read, counted, dropped; the
                     // relay then waits for the next one.

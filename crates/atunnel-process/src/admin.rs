@@ -97,7 +97,7 @@ pub async fn serve<A>(
     A: Fn(&Request) -> Response + Send + Sync + 'static,
 {
     let answer = Arc::new(answer);
-    let listener =
+    let mut listener =
         Listener::new(listener, "admin").with_cap(Arc::new(Semaphore::new(limits.max_connections)));
     listener
         .serve(&cancel, stats, |tcp, _| {

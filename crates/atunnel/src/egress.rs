@@ -623,52 +623,56 @@ impl Egress {
     /// tunnel of the current activation (which deactivation waits for and
     /// cancels), or is closed with no bytes when there is none. Stopping
     /// waits for the listener's tunnels, so its owner deactivates first.
-    async fn accept_loop(
+    /// Not an `async fn`, which would keep a second copy of its arguments
+    /// in a future every sandbox holds for its life (rust-lang/rust#62958).
+    fn accept_loop(
         self: Arc<Self>,
         binding: Arc<Binding>,
         listener: TcpListener,
         dest: Destination,
         cancel: CancellationToken,
-    ) {
-        let listener =
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut listener =
             Listener::new(listener, "egress").with_refusal_pace(binding.refusals.clone());
-        listener
-            .serve(&cancel, &self.listener_stats, |tcp, _| {
-                let Some(activation) = binding.current().filter(|a| a.admits()) else {
-                    // Closed with no bytes: inactive, deactivated or expired.
-                    self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                    binding.refusals.refused();
-                    return None;
-                };
-                let admitted = match &self.overload {
-                    Some(guard) if guard.admit().is_err() => Err(Refusal::Overload),
-                    _ => binding.admit(&self.cfg.budget),
-                };
-                let slot = match admitted {
-                    Ok(slot) => slot,
-                    Err(refusal) => {
-                        if refusal == Refusal::Overload {
-                            binding
-                                .usage
-                                .refused_overload
-                                .fetch_add(1, Ordering::Relaxed);
-                        }
-                        // Reset, no bytes: the actor sees ECONNRESET at once.
-                        tcp.reset_on_close();
+        async move {
+            listener
+                .serve(&cancel, &self.listener_stats, |tcp, _| {
+                    let Some(activation) = binding.current().filter(|a| a.admits()) else {
+                        // Closed with no bytes: inactive, deactivated or expired.
+                        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
                         binding.refusals.refused();
                         return None;
-                    }
-                };
-                // Taken now, not when the task first runs: a deactivation
-                // that begins in between must wait for this tunnel too.
-                let drained = activation.tasks.token();
-                let shed = binding.shed_token();
-                Some(
-                    self.clone()
-                        .tunnel(tcp, activation, dest, drained, slot, shed),
-                )
-            })
-            .await
+                    };
+                    let admitted = match &self.overload {
+                        Some(guard) if guard.admit().is_err() => Err(Refusal::Overload),
+                        _ => binding.admit(&self.cfg.budget),
+                    };
+                    let slot = match admitted {
+                        Ok(slot) => slot,
+                        Err(refusal) => {
+                            if refusal == Refusal::Overload {
+                                binding
+                                    .usage
+                                    .refused_overload
+                                    .fetch_add(1, Ordering::Relaxed);
+                            }
+                            // Reset, no bytes: the actor sees ECONNRESET at once.
+                            tcp.reset_on_close();
+                            binding.refusals.refused();
+                            return None;
+                        }
+                    };
+                    // Taken now, not when the task first runs: a deactivation
+                    // that begins in between must wait for this tunnel too.
+                    let drained = activation.tasks.token();
+                    let shed = binding.shed_token();
+                    Some(
+                        self.clone()
+                            .tunnel(tcp, activation, dest, drained, slot, shed),
+                    )
+                })
+                .await
+        }
     }
 
     async fn tunnel(

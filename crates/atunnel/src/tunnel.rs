@@ -432,8 +432,8 @@ impl Tunnel {
                 .expect("dns relays lock poisoned")
                 .insert(actor.uid.clone(), relay.clone());
             let (d, c) = (relay.clone(), cancel.clone());
-            tasks.spawn(async move { d.serve_udp(udp, c).await });
-            tasks.spawn(async move { relay.serve_tcp(tcp, cancel_dns).await });
+            tasks.spawn(d.serve_udp(udp, c));
+            tasks.spawn(relay.serve_tcp(tcp, cancel_dns));
         }
         // Last: from here on, the listener's connections are this actor's.
         tasks.spawn(self.egress.listener_task(

@@ -270,7 +270,7 @@ impl Ingress {
     /// Serves the HTTPS listener until `cancel`, then finishes in-flight
     /// requests gracefully and waits for every connection.
     pub async fn serve_https(&self, listener: TcpListener, cancel: CancellationToken) {
-        let listener = Listener::new(listener, "ingress-https");
+        let mut listener = Listener::new(listener, "ingress-https");
         listener
             .serve(&cancel, &self.https_listeners, |tcp, client| {
                 // Closed at once past the cap: no task, no handshake state.
