@@ -666,104 +666,117 @@ impl Egress {
                     // that begins in between must wait for this tunnel too.
                     let drained = activation.tasks.token();
                     let shed = binding.shed_token();
+                    // Here rather than in the task, which would hold both the
+                    // `Destination` and the address for the tunnel's life.
+                    let to = match dest {
+                        Destination::Fixed(addr) => addr,
+                        Destination::Original => match original_dst(&tcp) {
+                            Ok(addr) => addr,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "egress connection has no original destination");
+                                return None;
+                            }
+                        },
+                    };
                     Some(
                         self.clone()
-                            .tunnel(tcp, activation, dest, drained, slot, shed),
+                            .tunnel(tcp, activation, to, drained, slot, shed),
                     )
                 })
                 .await
         }
     }
 
-    async fn tunnel(
+    /// One tunnel's task, held for the connection's life by every idle
+    /// connection. Not an `async fn`, which would keep a second copy of
+    /// its arguments in that future (rust-lang/rust#62958).
+    #[allow(clippy::manual_async_fn)]
+    fn tunnel(
         self: Arc<Self>,
         mut actor: TcpStream,
         activation: Arc<Activation>,
-        dest: Destination,
+        dest: SocketAddr,
         _drained: TaskTrackerToken,
         mut slot: Slot,
         shed: CancellationToken,
-    ) {
-        let _open = OpenTunnel::new(&self.counters);
-        if let Err(e) = self.cfg.sandbox_socket.apply(&actor) {
-            tracing::warn!(error = %e, "egress socket options");
-            return;
-        }
-        let dest = match dest {
-            Destination::Fixed(addr) => addr,
-            Destination::Original => match original_dst(&actor) {
-                Ok(addr) => addr,
-                Err(e) => {
-                    tracing::warn!(error = %e, "egress connection has no original destination");
-                    return;
-                }
-            },
-        };
-        let client = &activation.egress.client;
-        // Boxed so the TLS/HTTP/2 handshake state (and the clock of the
-        // open) is heap only while opening, not part of every idle
-        // tunnel's task. Cancellation first: a connection accepted as
-        // deactivation begins sends no CONNECT.
-        let opened = tokio::select! {
-            biased;
-            _ = activation.cancel.cancelled() => return,
-            r = Box::pin(async {
-                let started = std::time::Instant::now();
-                client.open(dest).await.map(|t| (t, started.elapsed()))
-            }) => r,
-        };
-        slot.opened();
-        let mut tunnel = match opened {
-            Ok((t, took)) => {
-                self.counters.opened_after(took);
-                tracing::debug!(actor = %activation.egress.credential.actor(), %dest, ?took, "egress tunnel open");
-                t
-            }
-            Err(e) => {
-                self.counters.open_failed.fetch_add(1, Ordering::Relaxed);
-                if let Some(suppressed) = slot.binding.warnings.admit() {
-                    tracing::warn!(actor = %activation.egress.credential.actor(), %dest, error = %e, suppressed,
-                        "atunnel failed to open egress tunnel");
-                }
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        async move {
+            let _open = OpenTunnel::new(&self.counters);
+            if let Err(e) = self.cfg.sandbox_socket.apply(&actor) {
+                tracing::warn!(error = %e, "egress socket options");
                 return;
             }
-        };
-        let cancel = &activation.cancel;
-        // The comparisons' states are boxed so that the default tunnel's task
-        // (held by every idle connection) does not keep room for them.
-        #[cfg(feature = "comparison")]
-        if !self.cfg.comparison.is_lean() {
-            let relay = crate::comparison::relay(self.cfg.comparison, actor, tunnel, &self.pool);
-            relay_until_cancelled(Box::pin(relay).as_mut(), cancel, &shed, dest).await;
-            return;
-        }
-        let pool = &slot.binding.pool;
-        // From here on bytes may be in flight, so a cut must reach the actor
-        // as a reset even when nothing of ours runs to say so: with SO_LINGER
-        // 0 the kernel's close when this process dies (SIGKILL, OOM kill)
-        // resets the connection, where it would otherwise send a FIN behind
-        // the lost bytes. Only a clean end turns it off again.
-        actor.reset_on_close();
-        let ended = {
-            let relay =
-                std::pin::pin!(relay_within(&mut actor, &mut tunnel, pool, &self.cfg.relay));
-            relay_until_cancelled(relay, cancel, &shed, dest).await
-        };
-        match ended {
-            Ended::Clean(stats) => {
-                clean_close(&actor);
-                self.counters.relayed(stats);
-                tracing::debug!(actor = %activation.egress.credential.actor(), %dest, up = stats.a_to_b,
-                    down = stats.b_to_a, "egress tunnel closed");
+            let client = &activation.egress.client;
+            // In a block of its own: the open's result (72 B) would otherwise
+            // keep its room in the future for the tunnel's life.
+            let mut tunnel = {
+                // Boxed so the TLS/HTTP/2 handshake state (and the clock of
+                // the open) is heap only while opening, not part of every
+                // idle tunnel's task. Cancellation first: a connection
+                // accepted as deactivation begins sends no CONNECT.
+                let opened = tokio::select! {
+                    biased;
+                    _ = activation.cancel.cancelled() => return,
+                    r = Box::pin(async {
+                        let started = std::time::Instant::now();
+                        client.open(dest).await.map(|t| (t, started.elapsed()))
+                    }) => r,
+                };
+                slot.opened();
+                match opened {
+                    Ok((t, took)) => {
+                        self.counters.opened_after(took);
+                        tracing::debug!(actor = %activation.egress.credential.actor(), %dest, ?took, "egress tunnel open");
+                        t
+                    }
+                    Err(e) => {
+                        self.counters.open_failed.fetch_add(1, Ordering::Relaxed);
+                        if let Some(suppressed) = slot.binding.warnings.admit() {
+                            tracing::warn!(actor = %activation.egress.credential.actor(), %dest, error = %e, suppressed,
+                                "atunnel failed to open egress tunnel");
+                        }
+                        return;
+                    }
+                }
+            };
+            let cancel = &activation.cancel;
+            // The comparisons' states are boxed so that the default tunnel's task
+            // (held by every idle connection) does not keep room for them.
+            #[cfg(feature = "comparison")]
+            if !self.cfg.comparison.is_lean() {
+                let relay =
+                    crate::comparison::relay(self.cfg.comparison, actor, tunnel, &self.pool);
+                relay_until_cancelled(Box::pin(relay).as_mut(), cancel, &shed).await;
+                return;
             }
-            Ended::Failed(e) => {
-                self.counters.count_end(&e);
-                self.counters.relayed(e.stats);
-                tracing::debug!(actor = %activation.egress.credential.actor(), %dest, up = e.stats.a_to_b,
-                    down = e.stats.b_to_a, error = %e, "egress tunnel reset");
-            }
-            Ended::Cancelled => {
-                tracing::debug!(actor = %activation.egress.credential.actor(), %dest, "egress tunnel cut (deactivated or shed)")
+            let pool = &slot.binding.pool;
+            // From here on bytes may be in flight, so a cut must reach the actor
+            // as a reset even when nothing of ours runs to say so: with SO_LINGER
+            // 0 the kernel's close when this process dies (SIGKILL, OOM kill)
+            // resets the connection, where it would otherwise send a FIN behind
+            // the lost bytes. Only a clean end turns it off again.
+            actor.reset_on_close();
+            let ended = {
+                let relay =
+                    std::pin::pin!(relay_within(&mut actor, &mut tunnel, pool, &self.cfg.relay));
+                relay_until_cancelled(relay, cancel, &shed).await
+            };
+            match ended {
+                Ended::Clean(stats) => {
+                    clean_close(&actor);
+                    self.counters.relayed(stats);
+                    tracing::debug!(actor = %activation.egress.credential.actor(), %dest, up = stats.a_to_b,
+                        down = stats.b_to_a, "egress tunnel closed");
+                }
+                Ended::Failed(e) => {
+                    self.counters.count_end(&e);
+                    self.counters.relayed(e.stats);
+                    tracing::debug!(actor = %activation.egress.credential.actor(), %dest, up = e.stats.a_to_b,
+                        down = e.stats.b_to_a, error = %e, "egress tunnel reset");
+                }
+                Ended::Cancelled => {
+                    tracing::debug!(actor = %activation.egress.credential.actor(), %dest, "egress tunnel cut (deactivated or shed)")
+                }
             }
         }
     }
@@ -884,22 +897,23 @@ pub(crate) enum Ended<T, E> {
 /// cancelled, which drops the relay: it resets the tunnel and the actor's
 /// socket, so a cut stream does not look complete to either peer. Pinned
 /// by the caller: taken by value, the relay would be stored twice in the
-/// tunnel's task for its whole life.
-pub(crate) async fn relay_until_cancelled<T, E: std::fmt::Display>(
-    relay: std::pin::Pin<&mut impl Future<Output = Result<T, E>>>,
-    cancel: &CancellationToken,
-    shed: &CancellationToken,
-    dest: SocketAddr,
-) -> Ended<T, E> {
-    tokio::select! {
-        biased;
-        _ = cancel.cancelled() => Ended::Cancelled,
-        _ = shed.cancelled() => Ended::Cancelled,
-        r = relay => match r {
-            Ok(out) => Ended::Clean(out),
-            Err(e) => {
-                tracing::debug!(%dest, error = %e, "egress tunnel ended with an error");
-                Ended::Failed(e)
+/// tunnel's task for its whole life. Not an `async fn`, which would keep
+/// second copies of its arguments there too (rust-lang/rust#62958); the
+/// caller logs how it ended.
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn relay_until_cancelled<'a, T, E>(
+    relay: std::pin::Pin<&'a mut impl Future<Output = Result<T, E>>>,
+    cancel: &'a CancellationToken,
+    shed: &'a CancellationToken,
+) -> impl Future<Output = Ended<T, E>> + 'a {
+    async move {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Ended::Cancelled,
+            _ = shed.cancelled() => Ended::Cancelled,
+            r = relay => match r {
+                Ok(out) => Ended::Clean(out),
+                Err(e) => Ended::Failed(e),
             }
         }
     }
