@@ -696,11 +696,14 @@ impl Egress {
         mut actor: TcpStream,
         activation: Arc<Activation>,
         dest: SocketAddr,
-        _drained: TaskTrackerToken,
+        drained: TaskTrackerToken,
         mut slot: Slot,
         shed: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         async move {
+            // Named in the block so that it is moved in (an async block takes
+            // only what it uses): deactivation waits for this token.
+            let _drained = drained;
             let _open = OpenTunnel::new(&self.counters);
             if let Err(e) = self.cfg.sandbox_socket.apply(&actor) {
                 tracing::warn!(error = %e, "egress socket options");
