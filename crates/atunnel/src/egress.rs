@@ -623,6 +623,7 @@ impl Egress {
     /// tunnel of the current activation (which deactivation waits for and
     /// cancels), or is closed with no bytes when there is none. Stopping
     /// waits for the listener's tunnels, so its owner deactivates first.
+    ///
     /// Not an `async fn`, which would keep a second copy of its arguments
     /// in a future every sandbox holds for its life (rust-lang/rust#62958).
     fn accept_loop(
