@@ -311,21 +311,46 @@ fn shared_provider() -> Arc<rustls::crypto::CryptoProvider> {
         .clone()
 }
 
+/// The rustls config of one dial. Made per dial rather than kept: it is
+/// some 700 B with its verifier, every prepared actor would hold one, and
+/// dials are rare (HTTP/2 pools them) and cost a handshake anyway.
+fn tls_config(
+    cfg: &GatewayClientConfig,
+    credential: &Arc<ActorCredential>,
+) -> Result<rustls::ClientConfig, rustls::Error> {
+    let mut tls = rustls::ClientConfig::builder_with_provider(shared_provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(cfg.roots.clone())
+        .with_client_cert_resolver(credential.clone());
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // A pooled connection's expiry must be that of the certificate it
+    // actually authenticated with: a resumed session would carry the
+    // previous certificate's identity past a renewal. HTTP/2 pools its
+    // connections, so full handshakes are rare.
+    tls.resumption = rustls::client::Resumption::disabled();
+    Ok(tls)
+}
+
 /// One actor's tunnel client: its TLS identity and its connection pool.
 pub struct GatewayClient {
     cfg: GatewayClientConfig,
-    connector: TlsConnector,
     /// Shared with each connection's task, which takes its connection out
     /// when it has been idle for the idle timeout.
-    pool: Arc<Mutex<Vec<Arc<H2Conn>>>>,
-    idle_closed: Arc<AtomicU64>,
-    dead_retired: Arc<AtomicU64>,
+    pool: Arc<Pool>,
     /// Serialises dials while the gateway may speak h2, so a burst of opens
     /// shares one new connection instead of racing to make one each.
     dial_lock: tokio::sync::Mutex<()>,
     gateway_is_h1: AtomicBool,
     credential: Arc<ActorCredential>,
     connections: TaskTracker,
+}
+
+/// The pooled connections and what became of those that left.
+#[derive(Default)]
+struct Pool {
+    conns: Mutex<Vec<Arc<H2Conn>>>,
+    idle_closed: AtomicU64,
+    dead_retired: AtomicU64,
 }
 
 impl GatewayClient {
@@ -335,22 +360,11 @@ impl GatewayClient {
         cfg: GatewayClientConfig,
         credential: Arc<ActorCredential>,
     ) -> Result<Self, rustls::Error> {
-        let mut tls = rustls::ClientConfig::builder_with_provider(shared_provider())
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(cfg.roots.clone())
-            .with_client_cert_resolver(credential.clone());
-        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        // A pooled connection's expiry must be that of the certificate it
-        // actually authenticated with: a resumed session would carry the
-        // previous certificate's identity past a renewal. HTTP/2 pools its
-        // connections, so full handshakes are rare.
-        tls.resumption = rustls::client::Resumption::disabled();
+        // Built here once to fail at preparation, not at the first dial.
+        tls_config(&cfg, &credential)?;
         Ok(Self {
-            connector: TlsConnector::from(Arc::new(tls)),
             cfg,
-            pool: Arc::new(Mutex::new(Vec::new())),
-            idle_closed: Arc::new(AtomicU64::new(0)),
-            dead_retired: Arc::new(AtomicU64::new(0)),
+            pool: Arc::new(Pool::default()),
             dial_lock: tokio::sync::Mutex::new(()),
             gateway_is_h1: AtomicBool::new(false),
             credential,
@@ -359,15 +373,15 @@ impl GatewayClient {
     }
 
     pub fn stats(&self) -> ClientStats {
-        let pool = self.pool.lock().expect("pool lock poisoned");
+        let pool = self.pool.conns.lock().expect("pool lock poisoned");
         ClientStats {
             h2_connections: pool.len(),
             h2_streams: pool
                 .iter()
                 .map(|c| c.use_.streams.load(Ordering::Relaxed))
                 .sum(),
-            h2_idle_closed_total: self.idle_closed.load(Ordering::Relaxed),
-            h2_dead_retired_total: self.dead_retired.load(Ordering::Relaxed),
+            h2_idle_closed_total: self.pool.idle_closed.load(Ordering::Relaxed),
+            h2_dead_retired_total: self.pool.dead_retired.load(Ordering::Relaxed),
         }
     }
 
@@ -459,7 +473,7 @@ impl GatewayClient {
     /// slot.
     fn pooled(&self) -> Pooled {
         let now = self.credential.clock().now();
-        let mut pool = self.pool.lock().expect("pool lock poisoned");
+        let mut pool = self.pool.conns.lock().expect("pool lock poisoned");
         // Drop dead connections and those whose certificate expired once
         // their last stream is gone.
         pool.retain(|c| {
@@ -480,13 +494,14 @@ impl GatewayClient {
     /// on it; those it carries go on as long as it does.
     fn retire_dead(&self, conn: &Arc<H2Conn>) {
         if !conn.use_.dead.swap(true, Ordering::AcqRel) {
-            self.dead_retired.fetch_add(1, Ordering::Relaxed);
+            self.pool.dead_retired.fetch_add(1, Ordering::Relaxed);
         }
         self.forget(conn);
     }
 
     fn forget(&self, conn: &Arc<H2Conn>) {
         self.pool
+            .conns
             .lock()
             .expect("pool lock poisoned")
             .retain(|c| !Arc::ptr_eq(&c.use_, &conn.use_));
@@ -549,12 +564,10 @@ impl GatewayClient {
             .ping_pong()
             .expect("a new connection's ping handle, taken once");
         let (ping_every, ping_within) = (self.cfg.ping_interval, self.cfg.ping_timeout);
-        let dead_retired = self.dead_retired.clone();
         let idle = IdleRetirement {
             use_: use_.clone(),
             pool: Arc::downgrade(&self.pool),
             after: self.cfg.idle_timeout,
-            closed: self.idle_closed.clone(),
         };
         self.connections.spawn(async move {
             let mut connection = std::pin::pin!(connection);
@@ -568,9 +581,7 @@ impl GatewayClient {
                         // expired): out of the pool at once, and the socket
                         // closed, ending its tunnels.
                         () = ping_missed(&mut ping_pong, ping_every, ping_within) => {
-                            if idle.retire_now() {
-                                dead_retired.fetch_add(1, Ordering::Relaxed);
-                            }
+                            idle.retire_dead();
                             tracing::debug!("gateway HTTP/2 connection missed a ping; retired");
                             Ok(())
                         }
@@ -597,6 +608,7 @@ impl GatewayClient {
         });
         let slot = conn.claim();
         self.pool
+            .conns
             .lock()
             .expect("pool lock poisoned")
             .push(conn.clone());
@@ -611,7 +623,8 @@ impl GatewayClient {
             .connect(addr, self.cfg.open_timeout)
             .await
             .map_err(|source| OpenError::GatewayUnreachable { addr, source })?;
-        self.connector
+        let tls = tls_config(&self.cfg, &self.credential).map_err(|e| self.handshake_error(e))?;
+        TlsConnector::from(Arc::new(tls))
             .connect(self.cfg.server_name.clone(), tcp)
             .await
             .map_err(|e| self.handshake_error(e))
@@ -712,7 +725,7 @@ impl GatewayClient {
 
     /// Closes pooled connections and waits for their tasks.
     pub async fn close(&self) {
-        self.pool.lock().expect("pool lock poisoned").clear();
+        self.pool.conns.lock().expect("pool lock poisoned").clear();
         self.connections.close();
         self.connections.wait().await;
     }
@@ -723,19 +736,21 @@ impl GatewayClient {
 /// (its TLS session and h2 state) on both ends.
 struct IdleRetirement {
     use_: Arc<ConnUse>,
-    pool: Weak<Mutex<Vec<Arc<H2Conn>>>>,
+    pool: Weak<Pool>,
     after: Duration,
-    closed: Arc<AtomicU64>,
 }
 
 impl IdleRetirement {
-    /// Out of the pool now, whatever it carries; false if it already was.
-    fn retire_now(&self) -> bool {
+    /// Out of the pool now, whatever it carries, counted as dead unless it
+    /// already was out.
+    fn retire_dead(&self) {
         let first = !self.use_.dead.swap(true, Ordering::AcqRel);
         if let Some(pool) = self.pool.upgrade() {
-            self.take_out(&mut pool.lock().expect("pool lock poisoned"));
+            self.take_out(&mut pool.conns.lock().expect("pool lock poisoned"));
+            if first {
+                pool.dead_retired.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        first
     }
 
     fn take_out(&self, pool: &mut Vec<Arc<H2Conn>>) {
@@ -752,13 +767,13 @@ impl IdleRetirement {
             };
             // Claims are made under this lock: once the connection is marked
             // dead here, no tunnel can take a slot on it.
-            let mut pool = pool.lock().expect("pool lock poisoned");
+            let mut conns = pool.conns.lock().expect("pool lock poisoned");
             if self.use_.streams.load(Ordering::Acquire) == 0
                 && self.use_.claims.load(Ordering::Acquire) == claims
             {
                 self.use_.dead.store(true, Ordering::Release);
-                self.take_out(&mut pool);
-                self.closed.fetch_add(1, Ordering::Relaxed);
+                self.take_out(&mut conns);
+                pool.idle_closed.fetch_add(1, Ordering::Relaxed);
                 return;
             }
         }
