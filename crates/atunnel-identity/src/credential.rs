@@ -6,12 +6,12 @@
 //! TLS client certificate only while it is valid: expiry (or a terminal
 //! renewal refusal) blocks new tunnels, while tunnels already open drain.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, SystemTime};
 
 use rustls::client::ResolvesClientCert;
 use rustls::sign::CertifiedKey;
-use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 use crate::cert_source::{CertificateSource, MintError, check_minted};
 use crate::clock::Clock;
@@ -31,8 +31,39 @@ pub enum CredentialError {
 }
 
 struct Current {
-    key: Arc<CertifiedKey>,
+    leaf: CertificateDer<'static>,
+    issuers: Arc<[CertificateDer<'static>]>,
     not_after: SystemTime,
+}
+
+/// The issuing certificates of the chains in use, so that credentials
+/// whose chains have the same ones share a copy: a worker's actors are
+/// issued by the same CA, and the certificates above the leaf are 0.5-2 KB
+/// that each actor would otherwise hold. Weak, so a chain no credential
+/// uses is freed; a scan of at most [`MAX_SHARED_ISSUERS`] live entries.
+static SHARED_ISSUERS: Mutex<Vec<Weak<[CertificateDer<'static>]>>> = Mutex::new(Vec::new());
+
+/// Distinct issuer chains shared at once; a source that answers each mint
+/// with chains of its own past that gets unshared copies, not a longer scan.
+const MAX_SHARED_ISSUERS: usize = 64;
+
+/// `issuers` as a copy shared with the credentials that already hold the
+/// same certificates.
+fn shared_issuers(issuers: &[CertificateDer<'static>]) -> Arc<[CertificateDer<'static>]> {
+    let mut shared = SHARED_ISSUERS.lock().expect("issuers lock poisoned");
+    shared.retain(|w| w.strong_count() > 0);
+    if let Some(found) = shared
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|s| **s == *issuers)
+    {
+        return found;
+    }
+    let new: Arc<[CertificateDer<'static>]> = issuers.into();
+    if shared.len() < MAX_SHARED_ISSUERS {
+        shared.push(Arc::downgrade(&new));
+    }
+    new
 }
 
 /// The certificate an actor's egress tunnels present.
@@ -106,8 +137,16 @@ impl ActorCredential {
         let csr = pki::actor_csr(&key).map_err(|e| failed(e.to_string()))?;
         let chain = source.mint(&self.actor, &csr).await.map_err(mint_err)?;
         let not_after = check_minted(&chain, &key, self.clock.now()).map_err(mint_err)?;
-        let key = Arc::new(CertifiedKey::new(chain, self.signing_key.clone()));
-        *self.current.write().expect("credential lock poisoned") = Some(Current { key, not_after });
+        let mut chain = chain.into_iter();
+        let leaf = chain
+            .next()
+            .ok_or_else(|| failed("the chain is empty".into()))?;
+        let issuers = shared_issuers(chain.as_slice());
+        *self.current.write().expect("credential lock poisoned") = Some(Current {
+            leaf,
+            issuers,
+            not_after,
+        });
         Ok(())
     }
 
@@ -146,10 +185,14 @@ impl ResolvesClientCert for ActorCredential {
     ) -> Option<Arc<CertifiedKey>> {
         let now = self.clock.now();
         let current = self.current.read().expect("credential lock poisoned");
-        current
-            .as_ref()
-            .filter(|c| now < c.not_after)
-            .map(|c| c.key.clone())
+        // Assembled per handshake (rare: connections are pooled) rather
+        // than kept, so the issuers stay one shared copy.
+        current.as_ref().filter(|c| now < c.not_after).map(|c| {
+            let chain = std::iter::once(c.leaf.clone())
+                .chain(c.issuers.iter().cloned())
+                .collect();
+            Arc::new(CertifiedKey::new(chain, self.signing_key.clone()))
+        })
     }
 
     fn has_certs(&self) -> bool {
@@ -216,6 +259,49 @@ pub async fn renew_until_cancelled(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cert_source::LocalCaSource;
+    use crate::pki::CertificateAuthority;
+
+    fn issuers_of(credential: &ActorCredential) -> Arc<[CertificateDer<'static>]> {
+        let current = credential.current.read().expect("lock");
+        current.as_ref().expect("a certificate").issuers.clone()
+    }
+
+    #[test]
+    fn credentials_of_one_ca_share_its_certificate_and_present_the_whole_chain() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let ca = Arc::new(CertificateAuthority::new("actor ca").expect("ca"));
+        let source = LocalCaSource::new(ca.clone());
+        let mint = |name: &str| {
+            let actor = ActorRef::new("team-a", name, format!("uid-{name}")).expect("actor");
+            runtime
+                .block_on(ActorCredential::mint(actor, &source, Clock::new()))
+                .expect("mint")
+        };
+        let (a, b) = (mint("one"), mint("two"));
+        assert!(Arc::ptr_eq(&issuers_of(&a), &issuers_of(&b)));
+        for credential in [&a, &b] {
+            let key = credential.resolve(&[], &[]).expect("a valid certificate");
+            assert_eq!(key.cert.len(), 2, "the leaf and its issuer");
+            assert_eq!(key.cert[1], ca.cert_der());
+            let leaf = &credential.current.read().expect("lock");
+            assert_eq!(key.cert[0], leaf.as_ref().expect("a certificate").leaf);
+        }
+        // Another CA's chain is its own, and a renewal keeps sharing.
+        let other = Arc::new(CertificateAuthority::new("other ca").expect("ca"));
+        let c = runtime
+            .block_on(ActorCredential::mint(
+                ActorRef::new("team-a", "three", "uid-three").expect("actor"),
+                &LocalCaSource::new(other),
+                Clock::new(),
+            ))
+            .expect("mint");
+        assert!(!Arc::ptr_eq(&issuers_of(&a), &issuers_of(&c)));
+        runtime.block_on(a.renew(&source)).expect("renew");
+        assert!(Arc::ptr_eq(&issuers_of(&a), &issuers_of(&b)));
+    }
 
     #[test]
     fn renewal_happens_at_ninety_percent_of_what_remains() {
