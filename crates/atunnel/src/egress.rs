@@ -114,6 +114,11 @@ impl ActorEgress {
 struct Activation {
     egress: ActorEgress,
     cancel: CancellationToken,
+    /// What the tunnels wait on, one token where they would otherwise wait
+    /// on two (72 B each, in every idle tunnel's task): cancelled with
+    /// `cancel` at deactivation, and when the actor is shed (the overload
+    /// guard), then replaced so tunnels opened later are not shed with them.
+    cut: Mutex<CancellationToken>,
     /// The actor's tunnels and its renewal task.
     tasks: TaskTracker,
 }
@@ -121,6 +126,29 @@ struct Activation {
 impl Activation {
     fn admits(&self) -> bool {
         !self.cancel.is_cancelled() && self.egress.credential.is_valid()
+    }
+
+    fn cut_token(&self) -> CancellationToken {
+        self.cut.lock().expect("cut lock poisoned").clone()
+    }
+
+    /// Cuts every tunnel the activation has now; later ones are not
+    /// affected unless the activation is being cancelled.
+    fn shed_tunnels(&self) {
+        let mut cut = self.cut.lock().expect("cut lock poisoned");
+        let old = std::mem::take(&mut *cut);
+        // Deactivation cancels `cancel` before it takes this lock to cut the
+        // current token, so a shed that comes after it leaves none uncut.
+        if self.cancel.is_cancelled() {
+            cut.cancel();
+        }
+        old.cancel();
+    }
+
+    /// Cancels the activation and cuts its tunnels.
+    fn cancel(&self) {
+        self.cancel.cancel();
+        self.cut.lock().expect("cut lock poisoned").cancel();
     }
 }
 
@@ -245,9 +273,6 @@ struct Binding {
     pool: BufferPool,
     /// Spent by each connection its listener refuses.
     refusals: Arc<RefusalPace>,
-    /// Cancelled to shed the actor's tunnels (the overload guard), then
-    /// replaced, so tunnels opened later are not shed with them.
-    shed: Mutex<CancellationToken>,
     /// Warnings about this actor's tunnels, rate limited.
     warnings: crate::log_limit::LogLimit,
 }
@@ -259,7 +284,6 @@ impl Binding {
             usage: Usage::default(),
             pool,
             refusals: Arc::new(refusals),
-            shed: Mutex::new(CancellationToken::new()),
             warnings: Default::default(),
         }
     }
@@ -282,19 +306,6 @@ impl Binding {
             binding: self.clone(),
             opening: true,
         })
-    }
-
-    fn shed_token(&self) -> CancellationToken {
-        self.shed.lock().expect("shed lock poisoned").clone()
-    }
-
-    /// Resets every tunnel the actor has now; later ones are not affected.
-    fn shed_tunnels(&self) {
-        let old = std::mem::replace(
-            &mut *self.shed.lock().expect("shed lock poisoned"),
-            CancellationToken::new(),
-        );
-        old.cancel();
     }
 
     fn current(&self) -> Option<Arc<Activation>> {
@@ -578,7 +589,9 @@ impl Egress {
             .usage
             .shed
             .fetch_add(tunnels as u64, Ordering::Relaxed);
-        binding.shed_tunnels();
+        if let Some(activation) = binding.current() {
+            activation.shed_tunnels();
+        }
         Some((uid.clone(), tunnels))
     }
 
@@ -666,7 +679,7 @@ impl Egress {
                     // Taken now, not when the task first runs: a deactivation
                     // that begins in between must wait for this tunnel too.
                     let drained = activation.tasks.token();
-                    let shed = binding.shed_token();
+                    let cut = activation.cut_token();
                     // Here rather than in the task, which would hold both the
                     // `Destination` and the address for the tunnel's life.
                     let to = match dest {
@@ -681,7 +694,7 @@ impl Egress {
                     };
                     Some(
                         self.clone()
-                            .tunnel(tcp, activation, to, drained, slot, shed),
+                            .tunnel(tcp, activation, to, drained, slot, cut),
                     )
                 })
                 .await
@@ -699,7 +712,7 @@ impl Egress {
         dest: SocketAddr,
         drained: TaskTrackerToken,
         mut slot: Slot,
-        shed: CancellationToken,
+        cut: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         async move {
             // Named in the block so that it is moved in (an async block takes
@@ -720,7 +733,7 @@ impl Egress {
                 // accepted as deactivation begins sends no CONNECT.
                 let opened = tokio::select! {
                     biased;
-                    _ = activation.cancel.cancelled() => return,
+                    _ = cut.cancelled() => return,
                     r = Box::pin(async {
                         let started = std::time::Instant::now();
                         client.open(dest).await.map(|t| (t, started.elapsed()))
@@ -743,14 +756,13 @@ impl Egress {
                     }
                 }
             };
-            let cancel = &activation.cancel;
             // The comparisons' states are boxed so that the default tunnel's task
             // (held by every idle connection) does not keep room for them.
             #[cfg(feature = "comparison")]
             if !self.cfg.comparison.is_lean() {
                 let relay =
                     crate::comparison::relay(self.cfg.comparison, actor, tunnel, &self.pool);
-                relay_until_cancelled(Box::pin(relay).as_mut(), cancel, &shed).await;
+                relay_until_cancelled(Box::pin(relay).as_mut(), &cut).await;
                 return;
             }
             let pool = &slot.binding.pool;
@@ -763,7 +775,7 @@ impl Egress {
             let ended = {
                 let relay =
                     std::pin::pin!(relay_within(&mut actor, &mut tunnel, pool, &self.cfg.relay));
-                relay_until_cancelled(relay, cancel, &shed).await
+                relay_until_cancelled(relay, &cut).await
             };
             match ended {
                 Ended::Clean(stats) => {
@@ -795,6 +807,7 @@ impl Egress {
         }
         let activation = Arc::new(Activation {
             cancel: CancellationToken::new(),
+            cut: Mutex::default(),
             tasks: TaskTracker::new(),
             egress,
         });
@@ -829,7 +842,7 @@ impl Egress {
         else {
             return Ok(());
         };
-        activation.cancel.cancel();
+        activation.cancel();
         activation.tasks.close();
         let after = self.cfg.drain_timeout;
         let drained = tokio::time::timeout(after, activation.tasks.wait())
@@ -897,8 +910,8 @@ pub(crate) enum Ended<T, E> {
     Cancelled,
 }
 
-/// Runs `relay` until both directions end or the actor's activation is
-/// cancelled, which drops the relay: it resets the tunnel and the actor's
+/// Runs `relay` until both directions end or `cut` (the activation's: see
+/// [`Activation::cut`]) is cancelled, which drops the relay: it resets the tunnel and the actor's
 /// socket, so a cut stream does not look complete to either peer. Pinned
 /// by the caller: taken by value, the relay would be stored twice in the
 /// tunnel's task for its whole life. Not an `async fn`, which would keep
@@ -907,14 +920,12 @@ pub(crate) enum Ended<T, E> {
 #[allow(clippy::manual_async_fn)]
 pub(crate) fn relay_until_cancelled<'a, T, E>(
     relay: std::pin::Pin<&'a mut impl Future<Output = Result<T, E>>>,
-    cancel: &'a CancellationToken,
-    shed: &'a CancellationToken,
+    cut: &'a CancellationToken,
 ) -> impl Future<Output = Ended<T, E>> + 'a {
     async move {
         tokio::select! {
             biased;
-            _ = cancel.cancelled() => Ended::Cancelled,
-            _ = shed.cancelled() => Ended::Cancelled,
+            _ = cut.cancelled() => Ended::Cancelled,
             r = relay => match r {
                 Ok(out) => Ended::Clean(out),
                 Err(e) => Ended::Failed(e),
