@@ -16,7 +16,6 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use atunnel_identity::credential::ActorCredential;
 use atunnel_identity::identity::{ActorRef, IdentityError};
-use atunnel_sandbox::SandboxNetwork;
 use tokio::sync::OwnedMutexGuard;
 use tokio_util::task::TaskTracker;
 use tonic::{Request, Response, Status};
@@ -39,7 +38,9 @@ struct Entry {
     gateway: Option<String>,
     /// The prepared or the active certificate, for its expiry.
     credential: Option<Arc<ActorCredential>>,
-    sandbox: Option<SandboxNetwork>,
+    /// Whether the tunnel serves its sandbox (whose record, with the
+    /// namespace names, is the tunnel's: not copied here).
+    sandboxed: bool,
     active: bool,
     gone: bool,
 }
@@ -51,14 +52,14 @@ impl Entry {
             prepared: None,
             gateway: None,
             credential: None,
-            sandbox: None,
+            sandboxed: false,
             active: false,
             gone: false,
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.prepared.is_none() && self.sandbox.is_none() && !self.active
+        self.prepared.is_none() && !self.sandboxed && !self.active
     }
 }
 
@@ -213,18 +214,22 @@ impl Inner {
             .await
             .expect("created when missing");
         same_actor(&entry, &actor)?;
-        let created = entry.sandbox.is_none();
-        if created {
+        let created = !entry.sandboxed;
+        let sandbox = if created {
             match self.tunnel.serve_sandbox(&actor).await {
-                Ok(sandbox) => entry.sandbox = Some(sandbox),
+                Ok(sandbox) => {
+                    entry.sandboxed = true;
+                    Some(sandbox)
+                }
                 Err(e) => {
                     self.forget_if_empty(&mut entry);
                     return Err(Status::internal(e.to_string()));
                 }
             }
-        }
-        let runtime_netns = entry
-            .sandbox
+        } else {
+            self.tunnel.sandbox(&actor)
+        };
+        let runtime_netns = sandbox
             .as_ref()
             .map(|s| s.name().to_string())
             .unwrap_or_default();
@@ -249,7 +254,7 @@ impl Inner {
                 actor.uid
             )));
         }
-        if entry.sandbox.is_none() {
+        if !entry.sandboxed {
             return Err(Status::failed_precondition(format!(
                 "actor {actor} (uid {}) has no sandbox: serve its sandbox first",
                 actor.uid
@@ -325,7 +330,7 @@ impl Inner {
         };
         same_actor(&entry, &actor)?;
         let mut result = Ok(true);
-        if entry.sandbox.is_some() {
+        if entry.sandboxed {
             result = match self.tunnel.close_sandbox(&actor).await {
                 Ok(()) => Ok(true),
                 Err(TunnelError::Egress(e @ EgressError::DrainTimeout { .. })) => {
@@ -339,7 +344,7 @@ impl Inner {
         }
         // The tunnel has forgotten the actor whatever the outcome; so do we.
         self.release_name(&actor);
-        entry.sandbox = None;
+        entry.sandboxed = false;
         entry.prepared = None;
         entry.active = false;
         self.forget_if_empty(&mut entry);
@@ -395,11 +400,12 @@ fn status_of(
     let a = &entry.actor;
     let phase = if entry.active {
         proto::Phase::Active
-    } else if entry.sandbox.is_some() {
+    } else if entry.sandboxed {
         proto::Phase::Sandboxed
     } else {
         proto::Phase::Prepared
     };
+    let sandbox = entry.sandboxed.then(|| tunnel.sandbox(a)).flatten();
     let expires = entry
         .credential
         .as_ref()
@@ -425,13 +431,11 @@ fn status_of(
         phase: phase as i32,
         egress_prepared: entry.prepared.is_some(),
         gateway_address: entry.gateway.clone().unwrap_or_default(),
-        runtime_netns: entry
-            .sandbox
+        runtime_netns: sandbox
             .as_ref()
             .map(|s| s.runtime.name().to_string())
             .unwrap_or_default(),
-        gateway_netns: entry
-            .sandbox
+        gateway_netns: sandbox
             .as_ref()
             .map(|s| s.gateway.name().to_string())
             .unwrap_or_default(),
