@@ -14,7 +14,6 @@
 //! aborts both sides: a peer sees a reset, never a clean end of a stream cut
 //! short.
 
-use std::fmt;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -107,22 +106,22 @@ impl RelayError {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Reading,
-    Writing { chunk: Chunk, len: usize },
+    /// A write could not finish in the poll that read its chunk: the chunk
+    /// waits in the relay's boxed [`Clocks`] (which time that write), so
+    /// an idle direction keeps no room for one (every idle tunnel's task
+    /// has two directions).
+    Writing,
     Closing,
     Done,
 }
 
-impl fmt::Debug for State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            State::Reading => f.write_str("Reading"),
-            State::Writing { len, .. } => write!(f, "Writing({len})"),
-            State::Closing => f.write_str("Closing"),
-            State::Done => f.write_str("Done"),
-        }
-    }
+/// A chunk read and not yet all written, and its length when read.
+struct Writing {
+    chunk: Chunk,
+    len: usize,
 }
 
 struct Direction {
@@ -169,37 +168,25 @@ impl Direction {
         self.blocked = true;
     }
 
-    /// When this direction's pooled buffer should be spilled, if it holds
-    /// one behind a write blocked since `since`.
-    fn spill_at(&self, since: Option<Instant>) -> Option<Instant> {
-        match (&self.state, since) {
-            (
-                State::Writing {
-                    chunk: Chunk::Pooled { .. },
-                    ..
-                },
-                Some(t),
-            ) => Some(t + SPILL_AFTER),
-            _ => None,
-        }
-    }
-
-    fn spill(&mut self, pool: &BufferPool) {
-        if let State::Writing { chunk, .. } = &mut self.state
-            && chunk.spill()
-        {
-            pool.count_spill();
-        }
+    /// A chunk of `len` bytes is all written.
+    fn written<S: Endpoint + ?Sized>(&mut self, src: &mut S, len: usize) {
+        self.blocked = false;
+        src.consumed(len);
+        self.bytes += len as u64;
+        self.unflushed = true;
     }
 
     /// Moves what it can; `Ok(moved)` with the chunks written when it has to
-    /// wait.
+    /// wait. A chunk whose write must wait is kept in `timer`'s clocks, as
+    /// direction `at`'s.
     fn poll<S: Endpoint + ?Sized, D: Endpoint + ?Sized>(
         &mut self,
         cx: &mut Context<'_>,
         src: &mut S,
         dst: &mut D,
         pool: &BufferPool,
+        timer: &mut Timer,
+        at: usize,
     ) -> Poll<Result<usize, DirError>> {
         let dst_err = |op| {
             move |err| DirError {
@@ -215,7 +202,7 @@ impl Direction {
         };
         let mut moved = 0;
         loop {
-            match &mut self.state {
+            match self.state {
                 State::Reading => {
                     if moved == CHUNKS_PER_POLL {
                         cx.waker().wake_by_ref();
@@ -256,32 +243,44 @@ impl Direction {
                             return Poll::Ready(Ok(moved));
                         }
                         Poll::Ready(Ok(Some(chunk))) => {
+                            // Written from here: boxed only if it must wait.
                             let len = chunk.len();
-                            self.state = State::Writing { chunk, len };
+                            let mut w = Writing { chunk, len };
+                            match write_out(cx, dst, &mut w, &mut self.wrote) {
+                                Poll::Ready(r) => r.map_err(dst_err(Op::Write))?,
+                                Poll::Pending => {
+                                    timer.clocks().writing[at] = Some(w);
+                                    self.state = State::Writing;
+                                    self.blocked();
+                                    return Poll::Ready(Ok(moved));
+                                }
+                            }
+                            self.written(src, len);
+                            moved += 1;
                         }
                         Poll::Ready(Ok(None)) => self.state = State::Closing,
                         Poll::Ready(Err(err)) => return Poll::Ready(Err(src_err(err))),
                     }
                 }
-                State::Writing { chunk, len } => {
-                    match dst.poll_write_chunk(cx, chunk) {
+                State::Writing => {
+                    let Some(w) = timer.writing(at) else {
+                        // Not reached: the chunk is kept until written.
+                        self.state = State::Reading;
+                        continue;
+                    };
+                    match write_out(cx, dst, w, &mut self.wrote) {
                         Poll::Ready(r) => r.map_err(dst_err(Op::Write))?,
                         Poll::Pending => {
                             self.blocked();
                             return Poll::Ready(Ok(moved));
                         }
                     }
-                    self.blocked = false;
-                    self.wrote = true;
-                    if chunk.is_empty() {
-                        let len = *len;
-                        // Drops the chunk: a pooled buffer goes back now.
-                        self.state = State::Reading;
-                        src.consumed(len);
-                        self.bytes += len as u64;
-                        self.unflushed = true;
-                        moved += 1;
-                    }
+                    let len = w.len;
+                    // Drops the chunk: a pooled buffer goes back now.
+                    timer.take_written(at);
+                    self.state = State::Reading;
+                    self.written(src, len);
+                    moved += 1;
                 }
                 State::Closing => {
                     match dst.poll_close_write(cx) {
@@ -297,6 +296,22 @@ impl Direction {
                 }
                 State::Done => return Poll::Ready(Ok(moved)),
             }
+        }
+    }
+}
+
+/// Writes `w` until all of it is written; any progress sets `wrote`.
+fn write_out<D: Endpoint + ?Sized>(
+    cx: &mut Context<'_>,
+    dst: &mut D,
+    w: &mut Writing,
+    wrote: &mut bool,
+) -> Poll<io::Result<()>> {
+    loop {
+        ready!(dst.poll_write_chunk(cx, &mut w.chunk))?;
+        *wrote = true;
+        if w.chunk.is_empty() {
+            return Poll::Ready(Ok(()));
         }
     }
 }
@@ -324,11 +339,13 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> Drop for Sides<'_, A, B> {
 const CLOCKS_KEPT: Duration = Duration::from_secs(1);
 
 /// The relay's timing: when each direction's write blocked, since when it
-/// is half-closed and idle, and the one timer for the next deadline.
-/// Boxed, made at the first blocked write or half-close and dropped once
-/// the relay has had nothing to time for [`CLOCKS_KEPT`]: an idle tunnel
-/// holds none of it.
+/// is half-closed and idle, and the one timer for the next deadline; and
+/// the chunk each blocked write holds. Boxed, made at the first blocked
+/// write or half-close and dropped once the relay has had nothing to time
+/// for [`CLOCKS_KEPT`]: an idle tunnel holds none of it.
 struct Clocks {
+    /// Each direction's chunk whose write is waiting (which is then timed).
+    writing: [Option<Writing>; 2],
     blocked_since: [Option<Instant>; 2],
     half_closed_since: Option<Instant>,
     sleep: Pin<Box<Sleep>>,
@@ -344,12 +361,44 @@ impl Timer {
     fn clocks(&mut self) -> &mut Clocks {
         self.0.get_or_insert_with(|| {
             Box::new(Clocks {
+                writing: [None, None],
                 blocked_since: [None, None],
                 half_closed_since: None,
                 sleep: Box::pin(tokio::time::sleep(CLOCKS_KEPT)),
                 releasing: false,
             })
         })
+    }
+
+    /// Direction `at`'s chunk whose write is waiting.
+    fn writing(&mut self, at: usize) -> Option<&mut Writing> {
+        self.0.as_mut().and_then(|c| c.writing[at].as_mut())
+    }
+
+    /// Direction `at`'s chunk is all written: drops it (a pooled buffer goes
+    /// back to its pool).
+    fn take_written(&mut self, at: usize) {
+        if let Some(clocks) = &mut self.0 {
+            clocks.writing[at] = None;
+        }
+    }
+
+    /// When direction `at`'s pooled buffer should be spilled, if it holds
+    /// one behind a write blocked since `since`.
+    fn spill_at(&self, at: usize, since: Option<Instant>) -> Option<Instant> {
+        let writing = self.0.as_ref().and_then(|c| c.writing[at].as_ref());
+        match (writing, since) {
+            (Some(w), Some(t)) if matches!(w.chunk, Chunk::Pooled { .. }) => Some(t + SPILL_AFTER),
+            _ => None,
+        }
+    }
+
+    fn spill(&mut self, at: usize, pool: &BufferPool) {
+        if let Some(w) = self.writing(at)
+            && w.chunk.spill()
+        {
+            pool.count_spill();
+        }
     }
 
     /// Times each direction's blocked write, given (blocked now, wrote
@@ -413,7 +462,11 @@ impl Timer {
         }
         ready!(clocks.sleep.as_mut().poll(cx));
         if at.is_none() {
-            self.0 = None;
+            // A waiting chunk is always timed, so this is a relay with
+            // nothing held.
+            if clocks.writing.iter().all(Option::is_none) {
+                self.0 = None;
+            }
             return Poll::Pending;
         }
         Poll::Ready(())
@@ -520,7 +573,7 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> RelayWithin<'_, A, B> {
             b_to_a: y.bytes,
         };
         loop {
-            let moved = match a_to_b.poll(cx, sides.a, sides.b, pool) {
+            let moved = match a_to_b.poll(cx, sides.a, sides.b, pool, timer, 0) {
                 Poll::Ready(Ok(n)) => n,
                 Poll::Ready(Err(e)) => {
                     let side = if e.at_source { Side::A } else { Side::B };
@@ -529,7 +582,7 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> RelayWithin<'_, A, B> {
                 Poll::Pending => 0,
             };
             let moved = moved
-                + match b_to_a.poll(cx, sides.b, sides.a, pool) {
+                + match b_to_a.poll(cx, sides.b, sides.a, pool, timer, 1) {
                     Poll::Ready(Ok(n)) => n,
                     Poll::Ready(Err(e)) => {
                         let side = if e.at_source { Side::B } else { Side::A };
@@ -552,10 +605,10 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> RelayWithin<'_, A, B> {
             let idle = timer
                 .half_closed_since()
                 .map(|t| t + bounds.half_closed_idle);
-            let spill = a_to_b
-                .spill_at(since[0])
+            let spill = timer
+                .spill_at(0, since[0])
                 .into_iter()
-                .chain(b_to_a.spill_at(since[1]))
+                .chain(timer.spill_at(1, since[1]))
                 .min();
             let next = [stall, idle, spill].into_iter().flatten().min();
             if timer.poll(cx, next).is_pending() {
@@ -593,9 +646,9 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> RelayWithin<'_, A, B> {
                 );
             }
             // Neither bound was due, so a spill was.
-            for (d, since) in [&mut *a_to_b, &mut *b_to_a].into_iter().zip(since) {
-                if d.spill_at(since).is_some_and(|t| t <= now) {
-                    d.spill(pool);
+            for (at, since) in since.into_iter().enumerate() {
+                if timer.spill_at(at, since).is_some_and(|t| t <= now) {
+                    timer.spill(at, pool);
                 }
             }
             // A spill came due: poll again, with the timer re-set.

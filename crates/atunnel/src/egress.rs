@@ -8,9 +8,12 @@
 //! with no bytes. Each admitted connection is one task, from accept to close.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use atunnel_core::endpoint::ReadReady;
@@ -22,7 +25,7 @@ use atunnel_core::{BufferPool, Listener, ListenerStats, RefusalPace};
 use atunnel_identity::cert_source::CertificateSource;
 use atunnel_identity::identity::ActorRef;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
@@ -464,20 +467,28 @@ impl Counters {
     }
 }
 
-/// Counts a tunnel as open until dropped.
-struct OpenTunnel<'a>(&'a Counters);
+/// One tunnel's hold on the egress: counted as open, and waited for by
+/// its activation's deactivation, until dropped. One field of the tunnel's
+/// task instead of three (the egress, its counters, the drain token).
+struct OpenTunnel {
+    egress: Arc<Egress>,
+    _drained: TaskTrackerToken,
+}
 
-impl<'a> OpenTunnel<'a> {
-    fn new(c: &'a Counters) -> Self {
-        c.open.fetch_add(1, Ordering::Relaxed);
-        c.total.fetch_add(1, Ordering::Relaxed);
-        Self(c)
+impl OpenTunnel {
+    fn new(egress: Arc<Egress>, drained: TaskTrackerToken) -> Self {
+        egress.counters.open.fetch_add(1, Ordering::Relaxed);
+        egress.counters.total.fetch_add(1, Ordering::Relaxed);
+        Self {
+            egress,
+            _drained: drained,
+        }
     }
 }
 
-impl Drop for OpenTunnel<'_> {
+impl Drop for OpenTunnel {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
+        self.egress.counters.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -714,12 +725,12 @@ impl Egress {
         mut slot: Slot,
         cut: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        // Counted from acceptance: a deactivation that begins before the
+        // task first runs waits for it too.
+        let open = OpenTunnel::new(self, drained);
         async move {
-            // Named in the block so that it is moved in (an async block takes
-            // only what it uses): deactivation waits for this token.
-            let _drained = drained;
-            let _open = OpenTunnel::new(&self.counters);
-            if let Err(e) = self.cfg.sandbox_socket.apply(&actor) {
+            let this = &open.egress;
+            if let Err(e) = this.cfg.sandbox_socket.apply(&actor) {
                 tracing::warn!(error = %e, "egress socket options");
                 return;
             }
@@ -742,12 +753,12 @@ impl Egress {
                 slot.opened();
                 match opened {
                     Ok((t, took)) => {
-                        self.counters.opened_after(took);
+                        this.counters.opened_after(took);
                         tracing::debug!(actor = %activation.egress.credential.actor(), %dest, ?took, "egress tunnel open");
                         t
                     }
                     Err(e) => {
-                        self.counters.open_failed.fetch_add(1, Ordering::Relaxed);
+                        this.counters.open_failed.fetch_add(1, Ordering::Relaxed);
                         if let Some(suppressed) = slot.binding.warnings.admit() {
                             tracing::warn!(actor = %activation.egress.credential.actor(), %dest, error = %e, suppressed,
                                 "atunnel failed to open egress tunnel");
@@ -759,9 +770,9 @@ impl Egress {
             // The comparisons' states are boxed so that the default tunnel's task
             // (held by every idle connection) does not keep room for them.
             #[cfg(feature = "comparison")]
-            if !self.cfg.comparison.is_lean() {
+            if !this.cfg.comparison.is_lean() {
                 let relay =
-                    crate::comparison::relay(self.cfg.comparison, actor, tunnel, &self.pool);
+                    crate::comparison::relay(this.cfg.comparison, actor, tunnel, &this.pool);
                 relay_until_cancelled(Box::pin(relay).as_mut(), &cut).await;
                 return;
             }
@@ -774,19 +785,19 @@ impl Egress {
             actor.reset_on_close();
             let ended = {
                 let relay =
-                    std::pin::pin!(relay_within(&mut actor, &mut tunnel, pool, &self.cfg.relay));
+                    std::pin::pin!(relay_within(&mut actor, &mut tunnel, pool, &this.cfg.relay));
                 relay_until_cancelled(relay, &cut).await
             };
             match ended {
                 Ended::Clean(stats) => {
                     clean_close(&actor);
-                    self.counters.relayed(stats);
+                    this.counters.relayed(stats);
                     tracing::debug!(actor = %activation.egress.credential.actor(), %dest, up = stats.a_to_b,
                         down = stats.b_to_a, "egress tunnel closed");
                 }
                 Ended::Failed(e) => {
-                    self.counters.count_end(&e);
-                    self.counters.relayed(e.stats);
+                    this.counters.count_end(&e);
+                    this.counters.relayed(e.stats);
                     tracing::debug!(actor = %activation.egress.credential.actor(), %dest, up = e.stats.a_to_b,
                         down = e.stats.b_to_a, error = %e, "egress tunnel reset");
                 }
@@ -911,26 +922,46 @@ pub(crate) enum Ended<T, E> {
 }
 
 /// Runs `relay` until both directions end or `cut` (the activation's: see
-/// [`Activation::cut`]) is cancelled, which drops the relay: it resets the tunnel and the actor's
-/// socket, so a cut stream does not look complete to either peer. Pinned
-/// by the caller: taken by value, the relay would be stored twice in the
-/// tunnel's task for its whole life. Not an `async fn`, which would keep
-/// second copies of its arguments there too (rust-lang/rust#62958); the
+/// [`Activation::cut`]) is cancelled, which drops the relay: it resets the
+/// tunnel and the actor's socket, so a cut stream does not look complete to
+/// either peer. Pinned by the caller: taken by value, the relay would be
+/// stored twice in the tunnel's task for its whole life. A named future
+/// rather than a `select!` in an `async` block, which kept its arguments
+/// twice and the macro's state beside them (40 B more per tunnel); the
 /// caller logs how it ended.
-#[allow(clippy::manual_async_fn)]
-pub(crate) fn relay_until_cancelled<'a, T, E>(
-    relay: std::pin::Pin<&'a mut impl Future<Output = Result<T, E>>>,
+pub(crate) fn relay_until_cancelled<'a, R>(
+    relay: Pin<&'a mut R>,
     cut: &'a CancellationToken,
-) -> impl Future<Output = Ended<T, E>> + 'a {
-    async move {
-        tokio::select! {
-            biased;
-            _ = cut.cancelled() => Ended::Cancelled,
-            r = relay => match r {
-                Ok(out) => Ended::Clean(out),
-                Err(e) => Ended::Failed(e),
-            }
+) -> UntilCut<'a, R> {
+    UntilCut {
+        cut: cut.cancelled(),
+        relay,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`relay_until_cancelled`], held by every idle tunnel.
+    pub(crate) struct UntilCut<'a, R> {
+        #[pin]
+        cut: WaitForCancellationFuture<'a>,
+        relay: Pin<&'a mut R>,
+    }
+}
+
+impl<T, E, R: Future<Output = Result<T, E>>> Future for UntilCut<'_, R> {
+    type Output = Ended<T, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        // The cut first: a relay that could still move bytes is cut all
+        // the same.
+        if this.cut.poll(cx).is_ready() {
+            return Poll::Ready(Ended::Cancelled);
         }
+        this.relay.as_mut().poll(cx).map(|r| match r {
+            Ok(out) => Ended::Clean(out),
+            Err(e) => Ended::Failed(e),
+        })
     }
 }
 
