@@ -316,23 +316,6 @@ fn write_out<D: Endpoint + ?Sized>(
     }
 }
 
-/// The two sides of a relay; dropped before the relay ended cleanly, it
-/// aborts both.
-struct Sides<'a, A: Endpoint + ?Sized, B: Endpoint + ?Sized> {
-    a: &'a mut A,
-    b: &'a mut B,
-    clean: bool,
-}
-
-impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> Drop for Sides<'_, A, B> {
-    fn drop(&mut self) {
-        if !self.clean {
-            self.a.abort();
-            self.b.abort();
-        }
-    }
-}
-
 /// How long a relay with nothing to time keeps its [`Clocks`]: a tunnel
 /// moving bytes reuses them (a write blocked between chunks costs no
 /// allocation), an idle one gives them back.
@@ -512,9 +495,10 @@ where
     B: Endpoint + ?Sized,
 {
     RelayWithin {
-        // Made before the first poll, so that even a future dropped
-        // unpolled aborts.
-        sides: Sides { a, b, clean: false },
+        // Aborts once dropped unless both directions are done, so that
+        // even a future dropped unpolled aborts.
+        a,
+        b,
         a_to_b: Direction::new(),
         b_to_a: Direction::new(),
         timer: Timer::default(),
@@ -527,7 +511,8 @@ where
 /// A struct rather than an `async` block, which kept its arguments twice
 /// and the references of its `poll_fn` beside them (88 B more per tunnel).
 pub struct RelayWithin<'a, A: Endpoint + ?Sized, B: Endpoint + ?Sized> {
-    sides: Sides<'a, A, B>,
+    a: &'a mut A,
+    b: &'a mut B,
     a_to_b: Direction,
     b_to_a: Direction,
     timer: Timer,
@@ -541,13 +526,24 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> Future for RelayWithin<'_, A, B
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let result = ready!(this.poll_directions(cx));
-        this.sides.clean = result.is_ok();
         Poll::Ready(result.map_err(|(side, e, stats)| RelayError {
             side,
             op: e.op,
             stats,
             source: e.err,
         }))
+    }
+}
+
+/// Dropped before it ended cleanly (both directions done, which is also
+/// the only way it ends without an error), the relay aborts both sides.
+/// Not a guard field of its own: that flag cost every tunnel 8 B.
+impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> Drop for RelayWithin<'_, A, B> {
+    fn drop(&mut self) {
+        if !(self.a_to_b.is_done() && self.b_to_a.is_done()) {
+            self.a.abort();
+            self.b.abort();
+        }
     }
 }
 
@@ -560,7 +556,8 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> RelayWithin<'_, A, B> {
         cx: &mut Context<'_>,
     ) -> Poll<Result<RelayStats, (Side, DirError, RelayStats)>> {
         let Self {
-            sides,
+            a,
+            b,
             a_to_b,
             b_to_a,
             timer,
@@ -573,7 +570,7 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> RelayWithin<'_, A, B> {
             b_to_a: y.bytes,
         };
         loop {
-            let moved = match a_to_b.poll(cx, sides.a, sides.b, pool, timer, 0) {
+            let moved = match a_to_b.poll(cx, *a, *b, pool, timer, 0) {
                 Poll::Ready(Ok(n)) => n,
                 Poll::Ready(Err(e)) => {
                     let side = if e.at_source { Side::A } else { Side::B };
@@ -582,7 +579,7 @@ impl<A: Endpoint + ?Sized, B: Endpoint + ?Sized> RelayWithin<'_, A, B> {
                 Poll::Pending => 0,
             };
             let moved = moved
-                + match b_to_a.poll(cx, sides.b, sides.a, pool, timer, 1) {
+                + match b_to_a.poll(cx, *b, *a, pool, timer, 1) {
                     Poll::Ready(Ok(n)) => n,
                     Poll::Ready(Err(e)) => {
                         let side = if e.at_source { Side::B } else { Side::A };

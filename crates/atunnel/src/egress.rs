@@ -25,11 +25,11 @@ use atunnel_core::{BufferPool, Listener, ListenerStats, RefusalPace};
 use atunnel_identity::cert_source::CertificateSource;
 use atunnel_identity::identity::ActorRef;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
-use atunnel_connect::{GatewayClient, GatewayClientConfig};
+use atunnel_connect::{GatewayClient, GatewayClientConfig, GatewayTunnel};
 use atunnel_identity::clock::Clock;
 use atunnel_identity::credential::{ActorCredential, CredentialError, renew_until_cancelled};
 
@@ -246,25 +246,26 @@ pub struct ActorEgressStats {
     pub gateway_idle_closed_total: u64,
 }
 
-/// A place in an actor's tunnel budget, and while opening in its opening
-/// budget; given back when dropped.
+/// A place in an actor's tunnel budget; given back when dropped.
 struct Slot {
     binding: Arc<Binding>,
-    opening: bool,
-}
-
-impl Slot {
-    fn opened(&mut self) {
-        if std::mem::take(&mut self.opening) {
-            self.binding.usage.opening.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.opened();
         self.binding.usage.tunnels.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A place in an actor's opening budget, held by the open alone (so that
+/// an open tunnel keeps no flag for it); given back when dropped.
+struct Opening {
+    binding: Arc<Binding>,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        self.binding.usage.opening.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -292,7 +293,7 @@ impl Binding {
     }
 
     /// Takes a place in the budget, or says which bound refuses it.
-    fn admit(self: &Arc<Self>, budget: &ActorBudget) -> Result<Slot, Refusal> {
+    fn admit(self: &Arc<Self>, budget: &ActorBudget) -> Result<(Slot, Opening), Refusal> {
         let u = &self.usage;
         if u.tunnels.fetch_add(1, Ordering::Relaxed) >= budget.max_tunnels {
             u.tunnels.fetch_sub(1, Ordering::Relaxed);
@@ -305,10 +306,14 @@ impl Binding {
             u.refused_opening.fetch_add(1, Ordering::Relaxed);
             return Err(Refusal::Opening);
         }
-        Ok(Slot {
-            binding: self.clone(),
-            opening: true,
-        })
+        Ok((
+            Slot {
+                binding: self.clone(),
+            },
+            Opening {
+                binding: self.clone(),
+            },
+        ))
     }
 
     fn current(&self) -> Option<Arc<Activation>> {
@@ -467,21 +472,23 @@ impl Counters {
     }
 }
 
-/// One tunnel's hold on the egress: counted as open, and waited for by
-/// its activation's deactivation, until dropped. One field of the tunnel's
-/// task instead of three (the egress, its counters, the drain token).
+/// One tunnel's hold on the egress: counted as open, waited for by its
+/// activation's deactivation, and a place in its actor's tunnel budget,
+/// until dropped. One field of the tunnel's task instead of four.
 struct OpenTunnel {
     egress: Arc<Egress>,
     _drained: TaskTrackerToken,
+    slot: Slot,
 }
 
 impl OpenTunnel {
-    fn new(egress: Arc<Egress>, drained: TaskTrackerToken) -> Self {
+    fn new(egress: Arc<Egress>, drained: TaskTrackerToken, slot: Slot) -> Self {
         egress.counters.open.fetch_add(1, Ordering::Relaxed);
         egress.counters.total.fetch_add(1, Ordering::Relaxed);
         Self {
             egress,
             _drained: drained,
+            slot,
         }
     }
 }
@@ -672,8 +679,8 @@ impl Egress {
                         Some(guard) if guard.admit().is_err() => Err(Refusal::Overload),
                         _ => binding.admit(&self.cfg.budget),
                     };
-                    let slot = match admitted {
-                        Ok(slot) => slot,
+                    let (slot, opening) = match admitted {
+                        Ok(admitted) => admitted,
                         Err(refusal) => {
                             if refusal == Refusal::Overload {
                                 binding
@@ -705,7 +712,7 @@ impl Egress {
                     };
                     Some(
                         self.clone()
-                            .tunnel(tcp, activation, to, drained, slot, cut),
+                            .tunnel(tcp, activation, to, drained, (slot, opening), cut),
                     )
                 })
                 .await
@@ -714,96 +721,120 @@ impl Egress {
 
     /// One tunnel's task, held for the connection's life by every idle
     /// connection. Not an `async fn`, which would keep a second copy of
-    /// its arguments in that future (rust-lang/rust#62958).
+    /// its arguments in that future (rust-lang/rust#62958); what only the
+    /// open needs is moved into its boxed future, and the sockets it hands
+    /// back are moved into the relay, so that none of them is kept twice.
     #[allow(clippy::manual_async_fn)]
     fn tunnel(
         self: Arc<Self>,
-        mut actor: TcpStream,
+        actor: TcpStream,
         activation: Arc<Activation>,
         dest: SocketAddr,
         drained: TaskTrackerToken,
-        mut slot: Slot,
+        (slot, opening): (Slot, Opening),
         cut: CancellationToken,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+    ) -> impl Future<Output = ()> + Send + 'static {
         // Counted from acceptance: a deactivation that begins before the
         // task first runs waits for it too.
-        let open = OpenTunnel::new(self, drained);
+        let open = OpenTunnel::new(self, drained, slot);
+        // Boxed so the destination, the TLS/HTTP/2 handshake state and the
+        // clock of the open are heap only while opening, not part of every
+        // idle tunnel's task.
+        let opened = Box::pin(open.egress.clone().open_tunnel(
+            actor,
+            activation.clone(),
+            dest,
+            opening,
+            cut,
+        ));
         async move {
-            let this = &open.egress;
-            if let Err(e) = this.cfg.sandbox_socket.apply(&actor) {
-                tracing::warn!(error = %e, "egress socket options");
+            let Some((mut actor, mut tunnel, cut)) = opened.await else {
                 return;
-            }
-            let client = &activation.egress.client;
-            // In a block of its own: the open's result (72 B) would otherwise
-            // keep its room in the future for the tunnel's life.
-            let mut tunnel = {
-                // Boxed so the TLS/HTTP/2 handshake state (and the clock of
-                // the open) is heap only while opening, not part of every
-                // idle tunnel's task. Cancellation first: a connection
-                // accepted as deactivation begins sends no CONNECT.
-                let opened = tokio::select! {
-                    biased;
-                    _ = cut.cancelled() => return,
-                    r = Box::pin(async {
-                        let started = std::time::Instant::now();
-                        client.open(dest).await.map(|t| (t, started.elapsed()))
-                    }) => r,
-                };
-                slot.opened();
-                match opened {
-                    Ok((t, took)) => {
-                        this.counters.opened_after(took);
-                        tracing::debug!(actor = %activation.egress.credential.actor(), %dest, ?took, "egress tunnel open");
-                        t
-                    }
-                    Err(e) => {
-                        this.counters.open_failed.fetch_add(1, Ordering::Relaxed);
-                        if let Some(suppressed) = slot.binding.warnings.admit() {
-                            tracing::warn!(actor = %activation.egress.credential.actor(), %dest, error = %e, suppressed,
-                                "atunnel failed to open egress tunnel");
-                        }
-                        return;
-                    }
-                }
             };
             // The comparisons' states are boxed so that the default tunnel's task
             // (held by every idle connection) does not keep room for them.
             #[cfg(feature = "comparison")]
-            if !this.cfg.comparison.is_lean() {
-                let relay =
-                    crate::comparison::relay(this.cfg.comparison, actor, tunnel, &this.pool);
-                relay_until_cancelled(Box::pin(relay).as_mut(), &cut).await;
+            if !open.egress.cfg.comparison.is_lean() {
+                let relay = crate::comparison::relay(
+                    open.egress.cfg.comparison,
+                    actor,
+                    tunnel,
+                    &open.egress.pool,
+                );
+                relay_until_cancelled(Box::pin(relay), cut).await;
                 return;
             }
-            let pool = &slot.binding.pool;
+            let pool = &open.slot.binding.pool;
             // From here on bytes may be in flight, so a cut must reach the actor
             // as a reset even when nothing of ours runs to say so: with SO_LINGER
             // 0 the kernel's close when this process dies (SIGKILL, OOM kill)
             // resets the connection, where it would otherwise send a FIN behind
             // the lost bytes. Only a clean end turns it off again.
             actor.reset_on_close();
-            let ended = {
-                let relay =
-                    std::pin::pin!(relay_within(&mut actor, &mut tunnel, pool, &this.cfg.relay));
-                relay_until_cancelled(relay, &cut).await
-            };
+            let relay = relay_within(&mut actor, &mut tunnel, pool, &open.egress.cfg.relay);
+            let ended = relay_until_cancelled(relay, cut).await;
+            // The connection by the actor's address and port: its destination
+            // is logged when it opens, and kept no longer.
+            let actor_name = activation.egress.credential.actor();
             match ended {
                 Ended::Clean(stats) => {
                     clean_close(&actor);
-                    this.counters.relayed(stats);
-                    tracing::debug!(actor = %activation.egress.credential.actor(), %dest, up = stats.a_to_b,
+                    open.egress.counters.relayed(stats);
+                    tracing::debug!(actor = %actor_name, from = ?actor.peer_addr().ok(), up = stats.a_to_b,
                         down = stats.b_to_a, "egress tunnel closed");
                 }
                 Ended::Failed(e) => {
-                    this.counters.count_end(&e);
-                    this.counters.relayed(e.stats);
-                    tracing::debug!(actor = %activation.egress.credential.actor(), %dest, up = e.stats.a_to_b,
+                    open.egress.counters.count_end(&e);
+                    open.egress.counters.relayed(e.stats);
+                    tracing::debug!(actor = %actor_name, from = ?actor.peer_addr().ok(), up = e.stats.a_to_b,
                         down = e.stats.b_to_a, error = %e, "egress tunnel reset");
                 }
                 Ended::Cancelled => {
-                    tracing::debug!(actor = %activation.egress.credential.actor(), %dest, "egress tunnel cut (deactivated or shed)")
+                    tracing::debug!(actor = %actor_name, from = ?actor.peer_addr().ok(),
+                        "egress tunnel cut (deactivated or shed)")
                 }
+            }
+        }
+    }
+
+    /// Opens `actor`'s tunnel to `dest`: its socket options, then the
+    /// CONNECT through the activation's gateway client, unless `cut` comes
+    /// first (a connection accepted as deactivation begins sends no
+    /// CONNECT). Hands back the actor's socket, the tunnel and the cut.
+    async fn open_tunnel(
+        self: Arc<Self>,
+        actor: TcpStream,
+        activation: Arc<Activation>,
+        dest: SocketAddr,
+        opening: Opening,
+        cut: CancellationToken,
+    ) -> Option<(TcpStream, GatewayTunnel, CancellationToken)> {
+        if let Err(e) = self.cfg.sandbox_socket.apply(&actor) {
+            tracing::warn!(error = %e, "egress socket options");
+            return None;
+        }
+        let started = std::time::Instant::now();
+        let opened = tokio::select! {
+            biased;
+            _ = cut.cancelled() => return None,
+            r = activation.egress.client.open(dest) => r,
+        };
+        let actor_name = activation.egress.credential.actor();
+        match opened {
+            Ok(t) => {
+                let took = started.elapsed();
+                self.counters.opened_after(took);
+                tracing::debug!(actor = %actor_name, from = ?actor.peer_addr().ok(), %dest, ?took,
+                    "egress tunnel open");
+                Some((actor, t, cut))
+            }
+            Err(e) => {
+                self.counters.open_failed.fetch_add(1, Ordering::Relaxed);
+                if let Some(suppressed) = opening.binding.warnings.admit() {
+                    tracing::warn!(actor = %actor_name, %dest, error = %e, suppressed,
+                        "atunnel failed to open egress tunnel");
+                }
+                None
             }
         }
     }
@@ -924,31 +955,26 @@ pub(crate) enum Ended<T, E> {
 /// Runs `relay` until both directions end or `cut` (the activation's: see
 /// [`Activation::cut`]) is cancelled, which drops the relay: it resets the
 /// tunnel and the actor's socket, so a cut stream does not look complete to
-/// either peer. Pinned by the caller: taken by value, the relay would be
-/// stored twice in the tunnel's task for its whole life. A named future
-/// rather than a `select!` in an `async` block, which kept its arguments
-/// twice and the macro's state beside them (40 B more per tunnel); the
-/// caller logs how it ended.
-pub(crate) fn relay_until_cancelled<'a, R>(
-    relay: Pin<&'a mut R>,
-    cut: &'a CancellationToken,
-) -> UntilCut<'a, R> {
+/// either peer. A named future owning both rather than a `select!` in an
+/// `async` block, which kept its arguments twice and the macro's state
+/// beside them (56 B more per tunnel); the caller logs how it ended.
+pub(crate) fn relay_until_cancelled<R>(relay: R, cut: CancellationToken) -> UntilCut<R> {
     UntilCut {
-        cut: cut.cancelled(),
+        cut: cut.cancelled_owned(),
         relay,
     }
 }
 
 pin_project_lite::pin_project! {
     /// The future of [`relay_until_cancelled`], held by every idle tunnel.
-    pub(crate) struct UntilCut<'a, R> {
+    pub(crate) struct UntilCut<R> {
         #[pin]
-        cut: WaitForCancellationFuture<'a>,
-        relay: Pin<&'a mut R>,
+        cut: WaitForCancellationFutureOwned,
+        relay: R,
     }
 }
 
-impl<T, E, R: Future<Output = Result<T, E>>> Future for UntilCut<'_, R> {
+impl<T, E, R: Future<Output = Result<T, E>> + Unpin> Future for UntilCut<R> {
     type Output = Ended<T, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -958,7 +984,7 @@ impl<T, E, R: Future<Output = Result<T, E>>> Future for UntilCut<'_, R> {
         if this.cut.poll(cx).is_ready() {
             return Poll::Ready(Ended::Cancelled);
         }
-        this.relay.as_mut().poll(cx).map(|r| match r {
+        Pin::new(this.relay).poll(cx).map(|r| match r {
             Ok(out) => Ended::Clean(out),
             Err(e) => Ended::Failed(e),
         })
