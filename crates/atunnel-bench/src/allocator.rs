@@ -1,11 +1,13 @@
 //! The bench's global allocator, chosen at build time so the allocator
-//! comparison in docs/memory.md runs the same code on each: the system
-//! allocator (default), `--features jemalloc` or `--features mimalloc`.
+//! comparison in docs/memory.md runs the same code on each: jemalloc (the
+//! default, as in the `atunnel` binary), the system allocator
+//! (`--no-default-features`) or mimalloc (`--no-default-features
+//! --features mimalloc`).
 //! Each is wrapped in the counting allocator /stats reads, and each brings
 //! its own way to hand free memory back to the system.
 
 #[cfg(all(feature = "jemalloc", feature = "mimalloc"))]
-compile_error!("choose one allocator feature: jemalloc or mimalloc");
+compile_error!("choose one allocator: mimalloc needs --no-default-features");
 
 #[cfg(not(any(feature = "jemalloc", feature = "mimalloc")))]
 #[global_allocator]
@@ -14,8 +16,7 @@ static ALLOC: atunnel_core::alloc::CountingAlloc =
 
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
-static ALLOC: atunnel_core::alloc::CountingWith<tikv_jemallocator::Jemalloc> =
-    atunnel_core::alloc::CountingWith(tikv_jemallocator::Jemalloc);
+static ALLOC: atunnel_core::alloc::CountingJemalloc = atunnel_core::alloc::COUNTING_JEMALLOC;
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -34,21 +35,7 @@ pub const NAME: &str = if cfg!(feature = "jemalloc") {
 /// Points `release_free_memory` at this allocator's purge.
 pub fn install() {
     #[cfg(feature = "jemalloc")]
-    atunnel_core::alloc::set_release(|| {
-        // "arena.<MALLCTL_ARENAS_ALL>.purge": return every arena's dirty pages.
-        let name = b"arena.4096.purge\0";
-        // SAFETY: a NUL-terminated mallctl name with no old or new value,
-        // as this control takes none.
-        unsafe {
-            tikv_jemalloc_sys::mallctl(
-                name.as_ptr().cast(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            );
-        }
-    });
+    atunnel_core::alloc::release_with_jemalloc();
     #[cfg(feature = "mimalloc")]
     atunnel_core::alloc::set_release(|| {
         // SAFETY: mi_collect has no preconditions; `force` collects all.

@@ -3,6 +3,12 @@
 
 use clap::{Parser, Subcommand};
 
+// jemalloc by default (docs/memory.md, "The allocator"), counted for /stats.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOC: atunnel_core::alloc::CountingJemalloc = atunnel_core::alloc::COUNTING_JEMALLOC;
+
+#[cfg(not(feature = "jemalloc"))]
 #[global_allocator]
 static ALLOC: atunnel_core::alloc::CountingAlloc =
     atunnel_core::alloc::CountingWith(std::alloc::System);
@@ -32,6 +38,9 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Hibernation and /stats ask the allocator to hand free memory back.
+    #[cfg(feature = "jemalloc")]
+    atunnel_core::alloc::release_with_jemalloc();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // The file's flags go first among `host`'s (or `serve`'s), so the
     // command line's win.
