@@ -794,6 +794,10 @@ impl Egress {
                         "egress tunnel cut (deactivated or shed)")
                 }
             }
+            // Uncounted before the actor's socket closes (the locals are
+            // dropped before what the task captured): whoever sees the close
+            // sees the tunnel gone from the counts and its deactivation.
+            drop(open);
         }
     }
 
