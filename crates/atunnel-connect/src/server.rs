@@ -12,7 +12,7 @@ use atunnel_tls::{PreAuthFigures, PreAuthGate, PreAuthLimits, ReloadableConfig};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,12 +22,12 @@ use atunnel_core::sockopt::SocketOptions;
 use atunnel_core::{Listener, ListenerFigures, ListenerStats};
 use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use atunnel_tls::{Activity, ActivityIo, Hibernation, ServerTls, with_hibernation};
+use atunnel_tls::{Activity, ActivityIo, Hibernation, RustlsStream, ServerTls, with_hibernation};
 
 use crate::http1;
 use crate::limits::{
@@ -197,11 +197,29 @@ impl<H: ConnectHandler> ConnectServer<H> {
         let mut listener = Listener::new(listener, "connect");
         listener
             .serve(&cancel, &self.listeners, |tcp, client| {
+                // Closed at once past the cap: no task, no handshake state.
+                // Admitted here, in accept order, so that a source's first
+                // connections are the ones that keep their places.
+                let handshaking = self.pre_auth.admit(client.ip())?;
+                if let Err(e) = self.socket.apply(&tcp) {
+                    tracing::debug!(%client, error = %e, "CONNECT connection socket options");
+                    return None;
+                }
+                // The handshake's state and its place under the cap are
+                // boxed: a future keeps room for its largest state for the
+                // whole connection, idle or not. The config is the one
+                // current at the accept (it may be reloaded).
+                let acceptor = TlsAcceptor::from(self.tls.current());
+                let timeout = self.h2.handshake_timeout;
+                let handshake = Box::pin(
+                    handshaking
+                        .run(async move { atunnel_tls::accept(&acceptor, tcp, timeout).await }),
+                );
                 let (this, cancel) = (self.clone(), cancel.clone());
                 Some(async move {
                     tokio::select! {
                         _ = cancel.cancelled() => {}
-                        r = this.connection(tcp, client) => if let Err(e) = r {
+                        r = this.connection(handshake, client) => if let Err(e) = r {
                             tracing::debug!(%client, error = %e, "CONNECT connection ended");
                         }
                     }
@@ -210,24 +228,15 @@ impl<H: ConnectHandler> ConnectServer<H> {
             .await
     }
 
-    async fn connection(self: &Arc<Self>, tcp: TcpStream, client: SocketAddr) -> io::Result<()> {
-        // Closed at once past the cap. The place is held by the boxed
-        // handshake alone, so the connection's future does not keep room
-        // for it for the connection's life.
-        let Some(handshaking) = self.pre_auth.admit(client.ip()) else {
-            return Ok(());
-        };
-        self.socket.apply(&tcp)?;
-        // The handshake's state, the TLS stream (over a kilobyte, copied
-        // into each future it moves through) and h2's connection state are
-        // boxed: a future keeps room for its largest state for the whole
-        // connection, idle or not.
-        // The config current at the accept (it may be reloaded).
-        let acceptor = TlsAcceptor::from(self.tls.current());
-        let timeout = self.h2.handshake_timeout;
-        let handshake =
-            handshaking.run(async move { atunnel_tls::accept(&acceptor, tcp, timeout).await });
-        let Some(tls) = Box::pin(handshake).await else {
+    /// One admitted connection: its TLS handshake, then HTTP/2 or HTTP/1.1
+    /// as ALPN chose. The TLS stream (over a kilobyte, copied into each
+    /// future it moves through) and h2's connection state are boxed.
+    async fn connection(
+        self: &Arc<Self>,
+        handshake: Pin<Box<impl Future<Output = Option<io::Result<Box<RustlsStream>>>>>>,
+        client: SocketAddr,
+    ) -> io::Result<()> {
+        let Some(tls) = handshake.await else {
             return Ok(());
         };
         let tls = tls?;
