@@ -75,8 +75,8 @@ const MAX_WARNINGS: u8 = 4;
 const SEQ_SOFT_LIMIT: u64 = 0xffff_ffff_ffff_0000;
 
 /// How many key updates rustls may have made on a connection before it
-/// first hibernates that [`Direction::resume`] looks through to find the
-/// secret of the keys rustls hands over. A peer's key updates are
+/// first hibernates that a resumed [`Direction`] looks through, at its
+/// first key update, to find the secret of the keys rustls handed over. A peer's key updates are
 /// rare (rustls and Go clients update at their AEAD limits, 2^23 records
 /// and more), and each step is two HMACs.
 pub const MAX_GENERATIONS: u32 = 64;
@@ -236,6 +236,11 @@ pub struct Direction {
     seq: u64,
     /// The current secret's key and IV, once known.
     keys: Option<([u8; 32], [u8; NONCE_LEN])>,
+    /// `secret` is known to be the secret of `keys`. A resumed direction
+    /// holds the key log's generation-0 secret beside the keys rustls
+    /// handed over, and finds which generation they are only when it
+    /// needs the next one: at a key update, which is rare.
+    secret_is_current: bool,
     awake: Option<Box<Awake>>,
 }
 
@@ -252,17 +257,17 @@ impl Direction {
             secret: s,
             seq,
             keys: None,
+            secret_is_current: true,
             awake: None,
         })
     }
 
     /// The direction whose current keys rustls handed over (`keys`, with
-    /// `seq`), from the generation-0 secret its key log gave: the secret is
-    /// followed through up to [`MAX_GENERATIONS`] key updates until it
-    /// yields their IV (96 bits of HKDF output: the key, from the same
-    /// secret, is not derived again to compare), and the keys are taken as
-    /// rustls gave them. `None` if it never does (the secret is not this
-    /// connection's, or rustls updated more often).
+    /// `seq`), taken as rustls gave them, beside the generation-0 secret
+    /// its key log gave. Which generation the keys are (rustls may have
+    /// updated them since the handshake) is found at the next key update
+    /// ([`Direction::next_generation`]), not here: hibernating a
+    /// connection derives nothing. `None` if the keys are not the suite's.
     pub fn resume(
         suite: Suite,
         secret: &Secret,
@@ -281,19 +286,42 @@ impl Direction {
             return None;
         }
         let mut d = Self::new(suite, secret, seq)?;
+        let mut k = [0u8; 32];
+        k[..len].copy_from_slice(key.as_ref());
+        let mut v = [0u8; NONCE_LEN];
+        v.copy_from_slice(iv.as_ref());
+        d.keys = Some((k, v));
+        d.secret_is_current = false;
+        Some(d)
+    }
+
+    /// Follows the generation-0 secret of a resumed direction through up
+    /// to [`MAX_GENERATIONS`] key updates until it yields the IV of the
+    /// keys in use (96 bits of HKDF output: the key, from the same secret,
+    /// is not derived again to compare). An error if it never does: the
+    /// secret is not this connection's, or rustls updated more often.
+    fn find_current_secret(&mut self) -> Result<(), TlsError> {
+        let Some((_, iv)) = self.keys else {
+            // Keys are derived from the secret when absent, so it is theirs.
+            self.secret_is_current = true;
+            return Ok(());
+        };
+        let len = self.suite.hash_len();
         for _ in 0..=MAX_GENERATIONS {
             let mut v = [0u8; NONCE_LEN];
-            expand_label(suite, d.secret(), b"iv", &mut v);
-            if v[..] == *iv.as_ref() {
-                let mut k = [0u8; 32];
-                k[..len].copy_from_slice(key.as_ref());
-                d.keys = Some((k, v));
-                d.seq = seq;
-                return Some(d);
+            expand_label(self.suite, self.secret(), b"iv", &mut v);
+            if v == iv {
+                self.secret_is_current = true;
+                return Ok(());
             }
-            d.next_generation();
+            let mut next = [0u8; MAX_SECRET_LEN];
+            expand_label(self.suite, self.secret(), b"traffic upd", &mut next[..len]);
+            self.secret = next;
         }
-        None
+        Err(TlsError::alert(
+            ALERT_INTERNAL_ERROR,
+            "the key log's TLS secret does not lead to the connection's keys",
+        ))
     }
 
     fn secret(&self) -> &[u8] {
@@ -312,8 +340,12 @@ impl Direction {
 
     /// Moves to the next traffic secret, HKDF-Expand-Label(secret,
     /// "traffic upd", "", Hash.length), from sequence number 0 (RFC 8446
-    /// section 7.2).
-    pub fn next_generation(&mut self) {
+    /// section 7.2). A resumed direction first finds its current secret,
+    /// and fails if its secret does not lead to its keys.
+    pub fn next_generation(&mut self) -> Result<(), TlsError> {
+        if !self.secret_is_current {
+            self.find_current_secret()?;
+        }
         let len = self.suite.hash_len();
         let mut next = [0u8; MAX_SECRET_LEN];
         expand_label(self.suite, self.secret(), b"traffic upd", &mut next[..len]);
@@ -321,6 +353,7 @@ impl Direction {
         self.seq = 0;
         self.keys = None;
         self.awake = None;
+        Ok(())
     }
 
     fn awake(&mut self) -> &Awake {
@@ -812,7 +845,7 @@ impl Inbound {
         if self.key_updates > MAX_KEY_UPDATES_BETWEEN_DATA {
             return Err(TlsError::unexpected("too many TLS key updates"));
         }
-        self.rx.next_generation();
+        self.rx.next_generation()?;
         Ok(Some(Read::KeyUpdate { requested }))
     }
 }
@@ -855,8 +888,7 @@ impl Outbound {
             &[HANDSHAKE_KEY_UPDATE, 0, 0, 1, request],
             out,
         )?;
-        self.tx.next_generation();
-        Ok(())
+        self.tx.next_generation()
     }
 
     fn owed(&mut self, out: &mut Vec<u8>) -> Result<(), TlsError> {
@@ -975,7 +1007,7 @@ mod tests {
     }
 
     #[test]
-    fn resuming_finds_the_generation_of_the_keys_handed_over_or_refuses() {
+    fn a_resumed_direction_finds_its_generation_at_its_first_key_update_or_fails() {
         let suite = Suite::Aes256Gcm;
         let gen0 = Secret::new(&[3; 48]).expect("length");
         let mut d = Direction::new(suite, &gen0, 0).expect("suite");
@@ -987,33 +1019,48 @@ mod tests {
             }
         };
         for _ in 0..5 {
-            d.next_generation();
+            d.next_generation()
+                .expect("a direction made from its secret");
         }
         let mut resumed = Direction::resume(suite, &gen0, 9, &keys_at(&d)).expect("generation 5");
-        assert_eq!(resumed.secret(), d.secret());
         assert_eq!(resumed.seq(), 9);
-        // The keys handed over are kept across sleeps, so waking derives
-        // nothing; a key update derives the next ones.
+        // The keys handed over are used as they are and kept across sleeps,
+        // so resuming and waking derive nothing; the generation is found
+        // at the first key update, which derives the next keys.
         let handed_over = traffic_keys(suite, d.secret());
         resumed.awake();
         resumed.sleep();
         assert_eq!(resumed.keys, Some(handed_over), "kept across a sleep");
-        resumed.next_generation();
+        assert_eq!(resumed.secret(), gen0.as_bytes(), "nothing derived yet");
+        resumed.next_generation().expect("generation 5 found");
+        d.next_generation().expect("generation 6");
+        assert_eq!(resumed.secret(), d.secret(), "generation 6");
         assert_eq!(resumed.keys, None, "the old keys dropped at a key update");
         resumed.awake();
         assert_eq!(resumed.keys, Some(traffic_keys(suite, resumed.secret())));
+        resumed.next_generation().expect("then as any direction");
+        // A secret that is not this connection's, or too many updates
+        // before hibernating: the keys in use still work, and the first
+        // key update fails the connection.
         let other = Secret::new(&[4; 48]).expect("length");
-        assert!(
-            Direction::resume(suite, &other, 0, &keys_at(&d)).is_none(),
-            "not its secret"
+        let mut misfiled = Direction::resume(suite, &other, 0, &keys_at(&d)).expect("resumed");
+        let mut out = Vec::new();
+        misfiled
+            .seal(CONTENT_APPLICATION_DATA, b"x", &mut out)
+            .expect("sealed with the keys handed over");
+        let mut with_them = Direction::resume(suite, &gen0, 0, &keys_at(&d)).expect("resumed");
+        assert_eq!(
+            with_them.open(&mut out).expect("opened").0,
+            CONTENT_APPLICATION_DATA
         );
+        let e = misfiled.next_generation().expect_err("not its secret");
+        assert_eq!(e.alert, Some(ALERT_INTERNAL_ERROR));
         for _ in 0..MAX_GENERATIONS {
-            d.next_generation();
+            d.next_generation()
+                .expect("a direction made from its secret");
         }
-        assert!(
-            Direction::resume(suite, &gen0, 0, &keys_at(&d)).is_none(),
-            "too far"
-        );
+        let mut far = Direction::resume(suite, &gen0, 0, &keys_at(&d)).expect("resumed");
+        assert!(far.next_generation().is_err(), "too far");
         assert!(
             Direction::resume(Suite::Aes128Gcm, &gen0, 0, &keys_at(&d)).is_none(),
             "another suite"

@@ -20,9 +20,11 @@
 //!   a connection dropped while waiting removes its own, and the store keeps
 //!   at most [`PENDING_CAP`] entries, oldest out first, so connections that
 //!   never finish their handshake cannot grow it.
-//! - At hibernation the secrets are checked against the keys rustls hands
-//!   over (`records::Direction::resume`): a secret filed under the wrong
-//!   connection can never be used, only fail that check.
+//! - A hibernated connection goes on with the keys rustls hands over and
+//!   needs its secrets only at a key update, where they are first checked
+//!   against those keys (`records::Direction::next_generation`): a secret
+//!   filed under the wrong connection can never be used, only fail that
+//!   check, which ends the connection.
 
 use std::cell::Cell;
 use std::collections::VecDeque;

@@ -328,15 +328,15 @@ impl RecordStream {
             conn.write_tls(&mut outgoing)?;
         }
         let keys = conn.dangerous_extract_secrets().map_err(io::Error::other)?;
-        // rustls may have updated keys since the handshake; the secrets
-        // must lead to the keys it hands over, or they are not this
-        // connection's.
-        let mismatch =
-            || io::Error::other("the key log's secrets do not match the connection's keys");
+        // rustls may have updated keys since the handshake: the keys it
+        // hands over are used as they are, and the secret that leads to
+        // them is found at the next key update, which fails the connection
+        // if the key log's secrets are not this connection's.
+        let lost = || io::Error::other("rustls handed over keys of another suite");
         let rx = Direction::resume(suite, &generation_0.client, keys.rx.0, &keys.rx.1)
-            .ok_or_else(mismatch)?;
+            .ok_or_else(lost)?;
         let tx = Direction::resume(suite, &generation_0.server, keys.tx.0, &keys.tx.1)
-            .ok_or_else(mismatch)?;
+            .ok_or_else(lost)?;
         let mut written = 0;
         while written < outgoing.len() {
             match io.tcp.try_write(&outgoing[written..]) {

@@ -163,7 +163,8 @@ fn encode(pieces: &[Piece]) -> (Vec<u8>, Vec<(usize, Outcome)>) {
                     Outcome::Error(Some(records::ALERT_ILLEGAL_PARAMETER))
                 } else {
                     model.key_updates += 1;
-                    tx.next_generation();
+                    tx.next_generation()
+                        .expect("a direction made from its secret");
                     if model.key_updates > 32 {
                         Outcome::Error(Some(records::ALERT_UNEXPECTED_MESSAGE))
                     } else {
