@@ -300,17 +300,6 @@ pub struct ClientStats {
     pub h2_dead_retired_total: u64,
 }
 
-/// The crypto provider every actor's client uses: one for the process, as
-/// its cipher suites and key exchange groups are the same for every actor
-/// (a copy each would cost a worker with 1,000 actors ~0.3 MB for nothing).
-fn shared_provider() -> Arc<rustls::crypto::CryptoProvider> {
-    static PROVIDER: std::sync::OnceLock<Arc<rustls::crypto::CryptoProvider>> =
-        std::sync::OnceLock::new();
-    PROVIDER
-        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
-        .clone()
-}
-
 /// The rustls config of one dial. Made per dial rather than kept: it is
 /// some 700 B with its verifier, every prepared actor would hold one, and
 /// dials are rare (HTTP/2 pools them) and cost a handshake anyway.
@@ -318,7 +307,7 @@ fn tls_config(
     cfg: &GatewayClientConfig,
     credential: &Arc<ActorCredential>,
 ) -> Result<rustls::ClientConfig, rustls::Error> {
-    let mut tls = rustls::ClientConfig::builder_with_provider(shared_provider())
+    let mut tls = rustls::ClientConfig::builder_with_provider(atunnel_tls::provider::provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(cfg.roots.clone())
         .with_client_cert_resolver(credential.clone());

@@ -305,15 +305,14 @@ pub fn new<F: FarEnd>(
 ) -> Result<Arc<Gateway<F>>, GatewayError> {
     let verifier = atunnel_identity::verifier::actor_client_verifier(&cfg.actor_ca)
         .map_err(|e| GatewayError::Tls(e.to_string()))?;
-    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&cfg.tls_versions)
-    .map_err(|e| GatewayError::Tls(e.to_string()))?
-    .with_client_cert_verifier(verifier)
-    .with_single_cert(cfg.cert_chain.clone(), cfg.key.clone_key())
-    .map_err(|e| GatewayError::Tls(e.to_string()))?;
+    let mut tls = rustls::ServerConfig::builder_with_provider(atunnel_tls::provider::provider())
+        .with_protocol_versions(&cfg.tls_versions)
+        .map_err(|e| GatewayError::Tls(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(cfg.cert_chain.clone(), cfg.key.clone_key())
+        .map_err(|e| GatewayError::Tls(e.to_string()))?;
     tls.alpn_protocols = cfg.alpn.clone();
+    atunnel_tls::provider::choose_suites_by_our_order(&mut tls);
     // rustls' default session cache and tickets stay: resumption skips the
     // verifier, and atunnel_tls::accept refuses an actor whose leaf has
     // expired since its session began.

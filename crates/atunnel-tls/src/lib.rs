@@ -8,6 +8,7 @@
 //! - [`secrets`]: the key log that hands that stream its traffic secrets,
 //!   so that it can follow key updates.
 //! - [`hibernate`]: idle detection, and asking a connection to hibernate.
+//! - [`provider`]: the crypto provider and suite order of every endpoint.
 //! - [`reloadable`]: a server config replaced while its listeners run.
 //!
 //! Depends on `atunnel-core` (readiness) and `atunnel-identity` (certificate
@@ -17,6 +18,7 @@
 pub mod admission;
 pub mod hibernate;
 pub mod pre_auth;
+pub mod provider;
 pub mod records;
 pub mod reloadable;
 pub mod secrets;

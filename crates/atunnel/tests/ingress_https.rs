@@ -320,6 +320,25 @@ async fn only_the_router_identity_from_the_trusted_ca_gets_in() {
     }
 }
 
+/// Both listeners choose TLS 1.3's AES-128-GCM-SHA256 (SHA-256 key
+/// derivations run on the CPU's SHA instructions) over the router's own
+/// first offer, AES-256-GCM-SHA384 from a rustls client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_listeners_choose_aes_128_gcm_sha256_over_the_routers_order() {
+    let f = fixture().await;
+    for addr in [f.running.https, f.running.connect] {
+        let tls = router_tls(&f.pki, addr, None, None, &[b"http/1.1"])
+            .await
+            .expect("TLS");
+        let suite = tls.get_ref().1.negotiated_cipher_suite().expect("suite");
+        assert_eq!(
+            suite.suite(),
+            rustls::CipherSuite::TLS13_AES_128_GCM_SHA256,
+            "{addr}"
+        );
+    }
+}
+
 /// The response head the listener at `addr` sends back to `request`, sent
 /// as `identity` (the router if `None`), or the error that ended the
 /// connection first. Under TLS 1.3 a refusal arrives with the first read.

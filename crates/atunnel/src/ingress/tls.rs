@@ -88,13 +88,12 @@ pub fn server_config(
 ) -> Result<Arc<rustls::ServerConfig>, IngressTlsError> {
     let verifier = atunnel_identity::verifier::spiffe_client_verifier(trust, allowed_client_id)
         .map_err(|e| IngressTlsError::Verifier(e.to_string()))?;
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_client_cert_verifier(verifier)
-    .with_cert_resolver(Arc::new(ReloadingCert::new(credential_bundle)?));
+    let mut cfg = rustls::ServerConfig::builder_with_provider(atunnel_tls::provider::provider())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(ReloadingCert::new(credential_bundle)?));
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    atunnel_tls::provider::choose_suites_by_our_order(&mut cfg);
     // Hibernation keeps an idle connection's traffic keys instead of its
     // rustls session (atunnel_tls::stream).
     cfg.enable_secret_extraction = true;
