@@ -172,7 +172,14 @@ fn ingress_comparison_table(c: &Comparison) -> String {
     /// A column: its heading and how a variant's figure is read.
     type Column<'a> = (&'a str, Box<dyn Fn(&Variant) -> Option<f64>>);
     let rate = common_rate(c);
-    let figures: [Column; 5] = [
+    let saturated = |key: &'static str| {
+        move |v: &Variant| {
+            v.summary(Scenario::IngressHttps, "saturated")?
+                .get(key)?
+                .as_f64()
+        }
+    };
+    let figures: [Column; 7] = [
         (
             "req/s",
             Box::new(|v| {
@@ -181,6 +188,8 @@ fn ingress_comparison_table(c: &Comparison) -> String {
             }),
         ),
         ("CPU us/req", Box::new(move |v| cpu_us_per_request(v, rate))),
+        ("sat req/s", Box::new(saturated("rps"))),
+        ("sat us/req", Box::new(saturated("cpu_us_per_request"))),
         (
             "idle h1 B/conn",
             Box::new(|v| idle_case(v, "http1-keepalive-short", "cgroup_bytes_per_conn")),
@@ -200,8 +209,8 @@ fn ingress_comparison_table(c: &Comparison) -> String {
             }),
         ),
     ];
-    // Ratios for the first four; the hibernated figure is atunnel's alone.
-    const WITH_RATIO: usize = 4;
+    // Ratios for the first six; the hibernated figure is atunnel's alone.
+    const WITH_RATIO: usize = 6;
     let base = c.variants.first();
     let fmt = |x: Option<f64>| x.map_or("-".to_string(), |x| trim_float(x, 1));
     let ratio = |x: Option<f64>, i: usize| {
@@ -241,6 +250,14 @@ fn ingress_comparison_table(c: &Comparison) -> String {
             fmt_rate(rate)
         );
     }
+    let _ = writeln!(
+        out,
+        "sat: {} requests in flight, closed-loop (ingress-https's summary says whose CPU ran out first)",
+        c.variants
+            .iter()
+            .find_map(|v| saturated("streams_in_flight")(v))
+            .map_or("-".to_string(), |n| trim_float(n, 0))
+    );
     out
 }
 
@@ -697,7 +714,12 @@ mod tests {
 
     #[test]
     fn a_peers_comparison_prints_atunnel_to_peer_ratios() {
-        let variant = |label: &str, rps: f64, cpu: f64, h1: f64, hibernated: Option<f64>| {
+        let variant = |label: &str,
+                       rps: f64,
+                       cpu: f64,
+                       (sat_rps, sat_cpu): (f64, f64),
+                       h1: f64,
+                       hibernated: Option<f64>| {
             let mut h1_case = json!({"case": "http1-keepalive-short", "cgroup_bytes_per_conn": h1});
             if let Some(b) = hibernated {
                 h1_case["hibernated_cgroup_bytes_per_conn"] = json!(b);
@@ -718,7 +740,9 @@ mod tests {
                                 ..rung(offered, Verdict::Ok)
                             })
                             .collect(),
-                        summary: json!({"sustainable_rps": rps, "cpu_us_per_request": 999.0}),
+                        summary: json!({"sustainable_rps": rps, "cpu_us_per_request": 999.0,
+                            "saturated": {"streams_in_flight": 128, "rps": sat_rps,
+                                "cpu_us_per_request": sat_cpu}}),
                         ..ScenarioResult::default()
                     },
                     ScenarioResult {
@@ -733,9 +757,16 @@ mod tests {
         let c = Comparison {
             name: "peers".into(),
             variants: vec![
-                variant("atunnel", 4000.0, 17.1, 8000.0, Some(2000.0)),
-                variant("nginx", 4000.0, 13.2, 25000.0, None),
-                variant("haproxy", 2000.0, 7.5, 26000.0, None),
+                variant(
+                    "atunnel",
+                    4000.0,
+                    17.1,
+                    (50000.0, 20.0),
+                    8000.0,
+                    Some(2000.0),
+                ),
+                variant("nginx", 4000.0, 13.2, (40000.0, 10.0), 25000.0, None),
+                variant("haproxy", 2000.0, 7.5, (80000.0, 8.0), 26000.0, None),
             ],
         };
         let txt = render_txt(&Results {
@@ -753,23 +784,28 @@ mod tests {
                 .map(String::from)
                 .collect()
         };
-        // label, req/s, ratio, CPU, ratio, h1, ratio, h2, ratio, hibernated
+        assert!(txt.contains("sat: 128 requests in flight"), "{txt}");
+        // label, req/s, ratio, CPU, ratio, saturated req/s, ratio, saturated
+        // CPU, ratio, h1, ratio, h2, ratio, hibernated
         assert_eq!(
             row("atunnel"),
             [
-                "atunnel", "4000", "1.00", "17.1", "1.00", "8000", "1.00", "16000", "1.00", "2000"
+                "atunnel", "4000", "1.00", "17.1", "1.00", "50000", "1.00", "20", "1.00", "8000",
+                "1.00", "16000", "1.00", "2000"
             ]
         );
         assert_eq!(
             row("nginx"),
             [
-                "nginx", "4000", "1.00", "13.2", "1.30", "25000", "0.32", "50000", "0.32", "-"
+                "nginx", "4000", "1.00", "13.2", "1.30", "40000", "1.25", "10", "2.00", "25000",
+                "0.32", "50000", "0.32", "-"
             ]
         );
         assert_eq!(
             row("haproxy"),
             [
-                "haproxy", "2000", "2.00", "7.5", "2.28", "26000", "0.31", "52000", "0.31", "-"
+                "haproxy", "2000", "2.00", "7.5", "2.28", "80000", "0.62", "8", "2.50", "26000",
+                "0.31", "52000", "0.31", "-"
             ]
         );
     }

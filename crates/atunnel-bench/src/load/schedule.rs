@@ -237,6 +237,80 @@ where
     }
 }
 
+/// Capacity at a fixed concurrency: `concurrency` workers each run
+/// `work(i)` back to back until `duration` has passed, so that many units
+/// are always in flight (as a router keeps its streams busy). Closed-loop
+/// on purpose, unlike [`run_rung`]: it measures how many units the far side
+/// completes and what each costs at saturation, not latency under a
+/// schedule (its latency histogram counts from each unit's own start). A
+/// unit still running [`END_GRACE`] after the end is abandoned and counted
+/// as an error. `offered` is the achieved rate: nothing was scheduled.
+pub async fn run_saturated<F, Fut>(concurrency: usize, duration: Duration, work: F) -> RungOutcome
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), String>> + Send + 'static,
+{
+    let work = Arc::new(work);
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let start = Instant::now();
+    let end = start + duration;
+    let mut set = JoinSet::new();
+    for _ in 0..concurrency {
+        let (work, next) = (work.clone(), next.clone());
+        set.spawn(async move {
+            let mut tally = Tally::new();
+            let mut started = 0u64;
+            while Instant::now() < end {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                started += 1;
+                let due = Instant::now();
+                let result = tokio::time::timeout_at(end + END_GRACE, work(i))
+                    .await
+                    .unwrap_or_else(|_| Err(TIMED_OUT.to_string()));
+                tally.record(Ok(Finished {
+                    due,
+                    finished: Instant::now(),
+                    result,
+                }));
+            }
+            (tally, started)
+        });
+    }
+    let mut tally = Tally::new();
+    let mut started = 0;
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok((worker, n)) => {
+                tally.merge(worker);
+                started += n;
+            }
+            Err(_) => tally.error("saturating worker panicked".to_string()),
+        }
+    }
+    let elapsed = start.elapsed();
+    let span = tally
+        .last_finish
+        .map_or(elapsed, |last| last - start)
+        .as_secs_f64();
+    let achieved = if span > 0.0 {
+        tally.completed as f64 / span
+    } else {
+        0.0
+    };
+    RungOutcome {
+        offered: achieved,
+        achieved,
+        started,
+        completed: tally.completed,
+        errors: tally.errors,
+        shed: 0,
+        latency: tally.latency,
+        dispatch_lag: new_histogram(),
+        elapsed,
+        first_error: tally.first_error,
+    }
+}
+
 /// Decrements the in-flight count when a unit's task ends, however it ends
 /// (returns, panics or is aborted).
 struct InFlight(Arc<AtomicUsize>);
@@ -299,6 +373,24 @@ impl Tally {
             self.first_error = Some(e);
         }
     }
+
+    fn merge(&mut self, other: Tally) {
+        // Both histograms have the same bounds, so adding cannot fail.
+        let _ = self.latency.add(&other.latency);
+        self.completed += other.completed;
+        self.errors += other.errors;
+        self.first_finish = [self.first_finish, other.first_finish]
+            .into_iter()
+            .flatten()
+            .min();
+        self.last_finish = [self.last_finish, other.last_finish]
+            .into_iter()
+            .flatten()
+            .max();
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
 }
 
 fn record_us(h: &mut Histogram<u64>, d: Duration) {
@@ -311,6 +403,57 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn saturation_keeps_its_concurrency_in_flight_and_counts_every_unit() {
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (r, m) = (running.clone(), most.clone());
+        // Each unit takes 10 ms and the fifth of every ten fails: 8 workers
+        // for 1 s complete 8 * 100 units, 80 of them failed.
+        let out = run_saturated(8, Duration::from_secs(1), move |i| {
+            let (r, m) = (r.clone(), m.clone());
+            async move {
+                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(ms(10)).await;
+                r.fetch_sub(1, Ordering::SeqCst);
+                if i % 10 == 4 {
+                    Err("fifth".into())
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await;
+        assert_eq!(most.load(Ordering::SeqCst), 8, "never more, and all busy");
+        assert_eq!(out.started, 800);
+        assert_eq!(out.completed + out.errors, 800);
+        assert_eq!(out.errors, 80);
+        assert_eq!(out.first_error.as_deref(), Some("fifth"));
+        assert!((out.achieved - 720.0).abs() < 1.0, "{}", out.achieved);
+        assert_eq!(out.offered, out.achieved);
+        let p50 = out.latency.value_at_quantile(0.5);
+        assert!(
+            out.latency.equivalent(p50, 10_000),
+            "{p50} us: latency counts from each unit's own start"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_saturating_unit_that_never_ends_is_abandoned_after_the_grace() {
+        let out = run_saturated(2, Duration::from_secs(1), |i| async move {
+            if i == 0 {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(ms(100)).await;
+            Ok(())
+        })
+        .await;
+        assert_eq!(out.errors, 1);
+        assert_eq!(out.first_error.as_deref(), Some(TIMED_OUT));
+        assert_eq!(out.completed, 10, "the other worker went on");
     }
 
     #[tokio::test(start_paused = true)]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use atunnel_bench::cgroup::CgroupSample;
 use atunnel_bench::load::results::{Latency, RungResult};
-use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung};
+use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung, run_saturated};
 use atunnel_bench::load::verdict::{RungEvidence, Verdict, sustainable_rate, verdict};
 use atunnel_support::stats_client::num;
 
@@ -92,6 +92,26 @@ where
     let window = Window::open(bench, far(bench));
     let outcome = run_rung(rung, work).await;
     (window.close(bench, &outcome).await, outcome)
+}
+
+/// Runs `work` with `concurrency` units always in flight for `duration`
+/// ([`run_saturated`]) inside a [`Window`] whose far end is `far(bench)`:
+/// the contender at saturation, with its verdict (whether the tunnel, the
+/// generator or the far end ran out of CPU first).
+pub(super) async fn measure_saturated<F, Fut>(
+    bench: &mut Bench,
+    far: fn(&Bench) -> Option<u32>,
+    concurrency: usize,
+    duration: Duration,
+    work: F,
+) -> RungResult
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), String>> + Send + 'static,
+{
+    let window = Window::open(bench, far(bench));
+    let outcome = run_saturated(concurrency, duration, work).await;
+    window.close(bench, &outcome).await
 }
 
 /// Climbs a ladder (its rates and how long each rung lasts): one

@@ -19,10 +19,14 @@ use tokio_rustls::client::TlsStream;
 
 use crate::run::bench::Bench;
 use crate::run::router::Alpn;
-use crate::run::rung::{climb, ladder, measure, sustainable};
+use crate::run::rung::{climb, ladder, measure, measure_saturated, sustainable};
 
 /// Router connections each scenario spreads its units over.
 const ROUTER_CONNS: usize = 4;
+
+/// Requests each router connection keeps in flight when ingress-https
+/// saturates the contender: a busy router multiplexes many streams.
+const SATURATING_STREAMS: usize = 32;
 
 /// [`ROUTER_CONNS`] HTTP/2 connections as the router to the tunnel's ingress
 /// `port`, each made by `handshake` over the router's TLS.
@@ -100,24 +104,7 @@ pub(super) async fn ingress_https(
                 duration,
                 max_in_flight: 4096,
             },
-            move |i| {
-                let mut send = s[i as usize % s.len()].clone();
-                async move {
-                    let req = http::Request::builder()
-                        .uri("https://worker.bench/")
-                        .header("ate-target-actor", format!("bench/actor-{}", i % actors))
-                        .body(http_body_util::Empty::<Bytes>::new())
-                        .map_err(|e| e.to_string())?;
-                    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
-                    if !resp.status().is_success() {
-                        return Err(format!("status {}", resp.status()));
-                    }
-                    http_body_util::BodyExt::collect(resp.into_body())
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Ok(())
-                }
-            },
+            move |i| routed_request(s[i as usize % s.len()].clone(), i % actors),
         )
         .await;
         let after = upstream_conns(bench).await?;
@@ -137,11 +124,33 @@ pub(super) async fn ingress_https(
         0.0
     };
     let sustained = sustainable(&rungs);
+    // Then saturated: every router connection keeps SATURATING_STREAMS
+    // requests in flight, for as long as a rung.
+    let s = senders.clone();
+    let saturated = measure_saturated(
+        bench,
+        Bench::actors_pid,
+        ROUTER_CONNS * SATURATING_STREAMS,
+        duration,
+        move |i| routed_request(s[i as usize % s.len()].clone(), i % actors),
+    )
+    .await;
     let mut summary = json!({
         "sustainable_rps": sustained,
         "cpu_us_per_request": cpu_us_per_request(&rungs, sustained),
+        "saturated": {
+            "streams_in_flight": ROUTER_CONNS * SATURATING_STREAMS,
+            "rps": saturated.achieved.round(),
+            "errors": saturated.errors,
+            "tunnel_cores": (saturated.tunnel_cpu_cores * 100.0).round() / 100.0,
+            "cpu_us_per_request": cpu_us_per_request(std::slice::from_ref(&saturated), None),
+            "verdict": saturated.verdict,
+        },
     });
-    let mut notes = vec!["4 router HTTP/2 connections with the router's certificate, GET / to actor-(i mod actors), HTTP/1.1 to the actor".to_string()];
+    let mut notes = vec![
+        "4 router HTTP/2 connections with the router's certificate, GET / to actor-(i mod actors), HTTP/1.1 to the actor".to_string(),
+        format!("saturated: the 4 connections kept {SATURATING_STREAMS} requests each in flight for a rung's length, closed-loop; its verdict says whose CPU ran out first (the generator shares the machine's other core with the actors)"),
+    ];
     if bench.is_atunnel() {
         summary["new_upstream_conns_per_1000"] = json!((per_1000 * 100.0).round() / 100.0);
     } else {
@@ -156,6 +165,27 @@ pub(super) async fn ingress_https(
         rungs,
         notes,
     })
+}
+
+/// One request as the router sends it: GET / to `bench/actor-<actor>`
+/// over `send`, its whole answer read; an error unless it is a success.
+async fn routed_request(
+    mut send: hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
+    actor: u64,
+) -> Result<(), String> {
+    let req = http::Request::builder()
+        .uri("https://worker.bench/")
+        .header("ate-target-actor", format!("bench/actor-{actor}"))
+        .body(http_body_util::Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("status {}", resp.status()));
+    }
+    http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// The contender's CPU per request, in microseconds, at the sustainable
