@@ -76,9 +76,9 @@ const SEQ_SOFT_LIMIT: u64 = 0xffff_ffff_ffff_0000;
 
 /// How many key updates rustls may have made on a connection before it
 /// first hibernates that a resumed [`Direction`] looks through, at its
-/// first key update, to find the secret of the keys rustls handed over. A peer's key updates are
-/// rare (rustls and Go clients update at their AEAD limits, 2^23 records
-/// and more), and each step is two HMACs.
+/// first key update, to find the secret of the keys rustls handed over. A
+/// peer's key updates are rare (rustls and Go clients update at their AEAD
+/// limits, 2^23 records and more), and each step is two HMACs.
 pub const MAX_GENERATIONS: u32 = 64;
 
 /// A TLS error that ends the connection: what failed, and the alert this
@@ -295,18 +295,18 @@ impl Direction {
         Some(d)
     }
 
-    /// Follows the generation-0 secret of a resumed direction through up
-    /// to [`MAX_GENERATIONS`] key updates until it yields the IV of the
-    /// keys in use (96 bits of HKDF output: the key, from the same secret,
-    /// is not derived again to compare). An error if it never does: the
-    /// secret is not this connection's, or rustls updated more often.
+    /// Makes `secret` the secret of the keys in use: a resumed direction
+    /// follows its generation-0 secret through up to [`MAX_GENERATIONS`]
+    /// key updates until it yields their IV (96 bits of HKDF output: the
+    /// key, from the same secret, is not derived again to compare). An
+    /// error if it never does: the secret is not this connection's, or
+    /// rustls updated more often.
     fn find_current_secret(&mut self) -> Result<(), TlsError> {
-        let Some((_, iv)) = self.keys else {
-            // Keys are derived from the secret when absent, so it is theirs.
+        // Keys absent are derived from the secret, so it is theirs.
+        let Some((_, iv)) = self.keys.filter(|_| !self.secret_is_current) else {
             self.secret_is_current = true;
             return Ok(());
         };
-        let len = self.suite.hash_len();
         for _ in 0..=MAX_GENERATIONS {
             let mut v = [0u8; NONCE_LEN];
             expand_label(self.suite, self.secret(), b"iv", &mut v);
@@ -314,9 +314,7 @@ impl Direction {
                 self.secret_is_current = true;
                 return Ok(());
             }
-            let mut next = [0u8; MAX_SECRET_LEN];
-            expand_label(self.suite, self.secret(), b"traffic upd", &mut next[..len]);
-            self.secret = next;
+            self.step_secret();
         }
         Err(TlsError::alert(
             ALERT_INTERNAL_ERROR,
@@ -343,17 +341,21 @@ impl Direction {
     /// section 7.2). A resumed direction first finds its current secret,
     /// and fails if its secret does not lead to its keys.
     pub fn next_generation(&mut self) -> Result<(), TlsError> {
-        if !self.secret_is_current {
-            self.find_current_secret()?;
-        }
-        let len = self.suite.hash_len();
-        let mut next = [0u8; MAX_SECRET_LEN];
-        expand_label(self.suite, self.secret(), b"traffic upd", &mut next[..len]);
-        self.secret = next;
+        self.find_current_secret()?;
+        self.step_secret();
         self.seq = 0;
         self.keys = None;
         self.awake = None;
         Ok(())
+    }
+
+    /// `secret` becomes HKDF-Expand-Label(secret, "traffic upd", "",
+    /// Hash.length).
+    fn step_secret(&mut self) {
+        let len = self.suite.hash_len();
+        let mut next = [0u8; MAX_SECRET_LEN];
+        expand_label(self.suite, self.secret(), b"traffic upd", &mut next[..len]);
+        self.secret = next;
     }
 
     fn awake(&mut self) -> &Awake {
@@ -883,6 +885,9 @@ impl Outbound {
     }
 
     fn key_update(&mut self, request: u8, out: &mut Vec<u8>) -> Result<(), TlsError> {
+        // Before the KeyUpdate is sealed: failing after it, this side would
+        // seal its alert under keys the peer has been told are gone.
+        self.tx.find_current_secret()?;
         self.tx.seal(
             CONTENT_HANDSHAKE,
             &[HANDSHAKE_KEY_UPDATE, 0, 0, 1, request],
@@ -1055,6 +1060,17 @@ mod tests {
         );
         let e = misfiled.next_generation().expect_err("not its secret");
         assert_eq!(e.alert, Some(ALERT_INTERNAL_ERROR));
+        // Sending, the failure comes before the KeyUpdate is sealed.
+        let misfiled = Direction::resume(suite, &other, 0, &keys_at(&d)).expect("resumed");
+        let mut tx = Outbound::new(misfiled, 2);
+        let mut sent = Vec::new();
+        tx.seal_data(b"one", &mut sent).expect("the first record");
+        let before = sent.len();
+        let e = tx
+            .seal_data(b"two", &mut sent)
+            .expect_err("its key update fails");
+        assert_eq!(e.alert, Some(ALERT_INTERNAL_ERROR));
+        assert_eq!(sent.len(), before, "no KeyUpdate sealed");
         for _ in 0..MAX_GENERATIONS {
             d.next_generation()
                 .expect("a direction made from its secret");
