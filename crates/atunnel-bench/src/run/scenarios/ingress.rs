@@ -169,7 +169,7 @@ pub(super) async fn ingress_https(
 
 /// One request as the router sends it: GET / to `bench/actor-<actor>`
 /// over `send`, its whole answer read; an error unless it is a success.
-async fn routed_request(
+pub(super) async fn routed_request(
     mut send: hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
     actor: u64,
 ) -> Result<(), String> {

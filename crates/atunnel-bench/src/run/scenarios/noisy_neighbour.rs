@@ -287,29 +287,14 @@ impl Victim {
     /// connection `i`.
     async fn https_unit(&self, i: u64) -> Result<(), String> {
         let slot = &self.https[i as usize % self.https.len()];
-        let mut send = {
+        let send = {
             let mut guard = slot.lock().await;
             if guard.as_ref().is_none_or(|s| s.is_closed()) {
                 *guard = Some(self.router.h2().await.map_err(|e| e.to_string())?);
             }
             guard.clone().expect("filled above")
         };
-        let req = http::Request::builder()
-            .uri("https://worker.bench/")
-            .header("ate-target-actor", format!("bench/actor-{VICTIM}"))
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| e.to_string())?;
-        let answer = async {
-            let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
-            if !resp.status().is_success() {
-                return Err(format!("status {}", resp.status()));
-            }
-            http_body_util::BodyExt::collect(resp.into_body())
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(())
-        };
-        let result = answer.await;
+        let result = super::ingress::routed_request(send, VICTIM).await;
         if result.is_err() {
             *slot.lock().await = None;
         }
