@@ -250,14 +250,17 @@ fn ingress_comparison_table(c: &Comparison) -> String {
             fmt_rate(rate)
         );
     }
-    let _ = writeln!(
-        out,
-        "sat: {} requests in flight, closed-loop (ingress-https's summary says whose CPU ran out first)",
-        c.variants
-            .iter()
-            .find_map(|v| saturated("streams_in_flight")(v))
-            .map_or("-".to_string(), |n| trim_float(n, 0))
-    );
+    if let Some(n) = c
+        .variants
+        .iter()
+        .find_map(|v| saturated("streams_in_flight")(v))
+    {
+        let _ = writeln!(
+            out,
+            "sat: {} requests in flight, closed-loop (ingress-https's summary says whose CPU ran out first)",
+            trim_float(n, 0)
+        );
+    }
     out
 }
 

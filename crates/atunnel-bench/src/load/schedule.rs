@@ -264,10 +264,17 @@ where
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 started += 1;
                 let due = Instant::now();
-                let result = tokio::time::timeout_at(end + END_GRACE, work(i))
-                    .await
-                    .unwrap_or_else(|_| Err(TIMED_OUT.to_string()));
-                tally.record(Ok(Finished {
+                // A task of its own, as in run_rung: a unit that panics is
+                // one error, not the end of the worker and its tally.
+                let mut unit = tokio::spawn(work(i));
+                let result = match tokio::time::timeout_at(end + END_GRACE, &mut unit).await {
+                    Ok(joined) => joined,
+                    Err(_) => {
+                        unit.abort();
+                        Ok(Err(TIMED_OUT.to_string()))
+                    }
+                };
+                tally.record(result.map(|result| Finished {
                     due,
                     finished: Instant::now(),
                     result,
@@ -284,7 +291,7 @@ where
                 tally.merge(worker);
                 started += n;
             }
-            Err(_) => tally.error("saturating worker panicked".to_string()),
+            Err(_) => tally.error("saturating worker failed".to_string()),
         }
     }
     let elapsed = start.elapsed();
@@ -439,6 +446,19 @@ mod tests {
             out.latency.equivalent(p50, 10_000),
             "{p50} us: latency counts from each unit's own start"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_saturating_unit_that_panics_is_one_error_and_its_worker_goes_on() {
+        let out = run_saturated(1, Duration::from_secs(1), |i| async move {
+            tokio::time::sleep(ms(100)).await;
+            assert_ne!(i, 3, "the fourth unit panics");
+            Ok(())
+        })
+        .await;
+        assert_eq!(out.errors, 1);
+        assert_eq!(out.first_error.as_deref(), Some("unit panicked"));
+        assert_eq!(out.completed, 9, "the worker went on after it");
     }
 
     #[tokio::test(start_paused = true)]
