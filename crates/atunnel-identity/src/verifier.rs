@@ -38,7 +38,7 @@ enum PeerIdentityError {
     Parse(String),
     #[error("peer certificate has a malformed subjectAltName: {0}")]
     MalformedSan(String),
-    #[error("peer certificate URI SANs {found:?} do not include {allowed:?}")]
+    #[error("peer certificate URI SANs {found:?} are not exactly {allowed:?}")]
     SpiffeIdNotAllowed { allowed: String, found: Vec<String> },
 }
 
@@ -81,7 +81,9 @@ fn check_spiffe_id(leaf: &CertificateDer<'_>, allowed: &str) -> Result<(), PeerI
             _ => None,
         })
         .collect();
-    if uris.contains(&allowed) {
+    // A SPIFFE SVID carries exactly one URI SAN: a leaf naming the allowed
+    // ID beside another is not that workload's.
+    if uris == [allowed] {
         Ok(())
     } else {
         Err(PeerIdentityError::SpiffeIdNotAllowed {
@@ -224,7 +226,7 @@ pub fn actor_client_verifier(
     client_verifier(actor_ca_roots, IdentityRule::Actor)
 }
 
-/// A client verifier admitting only the workload whose URI SAN is exactly
+/// A client verifier admitting only the workload whose one URI SAN is
 /// `allowed_spiffe_id` (the router on ingress, atunnel on atelet's socket).
 pub fn spiffe_client_verifier(
     roots: &[CertificateDer<'static>],
@@ -292,7 +294,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
 }
 
 /// The client side's check of a workload server (atelet, a peer atunnel):
-/// chain against `roots`, then URI SAN exactly `allowed_spiffe_id`.
+/// chain against `roots`, then its one URI SAN is `allowed_spiffe_id`.
 pub fn spiffe_server_verifier(
     roots: &[CertificateDer<'static>],
     allowed_spiffe_id: &str,
@@ -667,6 +669,70 @@ mod tests {
         assert!(outcome.client.is_err());
     }
 
+    /// A router leaf from the pod CA whose URI SANs are `uris`, made with
+    /// rcgen directly: `CertificateAuthority::issue` writes at most one.
+    fn leaf_with_uris(ca: &CertificateAuthority, uris: &[&str]) -> IssuedCert {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        let ca_key = rcgen::KeyPair::from_pem(&ca.key_pem()).expect("ca key");
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.cert_pem(), ca_key).expect("issuer");
+        let mut params = rcgen::CertificateParams::default();
+        params.subject_alt_names = uris
+            .iter()
+            .map(|u| rcgen::SanType::URI((*u).try_into().expect("ia5")))
+            .collect();
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let now = SystemTime::now();
+        params.not_before = (now - HOUR).into();
+        params.not_after = (now + HOUR).into();
+        let leaf = params.signed_by(&key, &issuer).expect("signed");
+        IssuedCert {
+            chain: vec![leaf.der().clone(), ca.cert_der()],
+            key: rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into(),
+            cert_pem: leaf.pem(),
+            key_pem: key.serialize_pem(),
+        }
+    }
+
+    /// Ingress's handshake with a router presenting a leaf whose URI SANs
+    /// are `uris`.
+    async fn router_handshake(uris: &[&str]) -> Outcome {
+        let pod_ca = CertificateAuthority::new("pod ca").expect("ca");
+        let worker = pod_ca
+            .issue(Some(WORKER_SPIFFE_ID), &[], &[], Usage::Server, HOUR)
+            .expect("worker");
+        let router = leaf_with_uris(&pod_ca, uris);
+        let verifier =
+            spiffe_client_verifier(&[pod_ca.cert_der()], ROUTER_SPIFFE_ID).expect("verifier");
+        let server_check =
+            spiffe_server_verifier(&[pod_ca.cert_der()], WORKER_SPIFFE_ID).expect("verifier");
+        handshake(
+            server_config(verifier, &worker, TLS13),
+            client_config(server_check, Some((&router).into()), TLS13),
+            ServerName::try_from("worker.invalid").expect("name"),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_router_leaf_with_an_extra_uri_san_or_none_is_refused_at_the_handshake() {
+        // The control: the same leaf shape with the one ID passes.
+        let outcome = router_handshake(&[ROUTER_SPIFFE_ID]).await;
+        outcome.server.expect("router admitted");
+        outcome.client.expect("router read the greeting");
+        for uris in [
+            &[ROUTER_SPIFFE_ID, ATELET_SPIFFE_ID][..],
+            &[ATELET_SPIFFE_ID, ROUTER_SPIFFE_ID][..],
+            &[ROUTER_SPIFFE_ID, ROUTER_SPIFFE_ID][..],
+            &[][..],
+        ] {
+            let outcome = router_handshake(uris).await;
+            let server_err = outcome.server.expect_err("refused");
+            let refusal = identity_refusal(&server_err).to_string();
+            assert!(refusal.contains("not exactly"), "{uris:?}: {refusal}");
+            assert!(outcome.client.is_err(), "{uris:?}: the router was served");
+        }
+    }
+
     /// A client dialling atelet by a name its certificate does not carry.
     async fn atelet_handshake(server_spiffe_id: &str) -> Outcome {
         let pod_ca = CertificateAuthority::new("pod ca").expect("ca");
@@ -824,7 +890,7 @@ mod fuzz {
 
         /// A peer's leaf with bytes changed, inserted, removed or cut: the
         /// SPIFFE ID check never panics and passes only a leaf that still
-        /// parses and still carries the allowed URI SAN.
+        /// parses and carries the allowed URI SAN and no other.
         #[test]
         fn a_mutated_leaf_passes_the_spiffe_id_check_only_with_the_allowed_id(
             edits in prop::collection::vec((any::<usize>(), any::<u8>(), 0u8..4), 1..4),
@@ -846,8 +912,11 @@ mod fuzz {
             if check_spiffe_id(&der, ROUTER_SPIFFE_ID).is_ok() {
                 let (_, cert) = X509Certificate::from_der(&der).expect("a passing leaf parses");
                 let san = cert.subject_alternative_name().expect("its SAN parses").expect("it has one");
-                let has_id = san.value.general_names.iter().any(|n| matches!(n, GeneralName::URI(u) if *u == ROUTER_SPIFFE_ID));
-                prop_assert!(has_id);
+                let uris: Vec<&str> = san.value.general_names.iter().filter_map(|n| match n {
+                    GeneralName::URI(u) => Some(*u),
+                    _ => None,
+                }).collect();
+                prop_assert_eq!(uris, [ROUTER_SPIFFE_ID]);
             }
             let _ = check_leaf_validity(&der, UnixTime::now());
         }
