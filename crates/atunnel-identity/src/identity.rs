@@ -138,11 +138,21 @@ fn validate_name(field: &'static str, value: &str) -> Result<(), IdentityError> 
     }
 }
 
+/// A uid names the sandbox's namespaces (files under /run/netns) and is a
+/// label value in /metrics, JSON and logs; what a Kubernetes UID carries
+/// (a UUID) passes all of them unescaped.
 fn validate_uid(value: &str) -> Result<(), IdentityError> {
     let reason = if value.is_empty() {
         Some("must not be empty")
-    } else if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        Some("must not contain whitespace or control characters")
+    } else if value.len() > MAX_NAME_LEN {
+        Some("longer than 253 characters")
+    } else if !value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    {
+        Some("only ASCII letters, digits, '-', '_' and '.' are allowed")
+    } else if value == "." || value == ".." {
+        Some("must not be \".\" or \"..\"")
     } else {
         None
     };
@@ -368,6 +378,12 @@ mod tests {
             ("a", "a", ""),
             ("a", "a", "u u"),
             ("a", "a", "u\n"),
+            ("a", "a", "u\"1"),
+            ("a", "a", "u\\1"),
+            ("a", "a", "u/1"),
+            ("a", "a", ".."),
+            ("a", "a", "u{1}"),
+            ("a", "a", "\u{e9}"),
         ] {
             assert!(
                 ActorRef::new(atespace, name, uid).is_err(),
@@ -383,6 +399,19 @@ mod tests {
             })
         ));
         assert!(ActorRef::new("a".repeat(253), "x.y-1", "u").is_ok());
+        let uuid = "6F1C2A9E-0b1c-4d2e-9f3a-123456789abc";
+        assert!(ActorRef::new("a", "a", uuid).is_ok());
+        assert!(ActorRef::new("a", "a", "u_1.x").is_ok());
+        assert!(ActorRef::new("a", "a", "u".repeat(253)).is_ok());
+        match ActorRef::new("a", "a", "u\"1\\") {
+            Err(e @ IdentityError::InvalidUid { .. }) => {
+                let said = e.to_string();
+                assert!(said.contains(r#""u\"1\\""#), "names the uid: {said}");
+                assert!(said.contains("'-', '_' and '.'"), "names the set: {said}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(ActorRef::new("a", "a", "u".repeat(254)).is_err());
     }
 
     #[test]

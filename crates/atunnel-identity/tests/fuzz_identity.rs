@@ -121,8 +121,14 @@ fn valid_name(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
+/// The uid rule, restated: 1 to 253 of ASCII letters, digits, '-', '_',
+/// '.', and not "." or "..".
 fn valid_uid(s: &str) -> bool {
-    !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+    (1..=253).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && s != "."
+        && s != ".."
 }
 
 /// Names, mostly valid, some one character off.
@@ -232,7 +238,7 @@ fn content() -> impl Strategy<Value = Content> {
         6 => (
             prop_oneof![3 => Just("team-a".to_owned()), 1 => name()],
             prop_oneof![3 => Just("agent-1".to_owned()), 1 => name()],
-            prop_oneof![3 => Just("uid-1".to_owned()), 1 => "\\PC{0,6}", 1 => Just("a b".to_owned())],
+            prop_oneof![3 => Just("uid-1".to_owned()), 1 => "\\PC{0,6}", 1 => Just("a b".to_owned()), 1 => Just(r#"u"\1"#.to_owned())],
             prop_oneof![4 => Just("atunnel".to_owned()), 1 => "[a-z]{0,8}"],
         )
             .prop_map(|(atespace, name, uid, purpose)| Content::Json { atespace, name, uid, purpose }),

@@ -453,6 +453,9 @@ async fn bad_input_gets_its_exact_status_and_changes_nothing() {
         (with(&|a| a.uid = "../../tmp/x".into()), "actor.uid"),
         (with(&|a| a.uid = "..".into()), "actor.uid"),
         (with(&|a| a.uid = "u".repeat(250)), "actor.uid"),
+        // A uid is a namespace name and a Prometheus label value.
+        (with(&|a| a.uid = "uid\"delta".into()), "actor.uid"),
+        (with(&|a| a.uid = "uid\\delta".into()), "actor.uid"),
     ];
     let expect = |r: Result<_, tonic::Status>, code: Code, needle: &str, what: &str| {
         let e = r.err().unwrap_or_else(|| panic!("{what}: accepted"));
