@@ -3,10 +3,13 @@
 //! `/stats` serves, so the two never disagree, and nothing is counted
 //! twice on the data path. Per-actor series carry an `actor` label (the
 //! uid) and exist only while the actor is hosted, so their number is
-//! bounded by the hosted actors.
+//! bounded by the hosted actors. Label values are escaped here: the
+//! library writes them verbatim.
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -103,7 +106,7 @@ impl Out<'_, '_> {
             self.0
                 .encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
         for (value, v) in series {
-            let labels = [(label, value)];
+            let labels = [(label, Escaped(value))];
             ConstCounter::new(v).encode(e.encode_family(&labels)?)?;
         }
         Ok(())
@@ -121,7 +124,7 @@ impl Out<'_, '_> {
             self.0
                 .encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
         for (value, v) in series {
-            let labels = [(label, value)];
+            let labels = [(label, Escaped(value))];
             ConstGauge::new(v).encode(e.encode_family(&labels)?)?;
         }
         Ok(())
@@ -129,6 +132,29 @@ impl Out<'_, '_> {
 }
 
 type Fmt = Result<(), std::fmt::Error>;
+
+/// A label value as the text format wants it. prometheus-client 0.24
+/// writes label values verbatim, and ours come from peers (actor uids):
+/// a `"` would end the value early, a newline the line. `ActorRef` keeps
+/// uids to `[A-Za-z0-9._-]` today; this holds whatever a label carries.
+struct Escaped<'a>(&'a str);
+
+impl EncodeLabelValue for Escaped<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Fmt {
+        use std::fmt::Write;
+        let mut rest = self.0;
+        while let Some(at) = rest.find(['"', '\\', '\n']) {
+            encoder.write_str(&rest[..at])?;
+            encoder.write_str(match rest.as_bytes()[at] {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                _ => "\\n",
+            })?;
+            rest = &rest[at + 1..];
+        }
+        encoder.write_str(rest)
+    }
+}
 
 fn n(v: usize) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -486,4 +512,64 @@ fn dns(out: &mut Out, s: &Stats) -> Fmt {
         "actor",
         d.iter().map(|x| (id(x), x.relay.dropped)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One gauge family whose series carry the given label values.
+    #[derive(Debug)]
+    struct Labelled(Vec<&'static str>);
+
+    impl Collector for Labelled {
+        fn encode(&self, mut encoder: DescriptorEncoder) -> Fmt {
+            Out(&mut encoder).gauges(
+                "labelled",
+                "A test family",
+                "actor",
+                self.0.iter().enumerate().map(|(i, v)| (*v, n(i))),
+            )
+        }
+    }
+
+    #[test]
+    fn label_values_with_quotes_backslashes_and_newlines_are_escaped() {
+        let values = vec!["plain", r#"a"b"#, r"a\b", "a\nb", r#"\"} 1"#];
+        let mut registry = Registry::with_prefix("atunnel");
+        registry.register_collector(Box::new(Labelled(values.clone())));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        assert!(text.contains(r#"actor="a\"b""#), "{text}");
+        assert!(text.contains(r#"actor="a\\b""#), "{text}");
+        assert!(text.contains(r#"actor="a\nb""#), "{text}");
+        // Read back as the text format specifies (prometheus-parse does not
+        // unescape): one line per series, each value as it was.
+        let read: Vec<(String, String)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("atunnel_labelled{actor=\""))
+            .map(|rest| {
+                let mut value = String::new();
+                let mut chars = rest.chars();
+                loop {
+                    match chars.next().expect("the value ends") {
+                        '"' => break,
+                        '\\' => value.push(match chars.next().expect("an escape") {
+                            'n' => '\n',
+                            c => c,
+                        }),
+                        c => value.push(c),
+                    }
+                }
+                let sample = chars.as_str().strip_prefix("} ").expect("then the sample");
+                (value, sample.to_owned())
+            })
+            .collect();
+        let want: Vec<(String, String)> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| ((*v).to_owned(), i.to_string()))
+            .collect();
+        assert_eq!(read, want, "{text}");
+    }
 }
