@@ -10,8 +10,8 @@
 
 use std::sync::Arc;
 
-use atunnel_core::{BufferPool, ListenerFigures, ListenerStats, PoolStats};
-use atunnel_process::admin::{self, AdminLimits};
+use atunnel_core::{BufferPool, ListenerFigures, PoolStats};
+use atunnel_process::admin::{self, AdminFigures, AdminLimits, AdminStats};
 use atunnel_process::process_stats::{ProcessStats, process_stats};
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -29,8 +29,9 @@ pub(crate) struct Stats {
     pub budgets: crate::budget::BudgetStats,
     /// The overload guard's state and actions, when one runs.
     pub overload: Option<atunnel_core::overload::OverloadFigures>,
-    /// /stats's own listener: connections accepted.
-    pub admin: ListenerFigures,
+    /// /stats's own listener: connections accepted, and those past its
+    /// cap taken into the probe reserve.
+    pub admin: AdminFigures,
 }
 
 /// The figures `/stats` serves.
@@ -42,7 +43,7 @@ pub(crate) struct StatsSource {
     pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthFigures + Send + Sync>,
     pub budgets: Box<dyn Fn() -> crate::budget::BudgetStats + Send + Sync>,
     pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
-    pub admin: Arc<ListenerStats>,
+    pub admin: Arc<AdminStats>,
 }
 
 impl StatsSource {

@@ -2,12 +2,25 @@
 //! a local address, with a bound on each resource a local peer can make it
 //! hold. One server for the tunnel and the gateway; each passes the
 //! function that answers its requests.
+//!
+//! Health probes are answered even when every /stats connection is held:
+//! a connection past that cap takes a place in a small reserve that
+//! answers only [`PROBE_PATHS`] (anything else 503), one request, within a
+//! short deadline. Past the reserve's cap the OLDEST reserve connection is
+//! closed, not the newcomer (as `atunnel_tls::PreAuthGate` does for
+//! handshakes): a kubelet's probe sends its request at once and is
+//! answered in well under a millisecond, so a peer holding the places
+//! would have to open a reserve's worth of connections within that time to
+//! push it out.
 
 use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use atunnel_core::{Listener, ListenerStats};
+use atunnel_core::{Listener, ListenerFigures, ListenerStats};
+use atunnel_tls::{PreAuthGate, PreAuthLimits};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
@@ -22,10 +35,14 @@ use crate::FlagDuration;
 pub type Response = hyper::Response<Full<Bytes>>;
 pub type Request = hyper::Request<hyper::body::Incoming>;
 
-/// Bounds of the admin listener. A reader or two use it; anything past the
-/// caps waits in the backlog, so a local peer that opens connections and
-/// sends nothing, or never reads its answer, holds at most
-/// `max_connections` tasks, each for at most `connection_timeout`.
+/// The paths the probe reserve answers: liveness and readiness.
+pub const PROBE_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+
+/// Bounds of the admin listener. A reader or two use it, and a kubelet's
+/// probes; a local peer that opens connections and sends nothing, or never
+/// reads its answer, holds at most `max_connections` tasks, each for at
+/// most `connection_timeout`, and `probe_connections` more, each for at
+/// most `probe_timeout`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AdminLimits {
     /// Connections served at once.
@@ -36,6 +53,12 @@ pub struct AdminLimits {
     /// The most one connection lives, whatever it does (a reader that
     /// stops reading a large answer included).
     pub connection_timeout: Duration,
+    /// Connections past `max_connections` answered for [`PROBE_PATHS`]
+    /// only; past these the oldest is closed.
+    pub probe_connections: usize,
+    /// The most a probe-reserve connection lives: its one request and its
+    /// answer. A kubelet's probe times out at 1 s by default.
+    pub probe_timeout: Duration,
 }
 
 impl Default for AdminLimits {
@@ -44,6 +67,9 @@ impl Default for AdminLimits {
             max_connections: 4,
             header_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(30),
+            // A liveness and a readiness probe at once.
+            probe_connections: 2,
+            probe_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -62,6 +88,15 @@ pub struct AdminArgs {
     /// The most one /stats connection lives, whatever it does.
     #[arg(long, default_value_t = FlagDuration(AdminLimits::default().connection_timeout))]
     pub stats_connection_timeout: FlagDuration,
+    /// Connections past --stats-max-connections answered for /healthz and
+    /// /readyz only (anything else 503); past these the oldest is closed.
+    #[arg(long, default_value_t = AdminLimits::default().probe_connections,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub stats_probe_connections: usize,
+    /// The most a probe connection past --stats-max-connections lives: one
+    /// request and its answer.
+    #[arg(long, default_value_t = FlagDuration(AdminLimits::default().probe_timeout))]
+    pub stats_probe_timeout: FlagDuration,
 }
 
 impl Default for AdminArgs {
@@ -71,6 +106,8 @@ impl Default for AdminArgs {
             stats_max_connections: limits.max_connections,
             stats_header_timeout: FlagDuration(limits.header_timeout),
             stats_connection_timeout: FlagDuration(limits.connection_timeout),
+            stats_probe_connections: limits.probe_connections,
+            stats_probe_timeout: FlagDuration(limits.probe_timeout),
         }
     }
 }
@@ -81,41 +118,119 @@ impl AdminArgs {
             max_connections: self.stats_max_connections,
             header_timeout: self.stats_header_timeout.0,
             connection_timeout: self.stats_connection_timeout.0,
+            probe_connections: self.stats_probe_connections,
+            probe_timeout: self.stats_probe_timeout.0,
+        }
+    }
+}
+
+/// What the admin listener counts: its accepts, and its probe reserve.
+#[derive(Debug, Default)]
+pub struct AdminStats {
+    pub listener: ListenerStats,
+    probe_connections: AtomicU64,
+    probe_evicted: AtomicU64,
+}
+
+/// What [`AdminStats`] reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AdminFigures {
+    #[serde(flatten)]
+    pub listener: ListenerFigures,
+    /// Connections taken into the probe reserve: every /stats connection
+    /// was held.
+    pub probe_connections_total: u64,
+    /// Probe-reserve connections closed to make room for a newer one.
+    pub probe_evicted_total: u64,
+}
+
+impl AdminStats {
+    pub fn figures(&self) -> AdminFigures {
+        AdminFigures {
+            listener: self.listener.figures(),
+            probe_connections_total: self.probe_connections.load(Ordering::Relaxed),
+            probe_evicted_total: self.probe_evicted.load(Ordering::Relaxed),
         }
     }
 }
 
 /// Serves `answer` on `listener` until `cancel`, then closes its
 /// connections and waits for them. `stats` counts what was accepted.
+///
+/// The listener itself is uncapped: each connection takes a /stats place
+/// or a probe-reserve place (closing the oldest there), so what is held
+/// stays within the two caps while a probe never waits in the backlog
+/// behind connections that hold every /stats place.
 pub async fn serve<A>(
     listener: TcpListener,
     limits: AdminLimits,
-    stats: &ListenerStats,
+    stats: &AdminStats,
     answer: A,
     cancel: CancellationToken,
 ) where
     A: Fn(&Request) -> Response + Send + Sync + 'static,
 {
     let answer = Arc::new(answer);
-    let mut listener =
-        Listener::new(listener, "admin").with_cap(Arc::new(Semaphore::new(limits.max_connections)));
+    let places = Arc::new(Semaphore::new(limits.max_connections));
+    // One source for all (local peers): no per-source cap, so at the
+    // total the oldest goes, whoever it is.
+    let probes = PreAuthGate::new(PreAuthLimits {
+        total: limits.probe_connections,
+        per_source: usize::MAX,
+    });
+    let mut listener = Listener::new(listener, "admin");
     listener
-        .serve(&cancel, stats, |tcp, _| {
+        .serve(&cancel, &stats.listener, |tcp, _| {
             let (answer, cancel) = (answer.clone(), cancel.clone());
+            let (place, probe) = match places.clone().try_acquire_owned() {
+                Ok(place) => (Some(place), None),
+                Err(_) => {
+                    stats.probe_connections.fetch_add(1, Ordering::Relaxed);
+                    let before = probes.figures().evicted_total;
+                    let probe = probes.admit(IpAddr::V4(Ipv4Addr::UNSPECIFIED))?;
+                    let evicted = probes.figures().evicted_total - before;
+                    stats.probe_evicted.fetch_add(evicted, Ordering::Relaxed);
+                    (None, Some(probe))
+                }
+            };
             Some(async move {
+                let probe_only = probe.is_some();
                 let service = service_fn(move |req: Request| {
                     let answer = answer.clone();
-                    async move { Ok::<_, Infallible>(answer(&req)) }
+                    async move {
+                        Ok::<_, Infallible>(
+                            if probe_only && !PROBE_PATHS.contains(&req.uri().path()) {
+                                status(503, "busy: every /stats connection is in use\n")
+                            } else {
+                                answer(&req)
+                            },
+                        )
+                    }
                 });
+                let (header_timeout, lifetime) = match probe_only {
+                    false => (limits.header_timeout, limits.connection_timeout),
+                    true => (limits.probe_timeout, limits.probe_timeout),
+                };
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(limits.header_timeout)
+                    .header_read_timeout(header_timeout)
+                    // A probe-reserve place is for one request.
+                    .keep_alive(!probe_only)
                     .serve_connection(TokioIo::new(tcp), service);
-                tokio::select! {
-                    _ = cancel.cancelled() => {}
-                    _ = tokio::time::sleep(limits.connection_timeout) => {}
-                    _ = conn => {}
+                let served = async {
+                    tokio::select! {
+                        _ = cancel.cancelled() => {}
+                        _ = tokio::time::sleep(lifetime) => {}
+                        _ = conn => {}
+                    }
+                };
+                match probe {
+                    Some(probe) => {
+                        probe.run(served).await;
+                    }
+                    None => served.await,
                 }
+                drop(place);
             })
         })
         .await
@@ -171,25 +286,35 @@ mod tests {
 
     const GET: &[u8] = b"GET /x HTTP/1.1\r\nHost: admin\r\n\r\n";
 
-    async fn start(limits: AdminLimits, body: usize) -> (std::net::SocketAddr, CancellationToken) {
+    async fn start(
+        limits: AdminLimits,
+        body: usize,
+    ) -> (std::net::SocketAddr, CancellationToken, Arc<AdminStats>) {
         let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = tcp.local_addr().expect("addr");
         let cancel = CancellationToken::new();
         let stop = cancel.clone();
+        let stats = Arc::new(AdminStats::default());
+        let counted = stats.clone();
         tokio::spawn(async move {
-            let stats = ListenerStats::default();
             // `/big` gets `body` bytes, anything else ten.
             let answer = move |req: &Request| {
                 let len = if req.uri().path() == "/big" { body } else { 10 };
                 json(vec![b'x'; len])
             };
-            serve(tcp, limits, &stats, answer, stop).await
+            serve(tcp, limits, &counted, answer, stop).await
         });
-        (addr, cancel)
+        (addr, cancel, stats)
     }
 
     /// Reads one response head and its `len`-byte body.
     async fn read_answer(s: &mut TcpStream, len: usize) {
+        read_status(s, 200, len).await
+    }
+
+    /// Reads one response head, which must have `status`, and its
+    /// `len`-byte body.
+    async fn read_status(s: &mut TcpStream, status: u16, len: usize) {
         let mut raw = Vec::new();
         let mut buf = [0; 4096];
         loop {
@@ -199,7 +324,8 @@ mod tests {
             if let Some(at) = raw.windows(4).position(|w| w == b"\r\n\r\n")
                 && raw.len() >= at + 4 + len
             {
-                assert!(raw.starts_with(b"HTTP/1.1 200"), "{raw:?}");
+                let head = format!("HTTP/1.1 {status}");
+                assert!(raw.starts_with(head.as_bytes()), "{raw:?}");
                 return;
             }
         }
@@ -235,36 +361,90 @@ mod tests {
         assert_eq!(cli.admin.limits(), AdminLimits::default());
         let set = <Cli as clap::Parser>::try_parse_from(["x", "--stats-max-connections=9"]);
         assert_eq!(set.expect("parses").admin.limits().max_connections, 9);
+        let set = <Cli as clap::Parser>::try_parse_from(["x", "--stats-probe-connections=3"]);
+        assert_eq!(set.expect("parses").admin.limits().probe_connections, 3);
+        assert!(
+            <Cli as clap::Parser>::try_parse_from(["x", "--stats-probe-connections=0"]).is_err()
+        );
         assert!(<Cli as clap::Parser>::try_parse_from(["x", "--stats-max-connections=0"]).is_err());
     }
 
     #[tokio::test]
-    async fn connections_past_the_cap_wait_until_silent_and_idle_ones_time_out() {
+    async fn probes_are_answered_at_once_while_silent_and_idle_connections_hold_every_stats_place()
+    {
         let limits = AdminLimits {
             max_connections: 2,
-            header_timeout: Duration::from_millis(400),
+            header_timeout: Duration::from_secs(3),
             connection_timeout: Duration::from_secs(60),
+            probe_connections: 1,
+            probe_timeout: Duration::from_secs(30),
         };
-        let (addr, cancel) = start(limits, 10).await;
-        // One slot held by a connection that never sends, one by a
+        let (addr, cancel, stats) = start(limits, 10).await;
+        // One place held by a connection that never sends, one by a
         // keep-alive connection idle after its answer.
         let mut silent = TcpStream::connect(addr).await.expect("connect");
         let mut idle = TcpStream::connect(addr).await.expect("connect");
         idle.write_all(GET).await.expect("write");
         read_answer(&mut idle, 10).await;
         let started = Instant::now();
-        let mut waiting = TcpStream::connect(addr).await.expect("connect");
-        waiting.write_all(GET).await.expect("write");
-        tokio::time::timeout(Duration::from_secs(10), read_answer(&mut waiting, 10))
-            .await
-            .expect("served once a slot is free");
+        // Past the cap, /stats is busy at once rather than a wait.
+        let mut busy = TcpStream::connect(addr).await.expect("connect");
+        busy.write_all(GET).await.expect("write");
+        read_status(&mut busy, 503, 0).await;
+        closed_by_server(&mut busy).await;
+        // The reserve's one place taken by a connection that sends
+        // nothing: a probe after it is answered, and it is closed.
+        let mut squatter = TcpStream::connect(addr).await.expect("connect");
+        for path in PROBE_PATHS {
+            let mut probe = TcpStream::connect(addr).await.expect("connect");
+            let get = format!("GET {path} HTTP/1.1\r\nHost: admin\r\n\r\n");
+            probe.write_all(get.as_bytes()).await.expect("write");
+            read_answer(&mut probe, 10).await;
+            closed_by_server(&mut probe).await;
+        }
+        closed_by_server(&mut squatter).await;
         assert!(
-            started.elapsed() >= Duration::from_millis(300),
-            "served past the cap after {:?}",
+            started.elapsed() < Duration::from_secs(2),
+            "probes waited {:?}, near the header timeout that frees a /stats place",
             started.elapsed()
         );
+        let figures = stats.figures();
+        assert_eq!(figures.probe_connections_total, 4, "{figures:?}");
+        assert!(figures.probe_evicted_total >= 1, "{figures:?}");
+        // Once the silent and idle ones time out, /stats is served again.
         closed_by_server(&mut silent).await;
         closed_by_server(&mut idle).await;
+        let mut next = TcpStream::connect(addr).await.expect("connect");
+        next.write_all(GET).await.expect("write");
+        read_answer(&mut next, 10).await;
+        assert!(started.elapsed() >= Duration::from_secs(2));
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_silent_probe_connection_is_closed_at_the_probe_timeout() {
+        let limits = AdminLimits {
+            max_connections: 1,
+            header_timeout: Duration::from_secs(60),
+            connection_timeout: Duration::from_secs(60),
+            probe_connections: 2,
+            probe_timeout: Duration::from_millis(300),
+        };
+        let (addr, cancel, stats) = start(limits, 10).await;
+        let _holder = TcpStream::connect(addr).await.expect("connect");
+        let started = Instant::now();
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        closed_by_server(&mut silent).await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(250),
+            "closed after {:?}",
+            started.elapsed()
+        );
+        let figures = stats.figures();
+        assert_eq!(
+            (figures.probe_connections_total, figures.probe_evicted_total),
+            (1, 0)
+        );
         cancel.cancel();
     }
 
@@ -274,20 +454,36 @@ mod tests {
             max_connections: 1,
             header_timeout: Duration::from_secs(60),
             connection_timeout: Duration::from_millis(500),
+            ..AdminLimits::default()
         };
         // Far larger than the socket buffers: the answer cannot be written
         // while its reader does not read.
         let body = 64 << 20;
-        let (addr, cancel) = start(limits, body).await;
+        let (addr, cancel, _) = start(limits, body).await;
         let mut stalled = TcpStream::connect(addr).await.expect("connect");
         stalled
             .write_all(b"GET /big HTTP/1.1\r\nHost: admin\r\n\r\n")
             .await
             .expect("write");
         let started = Instant::now();
-        let mut next = TcpStream::connect(addr).await.expect("connect");
-        next.write_all(GET).await.expect("write");
-        tokio::time::timeout(Duration::from_secs(20), read_answer(&mut next, 10))
+        // Past the cap /stats is busy (503) until the stalled one is
+        // closed and its place freed; then it is served.
+        let served = async {
+            loop {
+                let mut next = TcpStream::connect(addr).await.expect("connect");
+                next.write_all(GET).await.expect("write");
+                let mut head = [0; 12];
+                next.read_exact(&mut head).await.expect("a status line");
+                match &head {
+                    b"HTTP/1.1 200" => return,
+                    b"HTTP/1.1 503" => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), served)
             .await
             .expect("served once the stalled one is closed");
         assert!(started.elapsed() >= Duration::from_millis(400));

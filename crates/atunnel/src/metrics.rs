@@ -278,7 +278,19 @@ fn process(out: &mut Out, s: &Stats) -> Fmt {
         "admin_connections",
         "Connections accepted by /stats and /metrics",
         None,
-        s.admin.accepted_total,
+        s.admin.listener.accepted_total,
+    )?;
+    out.counter(
+        "admin_probe_connections",
+        "Admin connections past its cap, answered for /healthz and /readyz only",
+        None,
+        s.admin.probe_connections_total,
+    )?;
+    out.counter(
+        "admin_probe_evicted",
+        "Probe-reserve connections closed for a newer one",
+        None,
+        s.admin.probe_evicted_total,
     )
 }
 

@@ -6,9 +6,10 @@
 
 use std::sync::Arc;
 
-use atunnel_core::{BufferPool, ListenerFigures, ListenerStats, PoolStats};
+use atunnel_core::{BufferPool, PoolStats};
 use atunnel_process::AdminLimits;
 use atunnel_process::admin;
+use atunnel_process::admin::{AdminFigures, AdminStats};
 use atunnel_process::process_stats::{ProcessStats, process_stats};
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -33,8 +34,9 @@ pub struct Stats {
     /// Ingress connections in their TLS handshake on each listener, and
     /// those closed at the cap.
     pub pre_auth: Option<IngressPreAuth>,
-    /// /stats's own listener: connections accepted.
-    pub admin: ListenerFigures,
+    /// /stats's own listener: connections accepted, and those past its
+    /// cap taken into the probe reserve.
+    pub admin: AdminFigures,
 }
 
 #[derive(Debug, Serialize)]
@@ -50,7 +52,7 @@ pub(crate) struct StatsSource {
     pub egress: Option<Arc<Egress>>,
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
     pub dns_relays: crate::tunnel::DnsRelays,
-    pub admin: Arc<ListenerStats>,
+    pub admin: Arc<AdminStats>,
     /// Set once the tunnel drains or shuts down.
     pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
