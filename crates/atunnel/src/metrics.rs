@@ -291,6 +291,31 @@ fn process(out: &mut Out, s: &Stats) -> Fmt {
         "Probe-reserve connections closed for a newer one",
         None,
         s.admin.probe_evicted_total,
+    )?;
+    let c = &s.control;
+    out.counter(
+        "control_refused_uid",
+        "Control connections closed at accept: peer uid not allowed",
+        None,
+        c.refused_uid_total,
+    )?;
+    out.counter(
+        "control_preface_timeouts",
+        "Control connections closed without their preface (or a place) in time",
+        None,
+        c.preface_timeouts_total,
+    )?;
+    out.counter(
+        "control_evicted",
+        "Control connections waiting for their preface, closed for a newer one",
+        None,
+        c.evicted_total,
+    )?;
+    out.counter(
+        "control_bad_preface",
+        "Control connections closed: not HTTP/2",
+        None,
+        c.bad_preface_total,
     )
 }
 

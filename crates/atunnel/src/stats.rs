@@ -37,6 +37,8 @@ pub struct Stats {
     /// /stats's own listener: connections accepted, and those past its
     /// cap taken into the probe reserve.
     pub admin: AdminFigures,
+    /// The control socket: connections closed before they were served.
+    pub control: crate::control::listener::ControlFigures,
 }
 
 #[derive(Debug, Serialize)]
@@ -53,6 +55,7 @@ pub(crate) struct StatsSource {
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
     pub dns_relays: crate::tunnel::DnsRelays,
     pub admin: Arc<AdminStats>,
+    pub control: Arc<crate::control::listener::ControlStats>,
     /// Set once the tunnel drains or shuts down.
     pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -80,6 +83,7 @@ impl StatsSource {
                 IngressPreAuth { https, connect }
             }),
             admin: self.admin.figures(),
+            control: self.control.figures(),
         }
     }
 }

@@ -190,6 +190,8 @@ pub struct Tunnel {
     /// /stats, for shutdown to wait on.
     tasks: TaskTracker,
     stats: Option<SocketAddr>,
+    /// The control socket's counts, when a daemon serves one; in /stats.
+    control: Arc<crate::control::listener::ControlStats>,
 }
 
 impl Tunnel {
@@ -242,6 +244,7 @@ impl Tunnel {
             guard.set_shedder(Arc::new(ShedEgress(Arc::downgrade(&egress))));
             tasks.spawn(guard.clone().run(cancel.clone()));
         }
+        let control = Arc::new(crate::control::listener::ControlStats::default());
         if let Some(listener) = stats_listener {
             let source = Arc::new(StatsSource {
                 pool: cfg.pool.clone(),
@@ -250,6 +253,7 @@ impl Tunnel {
                 ingress: ingress.as_ref().map(|(i, _, _)| i.clone()),
                 dns_relays: dns_relays.clone(),
                 admin: Default::default(),
+                control: control.clone(),
                 draining: draining.clone(),
             });
             tasks.spawn(crate::stats::serve(
@@ -271,6 +275,7 @@ impl Tunnel {
             dns_relays,
             tasks,
             stats,
+            control,
         }))
     }
 
@@ -339,6 +344,11 @@ impl Tunnel {
     /// Where /stats is served, if it is.
     pub fn stats_addr(&self) -> Option<SocketAddr> {
         self.stats
+    }
+
+    /// What the control socket serving this tunnel counts (zero without one).
+    pub fn control_stats(&self) -> &Arc<crate::control::listener::ControlStats> {
+        &self.control
     }
 
     pub fn executor(&self) -> &NsExecutor {

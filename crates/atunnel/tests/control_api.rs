@@ -636,7 +636,7 @@ async fn bad_input_gets_its_exact_status_and_changes_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_peer_whose_uid_is_not_allowed_gets_permission_denied_and_changes_nothing() {
+async fn a_peer_whose_uid_is_not_allowed_is_closed_at_accept_and_changes_nothing() {
     require_root("control API peer credentials test");
     let pki = Pki::new();
     let gw = gateway(&pki, echo_sink(), |_| {}).await;
@@ -650,10 +650,16 @@ async fn a_peer_whose_uid_is_not_allowed_gets_permission_denied_and_changes_noth
         d.client.list(proto::ListRequest {}).await.map(|_| ()),
     ];
     for r in refused {
+        // A transport error (UNKNOWN, UNAVAILABLE or CANCELLED, by when
+        // the client saw the close), not an answer.
         let e = r.expect_err("refused");
-        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
-        assert!(e.message().contains("uid 0"), "{e:?}");
+        let transport =
+            std::error::Error::source(&e).is_some_and(|s| s.is::<tonic::transport::Error>());
+        assert!(transport, "{e:?}");
     }
+    let figures = d.tunnel.control_stats().figures();
+    assert!(figures.refused_uid_total >= 4, "{figures:?}");
+    assert_eq!(figures.accepted_total, figures.refused_uid_total);
     let actor = ActorRef::new(&a.atespace, &a.name, &a.uid).expect("actor");
     assert!(
         d.tunnel.sandbox(&actor).is_none(),
@@ -711,6 +717,125 @@ async fn connections_past_the_cap_wait_until_one_closes() {
         .expect("List");
     assert!(listed.into_inner().actors.is_empty());
     drop(second);
+    d.stop().await;
+}
+
+/// Connects to `socket` as `uid` from a thread of its own: the raw
+/// setresuid syscall changes only the calling thread's credentials (glibc's
+/// wrapper changes every thread's), and the kernel records them for
+/// SO_PEERCRED at connect. The saved uid stays root's, so the thread takes
+/// root back before it ends.
+fn connect_as(uid: u32, socket: &Path) -> tokio::net::UnixStream {
+    let socket = socket.to_path_buf();
+    let stream = std::thread::spawn(move || {
+        let keep = nix::libc::uid_t::MAX;
+        // SAFETY: setresuid reads no memory; it sets this thread's effective
+        // uid only.
+        let r = unsafe { nix::libc::syscall(nix::libc::SYS_setresuid, keep, uid, keep) };
+        assert_eq!(r, 0, "setresuid: {}", std::io::Error::last_os_error());
+        let stream = std::os::unix::net::UnixStream::connect(&socket);
+        // SAFETY: as above, back to the saved uid (root).
+        let r = unsafe { nix::libc::syscall(nix::libc::SYS_setresuid, keep, 0u32, keep) };
+        assert_eq!(r, 0, "setresuid back: {}", std::io::Error::last_os_error());
+        stream.expect("connects: the socket is group-writable for the test's group")
+    })
+    .join()
+    .expect("the connecting thread");
+    stream.set_nonblocking(true).expect("nonblocking");
+    tokio::net::UnixStream::from_std(stream).expect("registered")
+}
+
+/// Waits (up to `within`) for the server to close `s` without a byte.
+async fn closed_within(s: &mut tokio::net::UnixStream, within: Duration) {
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(within, s.read(&mut buf))
+        .await
+        .unwrap_or_else(|_| panic!("not closed within {within:?}"));
+    assert_eq!(read.unwrap_or(0), 0, "closed without a byte");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_and_a_refused_uid_do_not_keep_the_worker_out() {
+    require_root("control API admission test");
+    let pki = Pki::new();
+    let preface_timeout = Duration::from_secs(20);
+    // Group-writable for root's group: a thread that is only nobody by
+    // its uid can connect, and is refused by the uid check.
+    let d = Daemon::start(&pki, "admit", |c| {
+        c.mode = 0o660;
+        c.preface_timeout = preface_timeout;
+    })
+    .await;
+    assert_eq!(d.tunnel.control_stats().figures().accepted_total, 0);
+    // As many connections as are served at once, none sending a byte;
+    // then one from a uid not allowed, which is closed at once.
+    let mut silent = Vec::new();
+    for _ in 0..atunnel::control::DEFAULT_MAX_CONNECTIONS {
+        silent.push(
+            tokio::net::UnixStream::connect(&d.socket)
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut refused = connect_as(NOBODY, &d.socket);
+    closed_within(&mut refused, Duration::from_secs(5)).await;
+
+    // The worker's `atunnel ctl list` is answered at once, not after the
+    // silent ones' preface timeout: the oldest of them gives its place.
+    let started = std::time::Instant::now();
+    let (code, json) = ctl_as(None, &d.socket, &["list"]).await;
+    let took = started.elapsed();
+    assert_eq!(
+        (code, &json["actors"]),
+        (0, &serde_json::json!([])),
+        "{json}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "ctl list took {took:?} (preface timeout {preface_timeout:?})"
+    );
+    closed_within(&mut silent[0], Duration::from_secs(5)).await;
+    let figures = d.tunnel.control_stats().figures();
+    assert_eq!(figures.refused_uid_total, 1, "{figures:?}");
+    assert_eq!(figures.evicted_total, 1, "{figures:?}");
+    assert_eq!(figures.accepted_total, 18, "{figures:?}");
+    drop(silent);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_its_preface_is_closed_at_the_preface_timeout() {
+    require_root("control API preface timeout test");
+    let pki = Pki::new();
+    let timeout = Duration::from_millis(300);
+    let mut d = Daemon::start(&pki, "preface", |c| c.preface_timeout = timeout).await;
+    let started = std::time::Instant::now();
+    let mut silent = tokio::net::UnixStream::connect(&d.socket)
+        .await
+        .expect("connect");
+    closed_within(&mut silent, Duration::from_secs(10)).await;
+    assert!(
+        started.elapsed() >= timeout - Duration::from_millis(50),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    // Not HTTP/2: closed at once.
+    let mut other = tokio::net::UnixStream::connect(&d.socket)
+        .await
+        .expect("connect");
+    other
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    closed_within(&mut other, Duration::from_secs(10)).await;
+    let figures = d.tunnel.control_stats().figures();
+    assert_eq!(
+        (figures.preface_timeouts_total, figures.bad_preface_total),
+        (1, 1),
+        "{figures:?}"
+    );
+    // A client that speaks is served as ever.
+    assert!(d.list().await.is_empty());
     d.stop().await;
 }
 
@@ -773,15 +898,16 @@ async fn ctl_as_another_uid_is_kept_out_by_the_mode_or_refused_by_the_uid_check(
     let (code, json) = ctl_as(Some(NOBODY), &d.socket, &["list"]).await;
     assert_eq!(
         (code, json["code"].as_str()),
-        (1, Some("PERMISSION_DENIED")),
+        (1, Some("UNAVAILABLE")),
         "{json}"
     );
     assert!(
         json["message"]
             .as_str()
-            .is_some_and(|m| m.contains("65534")),
+            .is_some_and(|m| m.contains("uid (65534)")),
         "{json}"
     );
+    assert_eq!(d.tunnel.control_stats().figures().refused_uid_total, 1);
     d.stop().await;
     let d = Daemon::start(&pki, "uid2", |c| {
         group(c);

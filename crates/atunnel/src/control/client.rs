@@ -121,7 +121,7 @@ pub async fn run(args: CtlArgs) -> ExitCode {
     let mut client = connect(&args.socket);
     let call = call(&mut client, args.call);
     let answer = match tokio::time::timeout(args.timeout.0, call).await {
-        Ok(answer) => answer,
+        Ok(answer) => answer.map_err(closed_by_server),
         Err(_) => Err(Status::deadline_exceeded(format!(
             "no answer within {}",
             args.timeout
@@ -194,6 +194,24 @@ async fn call(client: &mut ControlClient<Channel>, call: Call) -> Result<String,
         Call::Status { uid } => json(client.status(proto::StatusRequest { uid }).await?),
         Call::List => json(client.list(proto::ListRequest {}).await?),
     }
+}
+
+/// A call whose connection failed says why it may have: the daemon closes
+/// a peer whose uid is not allowed at accept, before any answer, so the
+/// client sees only a transport error (UNKNOWN, UNAVAILABLE or CANCELLED,
+/// by when it saw the close).
+fn closed_by_server(status: Status) -> Status {
+    use std::error::Error;
+    let transport = std::iter::successors(status.source(), |e| (*e).source())
+        .any(|e| e.is::<tonic::transport::Error>());
+    if !transport {
+        return status;
+    }
+    let uid = nix::unistd::geteuid();
+    Status::unavailable(format!(
+        "{}: the connection failed or was closed; atunnel closes a peer whose uid ({uid}) is not in its --control-allowed-uid",
+        status.message()
+    ))
 }
 
 /// The phase by its proto name (`"PHASE_ACTIVE"`), not its number.

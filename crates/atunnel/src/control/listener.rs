@@ -1,28 +1,39 @@
 //! The control socket: a Unix socket only the worker may use. Two gates:
 //! the file's mode (0600, or 0660 for a group) keeps other users from
 //! connecting at all, and each connection's peer credentials (SO_PEERCRED,
-//! taken by the kernel at connect) must name an allowed uid, or every call
-//! on it is PERMISSION_DENIED. The second gate holds where the first cannot
+//! taken by the kernel at connect) must name an allowed uid, or it is
+//! closed at accept. The second gate holds where the first cannot
 //! (root ignores file modes; a group may hold more users than the worker).
 //!
-//! One accept loop with a cap on connections (the next waits in the
-//! backlog), a cap on calls per connection and on request size; see the
-//! limits in [`super`].
+//! A connection is checked at accept: a uid not allowed is closed there,
+//! holding nothing. An allowed one then has [`ControlConfig::preface_timeout`]
+//! to send the HTTP/2 preface and be given a place under the cap on
+//! connections served; until then it waits in a room of as many places,
+//! where the OLDEST waiting is closed to make room for a newcomer (a
+//! client sends its preface with its first write, so connections that
+//! never speak cannot keep the worker out). A cap on calls per connection
+//! and on request size; see the limits in [`super`].
 
 use std::io;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use atunnel_tls::{PreAuthGate, PreAuthLimits, PreAuthPermit};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
-use tonic::{Request, Status};
+
+use crate::log_limit::LogLimit;
 
 use super::proto::control_server::ControlServer;
 use super::service::ControlService;
@@ -125,14 +136,62 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// The HTTP/2 client preface every gRPC connection opens with.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// What the control socket counts: connections it closed before serving
+/// them, by why.
+#[derive(Debug, Default)]
+pub struct ControlStats {
+    accepted: AtomicU64,
+    refused_uid: AtomicU64,
+    preface_timeouts: AtomicU64,
+    evicted: AtomicU64,
+    bad_preface: AtomicU64,
+}
+
+/// What [`ControlStats`] reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ControlFigures {
+    pub accepted_total: u64,
+    /// Closed at accept: the peer's uid is not allowed.
+    pub refused_uid_total: u64,
+    /// Closed at the preface timeout: no preface, or no place, in time.
+    pub preface_timeouts_total: u64,
+    /// Closed while waiting for their preface, to make room for a newer one.
+    pub evicted_total: u64,
+    /// Closed: their first bytes were not the HTTP/2 preface.
+    pub bad_preface_total: u64,
+}
+
+impl ControlStats {
+    pub fn figures(&self) -> ControlFigures {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ControlFigures {
+            accepted_total: load(&self.accepted),
+            refused_uid_total: load(&self.refused_uid),
+            preface_timeouts_total: load(&self.preface_timeouts),
+            evicted_total: load(&self.evicted),
+            bad_preface_total: load(&self.bad_preface),
+        }
+    }
+}
+
+fn count(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
 /// The peer's uid, as the kernel recorded it at connect.
 #[derive(Clone, Copy, Debug)]
 pub struct PeerUid(pub Option<u32>);
 
-/// One accepted connection, holding its place under the connection cap.
+/// One admitted connection, holding its place under the connection cap.
+/// Its preface was read at admission; it is handed to the server first.
 struct ControlConn {
     stream: UnixStream,
     peer: PeerUid,
+    /// Preface bytes already handed to the server.
+    replayed: u8,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -150,6 +209,14 @@ impl AsyncRead for ControlConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let done = usize::from(self.replayed);
+        if done < PREFACE.len() {
+            let n = (PREFACE.len() - done).min(buf.remaining());
+            buf.put_slice(&PREFACE[done..done + n]);
+            // At most 24.
+            self.replayed += n as u8;
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
@@ -184,32 +251,126 @@ impl AsyncWrite for ControlConn {
     }
 }
 
-/// Accepts while under the cap. An accept error (out of descriptors) is
-/// logged and retried after a pause instead of spinning.
+/// How connections are let in: who may, how long they have, where they
+/// wait.
+struct Admission {
+    allowed: Arc<[u32]>,
+    preface_timeout: Duration,
+    /// Places under the cap on connections served.
+    served: Arc<Semaphore>,
+    /// Places for connections accepted and not yet served.
+    waiting: Arc<PreAuthGate>,
+    stats: Arc<ControlStats>,
+    refusals_logged: LogLimit,
+}
+
+impl Admission {
+    /// A connection just accepted: refused at once if its uid is not
+    /// allowed, else the wait for its preface and a place.
+    fn admit(
+        &self,
+        stream: UnixStream,
+    ) -> Option<impl Future<Output = Option<ControlConn>> + use<>> {
+        count(&self.stats.accepted);
+        let uid = stream.peer_cred().ok().map(|c| c.uid());
+        if !uid.is_some_and(|uid| self.allowed.contains(&uid)) {
+            count(&self.stats.refused_uid);
+            if let Some(suppressed) = self.refusals_logged.admit() {
+                tracing::warn!(
+                    ?uid,
+                    suppressed,
+                    "control connection refused: peer uid not allowed"
+                );
+            }
+            return None;
+        }
+        // One source: every peer is local, and the oldest goes whoever it is.
+        let place = self.waiting.admit(IpAddr::V4(Ipv4Addr::UNSPECIFIED))?;
+        Some(wait_for_preface(
+            stream,
+            PeerUid(uid),
+            place,
+            self.served.clone(),
+            self.preface_timeout,
+            self.stats.clone(),
+        ))
+    }
+}
+
+/// Reads the connection's preface and takes a place under the cap, within
+/// `timeout` and unless a newer connection takes its waiting place first;
+/// `None` (counted): it is closed.
+async fn wait_for_preface(
+    mut stream: UnixStream,
+    peer: PeerUid,
+    place: PreAuthPermit,
+    served: Arc<Semaphore>,
+    timeout: Duration,
+    stats: Arc<ControlStats>,
+) -> Option<ControlConn> {
+    let admitted = async {
+        let mut preface = [0u8; PREFACE.len()];
+        // Closed or failed before its preface: nothing to count.
+        stream.read_exact(&mut preface).await.ok()?;
+        if preface != *PREFACE {
+            count(&stats.bad_preface);
+            return None;
+        }
+        served.acquire_owned().await.ok()
+    };
+    let permit = match place.run(tokio::time::timeout(timeout, admitted)).await {
+        Some(Ok(permit)) => permit?,
+        Some(Err(_)) => {
+            count(&stats.preface_timeouts);
+            return None;
+        }
+        None => {
+            count(&stats.evicted);
+            return None;
+        }
+    };
+    Some(ControlConn {
+        stream,
+        peer,
+        replayed: 0,
+        _permit: permit,
+    })
+}
+
+/// Accepts, and yields each connection once it is admitted. An accept
+/// error (out of descriptors) is logged and retried after a pause instead
+/// of spinning. Connections waiting for admission are futures here, not
+/// tasks: a connection costs a task and its HTTP/2 state only once served.
 fn incoming(
     listener: UnixListener,
-    cap: Arc<Semaphore>,
+    admission: Admission,
 ) -> impl futures_util::Stream<Item = Result<ControlConn, io::Error>> {
-    futures_util::stream::unfold((listener, cap), |(listener, cap)| async move {
-        let permit = cap.clone().acquire_owned().await.ok()?;
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    let peer = PeerUid(stream.peer_cred().ok().map(|c| c.uid()));
-                    let conn = ControlConn {
-                        stream,
-                        peer,
-                        _permit: permit,
-                    };
-                    return Some((Ok(conn), (listener, cap)));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a control connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiting = FuturesUnordered::new();
+    futures_util::stream::unfold(
+        (listener, admission, waiting),
+        |(listener, admission, mut waiting)| async move {
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => {
+                            if let Some(wait) = admission.admit(stream) {
+                                waiting.push(wait);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accepting a control connection");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    },
+                    Some(admitted) = waiting.next(), if !waiting.is_empty() => {
+                        if let Some(conn) = admitted {
+                            return Some((Ok(conn), (listener, admission, waiting)));
+                        }
+                    }
                 }
             }
-        }
-    })
+        },
+    )
 }
 
 /// Serves `service` on `socket` until `cancel`, then lets open calls finish
@@ -220,17 +381,26 @@ pub async fn serve(
     cfg: &ControlConfig,
     cancel: CancellationToken,
 ) -> Result<(), ControlError> {
-    let allowed: Arc<[u32]> = cfg.allowed().into();
-    let check = move |request: Request<()>| check_peer(&allowed, request);
+    let admission = Admission {
+        allowed: cfg.allowed().into(),
+        preface_timeout: cfg.preface_timeout,
+        served: Arc::new(Semaphore::new(cfg.max_connections)),
+        // One source for all (see `admit`): no per-source cap, so at the
+        // total the oldest goes, whoever it is.
+        waiting: PreAuthGate::new(PreAuthLimits {
+            total: cfg.max_connections,
+            per_source: usize::MAX,
+        }),
+        stats: service.tunnel().control_stats().clone(),
+        refusals_logged: LogLimit::default(),
+    };
     let server = ControlServer::new(service.clone()).max_decoding_message_size(MAX_REQUEST_BYTES);
-    let svc = tonic::service::interceptor::InterceptedService::new(server, check);
-    let cap = Arc::new(Semaphore::new(cfg.max_connections));
     let ControlSocket { listener, file } = socket;
     let stop = cancel.clone();
     let serving = tonic::transport::Server::builder()
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .add_service(svc)
-        .serve_with_incoming_shutdown(incoming(listener, cap), stop.cancelled_owned());
+        .add_service(server)
+        .serve_with_incoming_shutdown(incoming(listener, admission), stop.cancelled_owned());
     tokio::pin!(serving);
     let result = tokio::select! {
         r = &mut serving => r.map_err(ControlError::Serve),
@@ -242,22 +412,6 @@ pub async fn serve(
     drop(file);
     service.wait().await;
     result
-}
-
-fn check_peer(allowed: &[u32], request: Request<()>) -> Result<Request<()>, Status> {
-    let peer = request.extensions().get::<PeerUid>().and_then(|p| p.0);
-    match peer {
-        Some(uid) if allowed.contains(&uid) => Ok(request),
-        Some(uid) => {
-            tracing::warn!(uid, "control call refused: peer uid not allowed");
-            Err(Status::permission_denied(format!(
-                "uid {uid} may not use atunnel's control API"
-            )))
-        }
-        None => Err(Status::permission_denied(
-            "the peer's credentials could not be read",
-        )),
-    }
 }
 
 #[cfg(test)]

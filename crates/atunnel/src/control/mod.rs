@@ -4,8 +4,8 @@
 //!
 //! - [`service`]: the calls over a [`crate::tunnel::Tunnel`], and the rules
 //!   of the lifecycle;
-//! - [`listener`]: the socket (its mode, SO_PEERCRED uid check, a cap on
-//!   connections) and serving on it;
+//! - [`listener`]: the socket (its mode, SO_PEERCRED uid check at accept,
+//!   a preface timeout, a cap on connections) and serving on it;
 //! - [`daemon`]: `atunnel serve`, a tunnel with no actors of its own;
 //! - [`client`]: `atunnel ctl`, printing answers as JSON.
 
@@ -29,10 +29,14 @@ pub mod proto {
 pub const DEFAULT_SOCKET: &str = "/run/atunnel/control.sock";
 /// Owner-only: the worker runs as the daemon's uid.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
-/// Connections served at once; the next waits in the listen backlog. A
-/// worker needs one (calls multiplex over HTTP/2); the rest is for `ctl`
-/// and probes.
+/// Connections served at once; as many again may wait for their preface
+/// and a place (past that the oldest waiting is closed). A worker needs
+/// one (calls multiplex over HTTP/2); the rest is for `ctl` and probes.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
+/// How long a new connection has to send its HTTP/2 preface and be given
+/// a place among those served. A client sends the preface with its first
+/// write, microseconds after connecting; 5 s leaves room for a loaded host.
+pub const DEFAULT_PREFACE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Calls in flight on one connection (HTTP/2 streams). With the connection
 /// cap this bounds the operations running at once: 16 × 32.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
@@ -60,6 +64,9 @@ pub struct ControlConfig {
     /// PERMISSION_DENIED. Empty: the daemon's own effective uid.
     pub allowed_uids: Vec<u32>,
     pub max_connections: usize,
+    /// How long a new connection has to send its preface and be given a
+    /// place; past it, it is closed.
+    pub preface_timeout: Duration,
     pub call_timeout: Duration,
 }
 
@@ -71,6 +78,7 @@ impl ControlConfig {
             group: None,
             allowed_uids: Vec::new(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            preface_timeout: DEFAULT_PREFACE_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
@@ -99,14 +107,20 @@ pub struct ControlArgs {
     #[arg(long)]
     pub control_socket_group: Option<u32>,
     /// Uids allowed to call, comma separated, checked on each connection's
-    /// peer credentials (SO_PEERCRED); default: the daemon's own uid.
+    /// peer credentials (SO_PEERCRED) at accept, where any other is closed;
+    /// default: the daemon's own uid.
     #[arg(long, value_delimiter = ',')]
     pub control_allowed_uid: Vec<u32>,
-    /// Control connections served at once; more wait to be accepted.
+    /// Control connections served at once; as many again may wait for
+    /// their preface and a place, past that the oldest waiting is closed.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS,
           value_parser = clap::builder::TypedValueParser::map(
               clap::value_parser!(u32).range(1..=4096), |n| n as usize))]
     pub control_max_connections: usize,
+    /// How long a new control connection has to send its HTTP/2 preface
+    /// and be given a place before it is closed ("5s").
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_PREFACE_TIMEOUT))]
+    pub control_preface_timeout: FlagDuration,
     /// How long a caller waits for one call before DEADLINE_EXCEEDED (the
     /// operation still runs to its end) ("60s").
     #[arg(long, default_value_t = FlagDuration(DEFAULT_CALL_TIMEOUT))]
@@ -121,6 +135,7 @@ impl ControlArgs {
             group: self.control_socket_group,
             allowed_uids: self.control_allowed_uid.clone(),
             max_connections: self.control_max_connections,
+            preface_timeout: self.control_preface_timeout.0,
             call_timeout: self.control_call_timeout.0,
         }
     }
