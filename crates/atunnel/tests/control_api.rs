@@ -839,6 +839,53 @@ async fn a_connection_without_its_preface_is_closed_at_the_preface_timeout() {
     d.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_after_its_preface_is_pinged_and_closed() {
+    require_root("control API ping test");
+    let pki = Pki::new();
+    let ping = Duration::from_millis(300);
+    let mut d = Daemon::start(&pki, "ping", |c| c.ping_interval = ping).await;
+    let started = std::time::Instant::now();
+    let mut quiet = tokio::net::UnixStream::connect(&d.socket)
+        .await
+        .expect("connect");
+    quiet
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .expect("preface");
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), quiet.read_to_end(&mut got))
+        .await
+        .expect("closed within 10 s")
+        .expect("read");
+    assert!(
+        started.elapsed() >= ping,
+        "closed after {:?}",
+        started.elapsed()
+    );
+    // Its frames: the server's SETTINGS, a PING it never answered, GOAWAY.
+    let mut kinds = Vec::new();
+    let mut rest = &got[..];
+    while rest.len() >= 9 {
+        let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+        kinds.push((rest[3], rest[4]));
+        rest = &rest[(9 + len).min(rest.len())..];
+    }
+    assert!(kinds.contains(&(6, 0)), "no PING among {kinds:?}");
+    // A client's library answers PINGs: its connection stays served past
+    // several (a new one would be counted).
+    assert!(d.list().await.is_empty());
+    let accepted = d.tunnel.control_stats().figures().accepted_total;
+    tokio::time::sleep(ping * 4).await;
+    assert!(d.list().await.is_empty());
+    assert_eq!(
+        d.tunnel.control_stats().figures().accepted_total,
+        accepted,
+        "the client reconnected"
+    );
+    d.stop().await;
+}
+
 /// Runs `atunnel ctl --socket <socket> <args>` as `uid` (through setpriv
 /// when it is not ours): its exit code and its one line of JSON.
 async fn ctl_as(uid: Option<u32>, socket: &Path, args: &[&str]) -> (i32, serde_json::Value) {

@@ -11,7 +11,9 @@
 //! connections served; until then it waits in a room of as many places,
 //! where the OLDEST waiting is closed to make room for a newcomer (a
 //! client sends its preface with its first write, so connections that
-//! never speak cannot keep the worker out). A cap on calls per connection
+//! never speak cannot keep the worker out). A served connection quiet for
+//! [`ControlConfig::ping_interval`] is PINGed and closed if it does not
+//! answer (an HTTP/2 client's library does). A cap on calls per connection
 //! and on request size; see the limits in [`super`].
 
 use std::io;
@@ -399,6 +401,10 @@ pub async fn serve(
     let stop = cancel.clone();
     let serving = tonic::transport::Server::builder()
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        // Bounds a peer that sent its preface and nothing since: it holds
+        // a place until its PING goes unanswered.
+        .http2_keepalive_interval(Some(cfg.ping_interval))
+        .http2_keepalive_timeout(Some(cfg.ping_interval))
         .add_service(server)
         .serve_with_incoming_shutdown(incoming(listener, admission), stop.cancelled_owned());
     tokio::pin!(serving);

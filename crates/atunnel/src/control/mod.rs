@@ -37,6 +37,11 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
 /// a place among those served. A client sends the preface with its first
 /// write, microseconds after connecting; 5 s leaves room for a loaded host.
 pub const DEFAULT_PREFACE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a served connection that has sent nothing is PINGed; one
+/// that does not answer within as long again is closed. An HTTP/2 client
+/// answers in its library, so only a peer that sent a preface and went
+/// silent keeps a place no longer than twice this.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Calls in flight on one connection (HTTP/2 streams). With the connection
 /// cap this bounds the operations running at once: 16 × 32.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 32;
@@ -67,6 +72,9 @@ pub struct ControlConfig {
     /// How long a new connection has to send its preface and be given a
     /// place; past it, it is closed.
     pub preface_timeout: Duration,
+    /// PING a served connection quiet this long; close it if the PING is
+    /// not answered within as long again.
+    pub ping_interval: Duration,
     pub call_timeout: Duration,
 }
 
@@ -79,6 +87,7 @@ impl ControlConfig {
             allowed_uids: Vec::new(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             preface_timeout: DEFAULT_PREFACE_TIMEOUT,
+            ping_interval: DEFAULT_PING_INTERVAL,
             call_timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
@@ -121,6 +130,10 @@ pub struct ControlArgs {
     /// and be given a place before it is closed ("5s").
     #[arg(long, default_value_t = FlagDuration(DEFAULT_PREFACE_TIMEOUT))]
     pub control_preface_timeout: FlagDuration,
+    /// PING a control connection quiet this long, and close it if the PING
+    /// is not answered within as long again ("30s").
+    #[arg(long, default_value_t = FlagDuration(DEFAULT_PING_INTERVAL))]
+    pub control_ping_interval: FlagDuration,
     /// How long a caller waits for one call before DEADLINE_EXCEEDED (the
     /// operation still runs to its end) ("60s").
     #[arg(long, default_value_t = FlagDuration(DEFAULT_CALL_TIMEOUT))]
@@ -136,6 +149,7 @@ impl ControlArgs {
             allowed_uids: self.control_allowed_uid.clone(),
             max_connections: self.control_max_connections,
             preface_timeout: self.control_preface_timeout.0,
+            ping_interval: self.control_ping_interval.0,
             call_timeout: self.control_call_timeout.0,
         }
     }
