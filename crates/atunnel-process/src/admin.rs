@@ -77,7 +77,8 @@ impl Default for AdminLimits {
 /// The admin listener's flags (`--stats` names its address).
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 pub struct AdminArgs {
-    /// /stats connections served at once; more wait in the backlog.
+    /// /stats connections served at once; past them a connection takes a
+    /// probe-reserve place (--stats-probe-connections).
     #[arg(long, default_value_t = AdminLimits::default().max_connections,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub stats_max_connections: usize,

@@ -65,8 +65,8 @@ pub struct ControlConfig {
     pub mode: u32,
     /// The socket file's group, for mode 0660; `None` keeps the daemon's.
     pub group: Option<u32>,
-    /// Peer uids (SO_PEERCRED) allowed to call; every other gets
-    /// PERMISSION_DENIED. Empty: the daemon's own effective uid.
+    /// Peer uids (SO_PEERCRED) allowed to call; every other is closed at
+    /// accept. Empty: the daemon's own effective uid.
     pub allowed_uids: Vec<u32>,
     pub max_connections: usize,
     /// How long a new connection has to send its preface and be given a
