@@ -1,6 +1,7 @@
 //! The `atunnel` binary as an operator runs it: `/metrics` in the
 //! Prometheus text format whose values move with the traffic, `/healthz`
-//! and `/readyz`, and SIGTERM draining (stop accepting, let open tunnels
+//! and `/readyz` (answered while silent connections hold every /stats
+//! place), and SIGTERM draining (stop accepting, let open tunnels
 //! finish within `--drain-timeout`, exit 0). A real gateway, real sockets,
 //! loopback network (no root).
 
@@ -173,6 +174,31 @@ async fn metrics_parse_as_prometheus_text_and_move_with_the_traffic() {
     assert_eq!((status, body.as_str()), (200, "ok\n"));
     let (status, _) = get(admin, "/readyz").await.expect("/readyz");
     assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_are_answered_while_silent_connections_hold_every_stats_place() {
+    let d = start("20s").await;
+    let admin = d.ready.stats;
+    // As many as `--stats-max-connections` (default 4), sending nothing.
+    let mut silent = Vec::new();
+    for _ in 0..atunnel_process::AdminLimits::default().max_connections {
+        silent.push(TcpStream::connect(admin).await.expect("connect"));
+    }
+    let started = Instant::now();
+    let (status, body) = get(admin, "/healthz").await.expect("/healthz");
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    let (status, body) = get(admin, "/readyz").await.expect("/readyz");
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
+    let (status, _) = get(admin, "/stats").await.expect("/stats");
+    assert_eq!(status, 503, "/stats past its cap is busy");
+    // Well under the 5 s header timeout that would free a /stats place.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(silent);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
