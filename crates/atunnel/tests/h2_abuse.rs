@@ -1135,13 +1135,13 @@ async fn a_gateway_flooding_priority_gets_goaway_enhance_your_calm() {
 }
 
 #[tokio::test]
-async fn a_gateway_flooding_pings_read_or_not_gets_goaway_enhance_your_calm() {
+async fn a_gateway_flooding_pings_after_a_request_gets_goaway_enhance_your_calm() {
     a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(Flood::Ping))
         .await;
 }
 
 #[tokio::test]
-async fn a_gateway_flooding_settings_read_or_not_gets_goaway_enhance_your_calm() {
+async fn a_gateway_flooding_settings_after_a_request_gets_goaway_enhance_your_calm() {
     a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
         Flood::Settings,
     ))
@@ -1290,13 +1290,13 @@ async fn an_h2c_actor_flooding_priority_gets_goaway_enhance_your_calm() {
 }
 
 #[tokio::test]
-async fn an_h2c_actor_flooding_pings_read_or_not_gets_goaway_enhance_your_calm() {
+async fn an_h2c_actor_flooding_pings_after_a_request_gets_goaway_enhance_your_calm() {
     a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(Flood::Ping))
         .await;
 }
 
 #[tokio::test]
-async fn an_h2c_actor_flooding_settings_read_or_not_gets_goaway_enhance_your_calm() {
+async fn an_h2c_actor_flooding_settings_after_a_request_gets_goaway_enhance_your_calm() {
     a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
         Flood::Settings,
     ))
@@ -1420,4 +1420,92 @@ async fn a_malformed_request_header_on_ingress_https_resets_its_stream_where_h2_
 #[tokio::test]
 async fn a_malformed_request_header_on_ingress_connect_resets_its_stream_where_h2_allows() {
     a_malformed_request_header_costs_what_h2_allows(Server::Connect).await;
+}
+
+// ---- the gateway's server ----
+
+/// A raw actor connection to the gateway (an actor certificate, ALPN h2).
+async fn raw_actor_to_gateway(
+    pki: &Pki,
+    addr: SocketAddr,
+    name: &str,
+) -> RawH2<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let key = atunnel_identity::pki::new_actor_key().expect("key");
+    let csr = atunnel_identity::pki::actor_csr(&key).expect("csr");
+    let now = std::time::SystemTime::now();
+    let chain = pki
+        .actor_ca
+        .sign_actor_csr(
+            &actor(name),
+            &csr,
+            now - Duration::from_secs(60),
+            now + Duration::from_secs(3600),
+        )
+        .expect("actor cert");
+    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into();
+    let cfg = mtls_client_config(
+        pki.gateway_ca.cert_der(),
+        chain,
+        key,
+        rustls::DEFAULT_VERSIONS,
+        &[b"h2"],
+    );
+    let tls = tls_connect(&cfg, addr, GATEWAY_NAME)
+        .await
+        .expect("actor TLS to the gateway");
+    RawH2::client(tls, &[]).await.expect("h2 handshake")
+}
+
+/// An actor's connection flooding the gateway with `flood` frames gets
+/// GOAWAY ENHANCE_YOUR_CALM, counted, and another actor's tunnel through
+/// the same gateway carries its bytes meanwhile.
+async fn a_flood_on_the_gateway_gets_goaway_enhance_your_calm(flood: Flood) {
+    let pki = Pki::new();
+    let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
+    let mut raw = raw_actor_to_gateway(&pki, gw.addr, "alpha").await;
+    let mut batch = Vec::new();
+    for i in 0..FLOOD_FRAMES {
+        flood_frame(flood, i).encode_into(&mut batch);
+    }
+    let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
+    let ended = raw.until_goaway(WITHIN).await.expect("the flood is cut");
+    assert!(
+        matches!(
+            ended,
+            Ended::GoAway {
+                error: code::ENHANCE_YOUR_CALM,
+                ..
+            }
+        ),
+        "{flood:?}: {ended:?}"
+    );
+    assert_eq!((gw.h2_floods)(), 1, "{flood:?}");
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let beta = prepare(&pki, gw.addr, actor("beta"), source).await;
+    let mut tunnel = tokio::time::timeout(WITHIN, beta.client().open_authority(SINK_ECHO))
+        .await
+        .expect("beta opens within 10 s")
+        .expect("beta's tunnel");
+    let data = random(16 * 1024, 9);
+    assert_eq!(echoed(&mut tunnel, &data).await, data);
+}
+
+#[tokio::test]
+async fn a_settings_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
+    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Settings).await;
+}
+
+#[tokio::test]
+async fn a_ping_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
+    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Ping).await;
+}
+
+#[tokio::test]
+async fn a_window_update_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
+    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::WindowUpdate).await;
+}
+
+#[tokio::test]
+async fn a_priority_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
+    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Priority).await;
 }
