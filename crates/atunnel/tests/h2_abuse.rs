@@ -1148,6 +1148,14 @@ async fn a_gateway_flooding_settings_after_a_request_gets_goaway_enhance_your_ca
     .await;
 }
 
+#[tokio::test]
+async fn a_gateway_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm() {
+    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
+        Flood::HeadersOnClosedStream,
+    ))
+    .await;
+}
+
 /// An actor speaking h2c that misbehaves as `mode` on every connection.
 async fn hostile_actor(mode: Hostile) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Seen>) {
     let listener = small_buffer_listener().await;
@@ -1299,6 +1307,14 @@ async fn an_h2c_actor_flooding_pings_after_a_request_gets_goaway_enhance_your_ca
 async fn an_h2c_actor_flooding_settings_after_a_request_gets_goaway_enhance_your_calm() {
     a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
         Flood::Settings,
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn an_h2c_actor_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm() {
+    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
+        Flood::HeadersOnClosedStream,
     ))
     .await;
 }
