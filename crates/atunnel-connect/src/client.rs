@@ -26,6 +26,7 @@ use tokio_util::task::TaskTracker;
 
 use atunnel_identity::credential::ActorCredential;
 
+use crate::flood::{FloodCount, FloodGuard, Role};
 use crate::http1;
 use crate::limits::{
     INITIAL_MAX_SEND_STREAMS, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
@@ -298,6 +299,8 @@ pub struct ClientStats {
     pub h2_idle_closed_total: u64,
     /// Pooled connections retired as dead: a ping or a CONNECT unanswered.
     pub h2_dead_retired_total: u64,
+    /// Connections ended for an HTTP/2 control-frame flood from the gateway.
+    pub h2_floods_total: u64,
 }
 
 /// The rustls config of one dial. Made per dial rather than kept: it is
@@ -340,6 +343,7 @@ struct Pool {
     conns: Mutex<Vec<Arc<H2Conn>>>,
     idle_closed: AtomicU64,
     dead_retired: AtomicU64,
+    floods: Arc<FloodCount>,
 }
 
 impl GatewayClient {
@@ -371,6 +375,7 @@ impl GatewayClient {
                 .sum(),
             h2_idle_closed_total: self.pool.idle_closed.load(Ordering::Relaxed),
             h2_dead_retired_total: self.pool.dead_retired.load(Ordering::Relaxed),
+            h2_floods_total: self.pool.floods.total(),
         }
     }
 
@@ -544,7 +549,7 @@ impl GatewayClient {
             .max_send_buffer_size(TUNNEL_MAX_SEND_BUF)
             // We never accept pushed streams.
             .enable_push(false)
-            .handshake::<_, Bytes>(tls)
+            .handshake::<_, Bytes>(FloodGuard::new(tls, Role::Client, self.pool.floods.clone()))
             .await
             .map_err(|e| self.handshake_error(e))?;
         let use_ = Arc::new(ConnUse::default());

@@ -6,6 +6,8 @@
 //! - [`server`]: the CONNECT server the gateway and ingress CONNECT share;
 //!   what a tunnel may reach is its handler's.
 //! - [`http1`]: CONNECT heads, read without over-reading.
+//! - [`flood`]: HTTP/2 control-frame floods, bounded per connection under
+//!   every HTTP/2 server and client.
 //! - [`preface`]: an HTTP/2 client's preface, read within a bound.
 //! - [`limits`]: every HTTP/2 window, stream limit, frame size and timeout,
 //!   with the reason for each.
@@ -15,6 +17,7 @@
 //! the gateway depend on it.
 
 pub mod client;
+pub mod flood;
 pub mod http1;
 pub mod limits;
 pub mod preface;

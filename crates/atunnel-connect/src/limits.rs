@@ -63,6 +63,25 @@ pub const TUNNEL_MAX_HEADER_LIST: u32 = 16 * 1024;
 pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
+/// Control frames (SETTINGS, PING, WINDOW_UPDATE, PRIORITY, RST_STREAM,
+/// GOAWAY, empty DATA, HEADERS on a stream already seen, unknown types) a
+/// peer may send on one HTTP/2 connection before they must be paid for,
+/// on every HTTP/2 server and client ([`crate::flood`]). A client's
+/// handshake, its keepalive PINGs and the WINDOW_UPDATEs of a transfer
+/// are a few a second; 1,000 is Envoy's `max_outbound_control_frames`
+/// (10,000) scaled to atunnel's 200 streams a connection. A flood is cut
+/// within twice this, with GOAWAY ENHANCE_YOUR_CALM.
+pub const CONTROL_FRAME_BUDGET: u32 = 1000;
+
+/// Control frames put back by each useful frame: a request opening a
+/// stream, a non-empty DATA read or written, a HEADERS written. Envoy's
+/// `max_inbound_window_update_frames_per_data_frame_sent` (10).
+pub const REFILL_PER_USEFUL: u32 = 10;
+
+/// Control frames a second an emptied budget earns back with time alone:
+/// a PING a second for ever is 1 % of it.
+pub const CONTROL_FRAMES_PER_SECOND: u32 = 100;
+
 /// Streams reset by this side whose late frames are still tolerated (h2's
 /// default, explicit): more are forgotten, not buffered.
 pub const MAX_CONCURRENT_RESET_STREAMS: usize = 50;

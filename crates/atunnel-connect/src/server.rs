@@ -29,6 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use atunnel_tls::{Activity, ActivityIo, Hibernation, RustlsStream, ServerTls, with_hibernation};
 
+use crate::flood::{FloodCount, FloodGuard, Role};
 use crate::http1;
 use crate::limits::{
     HANDSHAKE_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_CONCURRENT_STREAMS,
@@ -155,6 +156,8 @@ pub struct ConnectServer<H: ConnectHandler> {
     hibernation: Arc<Hibernation>,
     listeners: ListenerStats,
     pre_auth: Arc<PreAuthGate>,
+    /// HTTP/2 connections ended for a control-frame flood.
+    floods: Arc<FloodCount>,
 }
 
 impl<H: ConnectHandler> ConnectServer<H> {
@@ -173,6 +176,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
             hibernation,
             listeners: ListenerStats::default(),
             pre_auth: PreAuthGate::new(h2.pre_auth),
+            floods: Arc::default(),
         })
     }
 
@@ -185,6 +189,11 @@ impl<H: ConnectHandler> ConnectServer<H> {
     /// The handler every connection's tunnels go to.
     pub fn handler(&self) -> &Arc<H> {
         &self.handler
+    }
+
+    /// HTTP/2 connections ended for a control-frame flood, so far.
+    pub fn h2_floods(&self) -> u64 {
+        self.floods.total()
     }
 
     pub fn listener_stats(&self) -> ListenerFigures {
@@ -263,6 +272,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
         client: SocketAddr,
     ) -> io::Result<()> {
         Box::pin(read_h2_preface(&mut io, self.h2.preface_timeout)).await?;
+        let io = FloodGuard::new(io, Role::Server, self.floods.clone());
         let mut conn = h2::server::Builder::new()
             .max_concurrent_streams(self.h2.max_concurrent_streams)
             .initial_window_size(self.h2.stream_window)

@@ -155,6 +155,10 @@ pub async fn run<F: FarEnd>(
                     let g = gateway.clone();
                     Box::new(move || g.pre_auth())
                 },
+                h2_floods: {
+                    let g = gateway.clone();
+                    Box::new(move || g.h2_floods())
+                },
                 budgets: {
                     let g = gateway.clone();
                     Box::new(move || g.handler().budget_stats())

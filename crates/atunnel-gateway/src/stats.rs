@@ -25,6 +25,8 @@ pub(crate) struct Stats {
     pub listener: ListenerFigures,
     /// Connections in their TLS handshake, and those closed at the cap.
     pub pre_auth: atunnel_tls::PreAuthFigures,
+    /// HTTP/2 connections ended for a control-frame flood.
+    pub h2_floods_total: u64,
     /// Client identities with tunnels open, and budget refusals.
     pub budgets: crate::budget::BudgetStats,
     /// The overload guard's state and actions, when one runs.
@@ -41,6 +43,7 @@ pub(crate) struct StatsSource {
     /// generic; this hides it).
     pub listener: Box<dyn Fn() -> ListenerFigures + Send + Sync>,
     pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthFigures + Send + Sync>,
+    pub h2_floods: Box<dyn Fn() -> u64 + Send + Sync>,
     pub budgets: Box<dyn Fn() -> crate::budget::BudgetStats + Send + Sync>,
     pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
     pub admin: Arc<AdminStats>,
@@ -57,6 +60,7 @@ impl StatsSource {
             pool: self.pool.stats(),
             listener: (self.listener)(),
             pre_auth: (self.pre_auth)(),
+            h2_floods_total: (self.h2_floods)(),
             budgets: (self.budgets)(),
             overload: self.overload.as_ref().map(|o| o.figures()),
             admin: self.admin.figures(),
@@ -111,6 +115,7 @@ mod tests {
                 refused_total: 5,
                 evicted_total: 1,
             }),
+            h2_floods: Box::new(|| 4),
             budgets: Box::new(|| crate::budget::BudgetStats {
                 refused_total: 3,
                 ..Default::default()
@@ -145,6 +150,7 @@ mod tests {
             assert_eq!(v["pre_auth"]["handshaking"], 2, "{v}");
             assert_eq!(v["pre_auth"]["refused_total"], 5, "{v}");
             assert_eq!(v["pre_auth"]["evicted_total"], 1, "{v}");
+            assert_eq!(v["h2_floods_total"], 4, "{v}");
             assert!(v["admin"]["accepted_total"].as_u64() >= Some(1), "{v}");
         }
         cancel.cancel();

@@ -28,6 +28,8 @@ pub struct RunningGateway {
     pub cancel: CancellationToken,
     /// The CONNECT listener's pre-authentication figures.
     pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthFigures + Send + Sync>,
+    /// HTTP/2 connections ended for a control-frame flood.
+    pub h2_floods: Box<dyn Fn() -> u64 + Send + Sync>,
 }
 
 impl Drop for RunningGateway {
@@ -56,6 +58,10 @@ pub async fn gateway(
         let gw = gw.clone();
         Box::new(move || gw.pre_auth())
     };
+    let h2_floods = {
+        let gw = gw.clone();
+        Box::new(move || gw.h2_floods())
+    };
     let cancel = CancellationToken::new();
     let (addr, _task) =
         atunnel_gateway::spawn(gw, "127.0.0.1:0".parse().expect("addr"), cancel.clone())
@@ -66,6 +72,7 @@ pub async fn gateway(
         seen,
         cancel,
         pre_auth,
+        h2_floods,
     }
 }
 

@@ -244,6 +244,8 @@ pub struct ActorEgressStats {
     pub gateway_connections: usize,
     /// Of those, closed for having had no tunnel for the idle timeout.
     pub gateway_idle_closed_total: u64,
+    /// Gateway connections ended for an HTTP/2 control-frame flood.
+    pub gateway_h2_floods_total: u64,
 }
 
 /// A place in an actor's tunnel budget; given back when dropped.
@@ -1031,5 +1033,6 @@ fn binding_stats(uid: &str, b: &Binding) -> ActorEgressStats {
         refusal_pauses_total: b.refusals.paused_total(),
         gateway_connections: client.h2_connections,
         gateway_idle_closed_total: client.h2_idle_closed_total,
+        gateway_h2_floods_total: client.h2_floods_total,
     }
 }

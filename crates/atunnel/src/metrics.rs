@@ -445,6 +445,12 @@ fn egress(out: &mut Out, s: &Stats) -> Fmt {
         "An actor's pooled gateway connections closed idle",
         "actor",
         a.iter().map(|x| (id(x), x.gateway_idle_closed_total)),
+    )?;
+    out.counters(
+        "egress_actor_gateway_h2_floods",
+        "An actor's gateway connections ended for an HTTP/2 control-frame flood",
+        "actor",
+        a.iter().map(|x| (id(x), x.gateway_h2_floods_total)),
     )
 }
 
@@ -467,6 +473,17 @@ fn ingress(out: &mut Out, s: &Stats) -> Fmt {
             "Ingress requests refused under overload (503)",
             None,
             i.refused_overload_total,
+        )?;
+        let f = &i.h2_floods;
+        out.counters(
+            "ingress_h2_floods",
+            "HTTP/2 connections ended for a control-frame flood",
+            "endpoint",
+            [
+                ("https", f.https_total),
+                ("connect", f.connect_total),
+                ("actors", f.actors_total),
+            ],
         )?;
         let a = &i.actors;
         out.gauges(

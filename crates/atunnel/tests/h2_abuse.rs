@@ -24,7 +24,7 @@ use atunnel_identity::clock::Clock;
 use bytes::Bytes;
 use http_body_util::Full;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket};
 
 /// Long enough for a busy 2-core host; every wait ends on an event first.
 const WITHIN: Duration = Duration::from_secs(10);
@@ -615,111 +615,239 @@ async fn a_zero_window_router_on_ingress_connect_pins_a_bounded_amount_and_other
     a_zero_window_peer_pins_a_bounded_amount(Server::Connect).await;
 }
 
-// ---- SETTINGS and PING floods ----
+// ---- control-frame floods (atunnel_connect::flood) ----
 
-/// A router connection whose socket has small kernel buffers, so a peer
-/// that never reads fills them after little: the raw peer over it.
-async fn small_buffer_raw_router(site: &Site, server: Server) -> RawH2<RouterTls> {
-    let socket = TcpSocket::new_v4().expect("socket");
-    socket.set_recv_buffer_size(64 * 1024).expect("SO_RCVBUF");
-    socket.set_send_buffer_size(64 * 1024).expect("SO_SNDBUF");
-    let tcp: TcpStream = socket.connect(site.addr(server)).await.expect("connect");
-    let cfg = mtls_client_config(
-        site.pki.pod_ca.cert_der(),
-        site.pki.router.chain.clone(),
-        site.pki.router.key(),
-        rustls::DEFAULT_VERSIONS,
-        &[b"h2"],
-    );
-    let name = rustls::pki_types::ServerName::try_from(WORKER_NAME).expect("name");
-    let tls = tokio_rustls::TlsConnector::from(cfg)
-        .connect(name, tcp)
-        .await
-        .expect("TLS");
-    RawH2::client(tls, &[]).await.expect("h2 handshake")
+/// The control frames a flood is made of, one kind a test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Flood {
+    Settings,
+    Ping,
+    WindowUpdate,
+    Priority,
+    /// Empty DATA on an open stream (stream 1, a request whose body the
+    /// peer never ends).
+    EmptyData,
+    /// HEADERS (trailers) on stream 1, which the server reset (a request
+    /// past the header-list limit, its body left open): h2 ignores frames
+    /// on a stream it reset for a while rather than end the connection.
+    HeadersOnClosedStream,
 }
 
-/// Floods `frame` without reading: the server must stop reading once the
-/// answers it owes cannot be written (one pending answer, h2's design),
-/// rather than queue them. Then reads: each answer comes back, no more than
-/// were asked for.
-async fn a_flood_is_answered_with_what_is_held_bounded(
-    server: Server,
-    frame: Frame,
-    is_answer: fn(&Frame) -> bool,
-) {
-    let site = site().await;
-    let mut raw = small_buffer_raw_router(&site, server).await;
-    let one = frame.encode();
-    let batch: Vec<u8> = one.iter().copied().cycle().take(one.len() * 1000).collect();
-    // 64 MiB of the frame would be millions of answers queued if the
-    // server read on while we do not.
-    let total = 64 * 1024 * 1024;
-    let written = raw
-        .write_until_stalled(&batch, total, Duration::from_secs(1))
-        .await
-        .expect("flood");
-    let sent = written / one.len();
-    eprintln!(
-        "{server:?}: {sent} frames ({written} bytes) went out before the server stopped reading"
-    );
-    assert!(
-        written < total,
-        "{server:?}: the server read {written} bytes of the flood while its answers went unread"
-    );
-    // During the stall, another router is served.
-    a_well_behaved_router_is_served(&site, server).await;
-    // The answers owed come back once we read, and the connection lives.
-    let mut answers = 0;
-    while answers < sent {
-        let f = raw
-            .wait_for(WITHIN, |f| is_answer(f) || f.kind == kind::GOAWAY)
-            .await
-            .expect("answers");
-        assert_ne!(
-            f.kind,
-            kind::GOAWAY,
-            "{server:?}: closed after {answers} answers: {f:?}"
-        );
-        answers += 1;
+/// More than twice the budget: a flood the guard must have cut.
+const FLOOD_FRAMES: u32 = 20_000;
+
+fn flood_frame(flood: Flood, i: u32) -> Frame {
+    match flood {
+        Flood::Settings => Frame::settings(&[(setting::MAX_FRAME_SIZE, 16 * 1024)]),
+        Flood::Ping => Frame::ping(u64::from(i).to_be_bytes()),
+        Flood::WindowUpdate => Frame::window_update(0, 1),
+        // PRIORITY on an idle stream: stream 3 depends on 0, weight 16.
+        Flood::Priority => Frame::new(0x2, 0, 3, vec![0, 0, 0, 0, 15]),
+        Flood::EmptyData => Frame::data(1, b"", false),
+        Flood::HeadersOnClosedStream => {
+            let mut block = Vec::new();
+            literal(&mut block, "x-trailer", b"t");
+            Frame::headers(1, block, true, true)
+        }
     }
-    assert_eq!(answers, sent);
+}
+
+/// The HTTPS or CONNECT listener's flood count.
+fn floods_counted(site: &Site, server: Server) -> u64 {
+    let f = site.running.ingress.stats().h2_floods;
+    match server {
+        Server::Https => f.https_total,
+        Server::Connect => f.connect_total,
+    }
+}
+
+/// A raw router floods `flood` frames, reading whatever comes back: the
+/// connection ends with GOAWAY ENHANCE_YOUR_CALM within 10 s, the flood is
+/// counted, and another router is served meanwhile.
+async fn a_control_frame_flood_gets_goaway_enhance_your_calm(server: Server, flood: Flood) {
+    let site = site().await;
+    let mut raw = raw_router(&site, server, &[]).await;
+    match flood {
+        Flood::EmptyData => {
+            // A request whose body stays open: the silent actor takes it.
+            let open = Frame::headers(1, request(server, SILENT_PORT, &[]), false, true);
+            raw.send(&open).await.expect("request");
+        }
+        Flood::HeadersOnClosedStream => {
+            let limit = match server {
+                Server::Https => PROXY_MAX_HEADER_LIST,
+                Server::Connect => TUNNEL_MAX_HEADER_LIST,
+            } as usize;
+            let padding = "p".repeat(limit + limit / 2);
+            let block = request(server, HELLO_PORT, &[("x-padding", &padding)]);
+            raw.send_all(&split_block(Server::Connect, 1, &block))
+                .await
+                .expect("request");
+            raw.wait_for(WITHIN, |f| f.stream == 1 && f.kind == kind::RST_STREAM)
+                .await
+                .expect("the server resets stream 1");
+        }
+        _ => {}
+    }
+    let mut batch = Vec::new();
+    for i in 0..FLOOD_FRAMES {
+        flood_frame(flood, i).encode_into(&mut batch);
+    }
+    // The server cuts the connection mid-flood: the write may fail.
+    let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
+    let ended = raw.until_goaway(WITHIN).await.expect("the flood is cut");
+    assert!(
+        matches!(
+            ended,
+            Ended::GoAway {
+                error: code::ENHANCE_YOUR_CALM,
+                ..
+            }
+        ),
+        "{server:?} {flood:?}: {ended:?}"
+    );
+    // h2 0.4.20 ends a stream's empty DATA flood itself, first
+    // (`MAX_RECV_EMPTY_DATA_FRAMES`); the guard counts every other kind.
+    if flood != Flood::EmptyData {
+        assert_eq!(floods_counted(&site, server), 1, "{server:?} {flood:?}");
+    }
+    a_well_behaved_router_is_served(&site, server).await;
 }
 
 #[tokio::test]
-async fn a_ping_flood_on_ingress_https_is_answered_with_the_acks_held_bounded() {
-    a_flood_is_answered_with_what_is_held_bounded(Server::Https, Frame::ping(*b"flooding"), |f| {
-        f.kind == kind::PING && f.has(atunnel_support::h2_raw::flag::ACK)
-    })
-    .await;
+async fn a_settings_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::Settings).await;
 }
 
 #[tokio::test]
-async fn a_ping_flood_on_ingress_connect_is_answered_with_the_acks_held_bounded() {
-    a_flood_is_answered_with_what_is_held_bounded(
-        Server::Connect,
-        Frame::ping(*b"flooding"),
-        |f| f.kind == kind::PING && f.has(atunnel_support::h2_raw::flag::ACK),
+async fn a_settings_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::Settings).await;
+}
+
+#[tokio::test]
+async fn a_ping_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::Ping).await;
+}
+
+#[tokio::test]
+async fn a_ping_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::Ping).await;
+}
+
+#[tokio::test]
+async fn a_window_update_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::WindowUpdate).await;
+}
+
+#[tokio::test]
+async fn a_window_update_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::WindowUpdate).await;
+}
+
+#[tokio::test]
+async fn a_priority_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::Priority).await;
+}
+
+#[tokio::test]
+async fn a_priority_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::Priority).await;
+}
+
+#[tokio::test]
+async fn an_empty_data_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::EmptyData).await;
+}
+
+#[tokio::test]
+async fn an_empty_data_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::EmptyData).await;
+}
+
+#[tokio::test]
+async fn a_flood_of_headers_on_a_closed_stream_on_ingress_https_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(
+        Server::Https,
+        Flood::HeadersOnClosedStream,
     )
     .await;
 }
 
 #[tokio::test]
-async fn a_settings_flood_on_ingress_https_is_answered_with_the_acks_held_bounded() {
-    let settings = Frame::settings(&[(setting::MAX_FRAME_SIZE, 16 * 1024)]);
-    a_flood_is_answered_with_what_is_held_bounded(Server::Https, settings, |f| {
-        f.kind == kind::SETTINGS && f.has(atunnel_support::h2_raw::flag::ACK)
-    })
+async fn a_flood_of_headers_on_a_closed_stream_on_ingress_connect_gets_goaway_enhance_your_calm() {
+    a_control_frame_flood_gets_goaway_enhance_your_calm(
+        Server::Connect,
+        Flood::HeadersOnClosedStream,
+    )
     .await;
 }
 
+/// A router that behaves: a few SETTINGS and PINGs, then a 32 MiB answer
+/// read with a WINDOW_UPDATE for every DATA frame (stream and connection,
+/// the most a client sends), then another request: none of it is cut.
+async fn a_well_behaved_peers_control_frames_are_not_cut(server: Server) {
+    let site = site().await;
+    let mut raw = raw_router(&site, server, &[]).await;
+    // Room for what is in flight on stream 1 when it is reset below.
+    raw.send(&Frame::window_update(0, 1 << 30))
+        .await
+        .expect("connection window");
+    for i in 0..20u8 {
+        raw.send_all(&[
+            Frame::ping([i; 8]),
+            Frame::settings(&[(setting::MAX_FRAME_SIZE, 16 * 1024)]),
+        ])
+        .await
+        .expect("pings and settings");
+    }
+    // The endless actor's answer: a chunked body (HTTPS), or bytes down a
+    // tunnel once it hears "go" (CONNECT).
+    raw.send(&opening(server, 1, request(server, ENDLESS_PORT, &[])))
+        .await
+        .expect("request");
+    if server == Server::Connect {
+        raw.send(&Frame::data(1, b"go", false)).await.expect("go");
+    }
+    let want = 32 * 1024 * 1024;
+    let mut got = 0;
+    while got < want {
+        let f = raw
+            .wait_for(WITHIN, |f| f.stream == 1 || f.kind == kind::GOAWAY)
+            .await
+            .expect("the answer flows");
+        assert_ne!(
+            f.kind,
+            kind::GOAWAY,
+            "{server:?}: cut after {got} bytes: {f:?}"
+        );
+        assert_ne!(
+            f.kind,
+            kind::RST_STREAM,
+            "{server:?}: reset after {got} bytes"
+        );
+        if f.kind == kind::DATA && !f.payload.is_empty() {
+            got += f.payload.len();
+            let n = f.payload.len() as u32;
+            raw.send_all(&[Frame::window_update(1, n), Frame::window_update(0, n)])
+                .await
+                .expect("window updates");
+        }
+    }
+    raw.send(&Frame::rst_stream(1, code::CANCEL))
+        .await
+        .expect("reset");
+    the_raw_connection_serves(&mut raw, server, 3).await;
+    assert_eq!(floods_counted(&site, server), 0, "{server:?}");
+}
+
 #[tokio::test]
-async fn a_settings_flood_on_ingress_connect_is_answered_with_the_acks_held_bounded() {
-    let settings = Frame::settings(&[(setting::MAX_FRAME_SIZE, 16 * 1024)]);
-    a_flood_is_answered_with_what_is_held_bounded(Server::Connect, settings, |f| {
-        f.kind == kind::SETTINGS && f.has(atunnel_support::h2_raw::flag::ACK)
-    })
-    .await;
+async fn a_well_behaved_routers_control_frames_on_ingress_https_are_not_cut() {
+    a_well_behaved_peers_control_frames_are_not_cut(Server::Https).await;
+}
+
+#[tokio::test]
+async fn a_well_behaved_routers_control_frames_on_ingress_connect_are_not_cut() {
+    a_well_behaved_peers_control_frames_are_not_cut(Server::Connect).await;
 }
 
 // ---- the clients: a hostile gateway, a hostile actor ----
@@ -735,6 +863,8 @@ enum Hostile {
     ContinuationAnswer,
     /// Answers the first request with headers past the client's limit.
     OversizedAnswer,
+    /// Floods control frames of a kind once the first request is in.
+    Control(Flood),
 }
 
 /// What a hostile server saw of the client.
@@ -775,6 +905,20 @@ where
                 .write_until_stalled(&batch, FLOOD, Duration::from_secs(1))
                 .await
                 .unwrap_or(0);
+        }
+        Hostile::Control(flood) => {
+            if raw
+                .wait_for(WITHIN, |f| f.kind == kind::HEADERS)
+                .await
+                .is_err()
+            {
+                return seen;
+            }
+            let mut batch = Vec::new();
+            for i in 0..FLOOD_FRAMES {
+                flood_frame(flood, i).encode_into(&mut batch);
+            }
+            let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
         }
         Hostile::ContinuationAnswer | Hostile::OversizedAnswer => {
             let Ok(request) = raw.wait_for(WITHIN, |f| f.kind == kind::HEADERS).await else {
@@ -910,11 +1054,20 @@ async fn a_hostile_gateway_loses_its_connection_and_others_are_unaffected(mode: 
                 first.flooded < FLOOD,
                 "{mode:?}: the client read the whole flood while its answers went unread"
             );
-            // The CONNECT went unanswered for the open timeout: retired.
             assert!(
                 first.closed,
                 "{mode:?}: the client kept the connection: {first:?}"
             );
+            assert!(alpha.client().stats().h2_floods_total >= 1, "{mode:?}");
+        }
+        Hostile::Control(_) => {
+            assert_eq!(
+                first.goaway,
+                Some(code::ENHANCE_YOUR_CALM),
+                "{mode:?}: {first:?}"
+            );
+            assert!(first.closed, "{mode:?}: {first:?}");
+            assert!(alpha.client().stats().h2_floods_total >= 1, "{mode:?}");
         }
         Hostile::ContinuationAnswer => {
             assert_eq!(
@@ -963,6 +1116,44 @@ async fn a_gateway_answering_with_a_continuation_flood_gets_goaway_enhance_your_
 async fn a_gateway_answering_with_headers_past_the_limit_opens_no_tunnel() {
     a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::OversizedAnswer)
         .await;
+}
+
+#[tokio::test]
+async fn a_gateway_flooding_window_updates_gets_goaway_enhance_your_calm() {
+    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
+        Flood::WindowUpdate,
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn a_gateway_flooding_priority_gets_goaway_enhance_your_calm() {
+    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
+        Flood::Priority,
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn a_gateway_flooding_pings_after_a_request_gets_goaway_enhance_your_calm() {
+    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(Flood::Ping))
+        .await;
+}
+
+#[tokio::test]
+async fn a_gateway_flooding_settings_after_a_request_gets_goaway_enhance_your_calm() {
+    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
+        Flood::Settings,
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn a_gateway_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm() {
+    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
+        Flood::HeadersOnClosedStream,
+    ))
+    .await;
 }
 
 /// An actor speaking h2c that misbehaves as `mode` on every connection.
@@ -1022,6 +1213,22 @@ async fn a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(mode: Ho
                 first.closed,
                 "{mode:?}: ingress kept the connection: {first:?}"
             );
+            assert!(
+                running.ingress.stats().h2_floods.actors_total >= 1,
+                "{mode:?}"
+            );
+        }
+        Hostile::Control(_) => {
+            assert_eq!(
+                first.goaway,
+                Some(code::ENHANCE_YOUR_CALM),
+                "{mode:?}: {first:?}"
+            );
+            assert!(first.closed, "{mode:?}: {first:?}");
+            assert!(
+                running.ingress.stats().h2_floods.actors_total >= 1,
+                "{mode:?}"
+            );
         }
         Hostile::ContinuationAnswer => {
             assert_eq!(
@@ -1074,6 +1281,44 @@ async fn an_h2c_actor_answering_with_headers_past_the_limit_gets_the_router_an_e
     a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::OversizedAnswer).await;
 }
 
+#[tokio::test]
+async fn an_h2c_actor_flooding_window_updates_gets_goaway_enhance_your_calm() {
+    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
+        Flood::WindowUpdate,
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn an_h2c_actor_flooding_priority_gets_goaway_enhance_your_calm() {
+    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
+        Flood::Priority,
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn an_h2c_actor_flooding_pings_after_a_request_gets_goaway_enhance_your_calm() {
+    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(Flood::Ping))
+        .await;
+}
+
+#[tokio::test]
+async fn an_h2c_actor_flooding_settings_after_a_request_gets_goaway_enhance_your_calm() {
+    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
+        Flood::Settings,
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn an_h2c_actor_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm() {
+    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
+        Flood::HeadersOnClosedStream,
+    ))
+    .await;
+}
+
 /// An h2c actor that takes a request and then never reads or answers
 /// again (no PING ACK): ingress's pings find it, the router gets 502 long
 /// before the response timeout, and the connection is closed.
@@ -1117,4 +1362,166 @@ async fn an_h2c_actor_that_stops_answering_pings_is_dropped_before_the_response_
             .expect("sent"),
         "ingress kept the connection to the silent actor"
     );
+}
+
+// ---- malformed request headers ----
+
+/// What a malformed request costs: its stream, or (where h2 cannot do
+/// better) the whole connection.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Malformed {
+    /// The stream is reset (RST_STREAM PROTOCOL_ERROR) or answered 400;
+    /// the connection serves on.
+    Stream,
+    /// GOAWAY PROTOCOL_ERROR: h2 reports the field as an HPACK decoding
+    /// error, a connection error. See docs/design.md, "Malformed headers".
+    Connection,
+}
+
+/// Each malformed field h2 sees in a request, and what it does today.
+const MALFORMED: &[(&str, &[u8], Malformed)] = &[
+    ("connection", b"keep-alive", Malformed::Stream),
+    ("keep-alive", b"5", Malformed::Stream),
+    ("transfer-encoding", b"chunked", Malformed::Stream),
+    ("upgrade", b"h2c", Malformed::Stream),
+    ("te", b"gzip", Malformed::Stream),
+    // A pseudo-header after a regular one.
+    (":path", b"/late", Malformed::Stream),
+    ("X-Upper", b"case", Malformed::Connection),
+    ("bad name", b"v", Malformed::Connection),
+    ("x-nul", b"a\0b", Malformed::Connection),
+    (":unknown", b"pseudo", Malformed::Connection),
+];
+
+async fn a_malformed_request_header_costs_what_h2_allows(server: Server) {
+    let site = site().await;
+    for (i, (name, value, cost)) in MALFORMED.iter().enumerate() {
+        let mut raw = raw_router(&site, server, &[]).await;
+        let mut block = request(server, HELLO_PORT, &[]);
+        literal(&mut block, name, value);
+        raw.send(&opening(server, 1, block)).await.expect("request");
+        let answer = raw
+            .wait_for(WITHIN, |f| {
+                f.kind == kind::GOAWAY || (f.stream == 1 && f.kind != kind::WINDOW_UPDATE)
+            })
+            .await
+            .expect("the malformed request is answered");
+        let seen = match answer.kind {
+            kind::GOAWAY => {
+                assert_eq!(answer.error_code(), Some(code::PROTOCOL_ERROR), "{name}");
+                Malformed::Connection
+            }
+            kind::RST_STREAM => {
+                assert_eq!(answer.error_code(), Some(code::PROTOCOL_ERROR), "{name}");
+                Malformed::Stream
+            }
+            _ => {
+                assert_eq!(answer.status(), Some(400), "{server:?} {name}: {answer:?}");
+                Malformed::Stream
+            }
+        };
+        assert_eq!(seen, *cost, "{server:?}: case {i}, {name:?}: {answer:?}");
+        if seen == Malformed::Stream {
+            the_raw_connection_serves(&mut raw, server, 3).await;
+        }
+    }
+    a_well_behaved_router_is_served(&site, server).await;
+}
+
+#[tokio::test]
+async fn a_malformed_request_header_on_ingress_https_resets_its_stream_where_h2_allows() {
+    a_malformed_request_header_costs_what_h2_allows(Server::Https).await;
+}
+
+#[tokio::test]
+async fn a_malformed_request_header_on_ingress_connect_resets_its_stream_where_h2_allows() {
+    a_malformed_request_header_costs_what_h2_allows(Server::Connect).await;
+}
+
+// ---- the gateway's server ----
+
+/// A raw actor connection to the gateway (an actor certificate, ALPN h2).
+async fn raw_actor_to_gateway(
+    pki: &Pki,
+    addr: SocketAddr,
+    name: &str,
+) -> RawH2<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let key = atunnel_identity::pki::new_actor_key().expect("key");
+    let csr = atunnel_identity::pki::actor_csr(&key).expect("csr");
+    let now = std::time::SystemTime::now();
+    let chain = pki
+        .actor_ca
+        .sign_actor_csr(
+            &actor(name),
+            &csr,
+            now - Duration::from_secs(60),
+            now + Duration::from_secs(3600),
+        )
+        .expect("actor cert");
+    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()).into();
+    let cfg = mtls_client_config(
+        pki.gateway_ca.cert_der(),
+        chain,
+        key,
+        rustls::DEFAULT_VERSIONS,
+        &[b"h2"],
+    );
+    let tls = tls_connect(&cfg, addr, GATEWAY_NAME)
+        .await
+        .expect("actor TLS to the gateway");
+    RawH2::client(tls, &[]).await.expect("h2 handshake")
+}
+
+/// An actor's connection flooding the gateway with `flood` frames gets
+/// GOAWAY ENHANCE_YOUR_CALM, counted, and another actor's tunnel through
+/// the same gateway carries its bytes meanwhile.
+async fn a_flood_on_the_gateway_gets_goaway_enhance_your_calm(flood: Flood) {
+    let pki = Pki::new();
+    let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
+    let mut raw = raw_actor_to_gateway(&pki, gw.addr, "alpha").await;
+    let mut batch = Vec::new();
+    for i in 0..FLOOD_FRAMES {
+        flood_frame(flood, i).encode_into(&mut batch);
+    }
+    let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
+    let ended = raw.until_goaway(WITHIN).await.expect("the flood is cut");
+    assert!(
+        matches!(
+            ended,
+            Ended::GoAway {
+                error: code::ENHANCE_YOUR_CALM,
+                ..
+            }
+        ),
+        "{flood:?}: {ended:?}"
+    );
+    assert_eq!((gw.h2_floods)(), 1, "{flood:?}");
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let beta = prepare(&pki, gw.addr, actor("beta"), source).await;
+    let mut tunnel = tokio::time::timeout(WITHIN, beta.client().open_authority(SINK_ECHO))
+        .await
+        .expect("beta opens within 10 s")
+        .expect("beta's tunnel");
+    let data = random(16 * 1024, 9);
+    assert_eq!(echoed(&mut tunnel, &data).await, data);
+}
+
+#[tokio::test]
+async fn a_settings_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
+    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Settings).await;
+}
+
+#[tokio::test]
+async fn a_ping_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
+    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Ping).await;
+}
+
+#[tokio::test]
+async fn a_window_update_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
+    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::WindowUpdate).await;
+}
+
+#[tokio::test]
+async fn a_priority_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
+    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Priority).await;
 }

@@ -3,6 +3,7 @@
 //! CONNECT tunnels (`connect`) are routed by `ate-target-actor` to the
 //! actor's current activation (`routes`).
 
+mod actor_io;
 mod connect;
 mod https;
 mod router_conn;
@@ -31,7 +32,7 @@ use atunnel_tls::Hibernation;
 
 pub use routes::{
     ActorDialer, ActorIngressStats, ActorRoute, DEFAULT_MAX_IN_FLIGHT_PER_ACTOR, DirectDialer,
-    PoolSettings, RouteError, RouteStats, SandboxDialer,
+    IngressH2Floods, PoolSettings, RouteError, RouteStats, SandboxDialer,
 };
 use routes::{RouterPing, Routes};
 pub use tls::IngressTlsError;
@@ -202,7 +203,9 @@ impl Ingress {
     }
 
     pub fn stats(&self) -> RouteStats {
-        self.routes.stats()
+        let mut stats = self.routes.stats();
+        stats.h2_floods.connect_total = self.connect.h2_floods();
+        stats
     }
 
     pub fn hibernation(&self) -> &Arc<Hibernation> {

@@ -42,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::https::{self, ProxyBody};
 use super::routes::Routes;
+use atunnel_connect::flood::{FloodGuard, Role};
 use atunnel_connect::limits::{
     MAX_LOCAL_ERROR_RESET_STREAMS, MAX_PENDING_ACCEPT_RESET_STREAMS, PROXY_H1_MAX_BUFFER,
     PROXY_MAX_HEADER_LIST, PROXY_MAX_SEND_BUF, PROXY_ROUTER_CONNECTION_WINDOW,
@@ -105,6 +106,7 @@ async fn serve_h2(
     cancel: CancellationToken,
 ) {
     let ping = routes.router_ping();
+    let io = FloodGuard::new(io, Role::Server, routes.router_h2_floods().clone());
     let service = hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req));
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder.timer(TokioTimer::new());

@@ -22,6 +22,8 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::actor_io::ActorIo;
+use atunnel_connect::flood::{FloodCount, FloodGuard, Role};
 use atunnel_connect::limits::{
     ACTOR_DIAL_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
     MAX_PENDING_ACCEPT_RESET_STREAMS, PROXY_ACTOR_CONNECTION_WINDOW, PROXY_H1_MAX_BUFFER,
@@ -70,11 +72,13 @@ pub enum RouteError {
 
 /// The hyper connector of one activation: every dial goes through its dialer,
 /// is refused once the activation is cancelled, and is counted. It dials
-/// `port` if set, else the URI's port.
+/// `port` if set, else the URI's port. An h2c connection's IO is under a
+/// [`FloodGuard`].
 #[derive(Clone)]
 pub(crate) struct ActivationConnector {
     activation: Arc<Shared>,
     port: Option<u16>,
+    h2c: bool,
 }
 
 struct Shared {
@@ -94,10 +98,12 @@ struct Shared {
 pub(crate) struct Upstream {
     pools: PoolSettings,
     socket: atunnel_core::sockopt::SocketOptions,
+    /// h2c connections to actors ended for a control-frame flood.
+    h2c_floods: Arc<FloodCount>,
 }
 
 impl tower_service::Service<Uri> for ActivationConnector {
-    type Response = TokioIo<TcpStream>;
+    type Response = TokioIo<ActorIo>;
     type Error = io::Error;
     type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
 
@@ -108,6 +114,7 @@ impl tower_service::Service<Uri> for ActivationConnector {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let shared = self.activation.clone();
         let port = self.port.or(uri.port_u16()).unwrap_or(80);
+        let h2c = self.h2c;
         Box::pin(async move {
             let dial = async {
                 tokio::time::timeout(shared.upstream.pools.dial_timeout, shared.dialer.dial(port))
@@ -129,7 +136,12 @@ impl tower_service::Service<Uri> for ActivationConnector {
             }
             shared.upstream.socket.apply(&tcp)?;
             shared.new_connections.fetch_add(1, Ordering::Relaxed);
-            Ok(TokioIo::new(tcp))
+            Ok(TokioIo::new(if h2c {
+                let floods = shared.upstream.h2c_floods.clone();
+                ActorIo::H2c(FloodGuard::new(tcp, Role::Client, floods))
+            } else {
+                ActorIo::Plain(tcp)
+            }))
         })
     }
 }
@@ -280,6 +292,7 @@ impl ActorRoute {
             let connector = ActivationConnector {
                 activation: self.shared.clone(),
                 port: None,
+                h2c: false,
             };
             Box::new(client(connector, self.pools(), false))
         })
@@ -292,6 +305,7 @@ impl ActorRoute {
             let connector = ActivationConnector {
                 activation: self.shared.clone(),
                 port: Some(port),
+                h2c: true,
             };
             client(connector, self.pools(), true)
         });
@@ -316,11 +330,13 @@ impl ActorRoute {
         let mut connector = ActivationConnector {
             activation: self.shared.clone(),
             port: Some(port),
+            h2c: false,
         };
         Ok(
             tower_service::Service::call(&mut connector, Uri::from_static("http://actor/"))
                 .await?
-                .into_inner(),
+                .into_inner()
+                .into_tcp(),
         )
     }
 }
@@ -367,6 +383,20 @@ pub struct RouteStats {
     pub refused_overload_total: u64,
     /// Each active actor's requests and tunnels in flight and refusals.
     pub actors: Vec<ActorIngressStats>,
+    /// HTTP/2 connections ended for a control-frame flood, by endpoint.
+    pub h2_floods: IngressH2Floods,
+}
+
+/// HTTP/2 connections ended for a control-frame flood
+/// (`atunnel_connect::flood`), by endpoint.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct IngressH2Floods {
+    /// The router's connections to ingress HTTPS.
+    pub https_total: u64,
+    /// The router's connections to ingress CONNECT.
+    pub connect_total: u64,
+    /// h2c connections to actors (gRPC).
+    pub actors_total: u64,
 }
 
 /// One actor's ingress figures.
@@ -393,6 +423,8 @@ pub(crate) struct Routes {
     /// Kept here, with what every router connection shares, rather than in
     /// each connection's future.
     router_ping: RouterPing,
+    /// The router's HTTPS connections ended for a control-frame flood.
+    router_h2_floods: Arc<FloodCount>,
 }
 
 /// HTTP/2 PING keepalive on the router's connections (zero interval: off).
@@ -410,7 +442,11 @@ impl Routes {
         router_ping: RouterPing,
     ) -> Self {
         Self {
-            upstream: Arc::new(Upstream { pools, socket }),
+            upstream: Arc::new(Upstream {
+                pools,
+                socket,
+                h2c_floods: Arc::default(),
+            }),
             overload,
             router_ping,
             ..Self::default()
@@ -420,6 +456,11 @@ impl Routes {
     /// How the router's HTTP/2 connections are pinged.
     pub(crate) fn router_ping(&self) -> RouterPing {
         self.router_ping
+    }
+
+    /// The router's HTTPS connections ended for a control-frame flood.
+    pub(crate) fn router_h2_floods(&self) -> &Arc<FloodCount> {
+        &self.router_h2_floods
     }
 
     /// Why new work must be refused now (the process is overloaded); counted.
@@ -516,6 +557,12 @@ impl Routes {
             new_upstream_connections: self.retired_connections.load(Ordering::Relaxed)
                 + active.values().map(|a| a.new_connections()).sum::<u64>(),
             refused_overload_total: self.refused_overload.load(Ordering::Relaxed),
+            h2_floods: IngressH2Floods {
+                https_total: self.router_h2_floods.total(),
+                // The CONNECT server's, filled in by `Ingress::stats`.
+                connect_total: 0,
+                actors_total: self.upstream.h2c_floods.total(),
+            },
             actors: {
                 let mut actors: Vec<_> = active.values().map(|a| a.figures()).collect();
                 actors.sort_by(|a, b| a.actor.cmp(&b.actor));
