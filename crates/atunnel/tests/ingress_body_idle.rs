@@ -84,6 +84,18 @@ async fn deaf_actor() -> (std::net::SocketAddr, tokio::sync::oneshot::Receiver<(
     (addr, reset)
 }
 
+/// An actor that sends its head and a first chunk, then nothing, forever.
+async fn stalling_actor() -> (std::net::SocketAddr, ActorConnections) {
+    counted_http1_actor(|_req| async {
+        let first = futures_util::stream::once(async {
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"first")))
+        });
+        let body = futures_util::StreamExt::chain(first, futures_util::stream::pending());
+        http::Response::new(StreamBody::new(body))
+    })
+    .await
+}
+
 /// An actor that answers `beta` at once with "now".
 async fn quick_actor() -> std::net::SocketAddr {
     http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"now"))) }).await
@@ -107,15 +119,7 @@ async fn a_response_body_the_actor_stops_sending_is_reset_after_the_idle_bound()
         }
     })
     .await;
-    // alpha sends its head and a first chunk, then nothing, forever.
-    let (stalling, mut alpha_conns) = counted_http1_actor(|_req| async {
-        let first = futures_util::stream::once(async {
-            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"first")))
-        });
-        let body = futures_util::StreamExt::chain(first, futures_util::stream::pending());
-        http::Response::new(StreamBody::new(body))
-    })
-    .await;
+    let (stalling, mut alpha_conns) = stalling_actor().await;
     let quick = quick_actor().await;
     activate_loopback(&running.ingress, "alpha", "uid-1", stalling.port());
     activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
@@ -155,6 +159,49 @@ async fn a_response_body_the_actor_stops_sending_is_reset_after_the_idle_bound()
     );
     // The same router connection still serves.
     served(&mut router).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http1_a_stalled_response_body_closes_the_routers_connection() {
+    use http_body_util::BodyExt;
+    let pki = IngressPki::new();
+    let running = ingress_tuned(&pki, |cfg| {
+        cfg.pools = PoolSettings {
+            response_body_idle: BOUND,
+            ..PoolSettings::default()
+        }
+    })
+    .await;
+    let (stalling, mut alpha_conns) = stalling_actor().await;
+    activate_loopback(&running.ingress, "alpha", "uid-1", stalling.port());
+    let mut router = RouterConn::open(&pki, running.https, false).await;
+    let req = http::Request::get("https://w/")
+        .header("ate-target-actor", "team-a/alpha")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let resp = router.send(req).await.expect("alpha's head");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert_eq!(first.data_ref().map(|d| &d[..]), Some(&b"first"[..]));
+    let started = tokio::time::Instant::now();
+    let end = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("alpha's stalled body ended within 10 s");
+    assert!(
+        matches!(end, Some(Err(_))),
+        "the connection closed mid-body, not a clean end: {end:?}"
+    );
+    assert!(started.elapsed() >= BOUND, "ended before the bound");
+    assert!(
+        alpha_conns.closed(0, Duration::from_secs(5)).await,
+        "alpha's connection was closed, not pooled"
+    );
+    drained(&running.ingress, "uid-1").await;
+    assert_eq!(
+        of(&running.ingress, "uid-1").response_body_idle_ends_total,
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
