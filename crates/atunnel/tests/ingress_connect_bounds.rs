@@ -1,8 +1,9 @@
 //! Ingress CONNECT tunnels get egress's relay bounds, counted per actor: a
 //! tunnel whose actor stops reading is reset at the stalled-write timeout,
 //! one left half-closed and idle at the half-closed timeout, while another
-//! actor's tunnel relays; and a CONNECT refused for overload says the
-//! configured Retry-After.
+//! actor's tunnel relays; an actor's tunnels borrow from its own share of
+//! the buffer pool; and a CONNECT refused for overload says the configured
+//! Retry-After.
 
 use atunnel_support::prelude::*;
 use std::net::SocketAddr;
@@ -186,4 +187,40 @@ async fn a_connect_refused_for_overload_says_the_configured_retry_after() {
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "7");
     cancel.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actors_connect_tunnels_borrow_from_its_own_share_of_the_pool() {
+    let pki = IngressPki::new();
+    let running = ingress_tuned(&pki, |cfg| cfg.pools.max_buffers = 1).await;
+    running.activate_alpha(&[(8080, echo_actor().await.port())]);
+    // Two of alpha's tunnels echo 4 MiB each at once: with a share of one
+    // buffer, one waits for the other's.
+    let data = random(4 << 20, 9);
+    let mut transfers = Vec::new();
+    for _ in 0..2 {
+        let tls = h1_tunnel(&pki, running.connect, "alpha", 8080).await;
+        let data = data.clone();
+        transfers.push(tokio::spawn(async move {
+            let (mut r, mut w) = tokio::io::split(tls);
+            let sent = data.clone();
+            let writer = tokio::spawn(async move { w.write_all(&sent).await.map(|_| w) });
+            let mut back = vec![0u8; data.len()];
+            r.read_exact(&mut back).await.expect("echo");
+            let _w = writer.await.expect("writer").expect("write");
+            assert!(back == data, "echo corrupted");
+        }));
+    }
+    for t in transfers {
+        tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .expect("echoed within 30 s")
+            .expect("transfer");
+    }
+    let alpha = of(&running.ingress, "uid-1");
+    assert!(
+        alpha.connect_buffers_waited_total > 0,
+        "alpha's tunnels never waited for its one buffer"
+    );
+    assert_eq!(alpha.connect_buffers_in_use, 0);
 }
