@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -174,10 +174,12 @@ pub struct ActorRoute {
     /// made on first use. The port is the client's, not the URI's, so that
     /// the URI keeps the router's authority: h2 sends it as `:authority`.
     h2c: Mutex<HashMap<u16, Client<ActivationConnector, UpstreamBody>>>,
-    /// The ports HTTPS requests went to, HTTP/1.1 or h2c: each has a pool
-    /// (and, for h2c, a client) for the activation's life, so at most
-    /// `max_ports` of them.
-    ports: Mutex<Vec<u16>>,
+    /// The ports HTTPS requests went to (port + 1; 0: free), HTTP/1.1 or
+    /// h2c: each has a pool (and, for h2c, a client) for the activation's
+    /// life, so at most `max_ports` of them. Filled in order and never
+    /// changed, so a request finds its port with a few relaxed loads and
+    /// no lock.
+    ports: Box<[AtomicU32]>,
 }
 
 /// Pool settings toward actors.
@@ -301,7 +303,9 @@ impl ActorRoute {
             tasks: TaskTracker::new(),
             http1: OnceLock::new(),
             h2c: Mutex::default(),
-            ports: Mutex::default(),
+            ports: (0..shared.upstream.pools.max_ports.max(1))
+                .map(|_| AtomicU32::new(0))
+                .collect(),
             shared,
         }
     }
@@ -356,17 +360,21 @@ impl ActorRoute {
 
     /// False (counted) when `port` would be one more than `max_ports`
     /// distinct ports: the caller answers 503. Per request: a scan of at
-    /// most `max_ports` (16) ports under an uncontended lock.
+    /// most `max_ports` (16) atomics, one for an actor on one port.
     pub(crate) fn admits_port(&self, port: u16) -> bool {
-        let mut ports = self.ports.lock().expect("ports lock poisoned");
-        if ports.contains(&port) {
-            return true;
+        let want = u32::from(port) + 1;
+        for slot in self.ports.iter() {
+            match slot.load(Ordering::Relaxed) {
+                v if v == want => return true,
+                0 => match slot.compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return true,
+                    Err(v) if v == want => return true,
+                    // Taken by another port meanwhile: look further.
+                    Err(_) => {}
+                },
+                _ => {}
+            }
         }
-        if ports.len() < self.pools().max_ports {
-            ports.push(port);
-            return true;
-        }
-        drop(ports);
         self.shared.refused_ports.fetch_add(1, Ordering::Relaxed);
         false
     }
@@ -401,7 +409,11 @@ impl ActorRoute {
             response_timeouts_total: s.response_timeouts.load(Ordering::Relaxed),
             response_body_idle_ends_total: s.response_body_idle_ends.load(Ordering::Relaxed),
             request_body_idle_ends_total: s.request_body_idle_ends.load(Ordering::Relaxed),
-            ports: self.ports.lock().expect("ports lock poisoned").len(),
+            ports: self
+                .ports
+                .iter()
+                .filter(|p| p.load(Ordering::Relaxed) != 0)
+                .count(),
             refused_ports_total: s.refused_ports.load(Ordering::Relaxed),
             connect_stalled_write_ends_total: s.connect_stalled_write_ends.load(Ordering::Relaxed),
             connect_half_closed_ends_total: s.connect_half_closed_ends.load(Ordering::Relaxed),
