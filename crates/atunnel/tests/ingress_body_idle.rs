@@ -4,7 +4,8 @@
 //! idle bound (the router's stream reset or answered 504, the actor's
 //! connection closed, the in-flight slot back, counted for that actor),
 //! while another actor on the same router connection is served. Also the
-//! per-actor cap on the ports an actor's requests (and pools) may use.
+//! per-actor caps on the ports an actor's requests (and pools) may use and
+//! on the idle connections kept per port.
 
 use atunnel_support::prelude::*;
 use std::time::Duration;
@@ -399,4 +400,48 @@ async fn an_actor_gets_503_for_a_port_past_its_port_cap() {
         get(&mut router, "beta", 81).await.expect("answer").status(),
         200
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_keeps_at_most_its_idle_bound_of_connections_per_port() {
+    let pki = IngressPki::new();
+    let running = ingress_tuned(&pki, |cfg| {
+        cfg.pools = PoolSettings {
+            max_idle_per_actor: 1,
+            ..PoolSettings::default()
+        }
+    })
+    .await;
+    // Four requests held at once take four connections.
+    let release = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let r = release.clone();
+    let (actor, mut conns) = counted_http1_actor(move |_req| {
+        let r = r.clone();
+        async move {
+            let _go = r.acquire().await.expect("released");
+            http::Response::new(Full::new(Bytes::from_static(b"now")))
+        }
+    })
+    .await;
+    activate_loopback(&running.ingress, "alpha", "uid-1", actor.port());
+    let mut router = h2_router(&pki, running.https).await;
+    router = router.ready().await.expect("ready");
+    let held: Vec<_> = (0..4).map(|_| get(&mut router, "alpha", 80)).collect();
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while conns.accepted() < 4 {
+        assert!(tokio::time::Instant::now() < until, "four connections");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    release.add_permits(4);
+    for r in held {
+        assert_eq!(r.await.expect("answered").status(), 200);
+    }
+    // Back in the pool, all but one are closed.
+    let mut closed = 0;
+    for n in 0..4 {
+        if conns.closed(n, Duration::from_secs(1)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 3, "one idle connection kept, the rest closed");
 }
