@@ -553,6 +553,27 @@ mod tests {
             args.tunnel.budget.actor_ping_timeout.0,
             ingress.pools.ping_timeout
         );
+        assert_eq!(
+            args.tunnel.budget.actor_response_body_timeout.0,
+            ingress.pools.response_body_idle
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_request_body_timeout.0,
+            ingress.pools.request_body_idle
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_max_ingress_ports,
+            ingress.pools.max_ports
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_max_ingress_idle,
+            ingress.pools.max_idle_per_actor
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_max_buffers,
+            ingress.pools.max_buffers
+        );
+        assert_eq!(args.tunnel.relay.bounds(), ingress.relay);
         assert_eq!(args.tunnel.client_identity, ingress.allowed_client_id);
         assert_eq!(
             args.tunnel.trust_bundle_poll_interval.0,
