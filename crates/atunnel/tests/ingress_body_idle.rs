@@ -445,3 +445,48 @@ async fn an_actor_keeps_at_most_its_idle_bound_of_connections_per_port() {
     }
     assert_eq!(closed, 3, "one idle connection kept, the rest closed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_ended_at_its_bound_is_counted_in_stats_and_metrics() {
+    use atunnel_support::stats_client::{fetch, get as admin_get};
+    let pki = IngressPki::new();
+    let mut cfg = tunnel_with_ingress(&pki, &Pki::new(), Duration::from_secs(1));
+    cfg.stats = Some("127.0.0.1:0".parse().expect("addr"));
+    if let Some(ingress) = cfg.ingress.as_mut() {
+        ingress.config.pools.response_body_idle = BOUND;
+    }
+    let tunnel = atunnel::tunnel::Tunnel::start(cfg).await.expect("tunnel");
+    let (ingress, https, _) = tunnel.ingress().expect("ingress");
+    let ingress = ingress.clone();
+    let (stalling, _conns) = stalling_actor().await;
+    let dialer = LoopbackDialer([(80, stalling.port())].into_iter().collect());
+    tunnel
+        .activate_with_dialer(&actor("alpha"), Box::new(dialer), None)
+        .await
+        .expect("activate");
+    let mut router = h2_router(&pki, https).await;
+    router = router.ready().await.expect("ready");
+    let resp = get(&mut router, "alpha", 80).await.expect("alpha's head");
+    let mut body = resp.into_body();
+    body.data().await.expect("a chunk").expect("data");
+    let end = tokio::time::timeout(Duration::from_secs(10), body.data())
+        .await
+        .expect("ended within 10 s");
+    assert!(matches!(end, Some(Err(_))), "reset");
+    drained(&ingress, "uid-alpha").await;
+
+    let addr = tunnel.stats_addr().expect("/stats");
+    let stats = fetch(addr, false).await.expect("/stats");
+    let alpha = &stats["ingress"]["actors"][0];
+    assert_eq!(alpha["actor"], "uid-alpha");
+    assert_eq!(alpha["response_body_idle_ends_total"], 1);
+    assert_eq!(alpha["request_body_idle_ends_total"], 0);
+    let (status, metrics) = admin_get(addr, "/metrics").await.expect("/metrics");
+    assert_eq!(status, 200);
+    let sample = "atunnel_ingress_actor_response_body_idle_ends_total{actor=\"uid-alpha\"} 1";
+    assert!(
+        metrics.lines().any(|l| l == sample),
+        "no {sample:?} in /metrics"
+    );
+    tunnel.shutdown().await;
+}
