@@ -57,6 +57,8 @@ pub enum Answer<T> {
         reason: &'static str,
         body: String,
         headers: &'static [(&'static str, &'static str)],
+        /// Sent as `Retry-After`, in whole seconds (at least 1).
+        retry_after: Option<std::time::Duration>,
     },
 }
 
@@ -67,6 +69,19 @@ impl<T> Answer<T> {
             reason,
             body: body.into(),
             headers: &[],
+            retry_after: None,
+        }
+    }
+
+    /// 503 with `Retry-After: retry_after` (the configured wait, not a
+    /// constant).
+    pub fn unavailable(body: impl Into<String>, retry_after: std::time::Duration) -> Self {
+        Answer::Refuse {
+            status: 503,
+            reason: "Service Unavailable",
+            body: body.into(),
+            headers: &[],
+            retry_after: Some(retry_after),
         }
     }
 }
@@ -339,9 +354,10 @@ impl<H: ConnectHandler> ConnectServer<H> {
                         status,
                         body,
                         headers,
+                        retry_after,
                         ..
                     } => {
-                        let _ = respond_h2(&mut respond, status, headers, &body);
+                        let _ = respond_h2(&mut respond, status, headers, retry_after, &body);
                     }
                     Answer::Open(target) => {
                         let Ok(send) = respond.send_response(http::Response::new(()), false) else {
@@ -403,7 +419,8 @@ impl<H: ConnectHandler> ConnectServer<H> {
                 reason,
                 body,
                 headers,
-            } => respond_h1(&mut tls, status, reason, headers, &body).await,
+                retry_after,
+            } => respond_h1(&mut tls, status, reason, headers, retry_after, &body).await,
             Answer::Open(target) => {
                 tls.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
                     .await?;
@@ -418,10 +435,16 @@ impl<H: ConnectHandler> ConnectServer<H> {
 
 type ExtraHeaders = &'static [(&'static str, &'static str)];
 
+/// A `Retry-After` value: whole seconds, at least 1.
+fn retry_secs(retry_after: std::time::Duration) -> u64 {
+    retry_after.as_secs().max(1)
+}
+
 fn respond_h2(
     respond: &mut h2::server::SendResponse<Bytes>,
     status: u16,
     headers: ExtraHeaders,
+    retry_after: Option<std::time::Duration>,
     body: &str,
 ) -> Result<(), h2::Error> {
     let mut response = http::Response::builder()
@@ -429,6 +452,9 @@ fn respond_h2(
         .header("content-type", "text/plain");
     for (k, v) in headers {
         response = response.header(*k, *v);
+    }
+    if let Some(r) = retry_after {
+        response = response.header("retry-after", retry_secs(r));
     }
     let response = response.body(()).expect("static response parts are valid");
     let mut send = respond.send_response(response, false)?;
@@ -440,12 +466,16 @@ async fn respond_h1(
     status: u16,
     reason: &str,
     headers: ExtraHeaders,
+    retry_after: Option<std::time::Duration>,
     body: &str,
 ) -> io::Result<()> {
-    let extra: String = headers
+    let mut extra: String = headers
         .iter()
         .map(|(k, v)| format!("{k}: {v}\r\n"))
         .collect();
+    if let Some(r) = retry_after {
+        extra.push_str(&format!("Retry-After: {}\r\n", retry_secs(r)));
+    }
     let response = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()

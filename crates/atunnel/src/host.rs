@@ -210,7 +210,8 @@ pub struct BudgetArgs {
     #[arg(long, default_value_t = ActorBudget::default().max_opening)]
     pub actor_max_opening: usize,
     /// Pooled relay buffers one actor's tunnels may hold at once; past it
-    /// its relays wait.
+    /// its relays wait (egress's tunnels, and separately its ingress
+    /// CONNECT tunnels).
     #[arg(long, default_value_t = ActorBudget::default().max_buffers)]
     pub actor_max_buffers: usize,
     /// Egress connections refused per actor a second (over a budget,
@@ -232,6 +233,26 @@ pub struct BudgetArgs {
     /// the router gets 504 ("60s").
     #[arg(long, default_value_t = FlagDuration(PoolSettings::default().response_timeout))]
     pub actor_response_timeout: FlagDuration,
+    /// How long an ingress response body may move no bytes from the actor
+    /// before the request is ended: the router's stream reset (its
+    /// HTTP/1.1 connection closed) and the actor's connection closed
+    /// ("60s"; 0: never).
+    #[arg(long, default_value_t = FlagDuration(PoolSettings::default().response_body_idle))]
+    pub actor_response_body_timeout: FlagDuration,
+    /// How long an ingress request body may move no bytes toward the actor
+    /// (it stopped reading, or the router stopped sending) before the
+    /// request is ended the same way, or answered 504 before its response
+    /// head ("60s"; 0: never).
+    #[arg(long, default_value_t = FlagDuration(PoolSettings::default().request_body_idle))]
+    pub actor_request_body_timeout: FlagDuration,
+    /// Distinct ports one actor's ingress HTTPS requests may go to, each
+    /// with its own upstream pool; a request to one more gets 503.
+    #[arg(long, default_value_t = PoolSettings::default().max_ports)]
+    pub actor_max_ingress_ports: usize,
+    /// Idle HTTP/1.1 connections kept per actor and port (so at most
+    /// --actor-max-ingress-ports times this per actor); the rest close.
+    #[arg(long, default_value_t = PoolSettings::default().max_idle_per_actor)]
+    pub actor_max_ingress_idle: usize,
     /// An HTTP/2 connection to an actor with requests in flight is pinged
     /// this often and closed (its requests answered 502) if a ping goes
     /// unanswered for --actor-ping-timeout ("20s"; 0: never).
@@ -364,6 +385,11 @@ impl TunnelArgs {
                     pools: PoolSettings {
                         max_in_flight: args.budget.actor_max_ingress_in_flight,
                         response_timeout: args.budget.actor_response_timeout.0,
+                        response_body_idle: args.budget.actor_response_body_timeout.0,
+                        request_body_idle: args.budget.actor_request_body_timeout.0,
+                        max_ports: args.budget.actor_max_ingress_ports,
+                        max_idle_per_actor: args.budget.actor_max_ingress_idle,
+                        max_buffers: args.budget.actor_max_buffers,
                         ping_interval: args.budget.actor_ping_interval.0,
                         ping_timeout: args.budget.actor_ping_timeout.0,
                         ..PoolSettings::default()
@@ -377,6 +403,7 @@ impl TunnelArgs {
                     router_ping_timeout: args.router_ping_timeout.0,
                     tls_handshake_timeout: args.tls_handshake_timeout.0,
                     pre_auth: args.pre_auth.limits(),
+                    relay: args.relay.bounds(),
                 },
                 https: args.ingress_https,
                 connect: args.ingress_connect,
@@ -526,6 +553,27 @@ mod tests {
             args.tunnel.budget.actor_ping_timeout.0,
             ingress.pools.ping_timeout
         );
+        assert_eq!(
+            args.tunnel.budget.actor_response_body_timeout.0,
+            ingress.pools.response_body_idle
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_request_body_timeout.0,
+            ingress.pools.request_body_idle
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_max_ingress_ports,
+            ingress.pools.max_ports
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_max_ingress_idle,
+            ingress.pools.max_idle_per_actor
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_max_buffers,
+            ingress.pools.max_buffers
+        );
+        assert_eq!(args.tunnel.relay.bounds(), ingress.relay);
         assert_eq!(args.tunnel.client_identity, ingress.allowed_client_id);
         assert_eq!(
             args.tunnel.trust_bundle_poll_interval.0,

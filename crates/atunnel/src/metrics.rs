@@ -506,6 +506,53 @@ fn ingress(out: &mut Out, s: &Stats) -> Fmt {
             a.iter()
                 .map(|x| (x.actor.as_str(), x.response_timeouts_total)),
         )?;
+        out.counters(
+            "ingress_actor_response_body_idle_ends",
+            "An actor's ingress requests ended: its response body stopped moving",
+            "actor",
+            a.iter()
+                .map(|x| (x.actor.as_str(), x.response_body_idle_ends_total)),
+        )?;
+        out.counters(
+            "ingress_actor_request_body_idle_ends",
+            "An actor's ingress requests ended: their request body stopped moving",
+            "actor",
+            a.iter()
+                .map(|x| (x.actor.as_str(), x.request_body_idle_ends_total)),
+        )?;
+        out.gauges(
+            "ingress_actor_ports",
+            "Ports an actor's ingress requests went to, each with a pool",
+            "actor",
+            a.iter().map(|x| (x.actor.as_str(), n(x.ports))),
+        )?;
+        out.counters(
+            "ingress_actor_refused_ports",
+            "An actor's ingress requests refused for a port past its cap",
+            "actor",
+            a.iter().map(|x| (x.actor.as_str(), x.refused_ports_total)),
+        )?;
+        out.counters(
+            "ingress_actor_connect_stalled_write_ends",
+            "An actor's ingress CONNECT tunnels reset at the stalled-write timeout",
+            "actor",
+            a.iter()
+                .map(|x| (x.actor.as_str(), x.connect_stalled_write_ends_total)),
+        )?;
+        out.counters(
+            "ingress_actor_connect_half_closed_ends",
+            "An actor's ingress CONNECT tunnels reset at the half-closed timeout",
+            "actor",
+            a.iter()
+                .map(|x| (x.actor.as_str(), x.connect_half_closed_ends_total)),
+        )?;
+        out.gauges(
+            "ingress_actor_connect_buffers",
+            "Relay buffers an actor's ingress CONNECT tunnels hold",
+            "actor",
+            a.iter()
+                .map(|x| (x.actor.as_str(), n(x.connect_buffers_in_use))),
+        )?;
     }
     if let Some(p) = &s.pre_auth {
         let l = [("https", &p.https), ("connect", &p.connect)];

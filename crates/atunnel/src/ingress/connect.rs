@@ -6,7 +6,7 @@ use std::io;
 use std::sync::Arc;
 
 use atunnel_core::endpoint::Endpoint;
-use atunnel_core::{BufferPool, relay};
+use atunnel_core::relay::relay_within;
 use tokio::net::TcpStream;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
@@ -16,7 +16,6 @@ use atunnel_connect::{Answer, ConnectHandler, ConnectRequest};
 
 pub struct IngressConnect {
     pub routes: Arc<Routes>,
-    pub pool: BufferPool,
 }
 
 /// An accepted tunnel: the actor's socket, under its activation.
@@ -27,10 +26,6 @@ pub struct ActorTunnel {
 }
 
 const STALE: &[(&str, &str)] = &[(ASSIGNMENT_STALE, "true")];
-/// A CONNECT refused for overload says the guard's default retry (the
-/// refusal's headers are static); HTTPS answers say the configured one.
-const RETRY: &[(&str, &str)] = &[("retry-after", "5")];
-const BUSY: &[(&str, &str)] = &[("retry-after", "1")];
 
 /// The port of a CONNECT authority (`host:port`; the host is ignored: the
 /// actor is always 169.254.17.2 inside its sandbox).
@@ -52,13 +47,8 @@ impl ConnectHandler for IngressConnect {
         if req.method != "CONNECT" {
             return Answer::refuse(405, "Method Not Allowed", "method not allowed\n");
         }
-        if self.routes.overloaded().is_some() {
-            return Answer::Refuse {
-                status: 503,
-                reason: "Service Unavailable",
-                body: "overloaded\n".into(),
-                headers: RETRY,
-            };
+        if let Some(refused) = self.routes.overloaded() {
+            return Answer::unavailable("overloaded\n", refused.retry_after);
         }
         let Some(activation) = target_activation(&self.routes, req.headers) else {
             return Answer::Refuse {
@@ -66,15 +56,11 @@ impl ConnectHandler for IngressConnect {
                 reason: "Misdirected Request",
                 body: "misdirected request\n".into(),
                 headers: STALE,
+                retry_after: None,
             };
         };
         if !activation.admits_more() {
-            return Answer::Refuse {
-                status: 503,
-                reason: "Service Unavailable",
-                body: "actor busy\n".into(),
-                headers: BUSY,
-            };
+            return Answer::unavailable("actor busy\n", super::https::ACTOR_BUSY_RETRY);
         }
         let Some(port) = authority_port(req.authority) else {
             return Answer::refuse(
@@ -104,11 +90,19 @@ impl ConnectHandler for IngressConnect {
             _token,
         } = target;
         // Deactivation drops the relay, which resets both peers, as it does
-        // on an error or when shutdown drops this future.
+        // on an error, at a bound, or when shutdown drops this future. The
+        // buffers are the actor's share, the bounds egress's.
+        let relay = relay_within(
+            tunnel,
+            &mut actor,
+            activation.pool(),
+            activation.relay_bounds(),
+        );
         tokio::select! {
             biased;
             _ = activation.cancel_token().cancelled() => {}
-            r = relay(tunnel, &mut actor, &self.pool) => if let Err(e) = r {
+            r = relay => if let Err(e) = r {
+                activation.relay_ended(&e);
                 tracing::debug!(actor_uid = %activation.uid, error = %e, "ingress tunnel ended with an error");
             }
         }

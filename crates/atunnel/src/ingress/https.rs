@@ -10,7 +10,9 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -18,6 +20,8 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming};
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::routes::{ActorRoute, Routes};
@@ -58,7 +62,7 @@ fn text(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
 }
 
 /// `Retry-After` of a 503 for an actor at its in-flight budget.
-const ACTOR_BUSY_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const ACTOR_BUSY_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// 503 with `Retry-After`: the process is overloaded and takes no new work,
 /// or the actor has as much in flight as it may.
@@ -197,8 +201,11 @@ async fn forward(
     if !activation.admits_more() {
         return unavailable(ACTOR_BUSY_RETRY);
     }
-    let token = activation.tasks.token();
     let port = target_port(req.headers());
+    if !activation.admits_port(port) {
+        return unavailable(ACTOR_BUSY_RETRY);
+    }
+    let token = activation.tasks.token();
     let (mut parts, body) = req.into_parts();
 
     let host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -244,7 +251,20 @@ async fn forward(
     }
     set_forwarded(headers, client, host.as_ref());
 
-    let upstream = Request::from_parts(parts, body.boxed_unsync());
+    let (response_idle, request_idle) = activation.body_idle();
+    // Watched only if it can stall: a request with no body (a GET) costs
+    // nothing here.
+    let upload =
+        (!request_idle.is_zero() && !body.is_end_stream()).then(|| Arc::new(AtomicU64::new(0)));
+    let body = match &upload {
+        Some(progress) => Upload {
+            inner: body,
+            progress: progress.clone(),
+        }
+        .boxed_unsync(),
+        None => body.boxed_unsync(),
+    };
+    let upstream = Request::from_parts(parts, body);
     let h2c;
     let pool = if grpc {
         h2c = activation.h2c(port);
@@ -252,29 +272,53 @@ async fn forward(
     } else {
         activation.http1()
     };
-    let cancel = activation.cancel_token().clone();
-    let response = tokio::select! {
-        _ = cancel.cancelled() => return bad_gateway(),
-        r = tokio::time::timeout(activation.response_timeout(), pool.request(upstream)) => match r {
-            Ok(r) => r,
-            Err(_) => {
-                activation.response_timed_out();
-                return text(StatusCode::GATEWAY_TIMEOUT, "the actor did not answer in time\n");
-            }
-        },
-    };
+    let mut watch = Box::pin(Watch::new(
+        activation.cancel_token().clone().cancelled_owned(),
+        activation.response_timeout(),
+        (response_idle, request_idle),
+        upload,
+    ));
+    let mut request = std::pin::pin!(pool.request(upstream));
+    // Dropping the request on any of these closes the actor's connection
+    // (hyper's HTTP/1.1 client does when the response is not waited for).
+    let response = std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = request.as_mut().poll(cx) {
+            return Poll::Ready(Ok(r));
+        }
+        watch.as_mut().poll_stall(cx, true).map(Err)
+    })
+    .await;
     let response = match response {
-        Ok(r) => r,
-        Err(e) => {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
             tracing::debug!(actor_uid = %activation.uid, port, error = %e, "atunnel upstream request failed");
             return bad_gateway();
         }
+        Err(Stall::Cancelled) => return bad_gateway(),
+        Err(Stall::Head) => {
+            activation.response_timed_out();
+            return text(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the actor did not answer in time\n",
+            );
+        }
+        Err(Stall::Request) => {
+            activation.body_idle_ended(false);
+            return text(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the request body stopped moving\n",
+            );
+        }
+        // Not before the head.
+        Err(Stall::Response) => return bad_gateway(),
     };
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
+    watch.as_mut().head_arrived();
     let body = Activated {
         inner: body,
-        cancelled: Box::pin(cancel.cancelled_owned()),
+        watch,
+        activation,
         _token: token,
     };
     Response::from_parts(parts, body.boxed_unsync())
@@ -295,12 +339,230 @@ fn set_forwarded(headers: &mut HeaderMap, client: SocketAddr, host: Option<&Head
     }
 }
 
-/// A response body that belongs to an activation: it ends with an error the
-/// moment the actor is deactivated, and keeps the activation's in-flight
-/// count until it is done.
+/// A request body's frames passed to the actor so far, or [`UPLOADED`]:
+/// written by [`Upload`] inside hyper's client, read by the [`Watch`].
+type Progress = Arc<AtomicU64>;
+
+/// [`Progress`] of a request body that has ended: nothing left to stall.
+const UPLOADED: u64 = u64::MAX;
+
+/// A request body on its way to the actor, counting its frames (a relaxed
+/// store per frame: it is the only writer) so that the router side can
+/// tell it stopped moving while hyper, blocked on an actor that does not
+/// read, no longer polls it.
+struct Upload {
+    inner: Incoming,
+    progress: Progress,
+}
+
+impl Body for Upload {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        let p = &self.progress;
+        match &frame {
+            Some(Ok(_)) if !self.inner.is_end_stream() => {
+                let n = p.load(Ordering::Relaxed);
+                p.store(n.wrapping_add(1) % UPLOADED, Ordering::Relaxed);
+            }
+            _ => p.store(UPLOADED, Ordering::Relaxed),
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let end = self.inner.is_end_stream();
+        if end {
+            self.progress.store(UPLOADED, Ordering::Relaxed);
+        }
+        end
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Why a request is ended before it is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stall {
+    /// The actor was deactivated.
+    Cancelled,
+    /// No response head within the response timeout.
+    Head,
+    /// The request body moved nothing for its idle bound.
+    Request,
+    /// The response body moved nothing for its idle bound.
+    Response,
+}
+
+/// Ticks per body idle bound: a body is ended between its bound and a
+/// quarter more after it stopped moving.
+const TICKS_PER_BOUND: u32 = 4;
+
+pin_project_lite::pin_project! {
+    /// Everything that may end one request early, in the request's one
+    /// allocation: deactivation, the response timeout, and the bodies'
+    /// idle bounds. One timer serves them all, and it is not reset per
+    /// frame: each direction counts its frames, and a tick (a quarter of
+    /// the shorter bound) compares them with the last tick's; a direction
+    /// unchanged for its bound's worth of ticks has stalled. A tick costs
+    /// one timer reset, so a request streaming for a minute pays four.
+    struct Watch {
+        #[pin]
+        cancelled: WaitForCancellationFutureOwned,
+        #[pin]
+        timer: Sleep,
+        // Until the response head: when it is due.
+        head_due: Option<Instant>,
+        // Zero when no body is bounded.
+        tick: Duration,
+        upload: Option<Progress>,
+        // Ticks a direction may stay unchanged (zero: unbounded), the
+        // count seen at the last tick and the ticks it has stayed so.
+        up_limit: u32,
+        up_seen: u64,
+        up_idle: u32,
+        down_limit: u32,
+        down_frames: u64,
+        down_seen: u64,
+        down_idle: u32,
+    }
+}
+
+impl Watch {
+    fn new(
+        cancelled: WaitForCancellationFutureOwned,
+        response_timeout: Duration,
+        (response_idle, request_idle): (Duration, Duration),
+        upload: Option<Progress>,
+    ) -> Self {
+        let now = Instant::now();
+        let bounds = [response_idle, request_idle].into_iter();
+        let tick = bounds
+            .filter(|b| !b.is_zero())
+            .min()
+            .map_or(Duration::ZERO, |b| b / TICKS_PER_BOUND);
+        let ticks = |bound: Duration| {
+            if bound.is_zero() || tick.is_zero() {
+                return 0;
+            }
+            u32::try_from(bound.as_nanos().div_ceil(tick.as_nanos()))
+                .unwrap_or(u32::MAX)
+                .max(1)
+        };
+        let head_due = now + response_timeout;
+        // Ticking from the start, so that the head's arrival need not
+        // reset the timer.
+        let first = if tick.is_zero() {
+            head_due
+        } else {
+            head_due.min(now + tick)
+        };
+        Self {
+            cancelled,
+            timer: tokio::time::sleep_until(first),
+            head_due: Some(head_due),
+            tick,
+            up_limit: ticks(request_idle),
+            up_seen: 0,
+            up_idle: 0,
+            down_limit: ticks(response_idle),
+            down_frames: 0,
+            // The first tick after the head may come early: it only
+            // records the count.
+            down_seen: u64::MAX,
+            down_idle: 0,
+            upload,
+        }
+    }
+
+    /// The response head is here: from now on the response body is
+    /// watched, and the response timeout no longer.
+    fn head_arrived(self: Pin<&mut Self>) {
+        *self.project().head_due = None;
+    }
+
+    /// Ready with the reason the request must end; pending (its waker
+    /// registered) while nothing does. `head`: still waiting for the
+    /// response head, when the response body is not watched.
+    fn poll_stall(self: Pin<&mut Self>, cx: &mut Context<'_>, head: bool) -> Poll<Stall> {
+        let mut this = self.project();
+        if this.cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Stall::Cancelled);
+        }
+        let uploading = *this.up_limit > 0
+            && this
+                .upload
+                .as_ref()
+                .is_some_and(|p| p.load(Ordering::Relaxed) != UPLOADED);
+        let watching = uploading || (!head && *this.down_limit > 0);
+        if this.head_due.is_none() && !watching {
+            // Nothing can stall: no timer is polled, so none is registered.
+            return Poll::Pending;
+        }
+        loop {
+            ready!(this.timer.as_mut().poll(cx));
+            let now = Instant::now();
+            if let Some(due) = *this.head_due
+                && now >= due
+            {
+                return Poll::Ready(Stall::Head);
+            }
+            if uploading {
+                let n = this
+                    .upload
+                    .as_ref()
+                    .map_or(0, |p| p.load(Ordering::Relaxed));
+                if tick_idle(n, this.up_seen, this.up_idle) >= *this.up_limit {
+                    return Poll::Ready(Stall::Request);
+                }
+            }
+            if !head && *this.down_limit > 0 {
+                let n = *this.down_frames;
+                if tick_idle(n, this.down_seen, this.down_idle) >= *this.down_limit {
+                    return Poll::Ready(Stall::Response);
+                }
+            }
+            let next = match *this.head_due {
+                Some(due) if this.tick.is_zero() => due,
+                Some(due) => due.min(now + *this.tick),
+                None => now + *this.tick,
+            };
+            this.timer.as_mut().reset(next);
+        }
+    }
+}
+
+/// One tick of a direction that has moved `n` frames in all: its ticks
+/// without progress, now.
+fn tick_idle(n: u64, seen: &mut u64, idle: &mut u32) -> u32 {
+    if n == *seen {
+        *idle = idle.saturating_add(1);
+    } else {
+        *seen = n;
+        *idle = 0;
+    }
+    *idle
+}
+
+/// How often a response body that keeps moving looks at its watch anyway
+/// (in frames): a request body can stall while the response streams.
+const FRAMES_PER_LOOK: u64 = 32;
+
+/// A response body that belongs to an activation: it ends with an error
+/// (the router's stream reset, its HTTP/1.1 connection closed) the moment
+/// the actor is deactivated or a body stops moving for its bound, and
+/// keeps the activation's in-flight count until it is done.
 struct Activated {
     inner: Incoming,
-    cancelled: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    watch: Pin<Box<Watch>>,
+    activation: Arc<ActorRoute>,
     _token: TaskTrackerToken,
 }
 
@@ -312,10 +574,31 @@ impl Body for Activated {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.cancelled.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err("actor deactivated".into())));
+        let this = &mut *self;
+        let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        let look = match &frame {
+            Poll::Ready(Some(Ok(_))) => {
+                let w = this.watch.as_mut().project();
+                *w.down_frames += 1;
+                (*w.down_frames).is_multiple_of(FRAMES_PER_LOOK)
+            }
+            Poll::Ready(_) => false,
+            Poll::Pending => true,
+        };
+        if look && let Poll::Ready(stall) = this.watch.as_mut().poll_stall(cx, false) {
+            let why = match stall {
+                Stall::Cancelled => "actor deactivated",
+                Stall::Request => "the request body stopped moving",
+                _ => "the response body stopped moving",
+            };
+            match stall {
+                Stall::Request => this.activation.body_idle_ended(false),
+                Stall::Response | Stall::Head => this.activation.body_idle_ended(true),
+                Stall::Cancelled => {}
+            }
+            return Poll::Ready(Some(Err(why.into())));
         }
-        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+        frame.map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use atunnel_core::relay::RelayBounds;
 use atunnel_core::sockopt::SocketOptions;
 use atunnel_core::{BufferPool, Listener, ListenerStats};
 use tokio::net::TcpListener;
@@ -31,8 +32,9 @@ use atunnel_connect::{ConnectServer, H2Settings};
 use atunnel_tls::Hibernation;
 
 pub use routes::{
-    ActorDialer, ActorIngressStats, ActorRoute, DEFAULT_MAX_IN_FLIGHT_PER_ACTOR, DirectDialer,
-    IngressH2Floods, PoolSettings, RouteError, RouteStats, SandboxDialer,
+    ActorDialer, ActorIngressStats, ActorRoute, DEFAULT_BODY_IDLE_TIMEOUT,
+    DEFAULT_MAX_IDLE_PER_PORT, DEFAULT_MAX_IN_FLIGHT_PER_ACTOR, DEFAULT_MAX_PORTS_PER_ACTOR,
+    DirectDialer, IngressH2Floods, PoolSettings, RouteError, RouteStats, SandboxDialer,
 };
 use routes::{RouterPing, Routes};
 pub use tls::IngressTlsError;
@@ -82,6 +84,9 @@ pub struct IngressConfig {
     /// Connections in their TLS handshake on each listener, in total and
     /// per source address; past either, new ones are closed at once.
     pub pre_auth: PreAuthLimits,
+    /// When CONNECT tunnels that cannot finish are reset: egress's bounds
+    /// (`--stalled-write-timeout`, `--half-closed-timeout`).
+    pub relay: RelayBounds,
 }
 
 impl IngressConfig {
@@ -116,6 +121,7 @@ impl Default for IngressConfig {
             tls_handshake_timeout: HANDSHAKE_TIMEOUT,
             trust_bundle_poll: TRUST_BUNDLE_POLL,
             pre_auth: PreAuthLimits::default(),
+            relay: RelayBounds::default(),
         }
     }
 }
@@ -159,6 +165,8 @@ impl Ingress {
         let routes = Arc::new(Routes::new(
             cfg.pools,
             cfg.sandbox_socket,
+            cfg.relay,
+            pool,
             overload,
             RouterPing {
                 interval: cfg.router_ping_interval,
@@ -169,7 +177,6 @@ impl Ingress {
         let connect = ConnectServer::new(
             Arc::new(connect::IngressConnect {
                 routes: routes.clone(),
-                pool,
             }),
             tls.clone(),
             cfg.socket,

@@ -8,21 +8,24 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use atunnel_core::BufferPool;
+use atunnel_core::relay::{Op, RelayBounds, RelayError};
 use atunnel_sandbox::{NsExecutor, SandboxNetwork};
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::Uri;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
+
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::actor_io::ActorIo;
+use super::actor_io::{ActorIo, ActorStream};
 use atunnel_connect::flood::{FloodCount, FloodGuard, Role};
 use atunnel_connect::limits::{
     ACTOR_DIAL_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
@@ -89,6 +92,16 @@ struct Shared {
     refused_in_flight: AtomicU64,
     /// Requests answered 504: no response head within `response_timeout`.
     response_timeouts: AtomicU64,
+    /// Requests ended because a body moved no bytes for its idle bound.
+    response_body_idle_ends: AtomicU64,
+    request_body_idle_ends: AtomicU64,
+    /// Requests answered 503: a new port past `max_ports`.
+    refused_ports: AtomicU64,
+    /// CONNECT tunnels reset at a relay bound.
+    connect_stalled_write_ends: AtomicU64,
+    connect_half_closed_ends: AtomicU64,
+    /// CONNECT tunnels' relay buffers: this actor's share of the pool.
+    pool: BufferPool,
     upstream: Arc<Upstream>,
 }
 
@@ -100,10 +113,14 @@ pub(crate) struct Upstream {
     socket: atunnel_core::sockopt::SocketOptions,
     /// h2c connections to actors ended for a control-frame flood.
     h2c_floods: Arc<FloodCount>,
+    /// CONNECT tunnels' bounds, egress's too.
+    pub(crate) relay: RelayBounds,
+    /// Each activation takes a share of `pools.max_buffers` of it.
+    pool: BufferPool,
 }
 
 impl tower_service::Service<Uri> for ActivationConnector {
-    type Response = TokioIo<ActorIo>;
+    type Response = ActorIo;
     type Error = io::Error;
     type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
 
@@ -136,12 +153,16 @@ impl tower_service::Service<Uri> for ActivationConnector {
             }
             shared.upstream.socket.apply(&tcp)?;
             shared.new_connections.fetch_add(1, Ordering::Relaxed);
-            Ok(TokioIo::new(if h2c {
+            let stream = if h2c {
                 let floods = shared.upstream.h2c_floods.clone();
-                ActorIo::H2c(FloodGuard::new(tcp, Role::Client, floods))
+                ActorStream::H2c(FloodGuard::new(tcp, Role::Client, floods))
             } else {
-                ActorIo::Plain(tcp)
-            }))
+                ActorStream::Plain(tcp)
+            };
+            // Twice the request body's bound: the request has been ended
+            // by then (and counted); this closes the connection.
+            let stall = shared.upstream.pools.request_body_idle * 2;
+            Ok(ActorIo::new(stream, stall))
         })
     }
 }
@@ -165,13 +186,21 @@ pub struct ActorRoute {
     /// made on first use. The port is the client's, not the URI's, so that
     /// the URI keeps the router's authority: h2 sends it as `:authority`.
     h2c: Mutex<HashMap<u16, Client<ActivationConnector, UpstreamBody>>>,
+    /// The ports HTTPS requests went to (port + 1; 0: free), HTTP/1.1 or
+    /// h2c: each has a pool (and, for h2c, a client) for the activation's
+    /// life, so at most `max_ports` of them. Filled in order and never
+    /// changed, so a request finds its port with a few relaxed loads and
+    /// no lock.
+    ports: Box<[AtomicU32]>,
 }
 
 /// Pool settings toward actors.
 #[derive(Clone, Copy, Debug)]
 pub struct PoolSettings {
-    /// Idle connections kept per actor and port. The reference kept Go's
-    /// default of 2, so under load most requests opened a new connection.
+    /// Idle connections kept per actor and port (so at most `max_ports`
+    /// times this per actor). The reference kept Go's default of 2, so
+    /// under load most requests opened a new connection
+    /// ([`DEFAULT_MAX_IDLE_PER_PORT`]).
     pub max_idle_per_actor: usize,
     pub idle_timeout: Duration,
     /// How long dialing the actor may take ([`ACTOR_DIAL_TIMEOUT`]).
@@ -183,6 +212,24 @@ pub struct PoolSettings {
     /// How long an actor has to send a response's head; past it the router
     /// gets 504 and the request is dropped ([`DEFAULT_RESPONSE_TIMEOUT`]).
     pub response_timeout: Duration,
+    /// How long a response body may move no bytes from the actor before
+    /// the request is ended: the router's stream reset (its HTTP/1.1
+    /// connection closed), the actor's connection closed
+    /// ([`DEFAULT_BODY_IDLE_TIMEOUT`]; zero: never).
+    pub response_body_idle: Duration,
+    /// The same for a request body toward the actor: the actor stopped
+    /// reading it, or the router stopped sending it
+    /// ([`DEFAULT_BODY_IDLE_TIMEOUT`]; zero: never).
+    pub request_body_idle: Duration,
+    /// Distinct ports HTTPS requests may go to, per activation: each keeps
+    /// a pool of up to `max_idle_per_actor` idle connections (and, for
+    /// gRPC, an h2c client) for the activation's life; a request to one
+    /// more gets 503 ([`DEFAULT_MAX_PORTS_PER_ACTOR`]).
+    pub max_ports: usize,
+    /// Relay buffers one actor's ingress CONNECT tunnels may hold at once
+    /// (a share of the process's pool); past it they wait
+    /// (`--actor-max-buffers`, as egress's share).
+    pub max_buffers: usize,
     /// An h2c connection to an actor with requests in flight is pinged
     /// this often, and closed (its requests failing with 502) if a ping
     /// goes unanswered for `ping_timeout`: an actor that stops reading its
@@ -211,10 +258,32 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 /// that many of the router's streams at most, each bounded by its window.
 pub const DEFAULT_MAX_IN_FLIGHT_PER_ACTOR: usize = 1024;
 
+/// Default of [`PoolSettings::response_body_idle`] and
+/// `request_body_idle`: 60 s, nginx's `proxy_read_timeout` and
+/// `proxy_send_timeout` (both between two successive reads or writes). A
+/// slow body is fine; one that stops holds a router stream, its window and
+/// a place in the in-flight budget only this long.
+pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Default of [`PoolSettings::max_ports`]: 16 ports per actor, far more
+/// than a program serves on, few enough that its pools stay bounded (16
+/// times [`DEFAULT_MAX_IDLE_PER_PORT`] idle connections at most).
+pub const DEFAULT_MAX_PORTS_PER_ACTOR: usize = 16;
+
+/// Default of [`PoolSettings::max_idle_per_actor`]: idle HTTP/1.1
+/// connections kept per actor and port, 128 (a burst's worth reused
+/// instead of dialed again); with [`DEFAULT_MAX_PORTS_PER_ACTOR`], at most
+/// 2,048 per actor.
+pub const DEFAULT_MAX_IDLE_PER_PORT: usize = 128;
+
 impl Default for PoolSettings {
     fn default() -> Self {
         Self {
-            max_idle_per_actor: 128,
+            max_idle_per_actor: DEFAULT_MAX_IDLE_PER_PORT,
+            response_body_idle: DEFAULT_BODY_IDLE_TIMEOUT,
+            request_body_idle: DEFAULT_BODY_IDLE_TIMEOUT,
+            max_ports: DEFAULT_MAX_PORTS_PER_ACTOR,
+            max_buffers: crate::egress::DEFAULT_ACTOR_MAX_BUFFERS,
             idle_timeout: Duration::from_secs(90),
             dial_timeout: ACTOR_DIAL_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT_PER_ACTOR,
@@ -233,6 +302,12 @@ impl ActorRoute {
             new_connections: AtomicU64::new(0),
             refused_in_flight: AtomicU64::new(0),
             response_timeouts: AtomicU64::new(0),
+            response_body_idle_ends: AtomicU64::new(0),
+            request_body_idle_ends: AtomicU64::new(0),
+            refused_ports: AtomicU64::new(0),
+            connect_stalled_write_ends: AtomicU64::new(0),
+            connect_half_closed_ends: AtomicU64::new(0),
+            pool: upstream.pool.share(upstream.pools.max_buffers),
             upstream,
         });
         Self {
@@ -240,6 +315,9 @@ impl ActorRoute {
             tasks: TaskTracker::new(),
             http1: OnceLock::new(),
             h2c: Mutex::default(),
+            ports: (0..shared.upstream.pools.max_ports.max(1))
+                .map(|_| AtomicU32::new(0))
+                .collect(),
             shared,
         }
     }
@@ -273,12 +351,86 @@ impl ActorRoute {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The request bodies' idle bounds, response then request (zero: never).
+    pub(crate) fn body_idle(&self) -> (Duration, Duration) {
+        (
+            self.pools().response_body_idle,
+            self.pools().request_body_idle,
+        )
+    }
+
+    /// A request ended at a body's idle bound: its response body (`true`)
+    /// or its request body.
+    pub(crate) fn body_idle_ended(&self, response: bool) {
+        let c = if response {
+            &self.shared.response_body_idle_ends
+        } else {
+            &self.shared.request_body_idle_ends
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// False (counted) when `port` would be one more than `max_ports`
+    /// distinct ports: the caller answers 503. Per request: a scan of at
+    /// most `max_ports` (16) atomics, one for an actor on one port.
+    pub(crate) fn admits_port(&self, port: u16) -> bool {
+        let want = u32::from(port) + 1;
+        for slot in self.ports.iter() {
+            match slot.load(Ordering::Relaxed) {
+                v if v == want => return true,
+                0 => match slot.compare_exchange(0, want, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => return true,
+                    Err(v) if v == want => return true,
+                    // Taken by another port meanwhile: look further.
+                    Err(_) => {}
+                },
+                _ => {}
+            }
+        }
+        self.shared.refused_ports.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// The actor's share of the relay buffer pool, for CONNECT tunnels.
+    pub(crate) fn pool(&self) -> &BufferPool {
+        &self.shared.pool
+    }
+
+    /// The bounds CONNECT tunnels relay within.
+    pub(crate) fn relay_bounds(&self) -> &RelayBounds {
+        &self.shared.upstream.relay
+    }
+
+    /// Counts a CONNECT tunnel that a relay bound ended.
+    pub(crate) fn relay_ended(&self, e: &RelayError) {
+        let c = match e.op {
+            Op::StalledWrite => &self.shared.connect_stalled_write_ends,
+            Op::HalfClosedIdle => &self.shared.connect_half_closed_ends,
+            _ => return,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn figures(&self) -> ActorIngressStats {
+        let s = &self.shared;
+        let share = s.pool.share_stats().unwrap_or_default();
         ActorIngressStats {
             actor: self.uid.clone(),
             in_flight: self.tasks.len(),
-            refused_in_flight_total: self.shared.refused_in_flight.load(Ordering::Relaxed),
-            response_timeouts_total: self.shared.response_timeouts.load(Ordering::Relaxed),
+            refused_in_flight_total: s.refused_in_flight.load(Ordering::Relaxed),
+            response_timeouts_total: s.response_timeouts.load(Ordering::Relaxed),
+            response_body_idle_ends_total: s.response_body_idle_ends.load(Ordering::Relaxed),
+            request_body_idle_ends_total: s.request_body_idle_ends.load(Ordering::Relaxed),
+            ports: self
+                .ports
+                .iter()
+                .filter(|p| p.load(Ordering::Relaxed) != 0)
+                .count(),
+            refused_ports_total: s.refused_ports.load(Ordering::Relaxed),
+            connect_stalled_write_ends_total: s.connect_stalled_write_ends.load(Ordering::Relaxed),
+            connect_half_closed_ends_total: s.connect_half_closed_ends.load(Ordering::Relaxed),
+            connect_buffers_in_use: share.in_use,
+            connect_buffers_waited_total: share.waited_total,
         }
     }
 
@@ -335,7 +487,6 @@ impl ActorRoute {
         Ok(
             tower_service::Service::call(&mut connector, Uri::from_static("http://actor/"))
                 .await?
-                .into_inner()
                 .into_tcp(),
         )
     }
@@ -408,6 +559,24 @@ pub struct ActorIngressStats {
     pub refused_in_flight_total: u64,
     /// Requests answered 504: no response head within the response timeout.
     pub response_timeouts_total: u64,
+    /// Requests ended because the actor's response body moved nothing for
+    /// `--actor-response-body-timeout`.
+    pub response_body_idle_ends_total: u64,
+    /// Requests ended because their request body moved nothing for
+    /// `--actor-request-body-timeout` (the actor stopped reading it).
+    pub request_body_idle_ends_total: u64,
+    /// Distinct ports its HTTPS requests went to (each with a pool), and
+    /// requests answered 503 for one more past `--actor-max-ingress-ports`.
+    pub ports: usize,
+    pub refused_ports_total: u64,
+    /// CONNECT tunnels reset at `--stalled-write-timeout` and
+    /// `--half-closed-timeout`.
+    pub connect_stalled_write_ends_total: u64,
+    pub connect_half_closed_ends_total: u64,
+    /// Relay buffers its CONNECT tunnels hold now (of
+    /// `--actor-max-buffers`), and borrows that waited at that cap.
+    pub connect_buffers_in_use: usize,
+    pub connect_buffers_waited_total: u64,
 }
 
 /// The registry of active actors, keyed by `<atespace>/<name>`.
@@ -438,6 +607,8 @@ impl Routes {
     pub(crate) fn new(
         pools: PoolSettings,
         socket: atunnel_core::sockopt::SocketOptions,
+        relay: RelayBounds,
+        pool: BufferPool,
         overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
         router_ping: RouterPing,
     ) -> Self {
@@ -446,6 +617,8 @@ impl Routes {
                 pools,
                 socket,
                 h2c_floods: Arc::default(),
+                relay,
+                pool,
             }),
             overload,
             router_ping,
