@@ -8,7 +8,6 @@ use std::sync::Arc;
 use atunnel_core::endpoint::Endpoint;
 use atunnel_core::{BufferPool, relay};
 use tokio::net::TcpStream;
-use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::https::{ASSIGNMENT_STALE, target_activation};
 use super::routes::{ActorRoute, Routes};
@@ -23,7 +22,7 @@ pub struct IngressConnect {
 pub struct ActorTunnel {
     actor: TcpStream,
     activation: Arc<ActorRoute>,
-    _token: TaskTrackerToken,
+    _token: super::routes::InFlight,
 }
 
 const STALE: &[(&str, &str)] = &[(ASSIGNMENT_STALE, "true")];
@@ -52,14 +51,6 @@ impl ConnectHandler for IngressConnect {
         if req.method != "CONNECT" {
             return Answer::refuse(405, "Method Not Allowed", "method not allowed\n");
         }
-        if self.routes.overloaded().is_some() {
-            return Answer::Refuse {
-                status: 503,
-                reason: "Service Unavailable",
-                body: "overloaded\n".into(),
-                headers: RETRY,
-            };
-        }
         let Some(activation) = target_activation(&self.routes, req.headers) else {
             return Answer::Refuse {
                 status: 421,
@@ -68,14 +59,22 @@ impl ConnectHandler for IngressConnect {
                 headers: STALE,
             };
         };
-        if !activation.admits_more() {
+        if self.routes.overloaded(&activation).is_some() {
+            return Answer::Refuse {
+                status: 503,
+                reason: "Service Unavailable",
+                body: "overloaded\n".into(),
+                headers: RETRY,
+            };
+        }
+        let Some(token) = activation.admit() else {
             return Answer::Refuse {
                 status: 503,
                 reason: "Service Unavailable",
                 body: "actor busy\n".into(),
                 headers: BUSY,
             };
-        }
+        };
         let Some(port) = authority_port(req.authority) else {
             return Answer::refuse(
                 400,
@@ -83,7 +82,6 @@ impl ConnectHandler for IngressConnect {
                 format!("CONNECT authority {:?} has no valid port\n", req.authority),
             );
         };
-        let token = activation.tasks.token();
         match activation.dial(port).await {
             Ok(actor) => Answer::Open(ActorTunnel {
                 actor,

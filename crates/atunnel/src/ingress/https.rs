@@ -18,7 +18,6 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming};
-use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::routes::{ActorRoute, Routes};
 
@@ -188,16 +187,15 @@ async fn forward(
     req: Request<Incoming>,
     grpc: bool,
 ) -> Response<ProxyBody> {
-    if let Some(refused) = routes.overloaded() {
-        return unavailable(refused.retry_after);
-    }
     let Some(activation) = target_activation(&routes, req.headers()) else {
         return misdirected();
     };
-    if !activation.admits_more() {
-        return unavailable(ACTOR_BUSY_RETRY);
+    if let Some(refused) = routes.overloaded(&activation) {
+        return unavailable(refused.retry_after);
     }
-    let token = activation.tasks.token();
+    let Some(token) = activation.admit() else {
+        return unavailable(ACTOR_BUSY_RETRY);
+    };
     let port = target_port(req.headers());
     let (mut parts, body) = req.into_parts();
 
@@ -301,7 +299,7 @@ fn set_forwarded(headers: &mut HeaderMap, client: SocketAddr, host: Option<&Head
 struct Activated {
     inner: Incoming,
     cancelled: Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
-    _token: TaskTrackerToken,
+    _token: super::routes::InFlight,
 }
 
 impl Body for Activated {

@@ -21,6 +21,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+
+use crate::holdings::{ActorHold, Holdings, REQUEST_HELD_BYTES};
 
 use atunnel_connect::limits::{
     ACTOR_DIAL_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
@@ -145,6 +148,10 @@ pub struct ActorRoute {
     shared: Arc<Shared>,
     /// In-flight requests and tunnels; deactivation waits for them.
     pub(crate) tasks: TaskTracker,
+    /// What the actor holds across ingress and egress: each request or
+    /// CONNECT in flight takes a descriptor of its budget (its upstream
+    /// connection or dialled socket).
+    hold: Arc<ActorHold>,
     /// HTTP/1.1 to the actor (everything but gRPC), by the URI's port;
     /// made on first use, and boxed: a client and its pool cost about
     /// 650 B, which an actor that is never sent a request need not hold.
@@ -213,8 +220,27 @@ impl Default for PoolSettings {
     }
 }
 
+/// A request or CONNECT admitted to an actor: a place in its in-flight
+/// budget (deactivation waits for it) and in its descriptor budget, both
+/// given back when dropped.
+pub(crate) struct InFlight {
+    _token: TaskTrackerToken,
+    hold: Arc<ActorHold>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.hold.give(1, REQUEST_HELD_BYTES);
+    }
+}
+
 impl ActorRoute {
-    fn new(uid: &str, dialer: Box<dyn ActorDialer>, upstream: Arc<Upstream>) -> Self {
+    fn new(
+        uid: &str,
+        dialer: Box<dyn ActorDialer>,
+        upstream: Arc<Upstream>,
+        hold: Arc<ActorHold>,
+    ) -> Self {
         let shared = Arc::new(Shared {
             dialer,
             cancel: CancellationToken::new(),
@@ -226,6 +252,7 @@ impl ActorRoute {
         Self {
             uid: uid.to_string(),
             tasks: TaskTracker::new(),
+            hold,
             http1: OnceLock::new(),
             h2c: Mutex::default(),
             shared,
@@ -237,16 +264,23 @@ impl ActorRoute {
         &self.uid
     }
 
-    /// False (counted) when the actor already has `max_in_flight` requests
-    /// and tunnels: the caller answers 503.
-    pub(crate) fn admits_more(&self) -> bool {
-        if self.tasks.len() < self.pools().max_in_flight {
-            return true;
+    /// A place for one more request or tunnel; none (counted) when the
+    /// actor already has `max_in_flight` of them or its descriptor budget
+    /// is spent: the caller answers 503.
+    pub(crate) fn admit(&self) -> Option<InFlight> {
+        if self.tasks.len() >= self.pools().max_in_flight {
+            self.shared
+                .refused_in_flight
+                .fetch_add(1, Ordering::Relaxed);
+            return None;
         }
-        self.shared
-            .refused_in_flight
-            .fetch_add(1, Ordering::Relaxed);
-        false
+        if !self.hold.try_take(1, REQUEST_HELD_BYTES) {
+            return None;
+        }
+        Some(InFlight {
+            _token: self.tasks.token(),
+            hold: self.hold.clone(),
+        })
     }
 
     /// How long the actor has to send a response head.
@@ -267,6 +301,8 @@ impl ActorRoute {
             in_flight: self.tasks.len(),
             refused_in_flight_total: self.shared.refused_in_flight.load(Ordering::Relaxed),
             response_timeouts_total: self.shared.response_timeouts.load(Ordering::Relaxed),
+            held_descriptors: self.hold.held().descriptors,
+            refused_descriptors_total: self.hold.refused_total(),
         }
     }
 
@@ -378,10 +414,15 @@ pub struct ActorIngressStats {
     pub refused_in_flight_total: u64,
     /// Requests answered 504: no response head within the response timeout.
     pub response_timeouts_total: u64,
+    /// Descriptors the actor holds across ingress and egress (its
+    /// descriptor budget's count; egress_actors[] has the same).
+    pub held_descriptors: u64,
+    /// Requests, CONNECTs and egress tunnels refused for its descriptor
+    /// budget.
+    pub refused_descriptors_total: u64,
 }
 
 /// The registry of active actors, keyed by `<atespace>/<name>`.
-#[derive(Default)]
 pub(crate) struct Routes {
     active: Mutex<HashMap<(String, String), Arc<ActorRoute>>>,
     upstream: Arc<Upstream>,
@@ -393,6 +434,8 @@ pub(crate) struct Routes {
     /// Kept here, with what every router connection shares, rather than in
     /// each connection's future.
     router_ping: RouterPing,
+    /// Every actor's holdings, shared with egress.
+    holdings: Arc<Holdings>,
 }
 
 /// HTTP/2 PING keepalive on the router's connections (zero interval: off).
@@ -408,12 +451,16 @@ impl Routes {
         socket: atunnel_core::sockopt::SocketOptions,
         overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
         router_ping: RouterPing,
+        holdings: Arc<Holdings>,
     ) -> Self {
         Self {
+            active: Mutex::default(),
             upstream: Arc::new(Upstream { pools, socket }),
+            retired_connections: AtomicU64::new(0),
             overload,
+            refused_overload: AtomicU64::new(0),
             router_ping,
-            ..Self::default()
+            holdings,
         }
     }
 
@@ -422,9 +469,15 @@ impl Routes {
         self.router_ping
     }
 
-    /// Why new work must be refused now (the process is overloaded); counted.
-    pub(crate) fn overloaded(&self) -> Option<atunnel_core::overload::Overloaded> {
-        let refused = self.overload.as_ref()?.admit().err()?;
+    /// Why new work for `actor` must be refused now (the process is
+    /// overloaded, and the actor above its fair share or everyone refused);
+    /// counted.
+    pub(crate) fn overloaded(
+        &self,
+        actor: &ActorRoute,
+    ) -> Option<atunnel_core::overload::Overloaded> {
+        let guard = self.overload.as_ref()?;
+        let refused = guard.admit_held(|| actor.hold.held()).err()?;
         self.refused_overload.fetch_add(1, Ordering::Relaxed);
         Some(refused)
     }
@@ -440,7 +493,12 @@ impl Routes {
         dialer: Box<dyn ActorDialer>,
     ) -> Result<(), RouteError> {
         let key = (atespace.to_string(), name.to_string());
-        let activation = Arc::new(ActorRoute::new(uid, dialer, self.upstream.clone()));
+        let activation = Arc::new(ActorRoute::new(
+            uid,
+            dialer,
+            self.upstream.clone(),
+            self.holdings.actor(uid),
+        ));
         let old = {
             let mut active = self.active.lock().expect("routes lock poisoned");
             if let Some(existing) = active.get(&key)
