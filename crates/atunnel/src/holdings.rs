@@ -91,7 +91,9 @@ pub fn descriptors_fit(
     let need = actors_at_budget
         .saturating_mul(max_descriptors.saturating_add(dns_per_actor))
         .saturating_add(descriptor_reserve(nofile));
-    (need as f64) < nofile as f64 * soft
+    // At equality the process is at soft only if its own descriptors
+    // reach the whole reserve.
+    (need as f64) <= nofile as f64 * soft
 }
 
 /// One actor's holdings, shared by its egress binding and its ingress
