@@ -340,7 +340,7 @@ impl Binding {
 
     /// What the overload guard weighs against its fair share.
     fn held(&self) -> Held {
-        self.hold.held()
+        self.hold.weighed()
     }
 
     /// Takes a place in the budget, or says which bound refuses it.

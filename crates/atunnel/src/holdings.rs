@@ -102,6 +102,11 @@ pub fn descriptors_fit(
 pub struct ActorHold {
     descriptors: AtomicU64,
     bytes: AtomicU64,
+    /// What the overload shedder last read besides (gateway connections,
+    /// pooled buffers), so that an actor's admission under soft weighs the
+    /// same figures as its fair share. Not part of the descriptor budget.
+    sampled_descriptors: AtomicU64,
+    sampled_bytes: AtomicU64,
     max_descriptors: u64,
     refused: AtomicU64,
 }
@@ -111,6 +116,8 @@ impl ActorHold {
         Self {
             descriptors: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            sampled_descriptors: AtomicU64::new(0),
+            sampled_bytes: AtomicU64::new(0),
             max_descriptors,
             refused: AtomicU64::new(0),
         }
@@ -142,6 +149,22 @@ impl ActorHold {
             descriptors: self.descriptors.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// [`held`](Self::held) and what the shedder last read besides: what
+    /// the overload guard weighs.
+    pub fn weighed(&self) -> Held {
+        let counted = self.held();
+        Held {
+            descriptors: counted.descriptors + self.sampled_descriptors.load(Ordering::Relaxed),
+            bytes: counted.bytes + self.sampled_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    fn set_sampled(&self, descriptors: u64, bytes: u64) {
+        self.sampled_descriptors
+            .store(descriptors, Ordering::Relaxed);
+        self.sampled_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// Its work refused for the descriptor budget, egress and ingress.
@@ -190,13 +213,21 @@ impl Holdings {
         hold
     }
 
-    /// What each live actor holds, by uid.
+    /// What each live actor holds, by uid, as the guard weighs it.
     pub fn snapshot(&self) -> Vec<(String, Held)> {
         let actors = self.actors.lock().expect("holdings lock poisoned");
         actors
             .iter()
-            .filter_map(|(uid, h)| Some((uid.clone(), h.upgrade()?.held())))
+            .filter_map(|(uid, h)| Some((uid.clone(), h.upgrade()?.weighed())))
             .collect()
+    }
+
+    /// Sets what the shedder read of `uid` besides its counts.
+    fn set_sampled(&self, uid: &str, descriptors: u64, bytes: u64) {
+        let actors = self.actors.lock().expect("holdings lock poisoned");
+        if let Some(hold) = actors.get(uid).and_then(Weak::upgrade) {
+            hold.set_sampled(descriptors, bytes);
+        }
     }
 }
 
@@ -291,17 +322,15 @@ impl atunnel_core::overload::Shed for ShedActors {
         let Some(holdings) = self.holdings.upgrade() else {
             return Vec::new();
         };
-        let mut all: HashMap<String, Held> = holdings.snapshot().into_iter().collect();
         if let Some(egress) = self.egress.upgrade() {
             for a in egress.actor_stats() {
-                let held = all.entry(a.actor).or_default();
                 let connections = a.gateway_connections as u64;
-                held.descriptors += connections;
-                held.bytes += connections * GATEWAY_CONNECTION_HELD_BYTES
+                let bytes = connections * GATEWAY_CONNECTION_HELD_BYTES
                     + a.buffers as u64 * self.buffer_size;
+                holdings.set_sampled(&a.actor, connections, bytes);
             }
         }
-        all.into_iter().collect()
+        holdings.snapshot()
     }
 
     fn shed(&self, who: &str) -> Option<atunnel_core::overload::ShedAction> {

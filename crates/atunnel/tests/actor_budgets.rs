@@ -277,6 +277,117 @@ fn get(router: &mut h2::client::SendRequest<Bytes>, actor: &str) -> h2::client::
     router.send_request(req, true).expect("send").0
 }
 
+/// Actors `actor-<i>`, one per port in `ports` (their ingress goes to that
+/// loopback port), with egress through `gateway`; their egress listeners.
+async fn serve_actors(
+    tunnel: &Tunnel,
+    gateway: SocketAddr,
+    ports: &[u16],
+    cancel: &CancellationToken,
+) -> Vec<SocketAddr> {
+    let mut listeners = Vec::new();
+    for (i, &port) in ports.iter().enumerate() {
+        let a = actor(&format!("actor-{i}"));
+        let egress = tunnel
+            .prepare_egress(&a, &gateway_spec(gateway))
+            .await
+            .expect("prepare");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        listeners.push(listener.local_addr().expect("addr"));
+        tunnel.egress().serve_listener(
+            &a.uid,
+            listener,
+            Destination::Fixed(DEST.parse().expect("addr")),
+            cancel.clone(),
+        );
+        let dialer = Box::new(LoopbackDialer([(80, port)].into_iter().collect()));
+        tunnel
+            .activate_with_dialer(&a, dialer, Some(egress))
+            .await
+            .expect("activate");
+    }
+    listeners
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fifth_is_served() {
+    require_root("actor budgets test");
+    let _serial = SERIAL.lock().await;
+    let pki = Pki::new();
+    let ingress_pki = IngressPki::new();
+    let gateway = fake_gateway(&pki, Far::Echo).await;
+    let memory = FakeMemoryCgroup::new(100);
+    let mut cfg = tunnel_with_ingress(&ingress_pki, &pki, Duration::from_secs(2));
+    cfg.overload = Some(OverloadConfig {
+        memory_cgroup: Some(memory.path().to_path_buf()),
+        // Sampled by the test alone.
+        interval: Duration::from_secs(3600),
+        ..OverloadConfig::default()
+    });
+    let tunnel = Tunnel::start(cfg).await.expect("tunnel");
+    let guard = tunnel.overload().expect("guard").clone();
+    let (_, https, _) = tunnel.ingress().expect("ingress");
+    let answering =
+        http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
+            .await;
+    let cancel = CancellationToken::new();
+    let listeners = serve_actors(&tunnel, gateway.addr, &[answering.port(); 5], &cancel).await;
+    let mut router = h2_router(&ingress_pki, https).await;
+    router = router.ready().await.expect("ready");
+    // Four actors hold five tunnels each, the fifth none.
+    let mut held = Vec::new();
+    for &listener in &listeners[..4] {
+        for _ in 0..5 {
+            held.push(
+                echoing_tunnel(listener)
+                    .await
+                    .expect("admitted while normal"),
+            );
+        }
+    }
+
+    // Soft on memory (0.88, below the 0.90 line): the four are above the
+    // fair share of the bytes actors hold, the fifth below it.
+    memory.set(880);
+    assert_eq!(guard.sample(), OverloadState::Soft);
+    let f = guard.figures();
+    assert!(!f.refusing_everyone, "{f:?}");
+    assert_eq!(f.consumers, 5, "{f:?}");
+    assert!(
+        echoing_tunnel(listeners[0]).await.is_none(),
+        "above its share"
+    );
+    let busy = get(&mut router, "actor-0").await.expect("answer");
+    assert_eq!(busy.status(), 503);
+    held.push(
+        echoing_tunnel(listeners[4])
+            .await
+            .expect("the fifth's tunnel"),
+    );
+    let answer = get(&mut router, "actor-4").await.expect("answer");
+    assert_eq!(answer.status(), 200);
+    let f = guard.figures();
+    assert_eq!(f.refused_over_share_total, 2, "{f:?}");
+    for s in &mut held {
+        // Established tunnels go on.
+        s.write_all(b"y").await.expect("write");
+        let mut got = [0u8; 1];
+        s.read_exact(&mut got).await.expect("echo");
+    }
+
+    // Past the second line: everyone.
+    memory.set(920);
+    assert_eq!(guard.sample(), OverloadState::Soft);
+    assert!(guard.figures().refusing_everyone);
+    assert!(
+        echoing_tunnel(listeners[4]).await.is_none(),
+        "everyone refused"
+    );
+    drop(held);
+    cancel.cancel();
+    tunnel.shutdown().await;
+}
+
 /// Restores RLIMIT_NOFILE when dropped, on a panic too.
 struct NofileLimit(u64, u64);
 
@@ -325,32 +436,9 @@ async fn four_actors_at_their_budgets_leave_the_guard_normal_and_a_fifth_is_serv
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
             .await;
     let cancel = CancellationToken::new();
-    let mut listeners = Vec::new();
-    for i in 0..=ACTORS {
-        let a = actor(&format!("actor-{i}"));
-        let port = if i < ACTORS {
-            silent.port()
-        } else {
-            answering.port()
-        };
-        let egress = tunnel
-            .prepare_egress(&a, &gateway_spec(gateway.addr))
-            .await
-            .expect("prepare");
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        listeners.push(listener.local_addr().expect("addr"));
-        tunnel.egress().serve_listener(
-            &a.uid,
-            listener,
-            Destination::Fixed(DEST.parse().expect("addr")),
-            cancel.clone(),
-        );
-        let dialer = Box::new(LoopbackDialer([(80, port)].into_iter().collect()));
-        tunnel
-            .activate_with_dialer(&a, dialer, Some(egress))
-            .await
-            .expect("activate");
-    }
+    let mut ports = vec![silent.port(); ACTORS as usize];
+    ports.push(answering.port());
+    let listeners = serve_actors(&tunnel, gateway.addr, &ports, &cancel).await;
     let mut router = h2_router(&ingress_pki, https).await;
     router = router.ready().await.expect("ready");
 

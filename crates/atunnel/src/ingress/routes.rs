@@ -477,7 +477,7 @@ impl Routes {
         actor: &ActorRoute,
     ) -> Option<atunnel_core::overload::Overloaded> {
         let guard = self.overload.as_ref()?;
-        let refused = guard.admit_held(|| actor.hold.held()).err()?;
+        let refused = guard.admit_held(|| actor.hold.weighed()).err()?;
         self.refused_overload.fetch_add(1, Ordering::Relaxed);
         Some(refused)
     }
