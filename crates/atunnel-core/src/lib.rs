@@ -18,8 +18,8 @@ pub mod sockopt;
 pub use endpoint::{Chunk, Endpoint, H2Stream};
 pub use listener::{Listener, ListenerFigures, ListenerStats, RefusalPace};
 pub use overload::{
-    OverloadConfig, OverloadFigures, OverloadGuard, OverloadState, Overloaded, Resource, Shed,
-    ShedAction,
+    Held, OverloadConfig, OverloadFigures, OverloadGuard, OverloadState, Overloaded, Resource,
+    Shed, ShedAction,
 };
 pub use pool::{BufferPool, PoolStats, PooledBuf, ShareStats};
 pub use relay::{RelayError, RelayStats, relay};

@@ -1,7 +1,10 @@
 //! The process's overload guard: its memory against its cgroup's limit and
 //! its descriptors against `RLIMIT_NOFILE`, sampled every interval. Past the
-//! soft threshold new work is refused; past the hard one the caller's
-//! [`Shed`] drops the largest consumer, one per interval. Modelled on Envoy's
+//! soft threshold new work is refused, first from the consumers holding more
+//! than their fair share of the pressured resource ([`OverloadGuard::admit_held`])
+//! and past the `everyone` line from all; past the hard one the caller's
+//! [`Shed`] drops the consumer holding the most of it, one per interval
+//! (what each holds is the caller's [`Shed::holdings`]). Modelled on Envoy's
 //! overload manager (resource monitors, pressure thresholds, actions). The
 //! cgroup files are parsed by hand: each reading is two or three small files.
 //!
@@ -23,6 +26,11 @@ use tokio_util::sync::CancellationToken;
 
 /// Default soft threshold: refuse new work at 85% of a limit.
 pub const DEFAULT_SOFT: f64 = 0.85;
+/// Default line past which soft refuses everyone, not only the consumers
+/// above their fair share: halfway from soft to hard, so that a consumer
+/// below its share still gets work for 5% of the limit after the others
+/// were stopped, and the last 5% before hard are kept for what is running.
+pub const DEFAULT_EVERYONE: f64 = 0.90;
 /// Default hard threshold: shed at 95%, leaving 5% of the limit for the
 /// shed tunnels to go before the kernel's OOM killer acts.
 pub const DEFAULT_HARD: f64 = 0.95;
@@ -50,6 +58,11 @@ pub struct OverloadConfig {
     /// Pressure at or past which new work is refused and the largest
     /// consumer shed, one per interval. Default 0.95.
     pub hard: f64,
+    /// Pressure at or past which soft refuses every consumer's new work;
+    /// below it, only those holding more than their fair share (what all
+    /// hold / how many there are) of the pressured resource. Clamped into
+    /// `soft..=hard`. Default 0.90.
+    pub everyone: f64,
     /// Time between two samples, and between two sheds. Default 250 ms.
     pub interval: Duration,
     /// How long a refused client is told to wait (HTTP `Retry-After`).
@@ -69,6 +82,7 @@ impl Default for OverloadConfig {
         Self {
             soft: DEFAULT_SOFT,
             hard: DEFAULT_HARD,
+            everyone: DEFAULT_EVERYONE,
             interval: DEFAULT_INTERVAL,
             retry_after: DEFAULT_RETRY_AFTER,
             memory_cgroup: None,
@@ -130,13 +144,16 @@ impl fmt::Display for Resource {
 }
 
 /// Why [`OverloadGuard::admit`] refused: the resource past its threshold
-/// and how long the client should wait.
+/// and how long the client should wait. `everyone`: refused whatever the
+/// consumer holds (hard, or past the `everyone` line); otherwise for holding
+/// more than its fair share.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("overloaded: {resource} past the {state} threshold, retry after {retry_after:?}")]
 pub struct Overloaded {
     pub resource: Resource,
     pub state: OverloadState,
     pub retry_after: Duration,
+    pub everyone: bool,
 }
 
 /// What went wrong; a reading's error leaves that resource out.
@@ -163,12 +180,36 @@ pub struct ShedAction {
     pub tunnels: u64,
 }
 
-/// Implemented by whoever can end work: sheds the consumer holding the
-/// most (its stalled tunnels first). Called by [`OverloadGuard::run`] on the
-/// runtime once per interval while hard, so it must not block: start the
-/// ending (cancel the tunnels) and return. `None`: nothing to shed.
+/// What one consumer holds of each resource the guard watches: open
+/// descriptors, and bytes (an estimate: the caller counts what it can see
+/// without touching its per-byte path).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Held {
+    pub descriptors: u64,
+    pub bytes: u64,
+}
+
+impl Held {
+    /// What it holds of `resource`.
+    pub fn of(&self, resource: Resource) -> u64 {
+        match resource {
+            Resource::Memory => self.bytes,
+            Resource::Descriptors => self.descriptors,
+        }
+    }
+}
+
+/// Implemented by whoever can end work. Called by [`OverloadGuard::run`] on
+/// the runtime once per interval while soft or hard, so neither may block:
+/// `holdings` reads counters, `shed` starts the ending (cancels the tunnels)
+/// and returns.
 pub trait Shed: Send + Sync {
-    fn shed_largest(&self) -> Option<ShedAction>;
+    /// What each consumer (an actor, a client identity) holds now: the fair
+    /// shares under soft and the ranking under hard are taken from it.
+    fn holdings(&self) -> Vec<(String, Held)>;
+    /// Ends `who`'s work (the guard picked it as holding the most of the
+    /// pressured resource). `None`: it has nothing left to shed.
+    fn shed(&self, who: &str) -> Option<ShedAction>;
 }
 
 /// One resource's reading.
@@ -196,7 +237,20 @@ pub struct OverloadFigures {
     pub descriptors_error: Option<String>,
     pub soft: f64,
     pub hard: f64,
+    /// The line past which soft refuses everyone (clamped into soft..=hard).
+    pub everyone: f64,
+    /// Whether new work is refused for everyone now (hard, or past
+    /// `everyone`), not only for consumers above their fair share.
+    pub refusing_everyone: bool,
+    /// Each resource's fair share as of the last sample in soft (what all
+    /// consumers hold / how many there are); none when not in soft.
+    pub fair_share: Option<Held>,
+    /// Consumers the last sample counted for the fair share.
+    pub consumers: u64,
     pub refused_total: u64,
+    /// Of `refused_total`, work refused for holding more than the fair share
+    /// (the rest was refused for everyone).
+    pub refused_over_share_total: u64,
     pub shed_total: u64,
     /// The last [`RECENT_SHED`] actions, oldest first.
     pub recent_shed: Vec<ShedAction>,
@@ -210,9 +264,16 @@ pub struct OverloadGuard {
     memory: MemorySource,
     /// MemTotal in bytes, read at start.
     mem_total: Option<u64>,
-    /// State and tripping resource, [`pack`]ed: what `admit` loads.
+    /// State, tripping resource and whether everyone is refused,
+    /// [`pack`]ed: what `admit` loads.
     packed: AtomicU8,
+    /// The fair shares while soft (descriptors, bytes), and the consumers
+    /// they were taken over.
+    share_descriptors: AtomicU64,
+    share_bytes: AtomicU64,
+    consumers: AtomicU64,
     refused: AtomicU64,
+    refused_over_share: AtomicU64,
     shed_total: AtomicU64,
     transitions: AtomicU64,
     shedder: Mutex<Option<Arc<dyn Shed>>>,
@@ -236,7 +297,12 @@ impl OverloadGuard {
             interval,
             ..
         } = config;
-        if !(soft.is_finite() && hard.is_finite() && soft > 0.0 && soft <= hard) {
+        if !(soft.is_finite()
+            && hard.is_finite()
+            && config.everyone.is_finite()
+            && soft > 0.0
+            && soft <= hard)
+        {
             return Err(OverloadError::Config(format!(
                 "thresholds must satisfy 0 < soft <= hard, got soft {soft}, hard {hard}"
             )));
@@ -256,8 +322,12 @@ impl OverloadGuard {
             config,
             memory,
             mem_total,
-            packed: AtomicU8::new(pack(OverloadState::Normal, None)),
+            packed: AtomicU8::new(pack(OverloadState::Normal, None, false)),
+            share_descriptors: AtomicU64::new(u64::MAX),
+            share_bytes: AtomicU64::new(u64::MAX),
+            consumers: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            refused_over_share: AtomicU64::new(0),
             shed_total: AtomicU64::new(0),
             transitions: AtomicU64::new(0),
             shedder: Mutex::new(None),
@@ -276,25 +346,78 @@ impl OverloadGuard {
         *lock(&self.shedder) = Some(shedder);
     }
 
-    /// Whether new work may start: an atomic load. Refusals are counted.
+    /// Whether new work of no one in particular may start: refused while
+    /// soft or hard. An atomic load. Refusals are counted.
     pub fn admit(&self) -> Result<(), Overloaded> {
-        let (state, resource) = unpack(self.packed.load(Ordering::Relaxed));
+        let (state, resource, _) = unpack(self.packed.load(Ordering::Relaxed));
         match (state, resource) {
             (OverloadState::Normal, _) | (_, None) => Ok(()),
-            (state, Some(resource)) => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                Err(Overloaded {
-                    resource,
-                    state,
-                    retry_after: self.config.retry_after,
-                })
-            }
+            (state, Some(resource)) => Err(self.refuse(resource, state, true)),
+        }
+    }
+
+    /// Whether new work of a consumer that holds `held()` may start: while
+    /// normal, yes (an atomic load; `held` is not called); while soft below
+    /// the `everyone` line, only if it holds no more than its fair share of
+    /// the pressured resource; otherwise no. Refusals are counted.
+    pub fn admit_held(&self, held: impl FnOnce() -> Held) -> Result<(), Overloaded> {
+        let (state, resource, everyone) = unpack(self.packed.load(Ordering::Relaxed));
+        let resource = match (state, resource) {
+            (OverloadState::Normal, _) | (_, None) => return Ok(()),
+            (_, Some(resource)) => resource,
+        };
+        if state == OverloadState::Hard || everyone {
+            return Err(self.refuse(resource, state, true));
+        }
+        let share = match resource {
+            Resource::Memory => &self.share_bytes,
+            Resource::Descriptors => &self.share_descriptors,
+        };
+        if held().of(resource) <= share.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.refused_over_share.fetch_add(1, Ordering::Relaxed);
+        Err(self.refuse(resource, state, false))
+    }
+
+    fn refuse(&self, resource: Resource, state: OverloadState, everyone: bool) -> Overloaded {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Overloaded {
+            resource,
+            state,
+            retry_after: self.config.retry_after,
+            everyone,
         }
     }
 
     /// The state as of the last sample.
     pub fn state(&self) -> OverloadState {
         unpack(self.packed.load(Ordering::Relaxed)).0
+    }
+
+    /// The `everyone` line, clamped into `soft..=hard`.
+    fn everyone_line(&self) -> f64 {
+        self.config
+            .everyone
+            .clamp(self.config.soft, self.config.hard)
+    }
+
+    /// Sets the fair shares from the shedder's holdings (soft only: the
+    /// only state that asks). Without a shedder no one is above a share.
+    fn set_fair_shares(&self) {
+        let shedder = lock(&self.shedder).clone();
+        let holdings = shedder.map(|s| s.holdings()).unwrap_or_default();
+        let n = holdings.len() as u64;
+        let (d, b) = holdings.iter().fold((0u64, 0u64), |(d, b), (_, h)| {
+            (d.saturating_add(h.descriptors), b.saturating_add(h.bytes))
+        });
+        let (d, b) = match n {
+            0 => (u64::MAX, u64::MAX),
+            n => (d / n, b / n),
+        };
+        self.share_descriptors.store(d, Ordering::Relaxed);
+        self.share_bytes.store(b, Ordering::Relaxed);
+        self.consumers.store(n, Ordering::Relaxed);
     }
 
     /// Reads every resource now and sets the state from them. Done by
@@ -307,18 +430,29 @@ impl OverloadGuard {
             .map_err(|e| e.to_string());
         let descriptors = read_descriptors().map_err(|e| e.to_string());
         let pressure = |r: &Reading| r.as_ref().ok().map(|r| r.pressure);
-        let (state, tripped) = decide(
-            self.config.soft,
-            self.config.hard,
-            [
-                (Resource::Memory, pressure(&memory)),
-                (Resource::Descriptors, pressure(&descriptors)),
-            ],
-        );
+        let pressures = [
+            (Resource::Memory, pressure(&memory)),
+            (Resource::Descriptors, pressure(&descriptors)),
+        ];
+        let (state, tripped) = decide(self.config.soft, self.config.hard, pressures);
+        let everyone = match state {
+            OverloadState::Normal => false,
+            OverloadState::Hard => true,
+            OverloadState::Soft => decide(self.everyone_line(), f64::INFINITY, pressures)
+                .1
+                .is_some(),
+        };
+        // The shares are in place before the state that reads them.
+        if state == OverloadState::Soft && !everyone {
+            self.set_fair_shares();
+        }
         let mut last = lock(&self.last);
         note_unreadable(Resource::Memory, &last.memory, &memory);
         note_unreadable(Resource::Descriptors, &last.descriptors, &descriptors);
-        let (previous, _) = unpack(self.packed.swap(pack(state, tripped), Ordering::Relaxed));
+        let (previous, _, _) = unpack(
+            self.packed
+                .swap(pack(state, tripped, everyone), Ordering::Relaxed),
+        );
         if previous != state {
             self.transitions.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
@@ -337,8 +471,8 @@ impl OverloadGuard {
         state
     }
 
-    /// Samples every interval until `cancel`, and while hard asks the
-    /// shedder for one shed per interval.
+    /// Samples every interval until `cancel`, and while hard sheds the
+    /// consumer holding the most of the pressured resource, one per interval.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(self.config.interval);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -360,7 +494,15 @@ impl OverloadGuard {
             tracing::debug!("overload: hard, but no shedder is set");
             return;
         };
-        let Some(action) = shedder.shed_largest() else {
+        let resource = unpack(self.packed.load(Ordering::Relaxed))
+            .1
+            .unwrap_or(Resource::Memory);
+        let holdings = shedder.holdings();
+        let Some(who) = largest(&holdings, resource) else {
+            tracing::debug!("overload: hard, but no one holds anything");
+            return;
+        };
+        let Some(action) = shedder.shed(who) else {
             tracing::debug!("overload: hard, but nothing to shed");
             return;
         };
@@ -381,7 +523,8 @@ impl OverloadGuard {
     /// The figures for /stats.
     pub fn figures(&self) -> OverloadFigures {
         let last = lock(&self.last);
-        let (state, tripped_by) = unpack(self.packed.load(Ordering::Relaxed));
+        let (state, tripped_by, everyone) = unpack(self.packed.load(Ordering::Relaxed));
+        let soft = state == OverloadState::Soft && !everyone;
         OverloadFigures {
             state,
             tripped_by,
@@ -392,7 +535,15 @@ impl OverloadGuard {
             descriptors_error: last.descriptors.as_ref().err().cloned(),
             soft: self.config.soft,
             hard: self.config.hard,
+            everyone: self.everyone_line(),
+            refusing_everyone: everyone,
+            fair_share: soft.then(|| Held {
+                descriptors: self.share_descriptors.load(Ordering::Relaxed),
+                bytes: self.share_bytes.load(Ordering::Relaxed),
+            }),
+            consumers: self.consumers.load(Ordering::Relaxed),
             refused_total: self.refused.load(Ordering::Relaxed),
+            refused_over_share_total: self.refused_over_share.load(Ordering::Relaxed),
             shed_total: self.shed_total.load(Ordering::Relaxed),
             recent_shed: lock(&self.recent).iter().cloned().collect(),
             transitions_total: self.transitions.load(Ordering::Relaxed),
@@ -424,27 +575,41 @@ fn note_unreadable(resource: Resource, before: &Reading, now: &Reading) {
     }
 }
 
-fn pack(state: OverloadState, resource: Option<Resource>) -> u8 {
+/// The consumer holding the most of `resource` (the other breaks ties);
+/// none if no one holds anything.
+fn largest(holdings: &[(String, Held)], resource: Resource) -> Option<&str> {
+    let other = match resource {
+        Resource::Memory => Resource::Descriptors,
+        Resource::Descriptors => Resource::Memory,
+    };
+    holdings
+        .iter()
+        .filter(|(_, h)| *h != Held::default())
+        .max_by_key(|(_, h)| (h.of(resource), h.of(other)))
+        .map(|(who, _)| who.as_str())
+}
+
+fn pack(state: OverloadState, resource: Option<Resource>, everyone: bool) -> u8 {
     let resource = match resource {
         None => 0,
         Some(Resource::Memory) => 1,
         Some(Resource::Descriptors) => 2,
     };
-    state as u8 | resource << 2
+    state as u8 | resource << 2 | u8::from(everyone) << 4
 }
 
-fn unpack(packed: u8) -> (OverloadState, Option<Resource>) {
+fn unpack(packed: u8) -> (OverloadState, Option<Resource>, bool) {
     let state = match packed & 3 {
         0 => OverloadState::Normal,
         1 => OverloadState::Soft,
         _ => OverloadState::Hard,
     };
-    let resource = match packed >> 2 {
+    let resource = match (packed >> 2) & 3 {
         0 => None,
         1 => Some(Resource::Memory),
         _ => Some(Resource::Descriptors),
     };
-    (state, resource)
+    (state, resource, packed & 1 << 4 != 0)
 }
 
 /// The state from each resource's pressure (`None`: unknown, left out), and
@@ -958,6 +1123,20 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_is_ranked_by_the_pressured_resource_then_the_other() {
+        let h = |who: &str, descriptors, bytes| (who.to_string(), Held { descriptors, bytes });
+        // Most tunnels (descriptors) is not most memory.
+        let all = [h("tunnels", 4000, 8 << 20), h("bodies", 100, 64 << 20)];
+        assert_eq!(largest(&all, Resource::Memory), Some("bodies"));
+        assert_eq!(largest(&all, Resource::Descriptors), Some("tunnels"));
+        let tie = [h("a", 10, 1), h("b", 10, 2)];
+        assert_eq!(largest(&tie, Resource::Descriptors), Some("b"));
+        // Holding nothing is never shed.
+        assert_eq!(largest(&[h("idle", 0, 0)], Resource::Memory), None);
+        assert_eq!(largest(&[], Resource::Memory), None);
+    }
+
+    #[test]
     fn packed_state_round_trips() {
         for state in [
             OverloadState::Normal,
@@ -965,7 +1144,12 @@ mod tests {
             OverloadState::Hard,
         ] {
             for resource in [None, Some(Resource::Memory), Some(Resource::Descriptors)] {
-                assert_eq!(unpack(pack(state, resource)), (state, resource));
+                for everyone in [false, true] {
+                    assert_eq!(
+                        unpack(pack(state, resource, everyone)),
+                        (state, resource, everyone)
+                    );
+                }
             }
         }
     }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use atunnel_core::overload::{OverloadFigures, RECENT_SHED, ResourceReading};
+use atunnel_core::overload::{Held, OverloadFigures, RECENT_SHED, ResourceReading};
 use atunnel_core::{
     OverloadConfig, OverloadGuard, OverloadState, Overloaded, Resource, Shed, ShedAction,
 };
@@ -198,7 +198,20 @@ struct FileShed {
 }
 
 impl Shed for FileShed {
-    fn shed_largest(&self) -> Option<ShedAction> {
+    fn holdings(&self) -> Vec<(String, Held)> {
+        let file = self.file.lock().expect("lock");
+        file.iter()
+            .map(|(f, bytes)| {
+                let held = Held {
+                    descriptors: 0,
+                    bytes: *bytes,
+                };
+                (f.display().to_string(), held)
+            })
+            .collect()
+    }
+
+    fn shed(&self, _who: &str) -> Option<ShedAction> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let (file, bytes) = self.file.lock().expect("lock").take()?;
         fs::remove_file(&file).expect("shed the file");
@@ -227,6 +240,7 @@ fn real_cgroup_memory_refuses_past_soft_sheds_past_hard_and_recovers() {
             retry_after,
             memory_cgroup: Some(cgroup.dir.clone()),
             memory_limit: None,
+            ..OverloadConfig::default()
         })
         .expect("guard");
         let f = guard.figures();
@@ -267,6 +281,7 @@ fn real_cgroup_memory_refuses_past_soft_sheds_past_hard_and_recovers() {
                 resource: Resource::Memory,
                 state: OverloadState::Soft,
                 retry_after,
+                everyone: true,
             })
         );
         let f = guard.figures();
@@ -490,7 +505,16 @@ struct Recorder {
 }
 
 impl Shed for Recorder {
-    fn shed_largest(&self) -> Option<ShedAction> {
+    fn holdings(&self) -> Vec<(String, Held)> {
+        let next = self.calls.load(Ordering::Relaxed) + 1;
+        let held = Held {
+            descriptors: next,
+            bytes: next * 1024,
+        };
+        vec![(format!("actor-{next}"), held)]
+    }
+
+    fn shed(&self, _who: &str) -> Option<ShedAction> {
         let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         let _ = self.tx.send(Instant::now());
         Some(ShedAction {
@@ -573,6 +597,103 @@ fn run_sheds_once_per_interval_while_hard_stops_after_and_ends_at_cancel() {
             .expect("run did not panic");
         // normal -> hard (first sample) -> soft -> hard
         assert_eq!(guard.figures().transitions_total, 3);
+    });
+}
+
+/// Fixed holdings; sheds by name and says whom.
+struct Holders {
+    held: Mutex<Vec<(String, Held)>>,
+    tx: mpsc::UnboundedSender<String>,
+}
+
+impl Shed for Holders {
+    fn holdings(&self) -> Vec<(String, Held)> {
+        self.held.lock().expect("lock").clone()
+    }
+
+    fn shed(&self, who: &str) -> Option<ShedAction> {
+        let _ = self.tx.send(who.to_string());
+        Some(ShedAction {
+            who: who.to_string(),
+            bytes: 0,
+            tunnels: 0,
+        })
+    }
+}
+
+#[test]
+fn soft_refuses_those_above_their_fair_share_first_and_everyone_past_the_second_line() {
+    serial(false, async {
+        let cgroup = FakeCgroup::v2(100, "1000", 0);
+        let guard = OverloadGuard::new(OverloadConfig {
+            everyone: 0.7,
+            ..cgroup.config(0.5, 0.8)
+        })
+        .expect("guard");
+        let (tx, mut shed) = mpsc::unbounded_channel();
+        let held = |d, b| Held {
+            descriptors: d,
+            bytes: b,
+        };
+        // Four actors holding much memory, a fifth little; by descriptors
+        // the fifth holds the most.
+        let holders = Arc::new(Holders {
+            held: Mutex::new(
+                (1..=4)
+                    .map(|i| (format!("big-{i}"), held(10, 200)))
+                    .chain([("small".to_string(), held(50, 10))])
+                    .collect(),
+            ),
+            tx,
+        });
+        guard.set_shedder(holders.clone());
+        let (big, small) = (held(10, 200), held(50, 10));
+        assert_eq!(
+            guard.admit_held(|| unreachable!("normal asks no one")),
+            Ok(())
+        );
+
+        // Soft on memory: the share is (4 x 200 + 10) / 5 = 162 bytes.
+        cgroup.write("memory.current", "600");
+        assert_eq!(guard.sample(), OverloadState::Soft);
+        let f = guard.figures();
+        assert_eq!((f.fair_share, f.consumers), (Some(held(18, 162)), 5));
+        assert!(!f.refusing_everyone);
+        let refused = guard.admit_held(|| big).expect_err("above its share");
+        assert_eq!(
+            (refused.resource, refused.everyone),
+            (Resource::Memory, false)
+        );
+        assert_eq!(guard.admit_held(|| small), Ok(()));
+        // Plain admission (no one in particular) is refused in soft.
+        assert!(guard.admit().is_err());
+        let f = guard.figures();
+        assert_eq!((f.refused_total, f.refused_over_share_total), (2, 1));
+
+        // Past the second line: everyone.
+        cgroup.write("memory.current", "750");
+        assert_eq!(guard.sample(), OverloadState::Soft);
+        assert!(guard.figures().refusing_everyone);
+        let refused = guard.admit_held(|| small).expect_err("everyone refused");
+        assert!(refused.everyone);
+
+        // Hard on memory: the one holding the most memory is shed, not the
+        // one holding the most descriptors.
+        cgroup.write("memory.current", "900");
+        let cancel = CancellationToken::new();
+        let run = tokio::spawn(guard.clone().run(cancel.clone()));
+        let first = timeout(Duration::from_secs(5), shed.recv())
+            .await
+            .expect("a shed while hard")
+            .expect("channel open");
+        assert!(first.starts_with("big-"), "{first}");
+        cancel.cancel();
+        run.await.expect("run ends");
+
+        // Back under soft: everyone admitted.
+        cgroup.write("memory.current", "100");
+        assert_eq!(guard.sample(), OverloadState::Normal);
+        assert_eq!(guard.admit_held(|| big), Ok(()));
     });
 }
 
@@ -688,7 +809,7 @@ fn memory_is_usage_less_inactive_file_against_the_tightest_limit() {
 #[test]
 fn thresholds_and_interval_are_validated_and_defaults_documented() {
     let d = OverloadConfig::default();
-    assert_eq!((d.soft, d.hard), (0.85, 0.95));
+    assert_eq!((d.soft, d.everyone, d.hard), (0.85, 0.90, 0.95));
     assert_eq!(d.interval, Duration::from_millis(250));
     assert_eq!(d.retry_after, Duration::from_secs(5));
     assert_eq!((d.memory_cgroup, d.memory_limit), (None, None));

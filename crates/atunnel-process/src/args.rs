@@ -185,6 +185,12 @@ pub struct OverloadArgs {
     /// Pressure past which the largest consumer is shed, one per interval.
     #[arg(long, default_value_t = OverloadConfig::default().hard)]
     pub overload_hard: f64,
+    /// Pressure past which new work is refused for every actor; between
+    /// --overload-soft and it, only for the actors holding more than their
+    /// fair share (all actors' holding / their number) of the pressured
+    /// resource. Clamped between soft and hard.
+    #[arg(long, default_value_t = OverloadConfig::default().everyone)]
+    pub overload_everyone: f64,
     /// Memory limit in bytes the pressure is taken against (0: the
     /// process's cgroup limit, or the machine's memory without one).
     #[arg(long, default_value_t = 0)]
@@ -200,6 +206,7 @@ impl OverloadArgs {
         (!self.no_overload_guard).then(|| OverloadConfig {
             soft: self.overload_soft,
             hard: self.overload_hard,
+            everyone: self.overload_everyone,
             memory_limit: (self.overload_memory_limit > 0).then_some(self.overload_memory_limit),
             ..OverloadConfig::default()
         })

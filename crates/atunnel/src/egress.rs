@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use atunnel_core::endpoint::ReadReady;
 use atunnel_core::original_dst::original_dst;
-use atunnel_core::overload::OverloadGuard;
+use atunnel_core::overload::{Held, OverloadGuard};
 use atunnel_core::relay::{Op, RelayBounds, RelayError, relay_within};
 use atunnel_core::sockopt::SocketOptions;
 use atunnel_core::{BufferPool, Listener, ListenerStats, RefusalPace};
@@ -32,6 +32,8 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use atunnel_connect::{GatewayClient, GatewayClientConfig, GatewayTunnel};
 use atunnel_identity::clock::Clock;
 use atunnel_identity::credential::{ActorCredential, CredentialError, renew_until_cancelled};
+
+use crate::holdings::{ActorHold, Holdings, TUNNEL_HELD_BYTES};
 
 /// How long deactivation waits for an actor's tunnels to finish.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -170,6 +172,11 @@ pub struct ActorBudget {
     /// Connections refused a second (over a budget, overloaded, inactive)
     /// before its listener stops accepting for a while; 0 does not pace.
     pub max_refusals_per_second: u32,
+    /// Bytes all of its gateway connections together may leave unread:
+    /// each connection's receive window is this divided by the most
+    /// connections its tunnel budget can open (one per
+    /// `MAX_CONCURRENT_STREAMS` tunnels), at least 64 KiB.
+    pub max_gateway_bytes: u32,
 }
 
 /// Default of [`ActorBudget::max_tunnels`]: 4,096 tunnels, a sixteenth of
@@ -189,6 +196,29 @@ pub const DEFAULT_ACTOR_MAX_BUFFERS: usize = 256;
 /// own program that retries a refused connect sees a refusal at once
 /// within that rate and a slower connect past it.
 pub const DEFAULT_ACTOR_MAX_REFUSALS_PER_SECOND: u32 = 1000;
+/// Default of [`ActorBudget::max_gateway_bytes`]: 16 MiB, 64 stalled
+/// stream windows. It was 16 MiB per gateway connection, up to five at the
+/// default tunnel budget (80 MiB).
+pub const DEFAULT_ACTOR_MAX_GATEWAY_BYTES: u32 = 16 * 1024 * 1024;
+
+impl ActorBudget {
+    /// The most gateway connections the tunnel budget can open (a
+    /// gateway allows `MAX_CONCURRENT_STREAMS` tunnels on one).
+    pub fn max_gateway_connections(&self) -> u32 {
+        let per = atunnel_connect::limits::MAX_CONCURRENT_STREAMS as usize;
+        u32::try_from(self.max_tunnels.div_ceil(per).max(1)).unwrap_or(u32::MAX)
+    }
+
+    /// The receive window of each of the actor's gateway connections:
+    /// [`max_gateway_bytes`](Self::max_gateway_bytes) shared by the most
+    /// connections it can open, no more than `connection_window`, and at
+    /// least HTTP/2's initial 65,535 (a window cannot start lower).
+    pub fn gateway_connection_window(&self, connection_window: u32) -> u32 {
+        (self.max_gateway_bytes / self.max_gateway_connections())
+            .min(connection_window)
+            .max(65_535)
+    }
+}
 
 impl Default for ActorBudget {
     fn default() -> Self {
@@ -197,6 +227,7 @@ impl Default for ActorBudget {
             max_opening: DEFAULT_ACTOR_MAX_OPENING,
             max_buffers: DEFAULT_ACTOR_MAX_BUFFERS,
             max_refusals_per_second: DEFAULT_ACTOR_MAX_REFUSALS_PER_SECOND,
+            max_gateway_bytes: DEFAULT_ACTOR_MAX_GATEWAY_BYTES,
         }
     }
 }
@@ -206,6 +237,7 @@ impl Default for ActorBudget {
 enum Refusal {
     Tunnels,
     Opening,
+    Descriptors,
     Overload,
 }
 
@@ -242,6 +274,15 @@ pub struct ActorEgressStats {
     pub refusal_pauses_total: u64,
     /// Pooled HTTP/2 connections to the gateway of its current activation.
     pub gateway_connections: usize,
+    /// Descriptors the actor holds across egress tunnels and ingress
+    /// requests and CONNECTs (its per-actor descriptor budget's count).
+    pub held_descriptors: u64,
+    /// Bytes it holds, estimated from the same (fixed costs per tunnel and
+    /// per request; buffers and gateway connections are the overload
+    /// shedder's to add).
+    pub held_bytes: u64,
+    /// New tunnels and ingress requests refused for its descriptor budget.
+    pub refused_descriptors_total: u64,
     /// Of those, closed for having had no tunnel for the idle timeout.
     pub gateway_idle_closed_total: u64,
     /// Gateway connections ended for an HTTP/2 control-frame flood.
@@ -256,6 +297,7 @@ struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.binding.usage.tunnels.fetch_sub(1, Ordering::Relaxed);
+        self.binding.hold.give(1, TUNNEL_HELD_BYTES);
     }
 }
 
@@ -281,17 +323,26 @@ struct Binding {
     refusals: Arc<RefusalPace>,
     /// Warnings about this actor's tunnels, rate limited.
     warnings: crate::log_limit::LogLimit,
+    /// What the actor holds across egress and ingress: each tunnel takes a
+    /// descriptor of its budget.
+    hold: Arc<ActorHold>,
 }
 
 impl Binding {
-    fn new(pool: BufferPool, refusals: RefusalPace) -> Self {
+    fn new(pool: BufferPool, refusals: RefusalPace, hold: Arc<ActorHold>) -> Self {
         Self {
             activation: Mutex::new(None),
             usage: Usage::default(),
             pool,
             refusals: Arc::new(refusals),
             warnings: Default::default(),
+            hold,
         }
+    }
+
+    /// What the overload guard weighs against its fair share.
+    fn held(&self) -> Held {
+        self.hold.weighed()
     }
 
     /// Takes a place in the budget, or says which bound refuses it.
@@ -307,6 +358,13 @@ impl Binding {
             u.tunnels.fetch_sub(1, Ordering::Relaxed);
             u.refused_opening.fetch_add(1, Ordering::Relaxed);
             return Err(Refusal::Opening);
+        }
+        // The tunnel's actor socket; its gateway stream shares a pooled
+        // connection.
+        if !self.hold.try_take(1, TUNNEL_HELD_BYTES) {
+            u.opening.fetch_sub(1, Ordering::Relaxed);
+            u.tunnels.fetch_sub(1, Ordering::Relaxed);
+            return Err(Refusal::Descriptors);
         }
         Ok((
             Slot {
@@ -514,6 +572,8 @@ pub struct Egress {
     listener_stats: ListenerStats,
     /// Refuses new tunnels while the process is overloaded.
     overload: Option<Arc<OverloadGuard>>,
+    /// Every actor's holdings, shared with ingress.
+    holdings: Arc<Holdings>,
 }
 
 impl Egress {
@@ -527,8 +587,20 @@ impl Egress {
         pool: BufferPool,
         overload: Option<Arc<OverloadGuard>>,
     ) -> Arc<Self> {
+        Self::with_holdings(cfg, pool, overload, Holdings::unbounded())
+    }
+
+    /// As [`Egress::with_overload`], counting each actor's tunnels in
+    /// `holdings` (shared with ingress) against its descriptor budget.
+    pub fn with_holdings(
+        cfg: EgressConfig,
+        pool: BufferPool,
+        overload: Option<Arc<OverloadGuard>>,
+        holdings: Arc<Holdings>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             overload,
+            holdings,
             cfg,
             pool,
             bindings: Mutex::new(HashMap::new()),
@@ -568,6 +640,7 @@ impl Egress {
                 Arc::new(Binding::new(
                     self.pool.share(self.cfg.budget.max_buffers),
                     RefusalPace::new(self.cfg.budget.max_refusals_per_second),
+                    self.holdings.actor(uid),
                 ))
             })
             .clone()
@@ -592,15 +665,14 @@ impl Egress {
         bindings.get(uid).map(|b| binding_stats(uid, b))
     }
 
-    /// Resets the tunnels of the actor holding the most (the overload
-    /// guard's hard threshold): every tunnel it has now, so that what the
-    /// process holds for it goes at once; its new tunnels are admitted
-    /// again, within its budget, once the guard lets work in.
-    pub fn shed_largest(&self) -> Option<(String, usize)> {
+    /// Resets the tunnels of actor `uid` (the overload guard's pick past
+    /// its hard threshold: the actor holding the most): every tunnel it has
+    /// now, so that what the process holds for it goes at once; its new
+    /// tunnels are admitted again, within its budget, once the guard lets
+    /// work in. `None`: it has no tunnel.
+    pub fn shed(&self, uid: &str) -> Option<usize> {
         let bindings = self.bindings.lock().expect("bindings lock poisoned");
-        let (uid, binding) = bindings
-            .iter()
-            .max_by_key(|(_, b)| b.usage.tunnels.load(Ordering::Relaxed))?;
+        let binding = bindings.get(uid)?;
         let tunnels = binding.usage.tunnels.load(Ordering::Relaxed);
         if tunnels == 0 {
             return None;
@@ -612,7 +684,21 @@ impl Egress {
         if let Some(activation) = binding.current() {
             activation.shed_tunnels();
         }
-        Some((uid.clone(), tunnels))
+        Some(tunnels)
+    }
+
+    /// Resets the tunnels of the actor with the most tunnels (see
+    /// [`shed`](Self::shed)).
+    pub fn shed_largest(&self) -> Option<(String, usize)> {
+        let uid = {
+            let bindings = self.bindings.lock().expect("bindings lock poisoned");
+            let (uid, _) = bindings
+                .iter()
+                .max_by_key(|(_, b)| b.usage.tunnels.load(Ordering::Relaxed))?;
+            uid.clone()
+        };
+        let tunnels = self.shed(&uid)?;
+        Some((uid, tunnels))
     }
 
     /// Serves `listener` as actor `uid`'s egress listener until `cancel`.
@@ -678,7 +764,9 @@ impl Egress {
                         return None;
                     };
                     let admitted = match &self.overload {
-                        Some(guard) if guard.admit().is_err() => Err(Refusal::Overload),
+                        Some(guard) if guard.admit_held(|| binding.held()).is_err() => {
+                            Err(Refusal::Overload)
+                        }
                         _ => binding.admit(&self.cfg.budget),
                     };
                     let (slot, opening) = match admitted {
@@ -1034,5 +1122,8 @@ fn binding_stats(uid: &str, b: &Binding) -> ActorEgressStats {
         gateway_connections: client.h2_connections,
         gateway_idle_closed_total: client.h2_idle_closed_total,
         gateway_h2_floods_total: client.h2_floods_total,
+        held_descriptors: b.hold.held().descriptors,
+        held_bytes: b.hold.held().bytes,
+        refused_descriptors_total: b.hold.refused_total(),
     }
 }

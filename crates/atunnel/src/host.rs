@@ -25,6 +25,7 @@ use atunnel_identity::pem_files::{load_certs, load_key, load_roots};
 use atunnel_process::{BoxError, FlagDuration, OverloadArgs, PoolArgs, RelayArgs, SocketArgs};
 
 use crate::egress::{ActorBudget, Destination, EgressConfig};
+use crate::holdings::HoldingsConfig;
 use crate::ingress::IngressConfig;
 use crate::ingress::{DirectDialer, PoolSettings};
 use crate::tunnel::{GatewaySpec, IngressListen, Tunnel, TunnelConfig};
@@ -219,6 +220,27 @@ pub struct BudgetArgs {
     /// connection flood costs atunnel a bounded CPU; 0 does not pace.
     #[arg(long, default_value_t = ActorBudget::default().max_refusals_per_second)]
     pub actor_max_refusals_per_second: u32,
+    /// Bytes all of one actor's gateway connections together may leave
+    /// unread (its downloads' HTTP/2 windows): each connection's window is
+    /// this over the most connections its tunnel budget opens (one per
+    /// 1,000 tunnels), and at most --gateway-connection-window.
+    #[arg(long, default_value_t = ActorBudget::default().max_gateway_bytes,
+          value_parser = clap::value_parser!(u32).range(65535..=(1 << 31) - 1))]
+    pub actor_max_gateway_bytes: u32,
+    /// Descriptors one actor's egress tunnels and ingress requests and
+    /// CONNECTs may hold together; past it its new tunnels are reset and
+    /// its requests answered 503. 0: derived at start, so that
+    /// --actors-at-budget actors at it (and their DNS relays) stay below
+    /// the overload guard's soft threshold of RLIMIT_NOFILE, less 5% kept
+    /// for the process (4,000 at 20,000 descriptors without DNS).
+    #[arg(long, default_value_t = HoldingsConfig::default().max_descriptors)]
+    pub actor_max_descriptors: u64,
+    /// How many actors at their descriptor budgets must stay below the
+    /// soft threshold: what the derived --actor-max-descriptors is sized
+    /// for, and what an explicit one is checked against (a warning).
+    #[arg(long, default_value_t = HoldingsConfig::default().actors_at_budget,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub actors_at_budget: u64,
     /// DNS queries in flight per sandbox's relay; past it that sandbox's
     /// queries are dropped (the resolver retries), no one else's.
     #[arg(long, default_value_t = atunnel_dns::RelayConfig::DEFAULT_MAX_IN_FLIGHT,
@@ -270,6 +292,14 @@ impl BudgetArgs {
             max_opening: self.actor_max_opening,
             max_buffers: self.actor_max_buffers,
             max_refusals_per_second: self.actor_max_refusals_per_second,
+            max_gateway_bytes: self.actor_max_gateway_bytes,
+        }
+    }
+
+    pub fn holdings(&self) -> HoldingsConfig {
+        HoldingsConfig {
+            max_descriptors: self.actor_max_descriptors,
+            actors_at_budget: self.actors_at_budget,
         }
     }
 }
@@ -419,6 +449,7 @@ impl TunnelArgs {
         cfg.stats = Some(args.stats);
         cfg.stats_limits = args.admin.limits();
         cfg.overload = args.overload.config();
+        cfg.holdings = args.budget.holdings();
         Ok(cfg)
     }
 }
@@ -485,7 +516,7 @@ async fn host_actors(
 mod tests {
     use clap::Parser;
 
-    use super::HostArgs;
+    use super::{HoldingsConfig, HostArgs};
 
     #[derive(Parser)]
     struct Cli {
@@ -511,6 +542,7 @@ mod tests {
         assert_eq!(args.tunnel.drain_timeout.0, egress.drain_timeout);
         assert_eq!(args.tunnel.drain_timeout.0, ingress.drain_timeout);
         assert_eq!(args.tunnel.budget.budget(), egress.budget);
+        assert_eq!(args.tunnel.budget.holdings(), HoldingsConfig::default());
         assert_eq!(
             args.tunnel.budget.dns_max_in_flight,
             atunnel_dns::RelayConfig::default().max_in_flight

@@ -14,6 +14,7 @@
 pub mod comparison;
 pub mod control;
 pub mod egress;
+pub mod holdings;
 pub mod host;
 pub mod ingress;
 mod log_limit;

@@ -273,6 +273,18 @@ fn process(out: &mut Out, s: &Stats) -> Fmt {
             None,
             o.shed_total,
         )?;
+        out.counter(
+            "overload_refused_over_share",
+            "Work refused under soft overload for an actor above its fair share",
+            None,
+            o.refused_over_share_total,
+        )?;
+        out.gauge(
+            "overload_refusing_everyone",
+            "Overload guard refusing every actor's new work (1), not only those above their fair share",
+            None,
+            i64::from(o.refusing_everyone),
+        )?;
     }
     out.counter(
         "admin_connections",
@@ -415,6 +427,26 @@ fn egress(out: &mut Out, s: &Stats) -> Fmt {
         "An actor's egress connections refused at its opening budget",
         "actor",
         a.iter().map(|x| (id(x), x.refused_opening_total)),
+    )?;
+    out.gauges(
+        "actor_held_descriptors",
+        "Descriptors an actor holds across egress tunnels and ingress requests",
+        "actor",
+        a.iter()
+            .map(|x| (id(x), i64::try_from(x.held_descriptors).unwrap_or(i64::MAX))),
+    )?;
+    out.gauges(
+        "actor_held_bytes",
+        "Bytes an actor holds, estimated from its tunnels and requests",
+        "actor",
+        a.iter()
+            .map(|x| (id(x), i64::try_from(x.held_bytes).unwrap_or(i64::MAX))),
+    )?;
+    out.counters(
+        "actor_refused_descriptors",
+        "An actor's new tunnels and requests refused at its descriptor budget",
+        "actor",
+        a.iter().map(|x| (id(x), x.refused_descriptors_total)),
     )?;
     out.counters(
         "egress_actor_refused_overload",

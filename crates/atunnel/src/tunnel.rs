@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use atunnel_connect::GatewayClientConfig;
 use atunnel_core::BufferPool;
-use atunnel_core::overload::{OverloadConfig, OverloadGuard, Shed, ShedAction};
+use atunnel_core::overload::{OverloadConfig, OverloadGuard};
 use atunnel_dns::{DnsRelay, RelayConfig};
 use atunnel_identity::cert_source::CertificateSource;
 use atunnel_identity::clock::Clock;
@@ -90,9 +90,12 @@ pub struct TunnelConfig {
     /// Bounds of the /stats listener.
     pub stats_limits: atunnel_process::AdminLimits,
     /// The overload guard: past its soft threshold new egress tunnels are
-    /// reset and ingress answers 503, past its hard one the actor with the
-    /// most tunnels is shed. `None` runs none.
+    /// reset and ingress answers 503 (first for the actors above their fair
+    /// share), past its hard one the actor holding the most is shed. `None`
+    /// runs none.
     pub overload: Option<OverloadConfig>,
+    /// Each actor's descriptor budget across egress and ingress.
+    pub holdings: crate::holdings::HoldingsConfig,
 }
 
 /// Where ingress listens, and how.
@@ -123,23 +126,8 @@ impl TunnelConfig {
             stats: None,
             stats_limits: Default::default(),
             overload: Some(OverloadConfig::default()),
+            holdings: Default::default(),
         }
-    }
-}
-
-/// The overload guard sheds through egress: the actor with the most tunnels
-/// loses them (weak: the guard's task must not keep egress alive).
-struct ShedEgress(std::sync::Weak<Egress>);
-
-impl Shed for ShedEgress {
-    fn shed_largest(&self) -> Option<ShedAction> {
-        let (who, tunnels) = self.0.upgrade()?.shed_largest()?;
-        Some(ShedAction {
-            who,
-            // Not measured per actor; the tunnels are what it held.
-            bytes: 0,
-            tunnels: tunnels as u64,
-        })
     }
 }
 
@@ -192,6 +180,7 @@ pub struct Tunnel {
     stats: Option<SocketAddr>,
     /// The control socket's counts, when a daemon serves one; in /stats.
     control: Arc<crate::control::listener::ControlStats>,
+    overload: Option<Arc<OverloadGuard>>,
 }
 
 impl Tunnel {
@@ -201,7 +190,25 @@ impl Tunnel {
             Some(o) => Some(OverloadGuard::new(o.clone()).map_err(TunnelError::Overload)?),
             None => None,
         };
-        let egress = Egress::with_overload(cfg.egress, cfg.pool.clone(), overload.clone());
+        let max_descriptors =
+            crate::holdings::start_budget(&cfg.holdings, cfg.overload.as_ref(), cfg.dns.as_ref());
+        if let Some(memory) = overload.as_ref().and_then(|g| g.figures().memory) {
+            crate::holdings::check_memory_fit(
+                cfg.holdings.actors_at_budget,
+                max_descriptors,
+                &cfg.egress.budget,
+                cfg.pool.buffer_size(),
+                cfg.overload.as_ref().map_or(0.0, |o| o.soft),
+                memory.limit,
+            );
+        }
+        let holdings = crate::holdings::Holdings::new(max_descriptors);
+        let egress = Egress::with_holdings(
+            cfg.egress,
+            cfg.pool.clone(),
+            overload.clone(),
+            holdings.clone(),
+        );
         if let Some(dns) = &cfg.dns {
             // Checked once here so a bad configuration fails start, not a sandbox.
             DnsRelay::new(dns.clone()).map_err(TunnelError::Dns)?;
@@ -225,10 +232,11 @@ impl Tunnel {
         let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ingress = match &cfg.ingress {
             Some(listen) => {
-                let ingress = Ingress::with_overload(
+                let ingress = Ingress::with_holdings(
                     listen.config.clone(),
                     cfg.pool.clone(),
                     overload.clone(),
+                    holdings.clone(),
                 )?;
                 let (https, connect) = ingress
                     .spawn(listen.https, listen.connect, ingress_stop.clone())
@@ -241,7 +249,11 @@ impl Tunnel {
         let tasks = TaskTracker::new();
         let dns_relays = DnsRelays::default();
         if let Some(guard) = &overload {
-            guard.set_shedder(Arc::new(ShedEgress(Arc::downgrade(&egress))));
+            guard.set_shedder(Arc::new(crate::holdings::ShedActors {
+                egress: Arc::downgrade(&egress),
+                holdings: Arc::downgrade(&holdings),
+                buffer_size: cfg.pool.buffer_size() as u64,
+            }));
             tasks.spawn(guard.clone().run(cancel.clone()));
         }
         let control = Arc::new(crate::control::listener::ControlStats::default());
@@ -276,11 +288,17 @@ impl Tunnel {
             tasks,
             stats,
             control,
+            overload,
         }))
     }
 
     pub fn egress(&self) -> &Arc<Egress> {
         &self.egress
+    }
+
+    /// The overload guard, if one runs.
+    pub fn overload(&self) -> Option<&Arc<OverloadGuard>> {
+        self.overload.as_ref()
     }
 
     /// Each open sandbox's DNS relay figures, by actor uid.
@@ -386,7 +404,13 @@ impl Tunnel {
             GatewayClientConfig::new(address, server_name, self.cfg.gateway_roots.clone());
         client.socket = self.cfg.egress.socket;
         client.stream_window = self.cfg.egress.stream_window;
-        client.connection_window = self.cfg.egress.connection_window;
+        // What all the actor's gateway connections may leave unread is its
+        // budget's, shared by the most connections it can open.
+        client.connection_window = self
+            .cfg
+            .egress
+            .budget
+            .gateway_connection_window(self.cfg.egress.connection_window);
         client.max_frame_size = self.cfg.egress.max_frame_size;
         client.idle_timeout = self.cfg.egress.pool_idle_timeout;
         client.ping_interval = self.cfg.egress.pool_ping_interval;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use atunnel::egress::{ActorBudget, ActorEgressStats, Egress, EgressConfig};
 use atunnel_core::BufferPool;
-use atunnel_core::overload::{OverloadConfig, Shed, ShedAction};
+use atunnel_core::overload::{Held, OverloadConfig, Shed, ShedAction};
 use atunnel_identity::clock::Clock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -260,11 +260,25 @@ async fn an_actor_opening_past_its_budget_is_reset_and_another_opens_as_usual() 
 struct ShedVia(Arc<Egress>, tokio::sync::mpsc::UnboundedSender<String>);
 
 impl Shed for ShedVia {
-    fn shed_largest(&self) -> Option<ShedAction> {
-        let (who, tunnels) = self.0.shed_largest()?;
-        let _ = self.1.send(who.clone());
+    fn holdings(&self) -> Vec<(String, Held)> {
+        self.0
+            .actor_stats()
+            .into_iter()
+            .map(|a| {
+                let held = Held {
+                    descriptors: a.held_descriptors,
+                    bytes: a.held_bytes,
+                };
+                (a.actor, held)
+            })
+            .collect()
+    }
+
+    fn shed(&self, who: &str) -> Option<ShedAction> {
+        let tunnels = self.0.shed(who)?;
+        let _ = self.1.send(who.to_string());
         Some(ShedAction {
-            who,
+            who: who.to_string(),
             bytes: 0,
             tunnels: tunnels as u64,
         })

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use atunnel_core::endpoint::Endpoint;
 use atunnel_core::relay::relay_within;
 use tokio::net::TcpStream;
-use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::https::{ASSIGNMENT_STALE, target_activation};
 use super::routes::{ActorRoute, Routes};
@@ -22,7 +21,7 @@ pub struct IngressConnect {
 pub struct ActorTunnel {
     actor: TcpStream,
     activation: Arc<ActorRoute>,
-    _token: TaskTrackerToken,
+    _token: super::routes::InFlight,
 }
 
 const STALE: &[(&str, &str)] = &[(ASSIGNMENT_STALE, "true")];
@@ -47,9 +46,6 @@ impl ConnectHandler for IngressConnect {
         if req.method != "CONNECT" {
             return Answer::refuse(405, "Method Not Allowed", "method not allowed\n");
         }
-        if let Some(refused) = self.routes.overloaded() {
-            return Answer::unavailable("overloaded\n", refused.retry_after);
-        }
         let Some(activation) = target_activation(&self.routes, req.headers) else {
             return Answer::Refuse {
                 status: 421,
@@ -59,9 +55,12 @@ impl ConnectHandler for IngressConnect {
                 retry_after: None,
             };
         };
-        if !activation.admits_more() {
-            return Answer::unavailable("actor busy\n", super::https::ACTOR_BUSY_RETRY);
+        if let Some(refused) = self.routes.overloaded(&activation) {
+            return Answer::unavailable("overloaded\n", refused.retry_after);
         }
+        let Some(token) = activation.admit() else {
+            return Answer::unavailable("actor busy\n", super::https::ACTOR_BUSY_RETRY);
+        };
         let Some(port) = authority_port(req.authority) else {
             return Answer::refuse(
                 400,
@@ -69,7 +68,6 @@ impl ConnectHandler for IngressConnect {
                 format!("CONNECT authority {:?} has no valid port\n", req.authority),
             );
         };
-        let token = activation.tasks.token();
         match activation.dial(port).await {
             Ok(actor) => Answer::Open(ActorTunnel {
                 actor,

@@ -22,7 +22,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
-use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::routes::{ActorRoute, Routes};
 
@@ -192,20 +191,19 @@ async fn forward(
     req: Request<Incoming>,
     grpc: bool,
 ) -> Response<ProxyBody> {
-    if let Some(refused) = routes.overloaded() {
-        return unavailable(refused.retry_after);
-    }
     let Some(activation) = target_activation(&routes, req.headers()) else {
         return misdirected();
     };
-    if !activation.admits_more() {
-        return unavailable(ACTOR_BUSY_RETRY);
+    if let Some(refused) = routes.overloaded(&activation) {
+        return unavailable(refused.retry_after);
     }
+    let Some(token) = activation.admit() else {
+        return unavailable(ACTOR_BUSY_RETRY);
+    };
     let port = target_port(req.headers());
     if !activation.admits_port(port) {
         return unavailable(ACTOR_BUSY_RETRY);
     }
-    let token = activation.tasks.token();
     let (mut parts, body) = req.into_parts();
 
     let host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -563,7 +561,7 @@ struct Activated {
     inner: Incoming,
     watch: Pin<Box<Watch>>,
     activation: Arc<ActorRoute>,
-    _token: TaskTrackerToken,
+    _token: super::routes::InFlight,
 }
 
 impl Body for Activated {

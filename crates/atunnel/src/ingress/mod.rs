@@ -161,6 +161,18 @@ impl Ingress {
         pool: BufferPool,
         overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
     ) -> Result<Arc<Self>, IngressError> {
+        Self::with_holdings(cfg, pool, overload, crate::holdings::Holdings::unbounded())
+    }
+
+    /// As [`Ingress::with_overload`], counting each actor's requests and
+    /// CONNECTs in `holdings` (shared with egress) against its descriptor
+    /// budget.
+    pub fn with_holdings(
+        cfg: IngressConfig,
+        pool: BufferPool,
+        overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+        holdings: Arc<crate::holdings::Holdings>,
+    ) -> Result<Arc<Self>, IngressError> {
         let tls = atunnel_tls::ReloadableConfig::new(Self::server_config(&cfg)?);
         let routes = Arc::new(Routes::new(
             cfg.pools,
@@ -172,6 +184,7 @@ impl Ingress {
                 interval: cfg.router_ping_interval,
                 timeout: cfg.router_ping_timeout,
             },
+            holdings,
         ));
         let hibernation = Hibernation::new(cfg.hibernate_after);
         let connect = ConnectServer::new(

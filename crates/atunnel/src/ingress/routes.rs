@@ -24,6 +24,9 @@ use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+
+use crate::holdings::{ActorHold, Holdings, REQUEST_HELD_BYTES};
 
 use super::actor_io::{ActorIo, ActorStream};
 use atunnel_connect::flood::{FloodCount, FloodGuard, Role};
@@ -178,6 +181,10 @@ pub struct ActorRoute {
     shared: Arc<Shared>,
     /// In-flight requests and tunnels; deactivation waits for them.
     pub(crate) tasks: TaskTracker,
+    /// What the actor holds across ingress and egress: each request or
+    /// CONNECT in flight takes a descriptor of its budget (its upstream
+    /// connection or dialled socket).
+    hold: Arc<ActorHold>,
     /// HTTP/1.1 to the actor (everything but gRPC), by the URI's port;
     /// made on first use, and boxed: a client and its pool cost about
     /// 650 B, which an actor that is never sent a request need not hold.
@@ -294,8 +301,27 @@ impl Default for PoolSettings {
     }
 }
 
+/// A request or CONNECT admitted to an actor: a place in its in-flight
+/// budget (deactivation waits for it) and in its descriptor budget, both
+/// given back when dropped.
+pub(crate) struct InFlight {
+    _token: TaskTrackerToken,
+    hold: Arc<ActorHold>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.hold.give(1, REQUEST_HELD_BYTES);
+    }
+}
+
 impl ActorRoute {
-    fn new(uid: &str, dialer: Box<dyn ActorDialer>, upstream: Arc<Upstream>) -> Self {
+    fn new(
+        uid: &str,
+        dialer: Box<dyn ActorDialer>,
+        upstream: Arc<Upstream>,
+        hold: Arc<ActorHold>,
+    ) -> Self {
         let shared = Arc::new(Shared {
             dialer,
             cancel: CancellationToken::new(),
@@ -313,6 +339,7 @@ impl ActorRoute {
         Self {
             uid: uid.to_string(),
             tasks: TaskTracker::new(),
+            hold,
             http1: OnceLock::new(),
             h2c: Mutex::default(),
             ports: (0..shared.upstream.pools.max_ports.max(1))
@@ -327,16 +354,23 @@ impl ActorRoute {
         &self.uid
     }
 
-    /// False (counted) when the actor already has `max_in_flight` requests
-    /// and tunnels: the caller answers 503.
-    pub(crate) fn admits_more(&self) -> bool {
-        if self.tasks.len() < self.pools().max_in_flight {
-            return true;
+    /// A place for one more request or tunnel; none (counted) when the
+    /// actor already has `max_in_flight` of them or its descriptor budget
+    /// is spent: the caller answers 503.
+    pub(crate) fn admit(&self) -> Option<InFlight> {
+        if self.tasks.len() >= self.pools().max_in_flight {
+            self.shared
+                .refused_in_flight
+                .fetch_add(1, Ordering::Relaxed);
+            return None;
         }
-        self.shared
-            .refused_in_flight
-            .fetch_add(1, Ordering::Relaxed);
-        false
+        if !self.hold.try_take(1, REQUEST_HELD_BYTES) {
+            return None;
+        }
+        Some(InFlight {
+            _token: self.tasks.token(),
+            hold: self.hold.clone(),
+        })
     }
 
     /// How long the actor has to send a response head.
@@ -431,6 +465,8 @@ impl ActorRoute {
             connect_half_closed_ends_total: s.connect_half_closed_ends.load(Ordering::Relaxed),
             connect_buffers_in_use: share.in_use,
             connect_buffers_waited_total: share.waited_total,
+            held_descriptors: self.hold.held().descriptors,
+            refused_descriptors_total: self.hold.refused_total(),
         }
     }
 
@@ -577,10 +613,15 @@ pub struct ActorIngressStats {
     /// `--actor-max-buffers`), and borrows that waited at that cap.
     pub connect_buffers_in_use: usize,
     pub connect_buffers_waited_total: u64,
+    /// Descriptors the actor holds across ingress and egress (its
+    /// descriptor budget's count; egress_actors[] has the same).
+    pub held_descriptors: u64,
+    /// Requests, CONNECTs and egress tunnels refused for its descriptor
+    /// budget.
+    pub refused_descriptors_total: u64,
 }
 
 /// The registry of active actors, keyed by `<atespace>/<name>`.
-#[derive(Default)]
 pub(crate) struct Routes {
     active: Mutex<HashMap<(String, String), Arc<ActorRoute>>>,
     upstream: Arc<Upstream>,
@@ -594,6 +635,8 @@ pub(crate) struct Routes {
     router_ping: RouterPing,
     /// The router's HTTPS connections ended for a control-frame flood.
     router_h2_floods: Arc<FloodCount>,
+    /// Every actor's holdings, shared with egress.
+    holdings: Arc<Holdings>,
 }
 
 /// HTTP/2 PING keepalive on the router's connections (zero interval: off).
@@ -611,8 +654,10 @@ impl Routes {
         pool: BufferPool,
         overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
         router_ping: RouterPing,
+        holdings: Arc<Holdings>,
     ) -> Self {
         Self {
+            active: Mutex::default(),
             upstream: Arc::new(Upstream {
                 pools,
                 socket,
@@ -620,9 +665,12 @@ impl Routes {
                 relay,
                 pool,
             }),
+            retired_connections: AtomicU64::new(0),
+            router_h2_floods: Arc::default(),
             overload,
+            refused_overload: AtomicU64::new(0),
             router_ping,
-            ..Self::default()
+            holdings,
         }
     }
 
@@ -636,9 +684,15 @@ impl Routes {
         &self.router_h2_floods
     }
 
-    /// Why new work must be refused now (the process is overloaded); counted.
-    pub(crate) fn overloaded(&self) -> Option<atunnel_core::overload::Overloaded> {
-        let refused = self.overload.as_ref()?.admit().err()?;
+    /// Why new work for `actor` must be refused now (the process is
+    /// overloaded, and the actor above its fair share or everyone refused);
+    /// counted.
+    pub(crate) fn overloaded(
+        &self,
+        actor: &ActorRoute,
+    ) -> Option<atunnel_core::overload::Overloaded> {
+        let guard = self.overload.as_ref()?;
+        let refused = guard.admit_held(|| actor.hold.weighed()).err()?;
         self.refused_overload.fetch_add(1, Ordering::Relaxed);
         Some(refused)
     }
@@ -654,7 +708,12 @@ impl Routes {
         dialer: Box<dyn ActorDialer>,
     ) -> Result<(), RouteError> {
         let key = (atespace.to_string(), name.to_string());
-        let activation = Arc::new(ActorRoute::new(uid, dialer, self.upstream.clone()));
+        let activation = Arc::new(ActorRoute::new(
+            uid,
+            dialer,
+            self.upstream.clone(),
+            self.holdings.actor(uid),
+        ));
         let old = {
             let mut active = self.active.lock().expect("routes lock poisoned");
             if let Some(existing) = active.get(&key)
