@@ -16,6 +16,7 @@ pub mod control;
 pub mod egress;
 pub mod host;
 pub mod ingress;
+pub mod leftovers;
 mod log_limit;
 mod metrics;
 pub mod stats;

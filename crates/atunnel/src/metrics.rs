@@ -142,6 +142,7 @@ impl Collector for StatsCollector {
         egress(&mut out, &s)?;
         ingress(&mut out, &s)?;
         dns(&mut out, &s)?;
+        leftovers(&mut out, &s)?;
         Ok(())
     }
 }
@@ -485,5 +486,29 @@ fn dns(out: &mut Out, s: &Stats) -> Fmt {
         "DNS queries and TCP connections an actor's relay dropped",
         "actor",
         d.iter().map(|x| (id(x), x.relay.dropped)),
+    )
+}
+
+fn leftovers(out: &mut Out, s: &Stats) -> Fmt {
+    let Some(l) = &s.leftovers else {
+        return Ok(());
+    };
+    out.counter(
+        "sandboxes_adopted",
+        "Sandboxes ServeSandbox adopted from an earlier process",
+        None,
+        l.adopted_total,
+    )?;
+    out.counter(
+        "leftover_namespaces_removed",
+        "Namespaces an earlier process left, removed unclaimed",
+        None,
+        l.removed_total,
+    )?;
+    out.gauge(
+        "leftover_namespaces_pending",
+        "Namespaces an earlier process left, not yet claimed or removed",
+        None,
+        l.pending as i64,
     )
 }

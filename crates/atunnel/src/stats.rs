@@ -35,6 +35,8 @@ pub struct Stats {
     pub pre_auth: Option<IngressPreAuth>,
     /// /stats's own listener: connections accepted.
     pub admin: ListenerFigures,
+    /// Sandboxes an earlier process left: adopted, removed, pending.
+    pub leftovers: Option<crate::leftovers::LeftoverStats>,
 }
 
 #[derive(Debug, Serialize)]
@@ -50,6 +52,7 @@ pub(crate) struct StatsSource {
     pub egress: Option<Arc<Egress>>,
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
     pub dns_relays: crate::tunnel::DnsRelays,
+    pub leftovers: Option<Arc<crate::leftovers::Leftovers>>,
     pub admin: Arc<ListenerStats>,
     /// Set once the tunnel drains or shuts down.
     pub draining: Arc<std::sync::atomic::AtomicBool>,
@@ -78,6 +81,7 @@ impl StatsSource {
                 IngressPreAuth { https, connect }
             }),
             admin: self.admin.figures(),
+            leftovers: self.leftovers.as_ref().map(|l| l.stats()),
         }
     }
 }
