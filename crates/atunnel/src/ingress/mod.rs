@@ -42,6 +42,11 @@ pub const ROUTER_SPIFFE_ID: &str = "spiffe://cluster.local/ns/ate-system/sa/aten
 /// How often the trust bundle's file is checked for a change: a stat every
 /// 10 s costs nothing, and a rotated CA is trusted within that.
 pub const TRUST_BUNDLE_POLL: Duration = Duration::from_secs(10);
+/// How long shutdown lets router connections close gracefully (GOAWAY,
+/// the answers to requests it cancelled) once every activation is retired,
+/// before it drops them: enough for a few round trips; the drain before
+/// shutdown was the time for work to finish.
+pub const SHUTDOWN_CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug)]
 pub struct IngressConfig {
@@ -140,6 +145,10 @@ pub struct Ingress {
     hibernation: Arc<Hibernation>,
     /// The listeners' tasks and the allocator trim, for shutdown to wait on.
     tasks: TaskTracker,
+    /// Drops every HTTPS router connection at once: shutdown's last step,
+    /// for connections a graceful close would not end (hyper reading the
+    /// rest of a request body the router is still sending).
+    force_close: CancellationToken,
 }
 
 impl Ingress {
@@ -193,6 +202,7 @@ impl Ingress {
             https_listeners: ListenerStats::default(),
             https_pre_auth,
             tasks: TaskTracker::new(),
+            force_close: CancellationToken::new(),
         }))
     }
 
@@ -280,10 +290,11 @@ impl Ingress {
                 let routes = self.routes.clone();
                 let socket = self.cfg.socket;
                 let cancel = cancel.clone();
+                let force_close = self.force_close.clone();
                 let hibernation = self.hibernation.clone();
                 let header_read_timeout = self.cfg.header_read_timeout;
                 let handshake_timeout = self.cfg.tls_handshake_timeout;
-                Some(async move {
+                let connection = async move {
                     if socket.apply(&tcp).is_err() {
                         return;
                     }
@@ -303,6 +314,13 @@ impl Ingress {
                             cancel,
                         )
                         .await;
+                    }
+                };
+                Some(async move {
+                    tokio::select! {
+                        biased;
+                        _ = force_close.cancelled() => {}
+                        _ = connection => {}
                     }
                 })
             })
@@ -333,10 +351,18 @@ impl Ingress {
     /// Retires every activation (their requests and tunnels are cancelled,
     /// waited for up to the drain timeout), then waits for the listeners
     /// [`Ingress::spawn`] started, whose cancel token the caller has
-    /// cancelled, and every connection they accepted.
+    /// cancelled, and every connection they accepted: for
+    /// [`SHUTDOWN_CLOSE_GRACE`] to close gracefully, then dropped.
     pub async fn shutdown(&self) {
         self.routes.deactivate_all(self.cfg.drain_timeout).await;
-        self.wait_listeners().await;
+        if tokio::time::timeout(SHUTDOWN_CLOSE_GRACE, self.wait_listeners())
+            .await
+            .is_err()
+        {
+            tracing::info!(after = ?SHUTDOWN_CLOSE_GRACE, "router connections still closing at shutdown; dropping them");
+            self.force_close.cancel();
+            self.wait_listeners().await;
+        }
     }
 
     /// Waits for the listeners (stopped by their cancel token) and their
