@@ -494,19 +494,19 @@ fn leftovers(out: &mut Out, s: &Stats) -> Fmt {
         return Ok(());
     };
     out.counter(
-        "sandboxes_adopted",
+        "leftovers_adopted",
         "Sandboxes ServeSandbox adopted from an earlier process",
         None,
         l.adopted_total,
     )?;
     out.counter(
-        "leftover_namespaces_removed",
+        "leftovers_removed",
         "Namespaces an earlier process left, removed unclaimed",
         None,
         l.removed_total,
     )?;
     out.gauge(
-        "leftover_namespaces_pending",
+        "leftovers_pending",
         "Namespaces an earlier process left, not yet claimed or removed",
         None,
         l.pending as i64,

@@ -379,6 +379,20 @@ async fn a_killed_daemon_is_replaced_by_one_that_serves_the_same_actors() {
     let leftovers = second.leftovers().await;
     assert_eq!(leftovers["adopted_total"], 2, "{leftovers}");
     assert_eq!(leftovers["pending"], 2, "gamma's two wait: {leftovers}");
+    let (status, metrics) = atunnel_support::stats_client::get(second.ready.stats, "/metrics")
+        .await
+        .expect("/metrics");
+    assert_eq!(status, 200);
+    for line in [
+        "atunnel_leftovers_adopted_total 2",
+        "atunnel_leftovers_pending 2",
+        "atunnel_leftovers_removed_total 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in {metrics}"
+        );
+    }
     // Bytes both ways through each adopted sandbox's egress...
     while gw.seen.try_recv().is_ok() {}
     for (i, runtime) in runtimes[..2].iter().enumerate() {
