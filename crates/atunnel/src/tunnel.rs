@@ -591,12 +591,19 @@ impl Tunnel {
     /// Deactivates the actor, stops its listener and relay, and removes its
     /// sandbox network. Idempotent.
     pub async fn close_sandbox(&self, actor: &ActorRef) -> Result<(), TunnelError> {
+        self.close_within(actor, self.cfg.egress.drain_timeout)
+            .await
+    }
+
+    /// [`Tunnel::close_sandbox`], waiting at most `within` for the actor's
+    /// egress tunnels and again for its gateway connections.
+    async fn close_within(&self, actor: &ActorRef, within: Duration) -> Result<(), TunnelError> {
         if let Some((ingress, _, _)) = &self.ingress {
             ingress
                 .deactivate(&actor.atespace, &actor.name, &actor.uid)
                 .await;
         }
-        let deactivated = self.egress.unbind(&actor.uid).await;
+        let deactivated = self.egress.unbind(&actor.uid, within).await;
         let sandbox = self
             .sandboxes
             .lock()
@@ -662,7 +669,9 @@ impl Tunnel {
     /// Stops everything it started and waits for it: the ingress
     /// listeners stop accepting and every activation is retired (requests
     /// and tunnels cancelled), every sandbox is closed, egress stops, and
-    /// the listeners' connections and /stats are waited for.
+    /// the listeners' connections and /stats are waited for. Each wait for
+    /// something cancelled is bounded by [`crate::SHUTDOWN_CLOSE_GRACE`],
+    /// not the drain timeout: the drain came first.
     pub async fn shutdown(&self) {
         self.draining
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -677,11 +686,12 @@ impl Tunnel {
             .values()
             .map(|s| s.actor.clone())
             .collect();
-        // Concurrently: each close waits for its actor's tunnels (bounded by
-        // the drain timeout), and one after another those waits would add up.
+        // Concurrently: each close may wait for its actor's tunnels and
+        // gateway connections (bounded), and one after another those waits
+        // would add up. Ingress has retired every route already.
         futures_util::stream::iter(actors)
             .for_each_concurrent(SHUTDOWN_CLOSE_CONCURRENCY, |actor| async move {
-                if let Err(e) = self.close_sandbox(&actor).await {
+                if let Err(e) = self.close_within(&actor, crate::SHUTDOWN_CLOSE_GRACE).await {
                     tracing::warn!(%actor, error = %e, "closing sandbox at shutdown");
                 }
             })

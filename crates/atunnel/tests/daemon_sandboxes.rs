@@ -146,12 +146,12 @@ impl Serve {
 
     /// PrepareEgress, ServeSandbox and Activate, as the worker brings an
     /// actor up; returns its runtime namespace.
-    async fn bring_up(&mut self, actor: &proto::Actor, gw: &RunningGateway) -> String {
+    async fn bring_up(&mut self, actor: &proto::Actor, gw: SocketAddr) -> String {
         self.client
             .prepare_egress(proto::PrepareEgressRequest {
                 actor: Some(actor.clone()),
                 gateway: Some(proto::Gateway {
-                    address: gw.addr.to_string(),
+                    address: gw.to_string(),
                     server_name: GATEWAY_NAME.into(),
                 }),
             })
@@ -315,7 +315,7 @@ async fn a_killed_daemon_is_replaced_by_one_that_serves_the_same_actors() {
     let (alpha, beta, gamma) = (who("alpha"), who("beta"), who("gamma"));
     let mut runtimes = Vec::new();
     for actor in [&alpha, &beta, &gamma] {
-        runtimes.push(first.bring_up(actor, &gw).await);
+        runtimes.push(first.bring_up(actor, gw.addr).await);
     }
     // Alpha's program runs in its sandbox and has a live ingress tunnel;
     // alpha and beta each have a live egress tunnel.
@@ -367,7 +367,7 @@ async fn a_killed_daemon_is_replaced_by_one_that_serves_the_same_actors() {
 
     // The worker serves alpha and beta again: the same namespaces, adopted.
     for (i, actor) in [&alpha, &beta].into_iter().enumerate() {
-        let runtime = second.bring_up(actor, &gw).await;
+        let runtime = second.bring_up(actor, gw.addr).await;
         assert_eq!(runtime, runtimes[i]);
         assert_eq!(
             ns_inode(&runtime),
@@ -495,6 +495,34 @@ fn manifest_grace_and_drain() -> (Duration, String) {
     )
 }
 
+/// A TCP proxy to `to` that, once `freeze` is cancelled, stops reading
+/// either side and holds its connections open: a gateway that hangs.
+async fn freezable_proxy(
+    to: SocketAddr,
+    freeze: tokio_util::sync::CancellationToken,
+) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut a, _)) = listener.accept().await {
+            let freeze = freeze.clone();
+            tokio::spawn(async move {
+                let Ok(mut b) = TcpStream::connect(to).await else {
+                    return;
+                };
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut a, &mut b) => {}
+                    _ = freeze.cancelled() => {
+                        // Held, never read again, closed only when the test ends.
+                        std::future::pending::<()>().await;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// Writes to `s` until a write fails (it blocks once the far end stops
 /// reading and every buffer on the way is full).
 fn write_until_stuck(
@@ -510,6 +538,7 @@ fn write_until_stuck(
 async fn sigterm_with_stuck_requests_and_tunnels_ends_within_the_manifests_grace_period() {
     require_root("daemon shutdown test");
     const ACTORS: usize = 4;
+    const HUNG: usize = 5;
     let (grace, drain) = manifest_grace_and_drain();
     let setup = Setup::new("term");
     let gw = gateway(&setup.pki, echo_sink(), |_| {}).await;
@@ -519,7 +548,7 @@ async fn sigterm_with_stuck_requests_and_tunnels_ends_within_the_manifests_grace
     let mut writers = Vec::new();
     for i in 0..ACTORS {
         let name = format!("a{i}");
-        let runtime = serve.bring_up(&who(&name), &gw).await;
+        let runtime = serve.bring_up(&who(&name), gw.addr).await;
         let program = program_in(&exec, &runtime).await;
         // An ingress CONNECT tunnel whose actor never reads...
         let (router, accepted) = tokio::join!(
@@ -554,8 +583,26 @@ async fn sigterm_with_stuck_requests_and_tunnels_ends_within_the_manifests_grace
         let up = dial_from(&exec, &runtime, STALLED).await;
         writers.push(write_until_stuck(up));
     }
+    // More actors whose gateway hangs with their tunnels open: each one's
+    // close waits for its gateway connection (bounded), and enough of them
+    // closed one after another would outlast the grace period.
+    let freeze = tokio_util::sync::CancellationToken::new();
+    let hung_gateway = freezable_proxy(gw.addr, freeze.clone()).await;
+    let mut hung = Vec::new();
+    for i in 0..HUNG {
+        let runtime = serve
+            .bring_up(&who(&format!("hung{i}")), hung_gateway)
+            .await;
+        hung.push(egress_echo(&exec, &runtime, &random(1024, 5)).await);
+    }
+    freeze.cancel();
+    writers.extend(hung.into_iter().map(write_until_stuck));
     let stats = fetch(serve.ready.stats, false).await.expect("/stats");
-    assert_eq!(stats["egress"]["tunnels_open"], ACTORS as u64, "{stats}");
+    assert_eq!(
+        stats["egress"]["tunnels_open"],
+        (ACTORS + HUNG) as u64,
+        "{stats}"
+    );
 
     let started = Instant::now();
     serve.signal(nix::sys::signal::Signal::SIGTERM);

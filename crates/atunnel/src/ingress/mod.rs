@@ -15,6 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::SHUTDOWN_CLOSE_GRACE;
+
 use atunnel_core::sockopt::SocketOptions;
 use atunnel_core::{BufferPool, Listener, ListenerStats};
 use tokio::net::TcpListener;
@@ -42,11 +44,6 @@ pub const ROUTER_SPIFFE_ID: &str = "spiffe://cluster.local/ns/ate-system/sa/aten
 /// How often the trust bundle's file is checked for a change: a stat every
 /// 10 s costs nothing, and a rotated CA is trusted within that.
 pub const TRUST_BUNDLE_POLL: Duration = Duration::from_secs(10);
-/// How long shutdown lets router connections close gracefully (GOAWAY,
-/// the answers to requests it cancelled) once every activation is retired,
-/// before it drops them: enough for a few round trips; the drain before
-/// shutdown was the time for work to finish.
-pub const SHUTDOWN_CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug)]
 pub struct IngressConfig {
@@ -349,12 +346,12 @@ impl Ingress {
     }
 
     /// Retires every activation (their requests and tunnels are cancelled,
-    /// waited for up to the drain timeout), then waits for the listeners
+    /// waited for up to [`SHUTDOWN_CLOSE_GRACE`]), then waits for the listeners
     /// [`Ingress::spawn`] started, whose cancel token the caller has
     /// cancelled, and every connection they accepted: for
     /// [`SHUTDOWN_CLOSE_GRACE`] to close gracefully, then dropped.
     pub async fn shutdown(&self) {
-        self.routes.deactivate_all(self.cfg.drain_timeout).await;
+        self.routes.deactivate_all(SHUTDOWN_CLOSE_GRACE).await;
         if tokio::time::timeout(SHUTDOWN_CLOSE_GRACE, self.wait_listeners())
             .await
             .is_err()
