@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
 
 use futures_util::TryStreamExt;
-use netlink_packet_route::link::{InfoData, InfoVeth};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo};
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 use crate::netns::{NetNs, NetnsError, NsExecutor};
@@ -57,6 +57,71 @@ impl Netlink {
             op,
             message: e.to_string(),
         }
+    }
+
+    /// Link `name`'s message, if it exists.
+    async fn get(
+        &self,
+        name: &str,
+    ) -> Result<Option<netlink_packet_route::link::LinkMessage>, LinkError> {
+        let found = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute()
+            .try_next()
+            .await;
+        match found {
+            Ok(link) => Ok(link),
+            // The kernel answers a lookup by a missing name with ENODEV.
+            Err(rtnetlink::Error::NetlinkError(e))
+                if e.code.map(|c| c.get()) == Some(-(nix::errno::Errno::ENODEV as i32)) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(self.err(&format!("find link {name}"))(e)),
+        }
+    }
+
+    /// Veth `name`'s index and its peer's (the peer's index is in the
+    /// peer's namespace); `None` if there is no such link, it is not a
+    /// veth, or its peer is in this namespace.
+    pub async fn veth(&self, name: &str) -> Result<Option<(u32, u32)>, LinkError> {
+        let Some(link) = self.get(name).await? else {
+            return Ok(None);
+        };
+        let mut is_veth = false;
+        let mut peer = None;
+        let mut peer_elsewhere = false;
+        for attr in &link.attributes {
+            match attr {
+                LinkAttribute::LinkInfo(info) => {
+                    is_veth = info
+                        .iter()
+                        .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth)));
+                }
+                LinkAttribute::Link(index) => peer = Some(*index),
+                LinkAttribute::LinkNetNsId(_) => peer_elsewhere = true,
+                _ => {}
+            }
+        }
+        Ok(peer
+            .filter(|_| is_veth && peer_elsewhere)
+            .map(|peer| (link.header.index, peer)))
+    }
+
+    /// Deletes link `name` (a veth takes its peer with it). Missing is fine.
+    pub async fn delete(&self, name: &str) -> Result<(), LinkError> {
+        let Some(link) = self.get(name).await? else {
+            return Ok(());
+        };
+        self.handle
+            .link()
+            .del(link.header.index)
+            .execute()
+            .await
+            .map_err(self.err(&format!("delete link {name}")))
     }
 
     pub async fn index(&self, name: &str) -> Result<u32, LinkError> {
@@ -120,6 +185,9 @@ impl Netlink {
         self.handle
             .address()
             .add(index, IpAddr::V4(addr), prefix)
+            // Replace: setting up a sandbox an earlier process left is the
+            // same call, and finds the address there.
+            .replace()
             .execute()
             .await
             .map_err(self.err(&format!("add {addr}/{prefix} to {name}")))
@@ -130,6 +198,7 @@ impl Netlink {
         self.handle
             .route()
             .add(route)
+            .replace()
             .execute()
             .await
             .map_err(self.err(&format!("default route via {via}")))

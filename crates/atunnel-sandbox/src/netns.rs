@@ -82,6 +82,27 @@ impl NetNs {
         })
     }
 
+    /// Opens a named namespace left by an earlier process, if there is
+    /// one: `None` when the name is missing or its file is not a namespace
+    /// (a process that died between making the mount point and mounting
+    /// it leaves an empty file, which `setns` would refuse).
+    pub fn open_existing(name: &str) -> Result<Option<Self>, NetnsError> {
+        check_name(name)?;
+        let file = match File::open(Path::new(NETNS_DIR).join(name)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(name, "open")(e)),
+        };
+        let fs = nix::sys::statfs::fstatfs(&file).map_err(sys(name, "statfs"))?;
+        if fs.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            name: name.to_string(),
+            fd: Arc::new(file.into()),
+        }))
+    }
+
     /// Opens an existing named namespace.
     pub fn open(name: &str) -> Result<Self, NetnsError> {
         check_name(name)?;
@@ -168,6 +189,21 @@ impl NsExecutor {
         self.submit(move || create_named(&name)).await?
     }
 
+    /// Opens the named namespace `name` if an earlier process left it
+    /// (`true`), else creates it (`false`), replacing a mount point that is
+    /// not a namespace.
+    pub async fn open_or_create(&self, name: &str) -> Result<(NetNs, bool), NetnsError> {
+        let name = name.to_string();
+        self.submit(move || match NetNs::open_existing(&name)? {
+            Some(ns) => Ok((ns, true)),
+            None => {
+                delete_named(&name)?;
+                Ok((create_named(&name)?, false))
+            }
+        })
+        .await?
+    }
+
     /// Removes the named namespace `name` (the kernel frees it, and the
     /// interfaces in it, once nothing else holds it open). Missing is fine.
     pub async fn delete(&self, name: &str) -> Result<(), NetnsError> {
@@ -242,6 +278,27 @@ fn delete_named(name: &str) -> Result<(), NetnsError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io(name, "remove mount point")(e)),
     }
+}
+
+/// The names in /run/netns that start with `prefix`, sorted (none if the
+/// folder is missing).
+pub fn list_prefixed(prefix: &str) -> std::io::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(NETNS_DIR) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        // A name that is not UTF-8 is not one atunnel made.
+        if let Ok(name) = entry?.file_name().into_string()
+            && name.starts_with(prefix)
+        {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 /// Whether a named namespace exists.

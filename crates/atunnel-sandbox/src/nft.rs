@@ -35,6 +35,11 @@ use wire::Message;
 /// transaction. Tables and chains that already exist are kept (and their
 /// policy updated); rules are appended.
 pub fn apply(ruleset: &Ruleset) -> io::Result<()> {
+    NfSocket::open()?.transact(&ops_of(ruleset)?)
+}
+
+/// The messages adding every object of `ruleset`, each with what it adds.
+fn ops_of(ruleset: &Ruleset) -> io::Result<Vec<(String, Message)>> {
     let mut ops = Vec::new();
     for t in &ruleset.tables {
         ops.push((
@@ -57,6 +62,27 @@ pub fn apply(ruleset: &Ruleset) -> io::Result<()> {
             Message::new_rule(r)?,
         ));
     }
+    Ok(ops)
+}
+
+/// Replaces `ruleset`'s tables with it in one transaction: each table is
+/// added (a no-op if it exists), deleted with whatever it holds, and added
+/// again with its chains and rules, so the namespace never shows a mix of
+/// an old table and the new one, and a table an earlier process left is
+/// neither an error nor kept.
+pub fn replace(ruleset: &Ruleset) -> io::Result<()> {
+    let mut ops = Vec::new();
+    for t in &ruleset.tables {
+        ops.push((
+            format!("add table {} {}", t.family, t.name),
+            Message::new_table(t)?,
+        ));
+        ops.push((
+            format!("delete table {} {}", t.family, t.name),
+            Message::del_table(t.family, &t.name)?,
+        ));
+    }
+    ops.extend(ops_of(ruleset)?);
     NfSocket::open()?.transact(&ops)
 }
 

@@ -75,22 +75,66 @@ impl SandboxNetwork {
             gateway,
             egress_port,
         };
-        if let Err(e) = sandbox.configure(exec).await {
+        if let Err(e) = sandbox.configure(exec, true).await {
             let _ = sandbox.clone().destroy(exec).await;
             return Err(e);
         }
         Ok(sandbox)
     }
 
-    async fn configure(&self, exec: &NsExecutor) -> Result<(), SandboxError> {
+    /// Builds the sandbox named `name`, adopting what an earlier process
+    /// left under that name: the runtime namespace is kept (the actor's
+    /// program may still run in it, and a new namespace of the same name
+    /// would strand it), and everything is set up again idempotently: the
+    /// veth pair is kept if it joins the two namespaces and rebuilt if not,
+    /// addresses and the default route are replaced, links set up, and the
+    /// nftables table replaced in one transaction. Returns whether either
+    /// namespace was adopted. On failure nothing is left, adopted or not.
+    pub async fn adopt_or_create(
+        exec: &NsExecutor,
+        name: &str,
+        egress_port: u16,
+    ) -> Result<(Self, bool), SandboxError> {
+        let (runtime, runtime_adopted) = exec.open_or_create(name).await?;
+        let (gateway, gateway_adopted) = match exec.open_or_create(&gateway_ns_name(name)).await {
+            Ok(ns) => ns,
+            Err(e) => {
+                let _ = exec.delete(name).await;
+                return Err(e.into());
+            }
+        };
+        let sandbox = Self {
+            runtime,
+            gateway,
+            egress_port,
+        };
+        let adopted = runtime_adopted || gateway_adopted;
+        if let Err(e) = sandbox.configure(exec, !adopted).await {
+            let _ = sandbox.clone().destroy(exec).await;
+            return Err(e);
+        }
+        Ok((sandbox, adopted))
+    }
+
+    /// Sets the sandbox up; `fresh`: both namespaces were just made, so
+    /// there is nothing to check or replace.
+    async fn configure(&self, exec: &NsExecutor, fresh: bool) -> Result<(), SandboxError> {
         let gw = Netlink::open(exec, &self.gateway).await?;
-        gw.add_veth(GATEWAY_IFACE, ACTOR_IFACE, &self.runtime)
-            .await?;
+        let rt = Netlink::open(exec, &self.runtime).await?;
+        if fresh || !self.veth_joins(&gw, &rt).await? {
+            // A half-built or foreign pair goes; deleting either end of a
+            // veth deletes both.
+            if !fresh {
+                gw.delete(GATEWAY_IFACE).await?;
+                rt.delete(ACTOR_IFACE).await?;
+            }
+            gw.add_veth(GATEWAY_IFACE, ACTOR_IFACE, &self.runtime)
+                .await?;
+        }
         gw.up("lo").await?;
         gw.add_address(GATEWAY_IFACE, GATEWAY_ADDR, PREFIX_LEN)
             .await?;
         gw.up(GATEWAY_IFACE).await?;
-        let rt = Netlink::open(exec, &self.runtime).await?;
         rt.up("lo").await?;
         rt.add_address(ACTOR_IFACE, ACTOR_ADDR, PREFIX_LEN).await?;
         rt.up(ACTOR_IFACE).await?;
@@ -104,7 +148,11 @@ impl SandboxNetwork {
                 egress_port,
                 DNS_PORT,
             )?;
-            nft::apply(&rules)
+            if fresh {
+                nft::apply(&rules)
+            } else {
+                nft::replace(&rules)
+            }
         })
         .await?
         .map_err(|source| SandboxError::Io {
@@ -112,6 +160,20 @@ impl SandboxNetwork {
             op: "apply nftables ruleset",
             source,
         })
+    }
+
+    /// Whether `atside` in the gateway namespace and `eth0` in the runtime
+    /// namespace are the two ends of one veth: each a veth whose peer is in
+    /// another namespace at the other's index. (Indexes repeat across
+    /// namespaces, so a pair moved between sandboxes could pass; only root
+    /// on the host can move one, and a veth's peer dies with its namespace.)
+    async fn veth_joins(&self, gw: &Netlink, rt: &Netlink) -> Result<bool, SandboxError> {
+        let (Some((gw_index, gw_peer)), Some((rt_index, rt_peer))) =
+            (gw.veth(GATEWAY_IFACE).await?, rt.veth(ACTOR_IFACE).await?)
+        else {
+            return Ok(false);
+        };
+        Ok(gw_peer == rt_index && rt_peer == gw_index)
     }
 
     /// Opens an existing sandbox by its runtime namespace's name (another

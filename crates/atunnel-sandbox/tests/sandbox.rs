@@ -630,3 +630,212 @@ async fn a_refused_ruleset_names_the_object_and_errno_and_leaves_nothing() {
     assert_eq!(missing.kind(), std::io::ErrorKind::NotFound, "{missing}");
     exec.delete(&ns_name).await.expect("delete namespace");
 }
+
+/// The namespace a name in /run/netns is bound to (its nsfs inode).
+fn ns_inode(name: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(std::path::Path::new(netns::NETNS_DIR).join(name))
+        .expect("the namespace's mount point")
+        .ino()
+}
+
+/// `sb` is set up exactly once, as a new sandbox is: each side's links
+/// (up), one IPv4 address each, the actor's default route, the gateway
+/// namespace's ruleset and nothing more, and a redirected connection
+/// arrives at the egress listener.
+async fn assert_set_up_once(exec: &NsExecutor, sb: &SandboxNetwork) {
+    let gw = Observer::open(exec, &sb.gateway).await;
+    let rt = Observer::open(exec, &sb.runtime).await;
+    for (view, iface, addr) in [
+        (&gw, GATEWAY_IFACE, GATEWAY_ADDR),
+        (&rt, ACTOR_IFACE, Ipv4Addr::new(169, 254, 17, 2)),
+    ] {
+        let links = view.links().await;
+        let names: BTreeSet<&str> = links.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            BTreeSet::from(["lo", iface]),
+            "links of {iface}'s side"
+        );
+        assert!(
+            links.iter().all(|l| l.up),
+            "every link of {iface}'s side is up"
+        );
+        let index = view.link(iface).await.index;
+        let v4: Vec<_> = view
+            .addresses(index)
+            .await
+            .into_iter()
+            .filter(|(ip, _, _)| ip.is_ipv4())
+            .map(|(ip, prefix, _)| (ip, prefix))
+            .collect();
+        assert_eq!(
+            v4,
+            vec![(IpAddr::V4(addr), PREFIX_LEN)],
+            "addresses of {iface}"
+        );
+    }
+    let eth0 = rt.link(ACTOR_IFACE).await.index;
+    assert_eq!(
+        rt.ipv4_default_routes().await,
+        vec![(Some(GATEWAY_ADDR), Some(eth0))]
+    );
+    let listed = exec
+        .run_in(&sb.gateway, nft::list)
+        .await
+        .expect("executor")
+        .expect("dump");
+    assert_eq!(
+        listed,
+        nft::Ruleset::sandbox(
+            GATEWAY_IFACE,
+            SANDBOX_NET,
+            PREFIX_LEN,
+            sb.egress_port(),
+            DNS_PORT
+        )
+        .expect("ruleset"),
+        "the kernel holds the sandbox's ruleset once, not a second copy beside the first"
+    );
+    let listener = sb.listen_egress(exec).await.expect("egress listener");
+    let dest: SocketAddr = "192.0.2.10:443".parse().expect("addr");
+    let (client, accepted) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(sb.connect_from_runtime(exec, dest), listener.accept())
+    })
+    .await
+    .expect("the redirect delivers the actor's connection");
+    let (mut client, mut accepted) = (client.expect("dial"), accepted.expect("accept").0);
+    assert_eq!(original_dst(&accepted).expect("SO_ORIGINAL_DST"), dest);
+    client.write_all(b"up").await.expect("write");
+    let mut got = [0u8; 2];
+    accepted.read_exact(&mut got).await.expect("read");
+    assert_eq!(&got, b"up");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surviving_sandbox_is_adopted_with_its_runtime_namespace_and_programs_in_it() {
+    require_root("sandbox adoption test");
+    let exec = NsExecutor::start().expect("executor");
+    let n = name("adopt");
+    // An earlier process's sandbox, and the actor's program listening in it.
+    let before = SandboxNetwork::create(&exec, &n, DEFAULT_EGRESS_PORT)
+        .await
+        .expect("sandbox");
+    let program = exec
+        .run_in(&before.runtime, || {
+            atunnel_sandbox::sandbox::listen_tcp("0.0.0.0:8080".parse().expect("addr"))
+        })
+        .await
+        .expect("executor")
+        .expect("the actor's listener");
+    let program = tokio::net::TcpListener::from_std(program).expect("register");
+    let inode = ns_inode(&n);
+    drop(before); // the process died: its handles are gone, the names stay
+
+    let (sb, adopted) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT)
+        .await
+        .expect("adopted");
+    assert!(adopted, "both namespaces were there");
+    assert_eq!(ns_inode(&n), inode, "the runtime namespace is the same one");
+    assert_set_up_once(&exec, &sb).await;
+    // The program's listener, made before the adoption, is reached as
+    // ingress reaches an actor.
+    let (dial, accepted) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(
+            sb.connect_from_gateway(&exec, atunnel_sandbox::sandbox::actor_addr(8080)),
+            program.accept()
+        )
+    })
+    .await
+    .expect("ingress reaches the program");
+    dial.expect("dial the actor");
+    accepted.expect("the program accepts");
+    // Adopting again changes nothing.
+    let (sb, adopted) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT)
+        .await
+        .expect("adopted twice");
+    assert!(adopted);
+    assert_set_up_once(&exec, &sb).await;
+    sb.destroy(&exec).await.expect("destroy");
+    assert!(!netns::exists(&n) && !netns::exists(&format!("{n}-at")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_built_leftover_is_completed_around_its_runtime_namespace() {
+    require_root("half-built sandbox test");
+    let exec = NsExecutor::start().expect("executor");
+    // The gateway namespace is missing and its name is an empty file (a
+    // process that died before mounting it).
+    let n = name("halfgw");
+    exec.create(&n).await.expect("runtime only");
+    std::fs::write(
+        std::path::Path::new(netns::NETNS_DIR).join(format!("{n}-at")),
+        b"",
+    )
+    .expect("a stale mount point");
+    let inode = ns_inode(&n);
+    let (sb, adopted) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT)
+        .await
+        .expect("completed");
+    assert!(adopted);
+    assert_eq!(ns_inode(&n), inode, "the runtime namespace is kept");
+    assert_set_up_once(&exec, &sb).await;
+    sb.destroy(&exec).await.expect("destroy");
+
+    // Both namespaces, no veth.
+    let n = name("noveth");
+    exec.create(&n).await.expect("runtime");
+    exec.create(&format!("{n}-at")).await.expect("gateway");
+    let (sb, _) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT)
+        .await
+        .expect("completed");
+    assert_set_up_once(&exec, &sb).await;
+    sb.destroy(&exec).await.expect("destroy");
+
+    // A veth whose other end is in a third namespace, not the runtime one.
+    let n = name("wrongveth");
+    let elsewhere = name("elsewhere");
+    let runtime = exec.create(&n).await.expect("runtime");
+    let gateway = exec.create(&format!("{n}-at")).await.expect("gateway");
+    let other = exec.create(&elsewhere).await.expect("third");
+    Netlink::open(&exec, &gateway)
+        .await
+        .expect("netlink")
+        .add_veth(GATEWAY_IFACE, ACTOR_IFACE, &other)
+        .await
+        .expect("a misplaced pair");
+    drop((runtime, gateway));
+    let (sb, _) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT)
+        .await
+        .expect("rebuilt");
+    assert_set_up_once(&exec, &sb).await;
+    let third = Observer::open(&exec, &other).await;
+    assert!(
+        third.links().await.iter().all(|l| l.name != ACTOR_IFACE),
+        "the misplaced pair is gone"
+    );
+    sb.destroy(&exec).await.expect("destroy");
+    exec.delete(&elsewhere).await.expect("delete");
+}
+
+#[tokio::test]
+async fn a_leftover_name_is_listed_under_its_prefix_only() {
+    require_root("netns listing test");
+    let exec = NsExecutor::start().expect("executor");
+    let prefix = name("list-");
+    for n in ["a", "a-at", "b"] {
+        exec.create(&format!("{prefix}{n}"))
+            .await
+            .expect("namespace");
+    }
+    exec.create(&name("listother")).await.expect("namespace");
+    let listed = netns::list_prefixed(&prefix).expect("list");
+    assert_eq!(
+        listed,
+        ["a", "a-at", "b"].map(|n| format!("{prefix}{n}")).to_vec()
+    );
+    for n in listed {
+        exec.delete(&n).await.expect("delete");
+    }
+    exec.delete(&name("listother")).await.expect("delete");
+}

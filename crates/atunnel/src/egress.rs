@@ -961,6 +961,12 @@ impl Egress {
     /// its gateway connections to close. Other actors are untouched; a
     /// second call is a no-op.
     pub async fn deactivate(&self, uid: &str) -> Result<(), EgressError> {
+        self.deactivate_within(uid, self.cfg.drain_timeout).await
+    }
+
+    /// [`Egress::deactivate`], waiting at most `after` for the tunnels and
+    /// again for the gateway connections.
+    async fn deactivate_within(&self, uid: &str, after: Duration) -> Result<(), EgressError> {
         let binding = self
             .bindings
             .lock()
@@ -980,7 +986,6 @@ impl Egress {
         };
         activation.cancel();
         activation.tasks.close();
-        let after = self.cfg.drain_timeout;
         let drained = tokio::time::timeout(after, activation.tasks.wait())
             .await
             .is_ok();
@@ -1002,8 +1007,8 @@ impl Egress {
 
     /// Forgets actor `uid`'s binding (its listener was closed by the caller's
     /// cancel token). Deactivates first if needed.
-    pub(crate) async fn unbind(&self, uid: &str) -> Result<(), EgressError> {
-        let result = self.deactivate(uid).await;
+    pub(crate) async fn unbind(&self, uid: &str, within: Duration) -> Result<(), EgressError> {
+        let result = self.deactivate_within(uid, within).await;
         self.bindings
             .lock()
             .expect("bindings lock poisoned")
@@ -1021,7 +1026,7 @@ impl Egress {
             .cloned()
             .collect();
         for uid in uids {
-            let _ = self.unbind(&uid).await;
+            let _ = self.unbind(&uid, crate::SHUTDOWN_CLOSE_GRACE).await;
         }
         self.stop.cancel();
         self.wait_served_listeners().await;

@@ -115,6 +115,12 @@ pub struct TunnelArgs {
     /// Prefix of sandbox namespace names.
     #[arg(long, default_value = crate::tunnel::DEFAULT_NETNS_PREFIX)]
     pub netns_prefix: String,
+    /// With sandboxes: how long namespaces under --netns-prefix that an
+    /// earlier process left (a crash, an OOM kill) wait for ServeSandbox
+    /// to adopt them before they are removed; the rest go at shutdown too
+    /// ("300s").
+    #[arg(long, default_value_t = FlagDuration(crate::leftovers::DEFAULT_LEFTOVER_GRACE))]
+    pub netns_leftover_grace: FlagDuration,
     /// Egress port the sandbox redirect uses.
     #[arg(long, default_value_t = atunnel_sandbox::sandbox::DEFAULT_EGRESS_PORT)]
     pub egress_port: u16,
@@ -405,6 +411,8 @@ impl TunnelArgs {
         };
         cfg.egress_port = args.egress_port;
         cfg.netns_prefix = args.netns_prefix.clone();
+        // Only a process that builds sandboxes owns names under the prefix.
+        cfg.leftover_grace = sandboxes.then_some(args.netns_leftover_grace.0);
         if let (Some(bundle), Some(trust)) = (&args.credential_bundle, &args.trust_bundle) {
             cfg.ingress = Some(IngressListen {
                 config: IngressConfig {

@@ -17,9 +17,18 @@ pub mod egress;
 pub mod holdings;
 pub mod host;
 pub mod ingress;
+pub mod leftovers;
 mod log_limit;
 mod metrics;
 pub mod stats;
 pub mod tunnel;
 
 pub use atunnel_process::BoxError;
+
+/// How long [`tunnel::Tunnel::shutdown`] waits for each thing it cancelled
+/// to end on its own (router connections closing gracefully, an actor's
+/// tasks, its gateway connections) before it drops it: enough for a few
+/// round trips. The drain before shutdown was the time for work to finish,
+/// and a peer that hung (a gateway that stopped reading) must not make the
+/// stop outlast the supervisor's grace period.
+pub const SHUTDOWN_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);

@@ -168,6 +168,7 @@ impl Collector for StatsCollector {
         egress(&mut out, &s)?;
         ingress(&mut out, &s)?;
         dns(&mut out, &s)?;
+        leftovers(&mut out, &s)?;
         Ok(())
     }
 }
@@ -644,6 +645,30 @@ fn dns(out: &mut Out, s: &Stats) -> Fmt {
         "DNS queries and TCP connections an actor's relay dropped",
         "actor",
         d.iter().map(|x| (id(x), x.relay.dropped)),
+    )
+}
+
+fn leftovers(out: &mut Out, s: &Stats) -> Fmt {
+    let Some(l) = &s.leftovers else {
+        return Ok(());
+    };
+    out.counter(
+        "leftovers_adopted",
+        "Sandboxes ServeSandbox adopted from an earlier process",
+        None,
+        l.adopted_total,
+    )?;
+    out.counter(
+        "leftovers_removed",
+        "Namespaces an earlier process left, removed unclaimed",
+        None,
+        l.removed_total,
+    )?;
+    out.gauge(
+        "leftovers_pending",
+        "Namespaces an earlier process left, not yet claimed or removed",
+        None,
+        l.pending as i64,
     )
 }
 

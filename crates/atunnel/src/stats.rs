@@ -39,6 +39,8 @@ pub struct Stats {
     pub admin: AdminFigures,
     /// The control socket: connections closed before they were served.
     pub control: crate::control::listener::ControlFigures,
+    /// Sandboxes an earlier process left: adopted, removed, pending.
+    pub leftovers: Option<crate::leftovers::LeftoverStats>,
 }
 
 #[derive(Debug, Serialize)]
@@ -54,6 +56,7 @@ pub(crate) struct StatsSource {
     pub egress: Option<Arc<Egress>>,
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
     pub dns_relays: crate::tunnel::DnsRelays,
+    pub leftovers: Option<Arc<crate::leftovers::Leftovers>>,
     pub admin: Arc<AdminStats>,
     pub control: Arc<crate::control::listener::ControlStats>,
     /// Set once the tunnel drains or shuts down.
@@ -84,6 +87,7 @@ impl StatsSource {
             }),
             admin: self.admin.figures(),
             control: self.control.figures(),
+            leftovers: self.leftovers.as_ref().map(|l| l.stats()),
         }
     }
 }

@@ -34,7 +34,9 @@ use tokio_util::task::TaskTracker;
 use crate::egress::{ActorEgress, Destination, Egress, EgressConfig, EgressError};
 use crate::ingress::{ActorDialer, SandboxDialer};
 use crate::ingress::{Ingress, IngressConfig, IngressError};
+use crate::leftovers::Leftovers;
 use crate::stats::StatsSource;
+use futures_util::StreamExt;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TunnelError {
@@ -62,7 +64,13 @@ pub enum TunnelError {
     Listen(#[source] std::io::Error),
     #[error("actor {0} already has a sandbox")]
     SandboxExists(String),
+    #[error(transparent)]
+    Leftovers(#[from] crate::leftovers::LeftoverError),
 }
+
+/// Sandboxes closed at once at shutdown: enough that waits overlap, few
+/// enough that the netlink and namespace work stays a short queue.
+const SHUTDOWN_CLOSE_CONCURRENCY: usize = 32;
 
 /// The default prefix of sandbox namespace names.
 pub const DEFAULT_NETNS_PREFIX: &str = "atn-";
@@ -75,6 +83,15 @@ pub struct TunnelConfig {
     pub egress_port: u16,
     /// Prefix of sandbox namespace names: `<prefix><uid>` and `<prefix><uid>-at`.
     pub netns_prefix: String,
+    /// Sandboxes an earlier process left under `netns_prefix`: `Some(grace)`
+    /// takes the prefix's lock at start (refusing to start while a live
+    /// process holds it), lets ServeSandbox adopt a leftover for `grace`
+    /// ([`crate::leftovers::DEFAULT_LEFTOVER_GRACE`] from the flags) and
+    /// removes the rest then and at shutdown. `None` takes no lock and
+    /// adopts nothing (a name that exists fails ServeSandbox): for a
+    /// library user whose prefix is not its own alone, as the flags set it
+    /// only when actors get sandboxes.
+    pub leftover_grace: Option<Duration>,
     /// The DNS relay's upstreams and timeouts; `None` serves no DNS. Its
     /// `tcp_notsent_lowat` is `egress.sandbox_socket`'s, like every socket's.
     pub dns: Option<RelayConfig>,
@@ -118,6 +135,7 @@ impl TunnelConfig {
             egress: EgressConfig::default(),
             egress_port: DEFAULT_EGRESS_PORT,
             netns_prefix: DEFAULT_NETNS_PREFIX.into(),
+            leftover_grace: None,
             dns: None,
             gateway_roots,
             cert_source,
@@ -174,6 +192,8 @@ pub struct Tunnel {
     /// Set once draining or shut down: `/readyz` answers 503.
     draining: Arc<std::sync::atomic::AtomicBool>,
     sandboxes: Mutex<HashMap<String, Sandbox>>,
+    /// What an earlier process left, when `leftover_grace` is set.
+    leftovers: Option<Arc<Leftovers>>,
     dns_relays: DnsRelays,
     /// /stats, for shutdown to wait on.
     tasks: TaskTracker,
@@ -185,6 +205,12 @@ pub struct Tunnel {
 
 impl Tunnel {
     pub async fn start(cfg: TunnelConfig) -> Result<Arc<Self>, TunnelError> {
+        // First: a process that may not run (another holds the prefix)
+        // must not bind anything.
+        let leftovers = match cfg.leftover_grace {
+            Some(_) => Some(Arc::new(Leftovers::claim(&cfg.netns_prefix)?)),
+            None => None,
+        };
         let exec = NsExecutor::start().map_err(TunnelError::Executor)?;
         let overload = match &cfg.overload {
             Some(o) => Some(OverloadGuard::new(o.clone()).map_err(TunnelError::Overload)?),
@@ -257,8 +283,16 @@ impl Tunnel {
             tasks.spawn(guard.clone().run(cancel.clone()));
         }
         let control = Arc::new(crate::control::listener::ControlStats::default());
+        if let (Some(leftovers), Some(grace)) = (&leftovers, cfg.leftover_grace) {
+            tasks.spawn(
+                leftovers
+                    .clone()
+                    .reap_after(exec.clone(), grace, cancel.clone()),
+            );
+        }
         if let Some(listener) = stats_listener {
             let source = Arc::new(StatsSource {
+                leftovers: leftovers.clone(),
                 pool: cfg.pool.clone(),
                 overload: overload.clone(),
                 egress: Some(egress.clone()),
@@ -284,6 +318,7 @@ impl Tunnel {
             ingress_stop,
             draining,
             sandboxes: Mutex::new(HashMap::new()),
+            leftovers,
             dns_relays,
             tasks,
             stats,
@@ -424,7 +459,9 @@ impl Tunnel {
         .await?)
     }
 
-    /// Builds the actor's sandbox network and serves egress and DNS inside it.
+    /// Builds the actor's sandbox network and serves egress and DNS inside
+    /// it. With `leftover_grace` set, a sandbox an earlier process left for
+    /// this actor is adopted, its runtime namespace kept.
     pub async fn serve_sandbox(&self, actor: &ActorRef) -> Result<SandboxNetwork, TunnelError> {
         if self.sandbox(actor).is_some() {
             return Err(TunnelError::SandboxExists(actor.to_string()));
@@ -446,9 +483,23 @@ impl Tunnel {
             None => None,
         };
         let name = format!("{}{}", self.cfg.netns_prefix, actor.uid);
-        let network = SandboxNetwork::create(&self.exec, &name, self.cfg.egress_port)
-            .await
-            .map_err(sandbox_err)?;
+        let network = match &self.leftovers {
+            Some(leftovers) => {
+                leftovers.take(&name).await;
+                let (network, adopted) =
+                    SandboxNetwork::adopt_or_create(&self.exec, &name, self.cfg.egress_port)
+                        .await
+                        .map_err(sandbox_err)?;
+                if adopted {
+                    leftovers.adopted();
+                    tracing::info!(%actor, netns = name, "adopted the sandbox an earlier process left");
+                }
+                network
+            }
+            None => SandboxNetwork::create(&self.exec, &name, self.cfg.egress_port)
+                .await
+                .map_err(sandbox_err)?,
+        };
         let bound = self.bind_sandbox(&network).await;
         let (egress_listener, dns_sockets) = match bound {
             Ok(b) => b,
@@ -574,12 +625,19 @@ impl Tunnel {
     /// Deactivates the actor, stops its listener and relay, and removes its
     /// sandbox network. Idempotent.
     pub async fn close_sandbox(&self, actor: &ActorRef) -> Result<(), TunnelError> {
+        self.close_within(actor, self.cfg.egress.drain_timeout)
+            .await
+    }
+
+    /// [`Tunnel::close_sandbox`], waiting at most `within` for the actor's
+    /// egress tunnels and again for its gateway connections.
+    async fn close_within(&self, actor: &ActorRef, within: Duration) -> Result<(), TunnelError> {
         if let Some((ingress, _, _)) = &self.ingress {
             ingress
                 .deactivate(&actor.atespace, &actor.name, &actor.uid)
                 .await;
         }
-        let deactivated = self.egress.unbind(&actor.uid).await;
+        let deactivated = self.egress.unbind(&actor.uid, within).await;
         let sandbox = self
             .sandboxes
             .lock()
@@ -645,7 +703,9 @@ impl Tunnel {
     /// Stops everything it started and waits for it: the ingress
     /// listeners stop accepting and every activation is retired (requests
     /// and tunnels cancelled), every sandbox is closed, egress stops, and
-    /// the listeners' connections and /stats are waited for.
+    /// the listeners' connections and /stats are waited for. Each wait for
+    /// something cancelled is bounded by [`crate::SHUTDOWN_CLOSE_GRACE`],
+    /// not the drain timeout: the drain came first.
     pub async fn shutdown(&self) {
         self.draining
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -660,10 +720,20 @@ impl Tunnel {
             .values()
             .map(|s| s.actor.clone())
             .collect();
-        for actor in actors {
-            if let Err(e) = self.close_sandbox(&actor).await {
-                tracing::warn!(%actor, error = %e, "closing sandbox at shutdown");
-            }
+        // Concurrently: each close may wait for its actor's tunnels and
+        // gateway connections (bounded), and one after another those waits
+        // would add up. Ingress has retired every route already.
+        futures_util::stream::iter(actors)
+            .for_each_concurrent(SHUTDOWN_CLOSE_CONCURRENCY, |actor| async move {
+                if let Err(e) = self.close_within(&actor, crate::SHUTDOWN_CLOSE_GRACE).await {
+                    tracing::warn!(%actor, error = %e, "closing sandbox at shutdown");
+                }
+            })
+            .await;
+        if let Some(leftovers) = &self.leftovers {
+            leftovers
+                .remove_unclaimed(&self.exec, "unclaimed at shutdown")
+                .await;
         }
         self.egress.shutdown().await;
         self.tasks.close();

@@ -32,8 +32,8 @@ pub struct ServeReady {
     pub ingress: Option<(SocketAddr, SocketAddr)>,
 }
 
-/// Serves the control API until `cancel`, then stops taking calls, drains
-/// the tunnel (bounded by the drain timeout) and closes every sandbox.
+/// Serves the control API until `cancel`, then stops taking calls while it
+/// drains the tunnel (bounded by the drain timeout), and closes every sandbox.
 pub async fn run(args: ServeArgs, cancel: CancellationToken) -> Result<(), BoxError> {
     let control = args.control.config();
     let tunnel = Tunnel::start(args.tunnel.config(true)?).await?;
@@ -56,11 +56,17 @@ pub async fn run(args: ServeArgs, cancel: CancellationToken) -> Result<(), BoxEr
         &args.tunnel.netns_prefix,
         control.call_timeout,
     );
-    let result = serve(socket, service, &control, cancel).await;
+    // The drain starts with the stop signal, beside the control API's own
+    // stop (which lets open calls finish): one after the other, they would
+    // add up against the supervisor's grace period.
     let drain = args.tunnel.drain_timeout.0;
-    if !tunnel.drain(drain).await {
-        tracing::info!(after = ?drain, "drain timed out; ending what is still open");
-    }
+    let draining = async {
+        cancel.cancelled().await;
+        if !tunnel.drain(drain).await {
+            tracing::info!(after = ?drain, "drain timed out; ending what is still open");
+        }
+    };
+    let (result, ()) = tokio::join!(serve(socket, service, &control, cancel.clone()), draining);
     tunnel.shutdown().await;
     Ok(result?)
 }

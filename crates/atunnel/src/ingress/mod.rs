@@ -17,6 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atunnel_core::relay::RelayBounds;
+use crate::SHUTDOWN_CLOSE_GRACE;
+
 use atunnel_core::sockopt::SocketOptions;
 use atunnel_core::{BufferPool, Listener, ListenerStats};
 use tokio::net::TcpListener;
@@ -147,6 +149,10 @@ pub struct Ingress {
     hibernation: Arc<Hibernation>,
     /// The listeners' tasks and the allocator trim, for shutdown to wait on.
     tasks: TaskTracker,
+    /// Drops every HTTPS router connection at once: shutdown's last step,
+    /// for connections a graceful close would not end (hyper reading the
+    /// rest of a request body the router is still sending).
+    force_close: CancellationToken,
 }
 
 impl Ingress {
@@ -214,6 +220,7 @@ impl Ingress {
             https_listeners: ListenerStats::default(),
             https_pre_auth,
             tasks: TaskTracker::new(),
+            force_close: CancellationToken::new(),
         }))
     }
 
@@ -303,10 +310,11 @@ impl Ingress {
                 let routes = self.routes.clone();
                 let socket = self.cfg.socket;
                 let cancel = cancel.clone();
+                let force_close = self.force_close.clone();
                 let hibernation = self.hibernation.clone();
                 let header_read_timeout = self.cfg.header_read_timeout;
                 let handshake_timeout = self.cfg.tls_handshake_timeout;
-                Some(async move {
+                let connection = async move {
                     if socket.apply(&tcp).is_err() {
                         return;
                     }
@@ -326,6 +334,13 @@ impl Ingress {
                             cancel,
                         )
                         .await;
+                    }
+                };
+                Some(async move {
+                    tokio::select! {
+                        biased;
+                        _ = force_close.cancelled() => {}
+                        _ = connection => {}
                     }
                 })
             })
@@ -354,12 +369,20 @@ impl Ingress {
     }
 
     /// Retires every activation (their requests and tunnels are cancelled,
-    /// waited for up to the drain timeout), then waits for the listeners
+    /// waited for up to [`SHUTDOWN_CLOSE_GRACE`]), then waits for the listeners
     /// [`Ingress::spawn`] started, whose cancel token the caller has
-    /// cancelled, and every connection they accepted.
+    /// cancelled, and every connection they accepted: for
+    /// [`SHUTDOWN_CLOSE_GRACE`] to close gracefully, then dropped.
     pub async fn shutdown(&self) {
-        self.routes.deactivate_all(self.cfg.drain_timeout).await;
-        self.wait_listeners().await;
+        self.routes.deactivate_all(SHUTDOWN_CLOSE_GRACE).await;
+        if tokio::time::timeout(SHUTDOWN_CLOSE_GRACE, self.wait_listeners())
+            .await
+            .is_err()
+        {
+            tracing::info!(after = ?SHUTDOWN_CLOSE_GRACE, "router connections still closing at shutdown; dropping them");
+            self.force_close.cancel();
+            self.wait_listeners().await;
+        }
     }
 
     /// Waits for the listeners (stopped by their cancel token) and their
