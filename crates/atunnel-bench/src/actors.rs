@@ -1,7 +1,8 @@
 //! `atunnel-bench actors`: the actors' programs for ingress, one small HTTP
 //! server (HTTP/1.1 and h2c) inside every sandbox's runtime namespace, at
-//! 169.254.17.2:<port>, and two ports for stalled peers (one that floods,
-//! one that never reads). A process of its own, so its CPU is the far
+//! 169.254.17.2:<port> (with paths for answers that never end or never
+//! come after their head), and two ports for stalled peers (one that
+//! floods, one that never reads). A process of its own, so its CPU is the far
 //! end's, not the tunnel's or the generator's.
 //!
 //! With `--loopback-actors N` it serves the same HTTP server for N actors
@@ -154,6 +155,24 @@ impl hyper::body::Body for Endless {
     }
 }
 
+/// A response body that sends nothing and never ends, holding the
+/// request's body unread (an actor that answered a head and hung): the
+/// stalled response bodies of noisy-neighbour.
+struct Stalled(#[allow(dead_code)] hyper::body::Incoming);
+
+impl hyper::body::Body for Stalled {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        // Never ready, so no waker is kept: nothing is ever to come.
+        Poll::Pending
+    }
+}
+
 static PAGE: [u8; 60_000] = [b'p'; 60_000];
 
 pub async fn run(
@@ -201,11 +220,13 @@ async fn serve_http(listener: tokio::net::TcpListener, body: Bytes, cancel: Canc
             let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 // `/page`: a 60 KB answer (a rendered page, for the
                 // hibernation table); `/endless`: an answer that never
-                // ends (for routers that stop reading); anything else the
-                // short body.
+                // ends (for routers that stop reading); `/stall`: a head,
+                // then nothing, the request's body never read; anything
+                // else the short body.
                 let body = match req.uri().path() {
                     "/page" => Either::Left(Full::new(Bytes::from_static(&PAGE))),
-                    "/endless" => Either::Right(Endless),
+                    "/endless" => Either::Right(Either::Left(Endless)),
+                    "/stall" => Either::Right(Either::Right(Stalled(req.into_body()))),
                     _ => Either::Left(Full::new(body.clone())),
                 };
                 async move { Ok::<_, Infallible>(hyper::Response::new(body)) }

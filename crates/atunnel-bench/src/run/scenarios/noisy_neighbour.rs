@@ -1,12 +1,15 @@
 //! noisy-neighbour: one hostile actor beside a victim on the same atunnel
 //! (in its cgroup at the run's CPU and memory limits). The hostile actor
-//! runs five patterns one after another (unread downloads, uploads to a
+//! runs seven patterns one after another (unread downloads, uploads to a
 //! destination that never reads, a connection flood past its budget, a DNS
-//! flood, stalled ingress CONNECT tunnels) while the victim's egress-http
-//! p99, egress-tcp MB/s and ingress-https p99 are measured, each against a
-//! baseline taken right before the pattern in the same run; then how long
+//! flood, stalled ingress CONNECT tunnels, ingress responses whose body
+//! never comes on the victim's own router connections, and, with three
+//! more hostile actors, every actor holding what its budgets allow) while
+//! the victim's egress-http p99, egress-tcp MB/s and ingress-https p99 are
+//! measured, each against a baseline taken right before the pattern in the
+//! same run, and its new tunnels counted as refused or not; then how long
 //! until atunnel's memory, buffers, descriptors and tasks are back to that
-//! baseline once the hostile actor stops.
+//! baseline once the hostile actors stop.
 //!
 //! The hostile actor is persistent: what a bound resets it opens again, so
 //! a pattern holds for the whole measurement whatever the bound. atunnel is
@@ -30,7 +33,7 @@ use atunnel_bench::scenario::Scenario;
 use atunnel_sandbox::NsExecutor;
 use atunnel_support::stats_client::num;
 use bytes::Bytes;
-use http_body_util::Empty;
+use http_body_util::{BodyExt, Empty};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -52,8 +55,33 @@ type H2Sender = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
 
 /// The victim: actor-0, whose figures are compared.
 const VICTIM: u64 = 0;
-/// The hostile actor: actor-1.
+/// The hostile actor: actor-1 (actors-at-budget adds the next three).
 const HOSTILE: u64 = 1;
+/// The hostile actors of actors-at-budget: HOSTILE and the next ones, as
+/// many as the worker hosts.
+const AT_BUDGET_ACTORS: u64 = 4;
+/// What each of them tries to hold: atunnel's default budgets today
+/// (`--actor-max-tunnels`, `--actor-max-ingress-in-flight`); atunnel's own
+/// budgets decide what they get.
+const EGRESS_BUDGET: usize = 4096;
+const INGRESS_BUDGET: usize = 1024;
+/// Streams atunnel allows on one router connection.
+const ROUTER_STREAMS: usize = atunnel_connect::limits::PROXY_ROUTER_MAX_CONCURRENT_STREAMS as usize;
+/// Descriptors the generator keeps for everything but actors-at-budget's
+/// hostile tunnels (the victim's connections, its probes, /stats).
+const FD_RESERVE: usize = 1000;
+/// How long a hostile open that atunnel refused waits before it tries
+/// again: the patterns that hold connections retry at once-ish; the four
+/// actors at their budgets, some 20,000 openers, wait longer so the
+/// generator does not become what the victim waits for.
+const RETRY: Duration = Duration::from_millis(100);
+const AT_BUDGET_RETRY: Duration = Duration::from_secs(1);
+/// How long a hostile request may wait for its head (behind a full
+/// connection's streams, say) before it counts as failed and is retried.
+const HEAD_LIMIT: Duration = Duration::from_secs(5);
+/// The victim's new egress tunnels under each pattern (one byte there and
+/// back each), counted as refused or not.
+const PROBE_TUNNELS: usize = 50;
 /// The sink's stall service: accepts and never reads.
 const STALL: &str = "192.0.2.10:13";
 /// The DNS relay inside every sandbox.
@@ -115,6 +143,8 @@ struct Sizes {
     ingress: usize,
     /// Connection-flood workers, each opening one connection after another.
     flood_workers: usize,
+    /// Stalled response bodies held on the victim's router connections.
+    stalled_bodies: usize,
 }
 
 impl Sizes {
@@ -127,6 +157,7 @@ impl Sizes {
                 stalled: 1000,
                 ingress: 200,
                 flood_workers: 16,
+                stalled_bodies: 800,
             }
         } else {
             Sizes {
@@ -136,6 +167,7 @@ impl Sizes {
                 stalled: 3000,
                 ingress: 1000,
                 flood_workers: 32,
+                stalled_bodies: 1000,
             }
         }
     }
@@ -149,14 +181,18 @@ enum Pattern {
     ConnectionFlood,
     DnsFlood,
     StalledIngressConnect,
+    StalledResponseBodies,
+    ActorsAtBudget,
 }
 
-const PATTERNS: [Pattern; 5] = [
+const PATTERNS: [Pattern; 7] = [
     Pattern::UnreadDownloads,
     Pattern::StalledUploads,
     Pattern::ConnectionFlood,
     Pattern::DnsFlood,
     Pattern::StalledIngressConnect,
+    Pattern::StalledResponseBodies,
+    Pattern::ActorsAtBudget,
 ];
 
 impl Pattern {
@@ -167,10 +203,37 @@ impl Pattern {
             Pattern::ConnectionFlood => "connection-flood",
             Pattern::DnsFlood => "dns-flood",
             Pattern::StalledIngressConnect => "stalled-ingress-connect",
+            Pattern::StalledResponseBodies => "stalled-response-bodies",
+            Pattern::ActorsAtBudget => "actors-at-budget",
         }
     }
 
-    fn what(self, s: &Sizes) -> String {
+    /// The hostile actors of the pattern, of the `actors` the worker hosts.
+    fn hostiles(self, actors: u64) -> Vec<u64> {
+        match self {
+            Pattern::ActorsAtBudget => (HOSTILE..actors.min(HOSTILE + AT_BUDGET_ACTORS)).collect(),
+            _ => vec![HOSTILE],
+        }
+    }
+
+    /// How many connections or requests the pattern holds when established:
+    /// `None` for those that hold no fixed number.
+    fn target(self, s: &Sizes, plan: &Plan) -> Option<usize> {
+        match self {
+            Pattern::UnreadDownloads | Pattern::StalledUploads => Some(s.stalled),
+            Pattern::StalledIngressConnect => Some(s.ingress),
+            // No more than the victim's connections have streams for.
+            Pattern::StalledResponseBodies => {
+                Some(s.stalled_bodies.min(ROUTER_CONNS * ROUTER_STREAMS))
+            }
+            Pattern::ActorsAtBudget => {
+                Some(plan.hostiles.len() * (plan.egress_each + INGRESS_BUDGET))
+            }
+            Pattern::ConnectionFlood | Pattern::DnsFlood => None,
+        }
+    }
+
+    fn what(self, s: &Sizes, hostiles: &[u64]) -> String {
         match self {
             Pattern::UnreadDownloads => format!(
                 "unread-downloads: {} egress connections to the sink's source port (19, sends without end), never read; each one a bound resets is opened again",
@@ -191,8 +254,64 @@ impl Pattern {
                 "stalled-ingress-connect: {} HTTP/1.1 CONNECT tunnels over TLS from the router to the hostile actor's flood port ({FLOOD_PORT}, sends without end), never read after the answer's head; each one a bound resets is opened again",
                 s.ingress
             ),
+            Pattern::StalledResponseBodies => format!(
+                "stalled-response-bodies: {} HTTPS GETs from the router to the hostile actor's /stall (a 200 head, then not a byte of body, nor an end), spread over the victim's own {ROUTER_CONNS} router HTTP/2 connections, as a router shares its connections among actors (atunnel allows {ROUTER_STREAMS} streams on each, so past {} they wait for one, as the victim's do); each one that ends is opened again",
+                s.stalled_bodies,
+                ROUTER_CONNS * ROUTER_STREAMS
+            ),
+            Pattern::ActorsAtBudget => format!(
+                "actors-at-budget: actors {} each try to hold {EGRESS_BUDGET} idle egress tunnels to the sink's echo port (one byte there and back, then nothing) and {INGRESS_BUDGET} HTTPS requests to their /stall over {} router connections of their own, today's default budgets; an open atunnel refuses is tried again {} s later; the generator holds at most what its descriptor limit leaves ({FD_RESERVE} kept back; fd_limited says when that cut the tunnels); verdict: whether the victim was refused (new tunnels, requests) and whether the overload guard left normal",
+                hostiles
+                    .iter()
+                    .map(|a| format!("actor-{a}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                INGRESS_BUDGET.div_ceil(ROUTER_STREAMS),
+                AT_BUDGET_RETRY.as_secs()
+            ),
         }
     }
+}
+
+/// What a pattern is run with: its hostile actors, and the egress tunnels
+/// each tries to hold (fewer than its budget when the generator's
+/// descriptors would not do).
+#[derive(Clone, Debug, PartialEq)]
+struct Plan {
+    hostiles: Vec<u64>,
+    egress_each: usize,
+    fd_limited: bool,
+}
+
+impl Plan {
+    /// `pattern`'s plan with `actors` hosted and `fd_room` descriptors the
+    /// generator can still open.
+    fn of(pattern: Pattern, actors: u64, fd_room: usize) -> Self {
+        let hostiles = pattern.hostiles(actors);
+        let (egress_each, fd_limited) = match pattern {
+            Pattern::ActorsAtBudget => {
+                let room = fd_room.saturating_sub(FD_RESERVE) / hostiles.len().max(1);
+                (EGRESS_BUDGET.min(room), room < EGRESS_BUDGET)
+            }
+            _ => (0, false),
+        };
+        Self {
+            hostiles,
+            egress_each,
+            fd_limited,
+        }
+    }
+}
+
+/// Descriptors this process can still open: its soft `RLIMIT_NOFILE` less
+/// those open now.
+fn fd_room() -> usize {
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    usize::try_from(limit)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(open)
 }
 
 /// The router's TLS and the namespaces, owned, for tasks of their own.
@@ -286,20 +405,77 @@ impl Victim {
     /// One HTTPS request from the router to the victim, over its router
     /// connection `i`.
     async fn https_unit(&self, i: u64) -> Result<(), String> {
-        let slot = &self.https[i as usize % self.https.len()];
-        let send = {
-            let mut guard = slot.lock().await;
-            if guard.as_ref().is_none_or(|s| s.is_closed()) {
-                *guard = Some(self.router.h2().await.map_err(|e| e.to_string())?);
-            }
-            guard.clone().expect("filled above")
-        };
+        let send = shared_sender(&self.https, i, &self.router).await?;
         let result = super::ingress::routed_request(send, VICTIM).await;
         if result.is_err() {
-            *slot.lock().await = None;
+            *self.https[i as usize % self.https.len()].lock().await = None;
         }
         result
     }
+
+    /// The victim's new egress tunnels: [`PROBE_TUNNELS`] opened one after
+    /// another, each one byte there and back; how many failed, and the
+    /// first error.
+    async fn new_tunnels(&self) -> (u64, Option<String>) {
+        const TRY_FOR: Duration = Duration::from_secs(2);
+        let mut refused = 0;
+        let mut first = None;
+        for _ in 0..PROBE_TUNNELS {
+            let attempt = async {
+                let mut s = self.actors.dial(VICTIM, ECHO).await?;
+                crate::traffic::ping(&mut s).await
+            };
+            let err = match tokio::time::timeout(TRY_FOR, attempt).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "no echo within 2 s".to_string(),
+            };
+            refused += 1;
+            first.get_or_insert(err);
+        }
+        (refused, first)
+    }
+}
+
+/// Router connection `i` of `slots` (modulo their number), made afresh if
+/// it is missing or closed.
+async fn shared_sender(
+    slots: &[tokio::sync::Mutex<Option<H2Sender>>],
+    i: u64,
+    router: &Router,
+) -> Result<H2Sender, String> {
+    let mut guard = slots[i as usize % slots.len()].lock().await;
+    if guard.as_ref().is_none_or(|s| s.is_closed()) {
+        *guard = Some(router.h2().await.map_err(|e| e.to_string())?);
+    }
+    Ok(guard.clone().expect("filled above"))
+}
+
+/// A request from the router to `actor`'s /stall over `send`, once its
+/// answer's head came (within [`HEAD_LIMIT`]); its body is what holds it.
+async fn stalled_request(
+    mut send: H2Sender,
+    actor: u64,
+) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+    let req = http::Request::builder()
+        .uri("https://worker.bench/stall")
+        .header("ate-target-actor", format!("bench/actor-{actor}"))
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(HEAD_LIMIT, send.send_request(req))
+        .await
+        .map_err(|_| format!("no head within {} s", HEAD_LIMIT.as_secs()))?
+        .map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("status {}", resp.status()));
+    }
+    Ok(resp)
+}
+
+/// Returns once `resp`'s body ends or fails (atunnel or a bound reset it).
+async fn body_ended(resp: hyper::Response<hyper::body::Incoming>) {
+    let mut body = resp.into_body();
+    while let Some(Ok(_)) = body.frame().await {}
 }
 
 /// One request over a kept-alive egress connection to the sink's HTTP port.
@@ -528,10 +704,11 @@ impl Hostile {
     async fn start(
         pattern: Pattern,
         sizes: &Sizes,
-        actors: &Actors,
+        plan: &Plan,
+        stage: &Stage,
         exec: &NsExecutor,
-        router: &Router,
     ) -> Result<Self, BoxError> {
+        let (actors, router) = (&stage.actors, &stage.router);
         let h = Hostile {
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -546,6 +723,7 @@ impl Hostile {
                         h.cancel.clone(),
                         gate.clone(),
                         h.tally.clone(),
+                        RETRY,
                         move || {
                             let a = a.clone();
                             async move {
@@ -569,6 +747,7 @@ impl Hostile {
                         h.cancel.clone(),
                         gate.clone(),
                         h.tally.clone(),
+                        RETRY,
                         move || {
                             let a = a.clone();
                             async move { a.dial(HOSTILE, STALL).await.map_err(|e| e.to_string()) }
@@ -587,6 +766,7 @@ impl Hostile {
                         h.cancel.clone(),
                         gate.clone(),
                         h.tally.clone(),
+                        RETRY,
                         move || {
                             let r = r.clone();
                             async move {
@@ -600,6 +780,76 @@ impl Hostile {
                             closed_unread(tls.get_ref().0).await
                         },
                     ));
+                }
+            }
+            Pattern::StalledResponseBodies => {
+                for k in 0..sizes.stalled_bodies as u64 {
+                    let v = stage.victim.clone();
+                    h.tasks.spawn(persistent(
+                        h.cancel.clone(),
+                        gate.clone(),
+                        h.tally.clone(),
+                        RETRY,
+                        move || {
+                            let v = v.clone();
+                            async move {
+                                let send = shared_sender(&v.https, k, &v.router).await?;
+                                stalled_request(send, HOSTILE).await
+                            }
+                        },
+                        body_ended,
+                    ));
+                }
+            }
+            Pattern::ActorsAtBudget => {
+                for &actor in &plan.hostiles {
+                    // A gate per actor: each stays inside its own opening
+                    // budget, as one actor's programs would.
+                    let gate = Arc::new(Semaphore::new(OPENING_AT_ONCE));
+                    for _ in 0..plan.egress_each {
+                        let a = actors.clone();
+                        h.tasks.spawn(persistent(
+                            h.cancel.clone(),
+                            gate.clone(),
+                            h.tally.clone(),
+                            AT_BUDGET_RETRY,
+                            move || {
+                                let a = a.clone();
+                                async move {
+                                    let mut s =
+                                        a.dial(actor, ECHO).await.map_err(|e| e.to_string())?;
+                                    tokio::time::timeout(HEAD_LIMIT, crate::traffic::ping(&mut s))
+                                        .await
+                                        .map_err(|_| "no echo within 5 s".to_string())?
+                                        .map_err(|e| e.to_string())?;
+                                    Ok(s)
+                                }
+                            },
+                            |s: TcpStream| async move { closed_unread(&s).await },
+                        ));
+                    }
+                    let conns: Arc<Vec<tokio::sync::Mutex<Option<H2Sender>>>> = Arc::new(
+                        (0..INGRESS_BUDGET.div_ceil(ROUTER_STREAMS))
+                            .map(|_| tokio::sync::Mutex::new(None))
+                            .collect(),
+                    );
+                    for k in 0..INGRESS_BUDGET as u64 {
+                        let (conns, r) = (conns.clone(), router.clone());
+                        h.tasks.spawn(persistent(
+                            h.cancel.clone(),
+                            gate.clone(),
+                            h.tally.clone(),
+                            AT_BUDGET_RETRY,
+                            move || {
+                                let (conns, r) = (conns.clone(), r.clone());
+                                async move {
+                                    let send = shared_sender(&conns, k, &r).await?;
+                                    stalled_request(send, actor).await
+                                }
+                            },
+                            body_ended,
+                        ));
+                    }
                 }
             }
             Pattern::ConnectionFlood => {
@@ -641,11 +891,13 @@ impl Hostile {
 
 /// Holds one connection from `open` with `hold` until it ends, then opens
 /// another, until cancelled: a hostile actor that keeps what a bound
-/// resets. At most [`OPENING_AT_ONCE`] opens at once across the pattern.
+/// resets. At most [`OPENING_AT_ONCE`] opens at once across those sharing
+/// `gate`; a failed open is tried again `retry` later.
 async fn persistent<C, O, OFut, H, HFut>(
     cancel: CancellationToken,
     gate: Arc<Semaphore>,
     tally: Arc<Tally>,
+    retry: Duration,
     open: O,
     hold: H,
 ) where
@@ -671,7 +923,7 @@ async fn persistent<C, O, OFut, H, HFut>(
             tally.failed.fetch_add(1, Ordering::Relaxed);
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                _ = tokio::time::sleep(retry) => continue,
             }
         };
         tally.opened.fetch_add(1, Ordering::Relaxed);
@@ -774,32 +1026,43 @@ async fn dns_flood(cancel: CancellationToken, socket: tokio::net::UdpSocket, tal
     }
 }
 
-/// The hostile actor's egress figures in atunnel's /stats.
-fn hostile_egress(stats: &Value) -> Value {
-    let uid = format!("uid-{HOSTILE}");
-    stats["egress_actors"]
-        .as_array()
-        .and_then(|a| a.iter().find(|x| x["actor"] == uid.as_str()))
-        .cloned()
-        .unwrap_or(Value::Null)
+/// The numeric figures of the entries of `list` whose `actor` is one of
+/// `names`, summed field by field (an object; empty when none is there).
+fn summed(list: &Value, names: &[String]) -> Value {
+    let mut sum = serde_json::Map::new();
+    for entry in list.as_array().into_iter().flatten() {
+        if !names.iter().any(|n| entry["actor"] == n.as_str()) {
+            continue;
+        }
+        for (key, v) in entry.as_object().into_iter().flatten() {
+            if let Some(x) = v.as_f64() {
+                let total = sum.get(key).and_then(Value::as_f64).unwrap_or(0.0) + x;
+                sum.insert(key.clone(), json!(total));
+            }
+        }
+    }
+    Value::Object(sum)
 }
 
-/// The hostile actor's ingress figures in atunnel's /stats, if it has them.
-fn hostile_ingress(stats: &Value) -> Value {
-    let name = format!("bench/actor-{HOSTILE}");
-    stats["ingress"]["actors"]
-        .as_array()
-        .and_then(|a| a.iter().find(|x| x["actor"] == name.as_str()))
-        .cloned()
-        .unwrap_or(Value::Null)
+/// The egress figures of `actors` in atunnel's /stats, summed.
+fn egress_of(stats: &Value, actors: &[u64]) -> Value {
+    let names: Vec<String> = actors.iter().map(|a| format!("uid-{a}")).collect();
+    summed(&stats["egress_actors"], &names)
 }
 
-/// What a pattern made atunnel refuse or end, from two /stats readings.
-fn refusals(before: &Value, after: &Value) -> Value {
+/// The ingress figures of `actors` in atunnel's /stats, summed.
+fn ingress_of(stats: &Value, actors: &[u64]) -> Value {
+    let names: Vec<String> = actors.iter().map(|a| format!("bench/actor-{a}")).collect();
+    summed(&stats["ingress"]["actors"], &names)
+}
+
+/// What a pattern made atunnel refuse or end, from two /stats readings:
+/// the hostile actors' refusals and the process's.
+fn refusals(before: &Value, after: &Value, hostiles: &[u64]) -> Value {
     let d = |path: &[&str]| (num(after, path) - num(before, path)).max(0.0);
-    let (eb, ea) = (hostile_egress(before), hostile_egress(after));
+    let (eb, ea) = (egress_of(before, hostiles), egress_of(after, hostiles));
     let de = |key: &str| (num(&ea, &[key]) - num(&eb, &[key])).max(0.0);
-    let (ib, ia) = (hostile_ingress(before), hostile_ingress(after));
+    let (ib, ia) = (ingress_of(before, hostiles), ingress_of(after, hostiles));
     json!({
         "refused_tunnels": de("refused_tunnels_total"),
         "refused_opening": de("refused_opening_total"),
@@ -837,8 +1100,14 @@ struct Resources {
 }
 
 impl Resources {
-    fn read(stats: &Value, cgroup_bytes: u64, tunnel_pid: Option<u32>, census: &Census) -> Self {
-        let h = hostile_egress(stats);
+    fn read(
+        stats: &Value,
+        cgroup_bytes: u64,
+        tunnel_pid: Option<u32>,
+        census: &Census,
+        hostiles: &[u64],
+    ) -> Self {
+        let h = egress_of(stats, hostiles);
         Self {
             heap: num(stats, &["process", "heap_bytes"]),
             fds: num(stats, &["process", "open_fds"]),
@@ -848,7 +1117,7 @@ impl Resources {
             hostile_opening: num(&h, &["opening"]),
             cgroup: cgroup_bytes as f64,
             gateway_conns: tunnel_pid.map_or(0.0, gateway_connections),
-            neighbours: census.neighbours() as f64,
+            neighbours: census.neighbours(hostiles) as f64,
         }
     }
 
@@ -1014,14 +1283,14 @@ impl Census {
         census
     }
 
-    /// Sockets in the sandboxes of actors other than the hostile one: the
+    /// Sockets in the sandboxes of actors other than the hostile ones: the
     /// victim's tunnels and atunnel's pooled ingress connections to those
     /// actors.
-    fn neighbours(&self) -> usize {
+    fn neighbours(&self, hostiles: &[u64]) -> usize {
         self.sandboxes
             .iter()
             .enumerate()
-            .filter(|(i, _)| *i as u64 != HOSTILE)
+            .filter(|(i, _)| !hostiles.contains(&(*i as u64)))
             .map(|(_, n)| n)
             .sum()
     }
@@ -1042,44 +1311,109 @@ impl Census {
     }
 }
 
-/// Runs `work` while sampling the cgroup's memory every 100 ms: its output
-/// and the highest reading.
-async fn with_peak_memory<T>(bench: &Bench, work: impl Future<Output = T>) -> (T, u64) {
-    let mut peak = bench.cgroup_sample().memory_bytes;
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    tokio::pin!(work);
-    loop {
-        tokio::select! {
-            out = &mut work => return (out, peak.max(bench.cgroup_sample().memory_bytes)),
-            _ = tick.tick() => peak = peak.max(bench.cgroup_sample().memory_bytes),
+/// The highest readings while a pattern ran: the cgroup's memory, and
+/// from /stats the overload guard's state and atunnel's descriptors.
+#[derive(Clone, Debug, PartialEq)]
+struct Peaks {
+    memory: u64,
+    overload: String,
+    open_fds: f64,
+}
+
+/// The overload guard's states in order of severity.
+fn overload_rank(state: &str) -> u8 {
+    match state {
+        "hard" => 2,
+        "soft" => 1,
+        _ => 0,
+    }
+}
+
+impl Peaks {
+    fn new(memory: u64) -> Self {
+        Self {
+            memory,
+            overload: "normal".into(),
+            open_fds: 0.0,
+        }
+    }
+
+    fn note(&mut self, memory: u64, stats: Option<&Value>) {
+        self.memory = self.memory.max(memory);
+        if let Some(stats) = stats {
+            if let Some(state) = stats["overload"]["state"].as_str()
+                && overload_rank(state) > overload_rank(&self.overload)
+            {
+                self.overload = state.to_string();
+            }
+            self.open_fds = self.open_fds.max(num(stats, &["process", "open_fds"]));
         }
     }
 }
 
+/// Runs `work` while sampling the cgroup's memory every 100 ms and
+/// atunnel's /stats every 500 ms: its output and the highest readings.
+async fn with_peaks<T>(bench: &Bench, work: impl Future<Output = T>) -> (T, Peaks) {
+    let peaks = std::sync::Mutex::new(Peaks::new(bench.cgroup_sample().memory_bytes));
+    let out = {
+        let watch = async {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            for n in 0u64.. {
+                tick.tick().await;
+                let memory = bench.cgroup_sample().memory_bytes;
+                let stats = if n % 5 == 0 {
+                    bench.stats(false).await.ok()
+                } else {
+                    None
+                };
+                peaks
+                    .lock()
+                    .expect("peaks lock")
+                    .note(memory, stats.as_ref());
+            }
+        };
+        tokio::pin!(work, watch);
+        loop {
+            tokio::select! {
+                out = &mut work => break out,
+                () = &mut watch => {}
+            }
+        }
+    };
+    let mut peaks = peaks.into_inner().expect("peaks lock");
+    peaks.note(bench.cgroup_sample().memory_bytes, None);
+    (out, peaks)
+}
+
 /// Waits until `pattern` is established: for those that hold connections,
-/// 95 % of them held (and 1 s more for their queues to fill); for the
-/// flood, atunnel refusing the hostile actor; for DNS, 1 s of it. Returns
-/// how long it took and whether the target was reached.
+/// 95 % of them held (and 1 s more for their queues to fill), or, for the
+/// actors at their budgets, as many as atunnel admits (no more held for
+/// [`PLATEAU`]); for the flood, atunnel refusing the hostile actor; for
+/// DNS, 1 s of it. Returns how long it took and whether it was reached.
 async fn establish(
     bench: &Bench,
     pattern: Pattern,
-    sizes: &Sizes,
+    target: Option<usize>,
     tally: &Tally,
     before: &Value,
+    hostiles: &[u64],
 ) -> (f64, bool) {
+    const PLATEAU: Duration = Duration::from_secs(2);
     let t0 = Instant::now();
-    let target = |n: usize| (n as f64 * 0.95) as u64;
+    let (mut most, mut grew) = (0, t0);
     let reached = loop {
-        let done = match pattern {
-            Pattern::UnreadDownloads | Pattern::StalledUploads => {
-                tally.holding.load(Ordering::Relaxed) >= target(sizes.stalled)
+        let holding = tally.holding.load(Ordering::Relaxed);
+        if holding > most {
+            (most, grew) = (holding, Instant::now());
+        }
+        let done = match (pattern, target) {
+            (Pattern::ActorsAtBudget, Some(n)) => {
+                holding >= (n as f64 * 0.95) as u64 || (most > 0 && grew.elapsed() >= PLATEAU)
             }
-            Pattern::StalledIngressConnect => {
-                tally.holding.load(Ordering::Relaxed) >= target(sizes.ingress)
-            }
-            Pattern::ConnectionFlood => match bench.stats(false).await {
+            (_, Some(n)) => holding >= (n as f64 * 0.95) as u64,
+            (Pattern::ConnectionFlood, None) => match bench.stats(false).await {
                 Ok(now) => {
-                    let r = refusals(before, &now);
+                    let r = refusals(before, &now, hostiles);
                     num(&r, &["refused_tunnels"])
                         + num(&r, &["refused_opening"])
                         + num(&r, &["refused_overload"])
@@ -1087,7 +1421,7 @@ async fn establish(
                 }
                 Err(_) => false,
             },
-            Pattern::DnsFlood => t0.elapsed() >= Duration::from_secs(1),
+            (_, None) => t0.elapsed() >= Duration::from_secs(1),
         };
         if done {
             break true;
@@ -1098,10 +1432,7 @@ async fn establish(
         tokio::time::sleep(POLL).await;
     };
     let secs = t0.elapsed().as_secs_f64();
-    if matches!(
-        pattern,
-        Pattern::UnreadDownloads | Pattern::StalledUploads | Pattern::StalledIngressConnect
-    ) {
+    if target.is_some() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     (secs, reached)
@@ -1114,6 +1445,7 @@ async fn recover(
     bench: &Bench,
     actors: &Actors,
     base: &Resources,
+    hostiles: &[u64],
 ) -> (Option<f64>, Vec<String>, Resources) {
     let t0 = Instant::now();
     let mut above = vec!["no /stats answer".to_string()];
@@ -1126,6 +1458,7 @@ async fn recover(
                 bench.cgroup_sample().memory_bytes,
                 bench.tunnel_pid(),
                 &census,
+                hostiles,
             );
             above = last.above(base);
             if above.is_empty() {
@@ -1169,6 +1502,56 @@ impl Stage {
     }
 }
 
+/// What a pattern's verdict is made of.
+struct Checks {
+    http_ratio: Option<f64>,
+    https_ratio: Option<f64>,
+    tcp_ratio: Option<f64>,
+    victim_errors: u64,
+    /// Of the victim's [`PROBE_TUNNELS`] new egress tunnels.
+    new_tunnels_refused: u64,
+    oom_kills: u64,
+    alive: bool,
+    peak_memory: f64,
+    soft: f64,
+    /// The overload guard was seen past normal, or changed state.
+    guard_left_normal: bool,
+    recovered: bool,
+}
+
+/// What failed of `c`: empty when the pattern passed.
+fn verdict(c: &Checks) -> Vec<&'static str> {
+    let mut failed = Vec::new();
+    if c.http_ratio.is_none_or(|r| r > P99_RATIO_MAX) {
+        failed.push("victim egress-http p99");
+    }
+    if c.https_ratio.is_none_or(|r| r > P99_RATIO_MAX) {
+        failed.push("victim ingress-https p99");
+    }
+    if c.tcp_ratio.is_none_or(|r| r < TCP_RATIO_MIN) {
+        failed.push("victim egress-tcp throughput");
+    }
+    if c.victim_errors > 0 {
+        failed.push("victim errors");
+    }
+    if c.new_tunnels_refused > 0 {
+        failed.push("victim new tunnels refused");
+    }
+    if c.oom_kills > 0 || !c.alive {
+        failed.push("atunnel died");
+    }
+    if c.peak_memory >= c.soft {
+        failed.push("memory over the soft threshold");
+    }
+    if c.guard_left_normal {
+        failed.push("overload guard left normal");
+    }
+    if !c.recovered {
+        failed.push("not back to baseline");
+    }
+    failed
+}
+
 fn ratio(now: f64, base: f64) -> Option<f64> {
     (base > 0.0).then(|| (now / base * 1000.0).round() / 1000.0)
 }
@@ -1183,32 +1566,36 @@ async fn run_pattern(
     cgroup_limit: u64,
 ) -> Result<Value, BoxError> {
     bench.check_tunnel().await?;
+    let plan = Plan::of(pattern, bench.actor_count(), fd_room());
+    let hostiles = &plan.hostiles[..];
     let base = measure_victim(bench, &stage.victim, sizes).await;
     let before = bench.stats(true).await?;
     let cg0 = bench.cgroup_sample();
     let census0 = Census::take(bench, &stage.actors).await;
-    let base_res = Resources::read(&before, cg0.memory_bytes, bench.tunnel_pid(), &census0);
+    let base_res = Resources::read(
+        &before,
+        cg0.memory_bytes,
+        bench.tunnel_pid(),
+        &census0,
+        hostiles,
+    );
     let soft = soft_threshold(&before, cgroup_limit);
-    let hostile = Hostile::start(
-        pattern,
-        sizes,
-        &stage.actors,
-        &bench.topo.exec,
-        &stage.router,
-    )
-    .await?;
-    let ((established, during, under), peak) = with_peak_memory(bench, async {
-        let established = establish(bench, pattern, sizes, &hostile.tally, &before).await;
+    let target = pattern.target(sizes, &plan);
+    let hostile = Hostile::start(pattern, sizes, &plan, stage, &bench.topo.exec).await?;
+    let ((established, during, under, probe), peaks) = with_peaks(bench, async {
+        let established =
+            establish(bench, pattern, target, &hostile.tally, &before, hostiles).await;
         let during = bench.stats(false).await.unwrap_or_default();
         let under = measure_victim(bench, &stage.victim, sizes).await;
-        (established, during, under)
+        let probe = stage.victim.new_tunnels().await;
+        (established, during, under, probe)
     })
     .await;
     let after = bench.stats(false).await.unwrap_or_default();
     let tally = hostile.tally.clone();
     let held = tally.holding.load(Ordering::Relaxed);
     hostile.stop().await;
-    let (recovered, above, after_res) = recover(bench, &stage.actors, &base_res).await;
+    let (recovered, above, after_res) = recover(bench, &stage.actors, &base_res, hostiles).await;
     let census = Census::take(bench, &stage.actors).await;
     let alive = bench.check_tunnel().await?;
     let oom_kills = bench
@@ -1224,29 +1611,34 @@ async fn run_pattern(
     let http_ratio = ratio(p99(&under), p99(&base));
     let https_ratio = ratio(p99s(&under), p99s(&base));
     let tcp_ratio = ratio(under.tcp_median(), base.tcp_median());
-    let mut failed = Vec::new();
-    if http_ratio.is_none_or(|r| r > P99_RATIO_MAX) {
-        failed.push("victim egress-http p99");
-    }
-    if https_ratio.is_none_or(|r| r > P99_RATIO_MAX) {
-        failed.push("victim ingress-https p99");
-    }
-    if tcp_ratio.is_none_or(|r| r < TCP_RATIO_MIN) {
-        failed.push("victim egress-tcp throughput");
-    }
-    if under.errors() > 0 {
-        failed.push("victim errors");
-    }
-    if oom_kills > 0 || !alive {
-        failed.push("atunnel died");
-    }
-    if peak as f64 >= soft {
-        failed.push("memory over the soft threshold");
-    }
-    if recovered.is_none() {
-        failed.push("not back to baseline");
-    }
-    let hostile_egress_during = hostile_egress(&during);
+    let transitions = (num(&after, &["overload", "transitions_total"])
+        - num(&before, &["overload", "transitions_total"]))
+    .max(0.0);
+    let (victim_e0, victim_e1) = (egress_of(&before, &[VICTIM]), egress_of(&after, &[VICTIM]));
+    let victim_refused = json!({
+        "new_tunnels_tried": PROBE_TUNNELS,
+        "new_tunnels_refused": probe.0,
+        "new_tunnels_first_error": probe.1,
+        "request_errors": under.errors(),
+        "egress_refused_overload": (num(&victim_e1, &["refused_overload_total"]) - num(&victim_e0, &["refused_overload_total"])).max(0.0),
+        "egress_refused_tunnels": (num(&victim_e1, &["refused_tunnels_total"]) - num(&victim_e0, &["refused_tunnels_total"])).max(0.0),
+    });
+    let failed = verdict(&Checks {
+        http_ratio,
+        https_ratio,
+        tcp_ratio,
+        victim_errors: under.errors(),
+        new_tunnels_refused: probe.0,
+        oom_kills,
+        alive,
+        peak_memory: peaks.memory as f64,
+        soft,
+        guard_left_normal: overload_rank(&peaks.overload) > 0 || transitions > 0.0,
+        recovered: recovered.is_some(),
+    });
+    let peak = peaks.memory;
+    let hostile_egress_during = egress_of(&during, hostiles);
+    let hostile_ingress_during = ingress_of(&during, hostiles);
     let mut row = json!({
         "pattern": pattern.name(),
         "pass": failed.is_empty(),
@@ -1261,6 +1653,13 @@ async fn run_pattern(
         "soft_threshold_bytes": soft.round(),
         "recovered_s": recovered.map(|s| (s * 10.0).round() / 10.0),
         "not_recovered": above,
+        "victim_refused": victim_refused,
+        "overload": {
+            "worst_state": peaks.overload,
+            "transitions": transitions,
+            "peak_open_fds": peaks.open_fds,
+            "descriptor_limit": num(&before, &["overload", "descriptors", "limit"]),
+        },
     });
     let victim = json!({
         "victim_http_p99_us": under.http.latency.p99,
@@ -1304,8 +1703,13 @@ async fn run_pattern(
             "sent": tally.sent.load(Ordering::Relaxed),
             "tunnels_in_atunnel": num(&hostile_egress_during, &["tunnels"]),
             "buffers_in_atunnel": num(&hostile_egress_during, &["buffers"]),
+            "ingress_in_flight_in_atunnel": num(&hostile_ingress_during, &["in_flight"]),
+            "actors": hostiles.iter().map(|a| format!("actor-{a}")).collect::<Vec<_>>(),
+            "target": target,
+            "egress_each": plan.egress_each,
+            "fd_limited": plan.fd_limited,
         },
-        "refused": refusals(&before, &after),
+        "refused": refusals(&before, &after, hostiles),
         "during": {
             "heap_bytes": num(&during, &["process", "heap_bytes"]),
             "open_fds": num(&during, &["process", "open_fds"]),
@@ -1325,7 +1729,7 @@ async fn run_pattern(
         }
     }
     eprintln!(
-        "         {}: http p99 {:.2} -> {:.2} ms, https p99 {:.2} -> {:.2} ms, tcp {:.0} -> {:.0} MB/s, peak {:.0} MiB (soft {:.0}), recovered {}, cores: tunnel {:.2} -> {:.2}, generator {:.2} -> {:.2}, sink {:.2} -> {:.2}, others {:.2} -> {:.2}{}",
+        "         {}: http p99 {:.2} -> {:.2} ms, https p99 {:.2} -> {:.2} ms, tcp {:.0} -> {:.0} MB/s, victim errors {} and {} of {PROBE_TUNNELS} new tunnels refused, hostile held {held}, guard {}, peak {:.0} MiB (soft {:.0}), recovered {}, cores: tunnel {:.2} -> {:.2}, generator {:.2} -> {:.2}, sink {:.2} -> {:.2}, others {:.2} -> {:.2}{}",
         pattern.name(),
         p99(&base) / 1e3,
         p99(&under) / 1e3,
@@ -1333,6 +1737,9 @@ async fn run_pattern(
         p99s(&under) / 1e3,
         base.tcp_median(),
         under.tcp_median(),
+        under.errors(),
+        probe.0,
+        peaks.overload,
         peak as f64 / 1048576.0,
         soft / 1048576.0,
         recovered.map_or("never".into(), |s| format!("in {s:.1} s")),
@@ -1441,7 +1848,7 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
         ),
         "the baseline is taken right before each pattern, after the previous one recovered, because latency on a shared 2-core machine drifts; baseline_spread is, per figure, the largest over the smallest of those baselines: the noise a ratio has to be read against".into(),
         format!(
-            "pass: both p99 ratios <= {P99_RATIO_MAX}, the tcp ratio >= {TCP_RATIO_MIN}, no victim errors, no OOM kill, peak cgroup memory (sampled every 100 ms from the pattern's start until it stopped) under the overload guard's soft threshold, and recovered_s not null: after the hostile actor stopped, /stats (after releasing free memory) every {} ms until heap within {} MiB, cgroup memory within {} MiB, descriptors and tasks within {COUNT_SLACK} (not counting atunnel's sockets in the other actors' sandboxes, one task each: the victim's tunnels and the ingress connections atunnel pools to the victim, which grow when the victim is slowed and are the victim's, shown as neighbour_sockets; tunnel_sockets_before/after say where every socket descriptor is listed), pooled buffers out no more than at baseline and no hostile egress tunnel, given up after {} s",
+            "pass: both p99 ratios <= {P99_RATIO_MAX}, the tcp ratio >= {TCP_RATIO_MIN}, no victim errors, none of the victim's {PROBE_TUNNELS} new egress tunnels opened under the pattern refused (one byte there and back each: victim_refused), the overload guard normal throughout (its state read every 500 ms, and no state change between the readings before and after: overload), no OOM kill, peak cgroup memory (sampled every 100 ms from the pattern's start until it stopped) under the overload guard's soft threshold, and recovered_s not null: after the hostile actor stopped, /stats (after releasing free memory) every {} ms until heap within {} MiB, cgroup memory within {} MiB, descriptors and tasks within {COUNT_SLACK} (not counting atunnel's sockets in the other actors' sandboxes, one task each: the victim's tunnels and the ingress connections atunnel pools to the victim, which grow when the victim is slowed and are the victim's, shown as neighbour_sockets; tunnel_sockets_before/after say where every socket descriptor is listed), pooled buffers out no more than at baseline and no hostile egress tunnel, given up after {} s",
             POLL.as_millis(),
             HEAP_SLACK / 1048576.0,
             CGROUP_SLACK / 1048576.0,
@@ -1449,7 +1856,8 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
         ),
         "the cores columns say who was busy during the victim's measurement: atunnel (its cgroup, held to its quota), the generator (the victim's clients and the hostile actor alike, one process), the sink (the victim's egress far end), the actors (its ingress far end) and other work on the machine (/proc/stat's busy time less all of those); machine_saturated when all of it came to 90 % of the machine's cores, when the victim's clients and far ends waited for CPU and what the victim saw is not atunnel's alone".into(),
     ];
-    notes.extend(PATTERNS.iter().map(|p| p.what(&sizes)));
+    let actors = bench.actor_count();
+    notes.extend(PATTERNS.iter().map(|p| p.what(&sizes, &p.hostiles(actors))));
     Ok(ScenarioResult {
         name: Scenario::NoisyNeighbour.name().into(),
         rungs: Vec::new(),
@@ -1466,4 +1874,136 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
         }),
         notes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actors_at_budget_takes_four_hostile_actors_beside_the_victim_if_hosted() {
+        assert_eq!(Pattern::ActorsAtBudget.hostiles(16), vec![1, 2, 3, 4]);
+        assert_eq!(Pattern::ActorsAtBudget.hostiles(5), vec![1, 2, 3, 4]);
+        assert_eq!(Pattern::ActorsAtBudget.hostiles(3), vec![1, 2]);
+        assert_eq!(Pattern::StalledResponseBodies.hostiles(16), vec![HOSTILE]);
+    }
+
+    #[test]
+    fn the_generators_descriptor_limit_cuts_the_tunnels_each_hostile_actor_tries() {
+        let room = Plan::of(Pattern::ActorsAtBudget, 5, 19_900);
+        assert_eq!((room.egress_each, room.fd_limited), (EGRESS_BUDGET, false));
+        // 4 actors in 9,000 - 1,000 kept back: 2,000 each.
+        let tight = Plan::of(Pattern::ActorsAtBudget, 5, 9_000);
+        assert_eq!((tight.egress_each, tight.fd_limited), (2000, true));
+        let none = Plan::of(Pattern::ActorsAtBudget, 5, 500);
+        assert_eq!((none.egress_each, none.fd_limited), (0, true));
+        let other = Plan::of(Pattern::StalledResponseBodies, 5, 500);
+        assert_eq!((other.egress_each, other.fd_limited), (0, false));
+    }
+
+    #[test]
+    fn stalled_response_bodies_target_no_more_than_the_victims_connections_have_streams_for() {
+        let plan = Plan::of(Pattern::StalledResponseBodies, 5, 20_000);
+        let mut sizes = Sizes::of(false);
+        sizes.stalled_bodies = 1000;
+        assert_eq!(
+            Pattern::StalledResponseBodies.target(&sizes, &plan),
+            Some(ROUTER_CONNS * ROUTER_STREAMS)
+        );
+        sizes.stalled_bodies = 100;
+        assert_eq!(
+            Pattern::StalledResponseBodies.target(&sizes, &plan),
+            Some(100)
+        );
+        let budget = Plan::of(Pattern::ActorsAtBudget, 5, 20_000);
+        assert_eq!(
+            Pattern::ActorsAtBudget.target(&sizes, &budget),
+            Some(4 * (EGRESS_BUDGET + INGRESS_BUDGET))
+        );
+        assert_eq!(Pattern::DnsFlood.target(&sizes, &plan), None);
+    }
+
+    #[test]
+    fn the_hostile_actors_figures_are_summed_and_the_victims_left_out() {
+        let stats = json!({
+            "egress_actors": [
+                {"actor": "uid-0", "tunnels": 7, "refused_overload_total": 3},
+                {"actor": "uid-1", "tunnels": 100, "refused_overload_total": 1},
+                {"actor": "uid-2", "tunnels": 50},
+            ],
+            "ingress": {"actors": [
+                {"actor": "bench/actor-1", "in_flight": 10},
+                {"actor": "bench/actor-3", "in_flight": 5},
+            ]},
+        });
+        let h = egress_of(&stats, &[1, 2, 3]);
+        assert_eq!(num(&h, &["tunnels"]), 150.0);
+        assert_eq!(num(&h, &["refused_overload_total"]), 1.0);
+        assert_eq!(num(&egress_of(&stats, &[VICTIM]), &["tunnels"]), 7.0);
+        assert_eq!(num(&ingress_of(&stats, &[1, 2, 3]), &["in_flight"]), 15.0);
+        assert_eq!(num(&egress_of(&stats, &[9]), &["tunnels"]), 0.0);
+        assert_eq!(
+            num(&ingress_of(&json!({"ingress": null}), &[1]), &["in_flight"]),
+            0.0
+        );
+    }
+
+    #[test]
+    fn the_worst_overload_state_seen_is_kept() {
+        let mut peaks = Peaks::new(10);
+        let at = |state: &str, fds: f64| json!({"overload": {"state": state}, "process": {"open_fds": fds}});
+        peaks.note(20, Some(&at("soft", 17_100.0)));
+        peaks.note(15, Some(&at("normal", 900.0)));
+        peaks.note(5, None);
+        assert_eq!(
+            peaks,
+            Peaks {
+                memory: 20,
+                overload: "soft".into(),
+                open_fds: 17_100.0
+            }
+        );
+        peaks.note(5, Some(&at("hard", 0.0)));
+        assert_eq!(peaks.overload, "hard");
+    }
+
+    fn passing() -> Checks {
+        Checks {
+            http_ratio: Some(1.0),
+            https_ratio: Some(1.05),
+            tcp_ratio: Some(0.95),
+            victim_errors: 0,
+            new_tunnels_refused: 0,
+            oom_kills: 0,
+            alive: true,
+            peak_memory: 100.0,
+            soft: 870.0,
+            guard_left_normal: false,
+            recovered: true,
+        }
+    }
+
+    #[test]
+    fn a_victim_refused_or_a_guard_gone_soft_fails_the_pattern() {
+        assert!(verdict(&passing()).is_empty());
+        let refused = Checks {
+            new_tunnels_refused: 3,
+            ..passing()
+        };
+        assert_eq!(verdict(&refused), vec!["victim new tunnels refused"]);
+        let soft = Checks {
+            guard_left_normal: true,
+            ..passing()
+        };
+        assert_eq!(verdict(&soft), vec!["overload guard left normal"]);
+        let starved = Checks {
+            https_ratio: None,
+            victim_errors: 2500,
+            ..passing()
+        };
+        assert_eq!(
+            verdict(&starved),
+            vec!["victim ingress-https p99", "victim errors"]
+        );
+    }
 }

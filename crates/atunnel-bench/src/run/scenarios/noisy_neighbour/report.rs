@@ -56,7 +56,7 @@ fn mib(v: &Value) -> String {
 /// The table: one row per pattern.
 fn table(rows: &[Value]) -> String {
     let mut md = String::from(
-        "| pattern | http p99 ms (base -> under) | ratio | https p99 ms (base -> under) | ratio | tcp MB/s (base -> under) | ratio | OOM kills | peak / soft MiB | recovered s | atunnel refused or reset | cores under: tunnel / generator / sink / other work | pass |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| pattern | http p99 ms (base -> under) | ratio | https p99 ms (base -> under) | ratio | tcp MB/s (base -> under) | ratio | OOM kills | peak / soft MiB | recovered s | atunnel refused or reset | victim refused; overload guard | cores under: tunnel / generator / sink / other work | pass |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let refused = &r["refused"];
@@ -73,6 +73,14 @@ fn table(rows: &[Value]) -> String {
             sum(&["stalled_write_ends", "half_closed_ends"]),
             sum(&["shed", "overload_shed"]),
         );
+        let victim = &r["victim_refused"];
+        let victim_text = format!(
+            "{}/{} new tunnels, {} request errors; {}",
+            num(&victim["new_tunnels_refused"], 0),
+            num(&victim["new_tunnels_tried"], 0),
+            num(&victim["request_errors"], 0),
+            r["overload"]["worst_state"].as_str().unwrap_or("-"),
+        );
         let pass = if r["pass"] == true {
             "pass".to_string()
         } else {
@@ -84,7 +92,7 @@ fn table(rows: &[Value]) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {} -> {} | {} | {} -> {} | {} | {} -> {} | {} | {} | {} / {} | {} | {} | {} / {} / {} / {}{} | {} |",
+            "| {} | {} -> {} | {} | {} -> {} | {} | {} -> {} | {} | {} | {} / {} | {} | {} | {} | {} / {} / {} / {}{} | {} |",
             r["pattern"].as_str().unwrap_or("?"),
             ms(&r["baseline_http_p99_us"]),
             ms(&r["victim_http_p99_us"]),
@@ -102,6 +110,7 @@ fn table(rows: &[Value]) -> String {
                 .as_f64()
                 .map_or("never".into(), |s| format!("{s:.1}")),
             refused_text,
+            victim_text,
             num(&r["tunnel_cores"], 2),
             num(&r["generator_cores"], 2),
             num(&r["sink_cores"], 2),
@@ -140,6 +149,9 @@ mod tests {
                 "tunnel_cores": 0.6, "generator_cores": 0.7, "sink_cores": 0.1,
                 "others_cores": 0.2, "machine_saturated": !pass,
                 "refused": {"refused_tunnels": 300.0, "stalled_write_ends": 12.0, "shed": 0.0},
+                "victim_refused": {"new_tunnels_tried": 50, "new_tunnels_refused": if pass { 0 } else { 17 },
+                                   "request_errors": if pass { 0 } else { 2500 }},
+                "overload": {"worst_state": if pass { "normal" } else { "soft" }},
             })
         };
         ScenarioResult {
@@ -167,6 +179,14 @@ mod tests {
             "{md}"
         );
         assert!(rows[1].contains("300 refused, 12 reset at a bound"), "{md}");
+        assert!(
+            rows[1].contains("| 0/50 new tunnels, 0 request errors; normal |"),
+            "{md}"
+        );
+        assert!(
+            rows[2].contains("| 17/50 new tunnels, 2500 request errors; soft |"),
+            "{md}"
+        );
         assert!(
             rows[2].contains("never") && rows[2].contains("**fail**: victim egress-http p99"),
             "{md}"
