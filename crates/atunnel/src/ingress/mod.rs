@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel_core::relay::RelayBounds;
 use crate::SHUTDOWN_CLOSE_GRACE;
+use atunnel_core::relay::RelayBounds;
 
 use atunnel_core::sockopt::SocketOptions;
 use atunnel_core::{BufferPool, Listener, ListenerStats};
