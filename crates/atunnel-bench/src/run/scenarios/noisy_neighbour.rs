@@ -92,10 +92,11 @@ const DNS_RELAY: SocketAddr =
 const BLACK_HOLE: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(SINK_ADDR), 53);
 /// The actors' port whose every connection gets an endless stream of bytes.
 const FLOOD_PORT: u16 = 9000;
-/// atunnel's relay bounds and pooled gateway connections' idle timeout for
-/// the scenario (the defaults are 60 s and 90 s): a tunnel that can never
-/// finish is reset, and the hostile actor's extra gateway connections close,
-/// within it, and so recovery is measured within the run.
+/// atunnel's relay bounds, ingress body idle bounds and pooled gateway
+/// connections' idle timeout for the scenario (the defaults are 60 s and
+/// 90 s): a tunnel or body that can never finish is reset, and the hostile
+/// actor's extra gateway connections close, within it, and so recovery is
+/// measured within the run.
 const RELAY_BOUND: &str = "10s";
 /// The victim's request rate, egress HTTP and ingress HTTPS alike.
 const RATE: f64 = 1000.0;
@@ -1783,6 +1784,8 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
         format!("--stalled-write-timeout={RELAY_BOUND}"),
         format!("--half-closed-timeout={RELAY_BOUND}"),
         format!("--gateway-idle-timeout={RELAY_BOUND}"),
+        format!("--actor-response-body-timeout={RELAY_BOUND}"),
+        format!("--actor-request-body-timeout={RELAY_BOUND}"),
         format!("--resolv-conf={}", resolv.display()),
     ];
     let mut flags = bench.tunnel_args().to_vec();
@@ -1843,7 +1846,7 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
             sizes.window.as_secs_f64()
         ),
         format!(
-            "atunnel ran with {} (relay bounds of {RELAY_BOUND} instead of 60 s, so a tunnel that cannot finish ends within the run; a resolver that never answers); budgets at their defaults",
+            "atunnel ran with {} (relay and ingress body bounds of {RELAY_BOUND} instead of 60 s, so a tunnel that cannot finish ends within the run; a resolver that never answers); budgets at their defaults",
             own.join(" ")
         ),
         "the baseline is taken right before each pattern, after the previous one recovered, because latency on a shared 2-core machine drifts; baseline_spread is, per figure, the largest over the smallest of those baselines: the noise a ratio has to be read against".into(),
