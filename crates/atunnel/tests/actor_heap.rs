@@ -123,9 +123,12 @@ async fn an_idle_actors_heap_is_bounded_per_part() {
     // a failed accept's result; each task rounds up to 128 B.
     assert!(sandbox <= 4096.0, "a sandbox holds {sandbox:.0} B of heap");
     // 1.4 KB while each route built its HTTP/1.1 client and pool at once,
-    // and kept its own copy of the pool and socket settings.
+    // and kept its own copy of the pool and socket settings. 1.6 -> 1.9 KB
+    // with the budgets of issue 27: the route's port slots, its share of
+    // the buffer pool for CONNECT, its holdings and the body and CONNECT
+    // counters.
     assert!(
-        activation <= 1792.0,
+        activation <= 2048.0,
         "an activation holds {activation:.0} B of heap"
     );
 }
