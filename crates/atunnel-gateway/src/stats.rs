@@ -29,6 +29,9 @@ pub(crate) struct Stats {
     pub budgets: crate::budget::BudgetStats,
     /// The overload guard's state and actions, when one runs.
     pub overload: Option<atunnel_core::overload::OverloadFigures>,
+    /// The destination policy's refusals (403) by rule, and its reloads;
+    /// absent for a far end without one.
+    pub policy: Option<crate::policy::PolicyStats>,
     /// /stats's own listener: connections accepted, and those past its
     /// cap taken into the probe reserve.
     pub admin: AdminFigures,
@@ -43,6 +46,7 @@ pub(crate) struct StatsSource {
     pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthFigures + Send + Sync>,
     pub budgets: Box<dyn Fn() -> crate::budget::BudgetStats + Send + Sync>,
     pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+    pub policy: Option<Arc<crate::policy::PolicyHandle>>,
     pub admin: Arc<AdminStats>,
 }
 
@@ -59,6 +63,7 @@ impl StatsSource {
             pre_auth: (self.pre_auth)(),
             budgets: (self.budgets)(),
             overload: self.overload.as_ref().map(|o| o.figures()),
+            policy: self.policy.as_ref().map(|p| p.stats()),
             admin: self.admin.figures(),
         }
     }
@@ -116,6 +121,10 @@ mod tests {
                 ..Default::default()
             }),
             overload: None,
+            policy: Some(Arc::new(
+                crate::policy::PolicyHandle::new(crate::policy::allowing(&["10.0.0.0/8"]), None)
+                    .expect("policy"),
+            )),
             admin: Default::default(),
         });
         let cancel = CancellationToken::new();
@@ -145,6 +154,10 @@ mod tests {
             assert_eq!(v["pre_auth"]["handshaking"], 2, "{v}");
             assert_eq!(v["pre_auth"]["refused_total"], 5, "{v}");
             assert_eq!(v["pre_auth"]["evicted_total"], 1, "{v}");
+            assert_eq!(
+                v["policy"]["refused_by_rule"]["default loopback 127.0.0.0/8"], 0,
+                "{v}"
+            );
             assert!(v["admin"]["accepted_total"].as_u64() >= Some(1), "{v}");
         }
         cancel.cancel();
