@@ -162,10 +162,12 @@ pub fn canonical(ip: IpAddr) -> (IpAddr, Option<Ipv4Addr>) {
     let s = v6.segments();
     let o = v6.octets();
     let last = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
-    let embedded = if s[..6] == [0u16; 6] && !v6.is_unspecified() && !v6.is_loopback() {
-        Some(last) // IPv4-compatible
-    } else if s[..6] == [0x64u16, 0xff9b, 0, 0, 0, 0] {
-        Some(last) // NAT64 well-known prefix
+    // IPv4-compatible (::a.b.c.d, not :: or ::1) and NAT64's well-known
+    // prefix embed the IPv4 address in their last 32 bits.
+    let compatible = s[..6] == [0u16; 6] && !v6.is_unspecified() && !v6.is_loopback();
+    let nat64 = s[..6] == [0x64u16, 0xff9b, 0, 0, 0, 0];
+    let embedded = if compatible || nat64 {
+        Some(last)
     } else if s[0] == 0x2002 {
         Some(Ipv4Addr::new(o[2], o[3], o[4], o[5])) // 6to4
     } else {
