@@ -74,10 +74,7 @@ fn main() -> std::process::ExitCode {
                 Command::Tunnel(args) => atunnel::host::run(*args, cancel).await,
                 Command::Serve(args) => atunnel::control::daemon::run(*args, cancel).await,
                 Command::Sink(args) => atunnel_support::sink::run(args, cancel).await,
-                Command::Gateway(args) => {
-                    let far = args.far_end();
-                    atunnel_gateway::cli::run(&args.gateway, far, cancel).await
-                }
+                Command::Gateway(args) => atunnel_gateway::cli::run_forward(&args, cancel).await,
                 Command::Pki { out } => {
                     pki::write(&out).map(|f| println!("wrote {}", f.dir.display()))
                 }

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use atunnel_identity::pem_files::{load_certs, load_key};
 use atunnel_process::{BoxError, PoolArgs, SocketArgs};
-use ipnet::IpNet;
 use tokio_util::sync::CancellationToken;
 
+use crate::policy::{DefaultDeny, PolicyError, PolicyHandle, PolicySpec, Rule};
 use crate::stats::StatsSource;
 use crate::{FarEnd, Forward, GatewayConfig};
 
@@ -87,9 +87,27 @@ pub struct GatewayArgs {
 pub struct ForwardArgs {
     #[command(flatten)]
     pub gateway: GatewayArgs,
-    /// Destination CIDR allowed (repeatable; default: none).
+    /// Destinations allowed: CIDR[:PORT|:LOW-HIGH], IPv6 with ports in
+    /// brackets ([2001:db8::/32]:443); repeatable, comma separated
+    /// (default: none; no allow rule matching is a 403). docs/operating.md.
+    #[arg(long, value_delimiter = ',')]
+    pub allow: Vec<Rule>,
+    /// Destinations denied, as --allow; a deny rule wins over any allow.
+    #[arg(long, value_delimiter = ',')]
+    pub deny: Vec<Rule>,
+    /// Default deny entries to lift (default: none): link-local, metadata,
+    /// loopback, unspecified, ipv4-compatible, own-listeners.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub skip_default_deny: Vec<DefaultDeny>,
+    /// A file of more rules, one a line (`allow RULE`, `deny RULE`, `#`
+    /// comments), re-read on SIGHUP and when it changes; one that fails to
+    /// parse is logged and the policy in force kept.
     #[arg(long)]
-    pub allow: Vec<IpNet>,
+    pub policy_file: Option<PathBuf>,
+    /// How often the policy file is checked for a change ("10s"; 0: only
+    /// on SIGHUP).
+    #[arg(long, default_value_t = atunnel_process::FlagDuration(DEFAULT_POLICY_FILE_POLL))]
+    pub policy_file_poll_interval: atunnel_process::FlagDuration,
     /// How long dialing a destination may take; past it the CONNECT gets
     /// 502 ("5s").
     #[arg(long, default_value_t = atunnel_process::FlagDuration(atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT))]
@@ -100,15 +118,63 @@ pub struct ForwardArgs {
     pub config: Option<std::path::PathBuf>,
 }
 
+/// Default of `--policy-file-poll-interval`: as the tunnel's trust bundle.
+pub const DEFAULT_POLICY_FILE_POLL: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl ForwardArgs {
-    pub fn far_end(&self) -> Forward {
-        Forward {
+    /// The destination policy of these flags; the policy file, if any, is
+    /// read now.
+    pub fn policy(&self) -> Result<PolicyHandle, PolicyError> {
+        let spec = PolicySpec {
             allow: self.allow.clone(),
+            deny: self.deny.clone(),
+            skip_default: self.skip_default_deny.clone(),
+            own_listeners: [Some(self.gateway.listen), self.gateway.stats]
+                .into_iter()
+                .flatten()
+                .collect(),
+        };
+        PolicyHandle::new(spec, self.policy_file.clone())
+    }
+
+    pub fn far_end(&self) -> Result<Forward, PolicyError> {
+        Ok(Forward {
+            policy: Arc::new(self.policy()?),
             socket: self.gateway.socket.options(),
             bounds: self.gateway.relay.bounds(),
             dial_timeout: self.dial_timeout.0,
-        }
+        })
     }
+}
+
+/// Serves the forwarding gateway of `args` until `cancel`, its policy
+/// reloaded on SIGHUP and when its file changes.
+pub async fn run_forward(args: &ForwardArgs, cancel: CancellationToken) -> Result<(), BoxError> {
+    let far = args.far_end()?;
+    let policy = far.policy.clone();
+    // The reloader stops with the gateway, also when serving fails.
+    let stop_reload = cancel.child_token();
+    let reload = async {
+        if let Some(path) = policy.file() {
+            let poll = args.policy_file_poll_interval.0;
+            atunnel_process::reload::on_sighup_or_change(path, poll, stop_reload.clone(), |why| {
+                match policy.reload() {
+                    Ok(()) => tracing::info!(why, "reloaded the destination policy"),
+                    Err(e) => {
+                        tracing::warn!(why, error = %e, "keeping the destination policy in force")
+                    }
+                }
+            })
+            .await
+        }
+    };
+    let serving = async {
+        let served = serve(&args.gateway, far, Some(policy.clone()), cancel.clone()).await;
+        stop_reload.cancel();
+        served
+    };
+    let (served, ()) = tokio::join!(serving, reload);
+    served
 }
 
 /// Serves a gateway with `far` as its far end (and `/stats` when
@@ -117,6 +183,15 @@ impl ForwardArgs {
 pub async fn run<F: FarEnd>(
     args: &GatewayArgs,
     far: F,
+    cancel: CancellationToken,
+) -> Result<(), BoxError> {
+    serve(args, far, None, cancel).await
+}
+
+async fn serve<F: FarEnd>(
+    args: &GatewayArgs,
+    far: F,
+    policy: Option<Arc<PolicyHandle>>,
     cancel: CancellationToken,
 ) -> Result<(), BoxError> {
     let mut cfg = GatewayConfig::new(
@@ -164,6 +239,7 @@ pub async fn run<F: FarEnd>(
                     Box::new(move || g.handler().budget_stats())
                 },
                 overload: overload.clone(),
+                policy,
                 admin: Default::default(),
             };
             Some((tcp, Arc::new(source)))
@@ -219,6 +295,36 @@ mod tests {
             atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT
         );
         assert!(args.allow.is_empty(), "forwarding is default deny");
+        assert!(args.deny.is_empty() && args.skip_default_deny.is_empty());
+        assert_eq!(
+            args.policy_file_poll_interval.0,
+            super::DEFAULT_POLICY_FILE_POLL
+        );
+        let policy = args.policy().expect("policy");
+        assert!(
+            policy.check("8.8.8.8:443".parse().expect("addr")).is_err(),
+            "no allow rule, no egress"
+        );
+        let rules = [
+            "atunnel-gateway",
+            "--cert=c",
+            "--key=k",
+            "--actor-ca=a",
+            "--allow=0.0.0.0/0,[::/0]:443",
+            "--deny=10.0.0.0/8:1-1024",
+            "--skip-default-deny=loopback",
+        ];
+        let policy = ForwardArgs::try_parse_from(rules)
+            .expect("flags parse")
+            .policy()
+            .expect("policy");
+        let check = |d: &str| policy.check(d.parse().expect("addr"));
+        assert!(check("10.0.0.1:2000").is_ok());
+        assert!(check("10.0.0.1:443").is_err());
+        assert!(check("127.0.0.1:80").is_ok(), "loopback skipped");
+        assert!(check("169.254.169.254:80").is_err());
+        assert!(check("0.0.0.0:443").is_err(), "unspecified");
+        assert!(check("[2001:db8::1]:80").is_err());
         assert_eq!(args.gateway.stats, None, "/stats is off unless asked for");
         let alpn = [
             "atunnel-gateway",

@@ -1,7 +1,7 @@
 //! The egress gateway: accepts HTTP/2 and HTTP/1.1 CONNECT over mutual TLS
 //! from actors and hands each authorised tunnel to its far end: in
-//! production [`Forward`], which dials the destination if the allow list
-//! contains it. The far end is a trait ([`FarEnd`]) so that a benchmark can
+//! production [`Forward`], which dials the destination if the policy
+//! allows it (`policy`). The far end is a trait ([`FarEnd`]) so that a benchmark can
 //! answer tunnels itself without this crate carrying its code.
 //!
 //! Only clients holding an actor certificate from the actor CA get past the
@@ -14,6 +14,7 @@
 
 pub mod budget;
 pub mod cli;
+pub mod policy;
 mod stats;
 
 use std::future::Future;
@@ -31,7 +32,6 @@ use atunnel_core::sockopt::SocketOptions;
 use atunnel_core::{BufferPool, Endpoint};
 use atunnel_identity::identity::{ActorIdentity, verify_actor_leaf};
 use budget::{Admitted, BudgetStats, Budgets, IdentityBudget};
-use ipnet::IpNet;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -70,11 +70,11 @@ pub trait FarEnd: Send + Sync + 'static {
     ) -> impl Future<Output = io::Result<()>> + Send;
 }
 
-/// The production far end: dial the destination if an allow-list entry
-/// contains it (default deny), and relay.
+/// The production far end: dial the destination if the policy allows it
+/// (default deny, [`policy`]), and relay.
 #[derive(Clone, Debug)]
 pub struct Forward {
-    pub allow: Vec<IpNet>,
+    pub policy: Arc<policy::PolicyHandle>,
     pub socket: SocketOptions,
     /// When tunnels that cannot finish are reset.
     pub bounds: RelayBounds,
@@ -87,13 +87,12 @@ impl FarEnd for Forward {
     type Target = TcpStream;
 
     async fn open(&self, dest: SocketAddr) -> Result<TcpStream, Refusal> {
-        if !self.allow.iter().any(|net| net.contains(&dest.ip())) {
-            return Err(Refusal {
-                status: 403,
-                reason: "Forbidden",
-                body: "egress denied".into(),
-            });
-        }
+        // Never dialled unless allowed; mapped IPv6 is dialled as IPv4.
+        let dest = self.policy.check(dest).map_err(|rule| Refusal {
+            status: 403,
+            reason: "Forbidden",
+            body: format!("egress denied by {rule}"),
+        })?;
         self.socket
             .connect(dest, self.dial_timeout)
             .await

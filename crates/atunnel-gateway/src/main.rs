@@ -28,7 +28,6 @@ fn main() -> std::process::ExitCode {
             }
         };
     atunnel_process::run_main("atunnel-gateway", "info", &log, |cancel| async move {
-        let far = args.far_end();
-        cli::run(&args.gateway, far, cancel).await
+        cli::run_forward(&args, cancel).await
     })
 }

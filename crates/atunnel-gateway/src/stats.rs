@@ -31,6 +31,9 @@ pub(crate) struct Stats {
     pub budgets: crate::budget::BudgetStats,
     /// The overload guard's state and actions, when one runs.
     pub overload: Option<atunnel_core::overload::OverloadFigures>,
+    /// The destination policy's refusals (403) by rule, and its reloads;
+    /// absent for a far end without one.
+    pub policy: Option<crate::policy::PolicyStats>,
     /// /stats's own listener: connections accepted, and those past its
     /// cap taken into the probe reserve.
     pub admin: AdminFigures,
@@ -46,6 +49,7 @@ pub(crate) struct StatsSource {
     pub h2_floods: Box<dyn Fn() -> u64 + Send + Sync>,
     pub budgets: Box<dyn Fn() -> crate::budget::BudgetStats + Send + Sync>,
     pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+    pub policy: Option<Arc<crate::policy::PolicyHandle>>,
     pub admin: Arc<AdminStats>,
 }
 
@@ -63,6 +67,7 @@ impl StatsSource {
             h2_floods_total: (self.h2_floods)(),
             budgets: (self.budgets)(),
             overload: self.overload.as_ref().map(|o| o.figures()),
+            policy: self.policy.as_ref().map(|p| p.stats()),
             admin: self.admin.figures(),
         }
     }
@@ -121,6 +126,10 @@ mod tests {
                 ..Default::default()
             }),
             overload: None,
+            policy: Some(Arc::new(
+                crate::policy::PolicyHandle::new(crate::policy::allowing(&["10.0.0.0/8"]), None)
+                    .expect("policy"),
+            )),
             admin: Default::default(),
         });
         let cancel = CancellationToken::new();
@@ -151,6 +160,10 @@ mod tests {
             assert_eq!(v["pre_auth"]["refused_total"], 5, "{v}");
             assert_eq!(v["pre_auth"]["evicted_total"], 1, "{v}");
             assert_eq!(v["h2_floods_total"], 4, "{v}");
+            assert_eq!(
+                v["policy"]["refused_by_rule"]["default loopback 127.0.0.0/8"], 0,
+                "{v}"
+            );
             assert!(v["admin"]["accepted_total"].as_u64() >= Some(1), "{v}");
         }
         cancel.cancel();

@@ -13,6 +13,7 @@ pub mod config_file;
 pub mod cpu_quota;
 mod entry;
 pub mod process_stats;
+pub mod reload;
 
 pub use admin::{AdminArgs, AdminLimits};
 pub use args::{

@@ -80,10 +80,21 @@ pub fn h1_only(cfg: &mut GatewayConfig) {
     cfg.alpn = vec![b"http/1.1".to_vec()];
 }
 
-/// The production far end, allowed to reach loopback destinations.
+/// The production far end, allowed to reach loopback destinations (the
+/// default deny list's loopback entry lifted).
 pub fn forward_loopback() -> atunnel_gateway::Forward {
+    use atunnel_gateway::policy::{DefaultDeny, PolicySpec};
+    let spec = PolicySpec {
+        skip_default: vec![DefaultDeny::Loopback],
+        ..atunnel_gateway::policy::allowing(&["127.0.0.0/8"])
+    };
+    forward_with(spec)
+}
+
+/// The production far end with the policy of `spec`.
+pub fn forward_with(spec: atunnel_gateway::policy::PolicySpec) -> atunnel_gateway::Forward {
     atunnel_gateway::Forward {
-        allow: vec!["127.0.0.0/8".parse().expect("cidr")],
+        policy: Arc::new(atunnel_gateway::policy::PolicyHandle::new(spec, None).expect("policy")),
         socket: SocketOptions::default(),
         bounds: Default::default(),
         dial_timeout: atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT,

@@ -249,17 +249,7 @@ async fn h1_destination_half_close_travels_through_the_tunnel() {
 async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
     let pki = Pki::new();
     // Default deny: nothing allowed.
-    let gw = gateway(
-        &pki,
-        atunnel_gateway::Forward {
-            allow: vec![],
-            socket: Default::default(),
-            bounds: Default::default(),
-            dial_timeout: atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT,
-        },
-        proto.tune(),
-    )
-    .await;
+    let gw = gateway(&pki, forward_with(Default::default()), proto.tune()).await;
     let a = actor("alpha");
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
@@ -267,7 +257,7 @@ async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
     match client.open_authority("192.0.2.10:443").await {
         Err(OpenError::ConnectRefused { status, body, .. }) => {
             assert_eq!(status, 403);
-            assert_eq!(body, "egress denied");
+            assert_eq!(body, "egress denied by no allow rule");
         }
         Err(e) => panic!("{}: expected a refusal, got {e}", proto.name()),
         Ok(_) => panic!("{}: expected a refusal, got a tunnel", proto.name()),
