@@ -156,7 +156,9 @@ async fn a_half_closed_idle_tunnel_is_reset_at_the_half_closed_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_refused_for_overload_says_the_configured_retry_after() {
     let pki = IngressPki::new();
-    let memory = FakeMemoryCgroup::new(900);
+    // Past the guard's second line (0.90), where every actor is refused,
+    // not only those above their fair share.
+    let memory = FakeMemoryCgroup::new(920);
     let guard = memory.guard(OverloadConfig {
         retry_after: Duration::from_secs(7),
         ..OverloadConfig::default()
@@ -174,6 +176,15 @@ async fn a_connect_refused_for_overload_says_the_configured_retry_after() {
         .spawn(local, local, cancel.clone())
         .await
         .expect("listen");
+    // A known actor: an unknown one is 421 whatever the load.
+    ingress
+        .activate(
+            "team-a",
+            "alpha",
+            "uid-1",
+            Box::new(LoopbackDialer([(8080, 1)].into_iter().collect())),
+        )
+        .expect("activate alpha");
     let (_tls, head) = h1_connect(
         &pki,
         connect,

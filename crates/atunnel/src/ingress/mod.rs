@@ -314,7 +314,7 @@ impl Ingress {
                 let hibernation = self.hibernation.clone();
                 let header_read_timeout = self.cfg.header_read_timeout;
                 let handshake_timeout = self.cfg.tls_handshake_timeout;
-                let connection = async move {
+                Some(async move {
                     if socket.apply(&tcp).is_err() {
                         return;
                     }
@@ -325,22 +325,22 @@ impl Ingress {
                         tls = Box::pin(handshaking.run(accept)) => tls,
                     };
                     if let Some(Ok(tls)) = tls {
-                        router_conn::serve(
-                            tls,
-                            routes,
-                            client,
-                            hibernation,
-                            header_read_timeout,
-                            cancel,
-                        )
-                        .await;
-                    }
-                };
-                Some(async move {
-                    tokio::select! {
-                        biased;
-                        _ = force_close.cancelled() => {}
-                        _ = connection => {}
+                        // Shutdown's last step drops the connection here. The
+                        // serve future is made inside the select!, not
+                        // captured and moved into it: a connection's future
+                        // (per-connection memory) would hold it twice.
+                        tokio::select! {
+                            biased;
+                            _ = force_close.cancelled() => {}
+                            _ = router_conn::serve(
+                                tls,
+                                routes,
+                                client,
+                                hibernation,
+                                header_read_timeout,
+                                cancel,
+                            ) => {}
+                        }
                     }
                 })
             })
