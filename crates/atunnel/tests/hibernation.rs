@@ -94,7 +94,12 @@ async fn hibernating_frees<C>(
     serve: impl AsyncFn(&mut C),
 ) {
     let n = conns.len();
-    futures_util::future::join_all(conns.iter_mut().map(|c| serve(c))).await;
+    exchange(
+        what,
+        "the first exchanges",
+        futures_util::future::join_all(conns.iter_mut().map(|c| serve(c))),
+    )
+    .await;
     let awake = live_bytes();
     let already = h.stats().hibernating;
     settled(h, "all hibernated", |s| s.hibernating == n).await;
@@ -111,13 +116,22 @@ async fn hibernating_frees<C>(
         "{what}: hibernating freed only {freed:.0} B per connection"
     );
     let before = h.stats().wakes;
-    for c in conns.iter_mut() {
-        serve(c).await;
+    for (i, c) in conns.iter_mut().enumerate() {
+        exchange(what, &format!("connection {i}'s wake"), serve(c)).await;
     }
     let s = h.stats();
     assert_eq!(s.wakes - before, n as u64, "{s:?}");
     settled(h, "all hibernated again", |s| s.hibernating == n).await;
-    serve(&mut conns[0]).await;
+    exchange(what, "the last exchange", serve(&mut conns[0])).await;
+}
+
+/// An exchange within [`SETTLE`], so one that never ends fails naming
+/// itself instead of hanging the run (and, through `HEAP_MEASURING`, the
+/// tests waiting for it).
+async fn exchange<T>(what: &str, which: &str, work: impl Future<Output = T>) -> T {
+    tokio::time::timeout(SETTLE, work)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: {which} did not end within {SETTLE:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
