@@ -96,8 +96,11 @@ async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
                 let _ = pings.send(conn.ping_pong().expect("ping handle"));
                 let mut streams = JoinSet::new();
                 loop {
+                    // Biased to the freeze: a CONNECT that arrives before
+                    // this task saw the freeze must find it frozen, not be
+                    // answered by a coin toss.
                     let next = tokio::select! {
-                        next = conn.accept() => next,
+                        biased;
                         () = async {
                             let _ = frozen.wait_for(|upto| n <= *upto).await;
                         } => {
@@ -105,6 +108,7 @@ async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
                             let _conn = conn;
                             return std::future::pending().await;
                         }
+                        next = conn.accept() => next,
                     };
                     let Some(Ok((request, mut respond))) = next else {
                         break;
