@@ -178,6 +178,8 @@ pub struct ShedAction {
     pub bytes: u64,
     /// Tunnels ended.
     pub tunnels: u64,
+    /// Requests and ingress CONNECT tunnels ended.
+    pub requests: u64,
 }
 
 /// What one consumer holds of each resource the guard watches: open
@@ -510,6 +512,7 @@ impl OverloadGuard {
             who = %action.who,
             bytes = action.bytes,
             tunnels = action.tunnels,
+            requests = action.requests,
             "overload: shed the largest consumer"
         );
         self.shed_total.fetch_add(1, Ordering::Relaxed);

@@ -219,6 +219,7 @@ impl Shed for FileShed {
             who: file.display().to_string(),
             bytes,
             tunnels: 1,
+            requests: 0,
         };
         let _ = self.tx.send(action.clone());
         Some(action)
@@ -521,6 +522,7 @@ impl Shed for Recorder {
             who: format!("actor-{n}"),
             bytes: n * 1024,
             tunnels: n,
+            requests: 0,
         })
     }
 }
@@ -572,6 +574,7 @@ fn run_sheds_once_per_interval_while_hard_stops_after_and_ends_at_cancel() {
                 who: format!("actor-{sheds}"),
                 bytes: sheds * 1024,
                 tunnels: sheds,
+                requests: 0,
             })
         );
 
@@ -617,6 +620,7 @@ impl Shed for Holders {
             who: who.to_string(),
             bytes: 0,
             tunnels: 0,
+            requests: 0,
         })
     }
 }

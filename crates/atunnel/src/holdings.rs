@@ -309,10 +309,12 @@ pub fn check_memory_fit(
 
 /// The overload guard's view of the actors: what each holds (its counted
 /// holdings, plus its pooled buffers and gateway connections read from
-/// egress), and shedding through egress. Weak: the guard's task must not
+/// egress), and shedding through egress and ingress. Weak: the guard's task must not
 /// keep egress alive.
 pub(crate) struct ShedActors {
     pub(crate) egress: Weak<crate::egress::Egress>,
+    /// Ingress's activations, when the tunnel serves ingress.
+    pub(crate) ingress: Option<Weak<crate::ingress::Ingress>>,
     pub(crate) holdings: Weak<Holdings>,
     pub(crate) buffer_size: u64,
 }
@@ -340,11 +342,21 @@ impl atunnel_core::overload::Shed for ShedActors {
             .and_then(|h| h.snapshot().into_iter().find(|(uid, _)| uid == who))
             .map(|(_, h)| h)
             .unwrap_or_default();
-        let tunnels = self.egress.upgrade()?.shed(who)?;
+        // Both sides of the actor: what it holds is counted across them.
+        let tunnels = self.egress.upgrade().and_then(|e| e.shed(who));
+        let requests = self
+            .ingress
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .and_then(|i| i.shed(who));
+        if tunnels.is_none() && requests.is_none() {
+            return None;
+        }
         Some(atunnel_core::overload::ShedAction {
             who: who.to_string(),
             bytes: held.bytes,
-            tunnels: tunnels as u64,
+            tunnels: tunnels.unwrap_or(0) as u64,
+            requests: requests.unwrap_or(0) as u64,
         })
     }
 }

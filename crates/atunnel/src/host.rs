@@ -273,6 +273,14 @@ pub struct BudgetArgs {
     /// head ("60s"; 0: never).
     #[arg(long, default_value_t = FlagDuration(PoolSettings::default().request_body_idle))]
     pub actor_request_body_timeout: FlagDuration,
+    /// Bytes the router's connections may hold toward one actor, across all
+    /// of them: each ingress request body in flight takes its receive
+    /// window (256 KiB, or its length if known and smaller) until it ends;
+    /// past it the router gets 503 for that actor (16 MiB: 64 full
+    /// windows; requests without a body take nothing).
+    #[arg(long, default_value_t = PoolSettings::default().max_router_bytes,
+          value_parser = clap::value_parser!(u64).range(256 * 1024..))]
+    pub actor_max_router_bytes: u64,
     /// Distinct ports one actor's ingress HTTPS requests may go to, each
     /// with its own upstream pool; a request to one more gets 503.
     #[arg(long, default_value_t = PoolSettings::default().max_ports)]
@@ -425,6 +433,7 @@ impl TunnelArgs {
                         response_timeout: args.budget.actor_response_timeout.0,
                         response_body_idle: args.budget.actor_response_body_timeout.0,
                         request_body_idle: args.budget.actor_request_body_timeout.0,
+                        max_router_bytes: args.budget.actor_max_router_bytes,
                         max_ports: args.budget.actor_max_ingress_ports,
                         max_idle_per_actor: args.budget.actor_max_ingress_idle,
                         max_buffers: args.budget.actor_max_buffers,
@@ -604,6 +613,10 @@ mod tests {
         assert_eq!(
             args.tunnel.budget.actor_max_ingress_ports,
             ingress.pools.max_ports
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_max_router_bytes,
+            ingress.pools.max_router_bytes
         );
         assert_eq!(
             args.tunnel.budget.actor_max_ingress_idle,

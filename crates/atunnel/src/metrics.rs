@@ -586,6 +586,22 @@ fn ingress(out: &mut Out, s: &Stats) -> Fmt {
             a.iter()
                 .map(|x| (x.actor.as_str(), n(x.connect_buffers_in_use))),
         )?;
+        out.gauges(
+            "ingress_actor_router_bytes",
+            "Bytes an actor's request bodies in flight may make the router's connections hold",
+            "actor",
+            a.iter().map(|x| {
+                let b = i64::try_from(x.router_bytes).unwrap_or(i64::MAX);
+                (x.actor.as_str(), b)
+            }),
+        )?;
+        out.counters(
+            "ingress_actor_refused_router_bytes",
+            "An actor's ingress requests refused past its router bytes",
+            "actor",
+            a.iter()
+                .map(|x| (x.actor.as_str(), x.refused_router_bytes_total)),
+        )?;
     }
     if let Some(p) = &s.pre_auth {
         let l = [("https", &p.https), ("connect", &p.connect)];

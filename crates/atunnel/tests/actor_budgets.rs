@@ -5,7 +5,9 @@
 //!   gateway-bytes bound, across all of its gateway connections;
 //! - four actors at their descriptor budgets (egress tunnels and ingress
 //!   requests together) leave the overload guard normal, and a fifth actor
-//!   still gets new tunnels and requests.
+//!   still gets new tunnels and requests;
+//! - under hard overload the actor holding the most is shed on both
+//!   sides: its ingress requests in flight end too.
 //!
 //! One binary with a counting allocator, its tests run one at a time: the
 //! heap and the descriptor table are the process's.
@@ -384,6 +386,113 @@ async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fift
         "everyone refused"
     );
     drop(held);
+    cancel.cancel();
+    tunnel.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_too() {
+    require_root("actor budgets test");
+    let _serial = SERIAL.lock().await;
+    const REQUESTS: usize = 20;
+    let pki = Pki::new();
+    let ingress_pki = IngressPki::new();
+    let gateway = fake_gateway(&pki, Far::Echo).await;
+    let memory = FakeMemoryCgroup::new(100);
+    let mut cfg = tunnel_with_ingress(&ingress_pki, &pki, Duration::from_secs(2));
+    cfg.overload = Some(OverloadConfig {
+        memory_cgroup: Some(memory.path().to_path_buf()),
+        interval: Duration::from_millis(20),
+        ..OverloadConfig::default()
+    });
+    let tunnel = Tunnel::start(cfg).await.expect("tunnel");
+    let guard = tunnel.overload().expect("guard").clone();
+    let (ingress, https, _) = tunnel.ingress().expect("ingress");
+    let ingress = ingress.clone();
+    // Answers at once, but never a request to /hold.
+    let holding = http1_actor(|req: http::Request<hyper::body::Incoming>| async move {
+        if req.uri().path() == "/hold" {
+            std::future::pending::<()>().await;
+        }
+        http::Response::new(Full::new(Bytes::from_static(b"ok")))
+    })
+    .await;
+    let cancel = CancellationToken::new();
+    let listeners = serve_actors(&tunnel, gateway.addr, &[holding.port(); 2], &cancel).await;
+    let mut router = h2_router(&ingress_pki, https).await;
+    router = router.ready().await.expect("ready");
+    let hold = |router: &mut h2::client::SendRequest<Bytes>| {
+        let req = http::Request::get("https://w/hold")
+            .header("ate-target-actor", "team-a/actor-0")
+            .body(())
+            .expect("request");
+        router.send_request(req, true).expect("send").0
+    };
+
+    // actor-0 holds requests in flight and nothing else; actor-1 holds
+    // egress tunnels, fewer bytes in all.
+    let pending: Vec<_> = (0..REQUESTS).map(|_| hold(&mut router)).collect();
+    let uid0 = actor("actor-0").uid;
+    let in_flight = |uid: &str| {
+        ingress
+            .stats()
+            .actors
+            .iter()
+            .find(|a| a.actor == uid)
+            .map_or(0, |a| a.in_flight)
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while in_flight(&uid0) < REQUESTS {
+        assert!(tokio::time::Instant::now() < until, "requests in flight");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut tunnels = Vec::new();
+    for _ in 0..2 {
+        tunnels.push(echoing_tunnel(listeners[1]).await.expect("admitted"));
+    }
+
+    // Hard: the guard sheds the actor holding the most bytes first, and
+    // that ends its requests in flight, not only egress tunnels.
+    memory.set(990);
+    let first = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(first) = guard.figures().recent_shed.first().cloned() {
+                return first;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("shed within 10 s");
+    memory.set(100);
+    assert_eq!(first.who, uid0, "{first:?}");
+    assert_eq!(
+        (first.requests, first.tunnels),
+        (REQUESTS as u64, 0),
+        "{first:?}"
+    );
+    for answer in pending {
+        let answer = tokio::time::timeout(Duration::from_secs(5), answer)
+            .await
+            .expect("ended at once")
+            .expect("answered");
+        assert_eq!(answer.status(), 502);
+    }
+    // The activation stays: once the pressure is gone, actor-0 is served.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while guard.figures().state != OverloadState::Normal {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("normal again");
+    let req = http::Request::get("https://w/")
+        .header("ate-target-actor", "team-a/actor-0")
+        .body(())
+        .expect("request");
+    let answer = router.send_request(req, true).expect("send").0;
+    assert_eq!(answer.await.expect("answer").status(), 200);
+    drop(tunnels);
     cancel.cancel();
     tunnel.shutdown().await;
 }

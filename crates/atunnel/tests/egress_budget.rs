@@ -281,6 +281,7 @@ impl Shed for ShedVia {
             who: who.to_string(),
             bytes: 0,
             tunnels: tunnels as u64,
+            requests: 0,
         })
     }
 }

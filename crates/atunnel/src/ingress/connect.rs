@@ -87,6 +87,7 @@ impl ConnectHandler for IngressConnect {
             activation,
             _token,
         } = target;
+        let work = activation.work_token();
         // Deactivation drops the relay, which resets both peers, as it does
         // on an error, at a bound, or when shutdown drops this future. The
         // buffers are the actor's share, the bounds egress's.
@@ -98,7 +99,7 @@ impl ConnectHandler for IngressConnect {
         );
         tokio::select! {
             biased;
-            _ = activation.cancel_token().cancelled() => {}
+            _ = work.cancelled() => {}
             r = relay => if let Err(e) = r {
                 activation.relay_ended(&e);
                 tracing::debug!(actor_uid = %activation.uid, error = %e, "ingress tunnel ended with an error");

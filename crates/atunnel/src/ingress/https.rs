@@ -23,7 +23,8 @@ use hyper::body::{Body, Frame, Incoming};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use super::routes::{ActorRoute, Routes};
+use super::routes::{ActorRoute, RouterBytes, Routes};
+use atunnel_connect::limits::PROXY_STREAM_WINDOW;
 
 /// Header naming the actor: `<atespace>/<actor>`.
 pub const TARGET_ACTOR: &str = "ate-target-actor";
@@ -250,17 +251,26 @@ async fn forward(
     set_forwarded(headers, client, host.as_ref());
 
     let (response_idle, request_idle) = activation.body_idle();
-    // Watched only if it can stall: a request with no body (a GET) costs
-    // nothing here.
-    let upload =
-        (!request_idle.is_zero() && !body.is_end_stream()).then(|| Arc::new(AtomicU64::new(0)));
-    let body = match &upload {
-        Some(progress) => Upload {
+    // A request with no body (a GET) costs nothing here. One with a body
+    // takes what h2 may hold of it unread (its window, or its length if
+    // known and smaller; an HTTP/1.1 router connection buffers less) from
+    // the actor's router bytes, and is watched if it can stall.
+    let mut upload = None;
+    let body = if body.is_end_stream() {
+        body.boxed_unsync()
+    } else {
+        let window = u64::from(PROXY_STREAM_WINDOW);
+        let most = body.size_hint().upper().map_or(window, |n| n.min(window));
+        let Some(reserved) = activation.reserve_router_bytes(most) else {
+            return unavailable(ACTOR_BUSY_RETRY);
+        };
+        upload = (!request_idle.is_zero()).then(|| Arc::new(AtomicU64::new(0)));
+        Upload {
             inner: body,
-            progress: progress.clone(),
+            progress: upload.clone(),
+            reserved: Some(reserved),
         }
-        .boxed_unsync(),
-        None => body.boxed_unsync(),
+        .boxed_unsync()
     };
     let upstream = Request::from_parts(parts, body);
     let h2c;
@@ -271,7 +281,7 @@ async fn forward(
         activation.http1()
     };
     let mut watch = Box::pin(Watch::new(
-        activation.cancel_token().clone().cancelled_owned(),
+        activation.work_token().cancelled_owned(),
         activation.response_timeout(),
         (response_idle, request_idle),
         upload,
@@ -347,10 +357,13 @@ const UPLOADED: u64 = u64::MAX;
 /// A request body on its way to the actor, counting its frames (a relaxed
 /// store per frame: it is the only writer) so that the router side can
 /// tell it stopped moving while hyper, blocked on an actor that does not
-/// read, no longer polls it.
+/// read, no longer polls it; and holding its place in the actor's router
+/// bytes until it ends.
 struct Upload {
     inner: Incoming,
-    progress: Progress,
+    /// `None` when request bodies have no idle bound.
+    progress: Option<Progress>,
+    reserved: Option<RouterBytes>,
 }
 
 impl Body for Upload {
@@ -362,21 +375,26 @@ impl Body for Upload {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        let p = &self.progress;
-        match &frame {
-            Some(Ok(_)) if !self.inner.is_end_stream() => {
-                let n = p.load(Ordering::Relaxed);
-                p.store(n.wrapping_add(1) % UPLOADED, Ordering::Relaxed);
-            }
-            _ => p.store(UPLOADED, Ordering::Relaxed),
+        let moving = matches!(frame, Some(Ok(_))) && !self.inner.is_end_stream();
+        if let Some(p) = &self.progress {
+            let n = if moving {
+                p.load(Ordering::Relaxed).wrapping_add(1) % UPLOADED
+            } else {
+                UPLOADED
+            };
+            p.store(n, Ordering::Relaxed);
+        }
+        if !moving {
+            // Ended: h2 holds nothing more of it.
+            self.reserved = None;
         }
         Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
         let end = self.inner.is_end_stream();
-        if end {
-            self.progress.store(UPLOADED, Ordering::Relaxed);
+        if end && let Some(p) = &self.progress {
+            p.store(UPLOADED, Ordering::Relaxed);
         }
         end
     }

@@ -224,6 +224,12 @@ impl Ingress {
         }))
     }
 
+    /// Ends actor `uid`'s requests and CONNECT tunnels in flight (the
+    /// overload guard shed it): how many, or `None` if it is not active.
+    pub(crate) fn shed(&self, uid: &str) -> Option<usize> {
+        self.routes.shed(uid)
+    }
+
     /// The actor's current route, if it is active.
     pub fn route(&self, atespace: &str, name: &str) -> Option<Arc<ActorRoute>> {
         self.routes.lookup(atespace, name)

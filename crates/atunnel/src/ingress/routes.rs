@@ -90,6 +90,19 @@ pub(crate) struct ActivationConnector {
 struct Shared {
     dialer: Box<dyn ActorDialer>,
     cancel: CancellationToken,
+    /// What in-flight requests and CONNECTs end on: cancelled with
+    /// `cancel` at deactivation, and replaced by a fresh one when the
+    /// overload guard sheds the actor (its work in flight ends, the
+    /// activation stays). Made at the first request: a token costs about
+    /// 150 B of heap, which an actor never sent one need not hold.
+    work: Mutex<Option<CancellationToken>>,
+    /// Bytes the router may send toward the actor that atunnel would hold
+    /// while the actor does not read them: each request body's receive
+    /// window (or its known length, if smaller), taken at admission and
+    /// given back when the body ends.
+    router_bytes: AtomicU64,
+    /// Requests answered 503 for `max_router_bytes`.
+    refused_router_bytes: AtomicU64,
     new_connections: AtomicU64,
     /// Requests and tunnels refused: the actor had `max_in_flight`.
     refused_in_flight: AtomicU64,
@@ -237,6 +250,13 @@ pub struct PoolSettings {
     /// (a share of the process's pool); past it they wait
     /// (`--actor-max-buffers`, as egress's share).
     pub max_buffers: usize,
+    /// Bytes the router's connections may hold toward one actor, across
+    /// all of them: the windows of its request bodies in flight (see
+    /// [`RouterBytes`]); past it the router gets 503
+    /// ([`DEFAULT_ACTOR_MAX_ROUTER_BYTES`]). CONNECT tunnels are not
+    /// counted: an idle one would take a whole window of it; theirs are
+    /// bounded by the in-flight cap and the stalled-write bound.
+    pub max_router_bytes: u64,
     /// An h2c connection to an actor with requests in flight is pinged
     /// this often, and closed (its requests failing with 502) if a ping
     /// goes unanswered for `ping_timeout`: an actor that stops reading its
@@ -272,6 +292,14 @@ pub const DEFAULT_MAX_IN_FLIGHT_PER_ACTOR: usize = 1024;
 /// a place in the in-flight budget only this long.
 pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Default of [`PoolSettings::max_router_bytes`]: 16 MiB, what egress
+/// allows one actor across its gateway connections
+/// (`--actor-max-gateway-bytes`): 64 request bodies at their full 256 KiB
+/// window (`PROXY_STREAM_WINDOW`), more with bodies of a known smaller
+/// length, and any number without bodies. Without it, 1,024 in flight
+/// could hold 256 MiB.
+pub const DEFAULT_ACTOR_MAX_ROUTER_BYTES: u64 = 16 * 1024 * 1024;
+
 /// Default of [`PoolSettings::max_ports`]: 16 ports per actor, far more
 /// than a program serves on, few enough that its pools stay bounded (16
 /// times [`DEFAULT_MAX_IDLE_PER_PORT`] idle connections at most).
@@ -295,6 +323,7 @@ impl Default for PoolSettings {
             dial_timeout: ACTOR_DIAL_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT_PER_ACTOR,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            max_router_bytes: DEFAULT_ACTOR_MAX_ROUTER_BYTES,
             ping_interval: ACTOR_PING_INTERVAL,
             ping_timeout: ACTOR_PING_TIMEOUT,
         }
@@ -315,6 +344,22 @@ impl Drop for InFlight {
     }
 }
 
+/// A request body's place in its actor's `max_router_bytes`, given back
+/// when dropped (the body ended or was dropped): while it lives, h2 may
+/// hold that many bytes the router sent and the actor has not read.
+pub(crate) struct RouterBytes {
+    shared: Arc<Shared>,
+    bytes: u64,
+}
+
+impl Drop for RouterBytes {
+    fn drop(&mut self) {
+        self.shared
+            .router_bytes
+            .fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
 impl ActorRoute {
     fn new(
         uid: &str,
@@ -325,6 +370,9 @@ impl ActorRoute {
         let shared = Arc::new(Shared {
             dialer,
             cancel: CancellationToken::new(),
+            work: Mutex::new(None),
+            router_bytes: AtomicU64::new(0),
+            refused_router_bytes: AtomicU64::new(0),
             new_connections: AtomicU64::new(0),
             refused_in_flight: AtomicU64::new(0),
             response_timeouts: AtomicU64::new(0),
@@ -371,6 +419,58 @@ impl ActorRoute {
             _token: self.tasks.token(),
             hold: self.hold.clone(),
         })
+    }
+
+    /// A place for `bytes` the router may make atunnel hold toward the
+    /// actor (a request body's window); none (counted)
+    /// past `max_router_bytes`: the caller answers 503. Two relaxed atomic
+    /// operations and an `Arc` clone, only for requests with a body.
+    pub(crate) fn reserve_router_bytes(&self, bytes: u64) -> Option<RouterBytes> {
+        let s = &self.shared;
+        let before = s.router_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if before.saturating_add(bytes) > self.pools().max_router_bytes {
+            s.router_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            s.refused_router_bytes.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(RouterBytes {
+            shared: s.clone(),
+            bytes,
+        })
+    }
+
+    /// What the actor's work in flight ends on (deactivation or shedding).
+    pub(crate) fn work_token(&self) -> CancellationToken {
+        let mut work = self.shared.work.lock().expect("work token lock poisoned");
+        work.get_or_insert_with(|| {
+            let token = CancellationToken::new();
+            // Retiring cancels `cancel` before it takes this lock to cancel
+            // the current token, so one made after that is cancelled here.
+            if self.shared.cancel.is_cancelled() {
+                token.cancel();
+            }
+            token
+        })
+        .clone()
+    }
+
+    /// Cancels the current work token, if one was made: the work in
+    /// flight ends.
+    fn cancel_work(&self) {
+        let mut work = self.shared.work.lock().expect("work token lock poisoned");
+        if let Some(old) = work.take() {
+            old.cancel();
+        }
+    }
+
+    /// Ends the actor's requests and CONNECT tunnels in flight (the
+    /// overload guard shed it); new ones are admitted as before, with a
+    /// fresh token. How many were in flight.
+    pub(crate) fn shed(&self) -> usize {
+        // Counted first: they end on other threads at once.
+        let in_flight = self.tasks.len();
+        self.cancel_work();
+        in_flight
     }
 
     /// How long the actor has to send a response head.
@@ -467,6 +567,8 @@ impl ActorRoute {
             connect_buffers_waited_total: share.waited_total,
             held_descriptors: self.hold.held().descriptors,
             refused_descriptors_total: self.hold.refused_total(),
+            router_bytes: s.router_bytes.load(Ordering::Relaxed),
+            refused_router_bytes_total: s.refused_router_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -498,10 +600,6 @@ impl ActorRoute {
             client(connector, self.pools(), true)
         });
         client.clone()
-    }
-
-    pub(crate) fn cancel_token(&self) -> &CancellationToken {
-        &self.shared.cancel
     }
 
     pub(crate) fn is_cancelled(&self) -> bool {
@@ -619,6 +717,11 @@ pub struct ActorIngressStats {
     /// Requests, CONNECTs and egress tunnels refused for its descriptor
     /// budget.
     pub refused_descriptors_total: u64,
+    /// Bytes its request bodies in flight may make the router's
+    /// connections hold (of `--actor-max-router-bytes`), and requests
+    /// answered 503 past it.
+    pub router_bytes: u64,
+    pub refused_router_bytes_total: u64,
 }
 
 /// The registry of active actors, keyed by `<atespace>/<name>`.
@@ -734,6 +837,7 @@ impl Routes {
 
     fn retire(&self, old: &ActorRoute) {
         old.shared.cancel.cancel();
+        old.cancel_work();
         old.tasks.close();
         self.retired_connections
             .fetch_add(old.new_connections(), Ordering::Relaxed);
@@ -772,6 +876,20 @@ impl Routes {
         }
         let all = futures_util::future::join_all(removed.iter().map(|a| a.tasks.wait()));
         let _ = tokio::time::timeout(drain, all).await;
+    }
+
+    /// Ends the in-flight requests and CONNECT tunnels of actor `uid`'s
+    /// activation (the overload guard shed it): how many, or `None` if it
+    /// has no activation or nothing in flight.
+    pub(crate) fn shed(&self, uid: &str) -> Option<usize> {
+        let route = self
+            .active
+            .lock()
+            .expect("routes lock poisoned")
+            .values()
+            .find(|a| a.uid == uid)
+            .cloned()?;
+        Some(route.shed()).filter(|n| *n > 0)
     }
 
     pub(crate) fn lookup(&self, atespace: &str, name: &str) -> Option<Arc<ActorRoute>> {

@@ -1,0 +1,203 @@
+//! What one actor's request bodies may make the router's connections hold,
+//! across all of them (`--actor-max-router-bytes`), through real mTLS and
+//! HTTP/2 from the router to loopback actors: each body of unknown length
+//! takes its 256 KiB window until it ends, a body of known length only its
+//! length, a request without a body nothing; past the bound the router gets
+//! 503 for that actor alone, and what an ended body took comes back.
+//! CONNECT tunnels take nothing of it (see `docs/isolation.md`).
+
+use atunnel_support::prelude::*;
+use std::time::Duration;
+
+use atunnel::ingress::{ActorIngressStats, Ingress, PoolSettings};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+
+/// One body's window (`PROXY_STREAM_WINDOW`).
+const WINDOW: u64 = 256 * 1024;
+/// Four windows, and room for a small body of known length.
+const BOUND: u64 = 4 * WINDOW + 64 * 1024;
+
+fn of(ingress: &Ingress, uid: &str) -> ActorIngressStats {
+    ingress
+        .stats()
+        .actors
+        .into_iter()
+        .find(|a| a.actor == uid)
+        .expect("actor's figures")
+}
+
+/// Waits (bounded) until `uid`'s router bytes are `want`.
+async fn router_bytes_are(ingress: &Ingress, uid: &str, want: u64) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = of(ingress, uid).router_bytes;
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{uid} holds {got} router bytes, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// An actor that never reads a request to `/hold` (nor answers it), and
+/// echoes any other request's body.
+async fn holding_actor() -> std::net::SocketAddr {
+    http1_actor(|req: http::Request<Incoming>| async move {
+        if req.uri().path() == "/hold" {
+            std::future::pending::<()>().await;
+        }
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        http::Response::new(Full::new(body))
+    })
+    .await
+}
+
+/// A POST to `team-a/<actor>`'s `path` with `length` as its Content-Length
+/// if given, its body left open; its answer and its sending half.
+fn post(
+    router: &mut h2::client::SendRequest<Bytes>,
+    actor: &str,
+    path: &str,
+    length: Option<usize>,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let mut req = http::Request::post(format!("https://w{path}"))
+        .header("ate-target-actor", format!("team-a/{actor}"));
+    if let Some(n) = length {
+        req = req.header("content-length", n.to_string());
+    }
+    router
+        .send_request(req.body(()).expect("request"), false)
+        .expect("send")
+}
+
+/// Sends `body` whole and reads the answer's status and body.
+async fn echoed(
+    router: &mut h2::client::SendRequest<Bytes>,
+    actor: &str,
+    body: &[u8],
+    known_length: bool,
+) -> (u16, Vec<u8>) {
+    let length = known_length.then_some(body.len());
+    let (resp, mut send) = post(router, actor, "/", length);
+    send.send_data(Bytes::copy_from_slice(body), true)
+        .expect("body");
+    let resp = resp.await.expect("answer");
+    let status = resp.status().as_u16();
+    let mut got = Vec::new();
+    let mut recv = resp.into_body();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.expect("data");
+        recv.flow_control()
+            .release_capacity(chunk.len())
+            .expect("release");
+        got.extend_from_slice(&chunk);
+    }
+    (status, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actors_unread_bodies_hold_no_more_than_its_router_bytes_across_connections() {
+    let pki = IngressPki::new();
+    let running = ingress_tuned(&pki, |cfg| {
+        cfg.pools = PoolSettings {
+            max_router_bytes: BOUND,
+            ..PoolSettings::default()
+        }
+    })
+    .await;
+    let alpha = holding_actor().await;
+    let alpha_echo = echo_server().await;
+    let beta = holding_actor().await;
+    // alpha's port 7 echoes, for its CONNECT tunnels.
+    let ports = [(80, alpha.port()), (7, alpha_echo.port())];
+    running
+        .ingress
+        .activate(
+            "team-a",
+            "alpha",
+            "uid-1",
+            Box::new(LoopbackDialer(ports.into_iter().collect())),
+        )
+        .expect("activate");
+    activate_loopback(&running.ingress, "beta", "uid-2", beta.port());
+    let mut one = h2_router(&pki, running.https)
+        .await
+        .ready()
+        .await
+        .expect("ready");
+    let mut two = h2_router(&pki, running.https)
+        .await
+        .ready()
+        .await
+        .expect("ready");
+
+    // Four bodies of unknown length alpha never reads, two on each router
+    // connection: a window each.
+    let mut held = Vec::new();
+    for mut router in [one.clone(), one.clone(), two.clone(), two.clone()] {
+        let (resp, mut send) = post(&mut router, "alpha", "/hold", None);
+        send.send_data(Bytes::from_static(&[7; 1024]), false)
+            .expect("first bytes");
+        held.push((resp, send));
+    }
+    router_bytes_are(&running.ingress, "uid-1", 4 * WINDOW).await;
+
+    // A fifth is refused, on either connection.
+    for router in [&mut one, &mut two] {
+        let (resp, _send) = post(router, "alpha", "/hold", None);
+        assert_eq!(resp.await.expect("answer").status(), 503);
+    }
+    // A body of known length takes only that; a GET takes nothing; both
+    // are served, bytes end to end.
+    let small: Vec<u8> = (0..16 * 1024u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(echoed(&mut two, "alpha", &small, true).await, (200, small));
+    let get = http::Request::get("https://w/")
+        .header("ate-target-actor", "team-a/alpha")
+        .body(())
+        .expect("request");
+    let resp = one.send_request(get, true).expect("send").0;
+    assert_eq!(resp.await.expect("answer").status(), 200);
+    // Another actor on the same connections has its whole bound.
+    let large: Vec<u8> = (0..600 * 1024u32).map(|i| (i % 241) as u8).collect();
+    assert_eq!(echoed(&mut one, "beta", &large, false).await, (200, large));
+    let f = of(&running.ingress, "uid-1");
+    assert_eq!(f.refused_router_bytes_total, 2, "{f:?}");
+    assert_eq!(of(&running.ingress, "uid-2").refused_router_bytes_total, 0);
+    router_bytes_are(&running.ingress, "uid-2", 0).await;
+
+    // A CONNECT tunnel takes nothing of it, and carries bytes both ways.
+    let mut connect = h2_router(&pki, running.connect)
+        .await
+        .ready()
+        .await
+        .expect("ready");
+    let mut tunnel = h2_tunnel(&mut connect, "alpha", 7).await;
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i % 239) as u8).collect();
+    assert_eq!(echoed_h2(&mut tunnel, &data).await, data);
+    drop(tunnel);
+
+    // The router gives up on one held body: its window comes back, and a
+    // body of unknown length is served again, bytes end to end.
+    let (_, mut send) = held.pop().expect("one");
+    send.send_reset(h2::Reason::CANCEL);
+    router_bytes_are(&running.ingress, "uid-1", 3 * WINDOW).await;
+    let upload: Vec<u8> = (0..300 * 1024u32).map(|i| (i % 233) as u8).collect();
+    assert_eq!(
+        echoed(&mut one, "alpha", &upload, false).await,
+        (200, upload)
+    );
+    router_bytes_are(&running.ingress, "uid-1", 3 * WINDOW).await;
+    drop(held);
+    router_bytes_are(&running.ingress, "uid-1", 0).await;
+    running.cancel.cancel();
+}
