@@ -26,7 +26,7 @@ use tokio_util::task::TaskTracker;
 
 use atunnel_identity::credential::ActorCredential;
 
-use crate::flood::{FloodCount, FloodGuard, Role};
+use crate::flood::{FloodCount, FloodGuard, FloodLimits, Role};
 use crate::http1;
 use crate::limits::{
     INITIAL_MAX_SEND_STREAMS, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
@@ -94,6 +94,8 @@ pub struct GatewayClientConfig {
     pub ping_interval: Duration,
     /// and retired if a ping is not answered within this.
     pub ping_timeout: Duration,
+    /// Each pooled connection's control-frame budget ([`crate::flood`]).
+    pub floods: FloodLimits,
 }
 
 impl GatewayClientConfig {
@@ -115,6 +117,7 @@ impl GatewayClientConfig {
             idle_timeout: POOL_IDLE_TIMEOUT,
             ping_interval: POOL_PING_INTERVAL,
             ping_timeout: POOL_PING_TIMEOUT,
+            floods: FloodLimits::default(),
         }
     }
 }
@@ -355,9 +358,13 @@ impl GatewayClient {
     ) -> Result<Self, rustls::Error> {
         // Built here once to fail at preparation, not at the first dial.
         tls_config(&cfg, &credential)?;
+        let pool = Arc::new(Pool {
+            floods: Arc::new(FloodCount::with_limits(cfg.floods)),
+            ..Pool::default()
+        });
         Ok(Self {
             cfg,
-            pool: Arc::new(Pool::default()),
+            pool,
             dial_lock: tokio::sync::Mutex::new(()),
             gateway_is_h1: AtomicBool::new(false),
             credential,

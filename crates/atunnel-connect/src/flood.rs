@@ -51,13 +51,45 @@ pub enum Role {
     Client,
 }
 
-/// Connections ended for a flood, shared by one endpoint's connections.
+/// The control-frame budget of each connection of one endpoint (flags
+/// `--h2-control-frame-budget` and `--h2-control-frames-per-second`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FloodLimits {
+    /// Control frames a connection may send before they must be paid for
+    /// ([`CONTROL_FRAME_BUDGET`]).
+    pub budget: u32,
+    /// Control frames a second an emptied budget earns back with time
+    /// alone ([`CONTROL_FRAMES_PER_SECOND`]).
+    pub per_second: u32,
+}
+
+impl Default for FloodLimits {
+    fn default() -> Self {
+        Self {
+            budget: CONTROL_FRAME_BUDGET,
+            per_second: CONTROL_FRAMES_PER_SECOND,
+        }
+    }
+}
+
+/// One endpoint's connections' limits, and how many were ended for a
+/// flood: shared, so a connection carries only its own budget.
 #[derive(Debug, Default)]
-pub struct FloodCount(AtomicU64);
+pub struct FloodCount {
+    ended: AtomicU64,
+    limits: FloodLimits,
+}
 
 impl FloodCount {
+    pub fn with_limits(limits: FloodLimits) -> Self {
+        Self {
+            ended: AtomicU64::new(0),
+            limits,
+        }
+    }
+
     pub fn total(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.ended.load(Ordering::Relaxed)
     }
 }
 
@@ -168,12 +200,12 @@ struct Budget {
 }
 
 impl Budget {
-    fn refill(&mut self) {
-        self.tokens = (self.tokens + REFILL_PER_USEFUL).min(CONTROL_FRAME_BUDGET);
+    fn refill(&mut self, limits: &FloodLimits) {
+        self.tokens = (self.tokens.saturating_add(REFILL_PER_USEFUL)).min(limits.budget);
     }
 
     /// Spends one token; false when none is left or earned since.
-    fn spend(&mut self) -> bool {
+    fn spend(&mut self, limits: &FloodLimits) -> bool {
         if let Some(left) = self.tokens.checked_sub(1) {
             self.tokens = left;
             return true;
@@ -182,17 +214,16 @@ impl Budget {
         let earned = match self.refilled_at {
             // The connection's first empty bucket: it refills once, as if
             // the time it lived had earned a whole budget.
-            None => u64::from(CONTROL_FRAME_BUDGET),
+            None => u64::from(limits.budget),
             Some(at) => {
-                now.duration_since(at).as_millis() as u64 * u64::from(CONTROL_FRAMES_PER_SECOND)
-                    / 1000
+                now.duration_since(at).as_millis() as u64 * u64::from(limits.per_second) / 1000
             }
         };
         if earned == 0 {
             return false;
         }
         self.refilled_at = Some(now);
-        self.tokens = earned.min(u64::from(CONTROL_FRAME_BUDGET)) as u32 - 1;
+        self.tokens = earned.min(u64::from(limits.budget)) as u32 - 1;
         true
     }
 }
@@ -234,7 +265,7 @@ impl<T> FloodGuard<T> {
             read: Walker::new(role == Role::Server),
             write: Walker::new(role == Role::Client),
             budget: Budget {
-                tokens: CONTROL_FRAME_BUDGET,
+                tokens: floods.limits.budget,
                 refilled_at: None,
             },
             last_peer_stream: 0,
@@ -258,38 +289,46 @@ impl<T> FloodGuard<T> {
             budget,
             role,
             last_peer_stream,
+            floods,
             ..
         } = self;
+        let limits = &floods.limits;
         read.walk(bytes, |h| match h.kind {
             DATA if h.len > 0 => {
-                budget.refill();
+                budget.refill(limits);
                 true
             }
             HEADERS if *role == Role::Server && h.stream > *last_peer_stream => {
                 *last_peer_stream = h.stream;
-                budget.refill();
+                budget.refill(limits);
                 true
             }
             // Bounded by h2 (its CONTINUATION limit), part of a HEADERS.
             CONTINUATION => true,
             // SETTINGS, PING, WINDOW_UPDATE, PRIORITY, RST_STREAM, GOAWAY,
             // empty DATA, HEADERS on a stream already seen, unknown types.
-            _ => budget.spend(),
+            _ => budget.spend(limits),
         })
     }
 
     fn wrote_frames(&mut self, bytes: &[u8]) {
-        let Self { write, budget, .. } = self;
+        let Self {
+            write,
+            budget,
+            floods,
+            ..
+        } = self;
+        let limits = &floods.limits;
         write.walk(bytes, |h| {
             if h.kind == HEADERS || (h.kind == DATA && h.len > 0) {
-                budget.refill();
+                budget.refill(limits);
             }
             true
         });
     }
 
     fn flooded(&mut self) {
-        self.floods.0.fetch_add(1, Ordering::Relaxed);
+        self.floods.ended.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(role = ?self.role, "HTTP/2 control-frame flood: ending the connection");
         self.ending = if self.write.at_boundary() {
             let mut frame = [0u8; GOAWAY_LEN];
@@ -482,6 +521,23 @@ mod tests {
             assert!(read <= 2 * CONTROL_FRAME_BUDGET, "never cut");
         }
         assert!(read >= CONTROL_FRAME_BUDGET, "cut after {read}");
+    }
+
+    #[test]
+    fn an_endpoints_own_budget_sets_where_a_burst_is_cut() {
+        let limits = FloodLimits {
+            budget: 10,
+            per_second: 1,
+        };
+        let mut g = FloodGuard::new((), Role::Server, Arc::new(FloodCount::with_limits(limits)));
+        g.read.preface = 0;
+        let ping = frame(0x6, 0, &[0; 8]);
+        let mut read = 0;
+        while g.read_frames(&ping) {
+            read += 1;
+            assert!(read <= 20, "never cut at twice its budget of 10");
+        }
+        assert!(read >= 10, "cut after {read}");
     }
 
     #[test]

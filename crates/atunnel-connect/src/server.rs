@@ -29,7 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use atunnel_tls::{Activity, ActivityIo, Hibernation, RustlsStream, ServerTls, with_hibernation};
 
-use crate::flood::{FloodCount, FloodGuard, Role};
+use crate::flood::{FloodCount, FloodGuard, FloodLimits, Role};
 use crate::http1;
 use crate::limits::{
     HANDSHAKE_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_CONCURRENT_STREAMS,
@@ -133,6 +133,8 @@ pub struct H2Settings {
     /// still finds a vanished one). Ingress CONNECT pings its routers.
     pub ping_interval: Duration,
     pub ping_timeout: Duration,
+    /// Each connection's control-frame budget ([`crate::flood`]).
+    pub floods: FloodLimits,
 }
 
 impl Default for H2Settings {
@@ -147,6 +149,7 @@ impl Default for H2Settings {
             pre_auth: PreAuthLimits::default(),
             ping_interval: Duration::ZERO,
             ping_timeout: Duration::ZERO,
+            floods: FloodLimits::default(),
         }
     }
 }
@@ -191,7 +194,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
             hibernation,
             listeners: ListenerStats::default(),
             pre_auth: PreAuthGate::new(h2.pre_auth),
-            floods: Arc::default(),
+            floods: Arc::new(FloodCount::with_limits(h2.floods)),
         })
     }
 

@@ -71,6 +71,8 @@ pub struct GatewayArgs {
     #[command(flatten)]
     pub pre_auth: atunnel_process::PreAuthArgs,
     #[command(flatten)]
+    pub h2_floods: atunnel_process::H2FloodArgs,
+    #[command(flatten)]
     pub overload: atunnel_process::OverloadArgs,
     #[command(flatten)]
     pub socket: SocketArgs,
@@ -206,6 +208,7 @@ async fn serve<F: FarEnd>(
     cfg.max_frame_size = args.max_frame_size;
     cfg.handshake_timeout = args.tls_handshake_timeout.0;
     cfg.pre_auth = args.pre_auth.limits();
+    cfg.h2_floods = args.h2_floods.limits();
     cfg.budget = crate::budget::IdentityBudget {
         max_tunnels: args.identity_max_tunnels,
         max_buffers: args.identity_max_buffers,
@@ -290,6 +293,7 @@ mod tests {
             library.handshake_timeout
         );
         assert_eq!(args.gateway.pre_auth.limits(), library.pre_auth);
+        assert_eq!(args.gateway.h2_floods.limits(), library.h2_floods);
         assert_eq!(
             args.dial_timeout.0,
             atunnel_connect::limits::DESTINATION_DIAL_TIMEOUT

@@ -164,6 +164,8 @@ pub struct GatewayConfig {
     pub handshake_timeout: std::time::Duration,
     /// Connections in their TLS handshake, in total and per source.
     pub pre_auth: atunnel_tls::PreAuthLimits,
+    /// Each client connection's HTTP/2 control-frame budget.
+    pub h2_floods: atunnel_connect::flood::FloodLimits,
     /// What each client identity may make the gateway hold.
     pub budget: IdentityBudget,
     /// Past its soft threshold new CONNECTs are refused (503).
@@ -190,6 +192,7 @@ impl GatewayConfig {
             max_frame_size: atunnel_connect::limits::TUNNEL_MAX_FRAME_SIZE,
             handshake_timeout: atunnel_connect::limits::HANDSHAKE_TIMEOUT,
             pre_auth: atunnel_tls::PreAuthLimits::default(),
+            h2_floods: atunnel_connect::flood::FloodLimits::default(),
             budget: IdentityBudget::default(),
             overload: None,
             observer: None,
@@ -322,6 +325,7 @@ pub fn new<F: FarEnd>(
         max_frame_size: cfg.max_frame_size,
         handshake_timeout: cfg.handshake_timeout,
         pre_auth: cfg.pre_auth,
+        floods: cfg.h2_floods,
         ..H2Settings::default()
     };
     let handler = Arc::new(GatewayHandler {

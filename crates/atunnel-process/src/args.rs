@@ -126,6 +126,32 @@ impl PreAuthArgs {
     }
 }
 
+/// Each HTTP/2 connection's control-frame budget (SETTINGS, PING,
+/// WINDOW_UPDATE, PRIORITY, RST_STREAM, empty DATA, HEADERS on a stream
+/// already seen), on every HTTP/2 server and client of the process: past
+/// it the connection gets GOAWAY ENHANCE_YOUR_CALM and is closed.
+#[derive(clap::Args, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct H2FloodArgs {
+    /// Control frames a connection may send before they must be paid for
+    /// by useful ones (a request, a non-empty DATA frame: 10 each).
+    #[arg(long, default_value_t = atunnel_connect::flood::FloodLimits::default().budget,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub h2_control_frame_budget: u32,
+    /// Control frames a second an emptied budget earns back with time
+    /// alone.
+    #[arg(long, default_value_t = atunnel_connect::flood::FloodLimits::default().per_second)]
+    pub h2_control_frames_per_second: u32,
+}
+
+impl H2FloodArgs {
+    pub fn limits(&self) -> atunnel_connect::flood::FloodLimits {
+        atunnel_connect::flood::FloodLimits {
+            budget: self.h2_control_frame_budget,
+            per_second: self.h2_control_frames_per_second,
+        }
+    }
+}
+
 /// The relay's buffer pool.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PoolArgs {

@@ -17,7 +17,8 @@ pub mod reload;
 
 pub use admin::{AdminArgs, AdminLimits};
 pub use args::{
-    FlagDuration, OverloadArgs, PoolArgs, PreAuthArgs, RelayArgs, SocketArgs, parse_duration,
+    FlagDuration, H2FloodArgs, OverloadArgs, PoolArgs, PreAuthArgs, RelayArgs, SocketArgs,
+    parse_duration,
 };
 pub use entry::{LogArgs, LogFormat, run_main};
 

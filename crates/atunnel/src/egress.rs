@@ -409,6 +409,8 @@ pub struct EgressConfig {
     pub pool_ping_timeout: Duration,
     /// When tunnels that cannot finish are reset.
     pub relay: RelayBounds,
+    /// Each pooled gateway connection's HTTP/2 control-frame budget.
+    pub h2_floods: atunnel_connect::flood::FloodLimits,
     /// How tunnels relay when the bench compares designs (lean otherwise).
     #[cfg(feature = "comparison")]
     pub comparison: crate::comparison::RelayVariant,
@@ -428,6 +430,7 @@ impl Default for EgressConfig {
             pool_ping_interval: atunnel_connect::limits::POOL_PING_INTERVAL,
             pool_ping_timeout: atunnel_connect::limits::POOL_PING_TIMEOUT,
             relay: RelayBounds::default(),
+            h2_floods: atunnel_connect::flood::FloodLimits::default(),
             #[cfg(feature = "comparison")]
             comparison: crate::comparison::RelayVariant::default(),
         }

@@ -158,6 +158,8 @@ pub struct TunnelArgs {
     pub tls_handshake_timeout: FlagDuration,
     #[command(flatten)]
     pub pre_auth: atunnel_process::PreAuthArgs,
+    #[command(flatten)]
+    pub h2_floods: atunnel_process::H2FloodArgs,
     /// Where /stats is served.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub stats: SocketAddr,
@@ -414,6 +416,7 @@ impl TunnelArgs {
             pool_ping_interval: args.gateway_ping_interval.0,
             pool_ping_timeout: args.gateway_ping_timeout.0,
             relay: args.relay.bounds(),
+            h2_floods: args.h2_floods.limits(),
             #[cfg(feature = "comparison")]
             comparison: args.comparison,
         };
@@ -450,6 +453,7 @@ impl TunnelArgs {
                     router_ping_timeout: args.router_ping_timeout.0,
                     tls_handshake_timeout: args.tls_handshake_timeout.0,
                     pre_auth: args.pre_auth.limits(),
+                    h2_floods: args.h2_floods.limits(),
                     relay: args.relay.bounds(),
                 },
                 https: args.ingress_https,
@@ -594,6 +598,8 @@ mod tests {
             ingress.tls_handshake_timeout
         );
         assert_eq!(args.tunnel.pre_auth.limits(), ingress.pre_auth);
+        assert_eq!(args.tunnel.h2_floods.limits(), ingress.h2_floods);
+        assert_eq!(args.tunnel.h2_floods.limits(), egress.h2_floods);
         assert_eq!(
             args.tunnel.budget.actor_ping_interval.0,
             ingress.pools.ping_interval

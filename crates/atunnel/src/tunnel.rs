@@ -451,6 +451,7 @@ impl Tunnel {
         client.idle_timeout = self.cfg.egress.pool_idle_timeout;
         client.ping_interval = self.cfg.egress.pool_ping_interval;
         client.ping_timeout = self.cfg.egress.pool_ping_timeout;
+        client.floods = self.cfg.egress.h2_floods;
         Ok(ActorEgress::prepare(
             actor.clone(),
             client,

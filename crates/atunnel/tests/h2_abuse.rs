@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use atunnel::egress::ActorEgress;
+use atunnel_connect::flood::FloodLimits;
 use atunnel_connect::limits::{
     MAX_CONCURRENT_STREAMS, PROXY_MAX_HEADER_LIST, PROXY_ROUTER_MAX_CONCURRENT_STREAMS,
     TUNNEL_MAX_FRAME_SIZE, TUNNEL_MAX_HEADER_LIST,
@@ -149,9 +150,15 @@ async fn endless_actor(written: Arc<AtomicU64>) -> SocketAddr {
 /// the production fixed buffers, so the bound on what a stalled peer pins
 /// is the production one.
 async fn site() -> Site {
+    site_with(FloodLimits::default()).await
+}
+
+/// [`site`] with `floods` as its connections' control-frame budget.
+async fn site_with(floods: FloodLimits) -> Site {
     let pki = IngressPki::new();
     let running = ingress_tuned(&pki, |cfg| {
-        cfg.sandbox_socket = SocketOptions::sandbox_default()
+        cfg.sandbox_socket = SocketOptions::sandbox_default();
+        cfg.h2_floods = floods;
     })
     .await;
     let hello =
@@ -712,6 +719,46 @@ async fn a_control_frame_flood_gets_goaway_enhance_your_calm(server: Server, flo
         assert_eq!(floods_counted(&site, server), 1, "{server:?} {flood:?}");
     }
     a_well_behaved_router_is_served(&site, server).await;
+}
+
+/// `--h2-control-frame-budget` sets where a flood is cut: 40 PINGs, far
+/// inside the default budget, are a flood past a budget of 10.
+#[tokio::test]
+async fn the_configured_control_frame_budget_is_where_a_flood_is_cut() {
+    for (budget, cut) in [(10, true), (FloodLimits::default().budget, false)] {
+        let site = site_with(FloodLimits {
+            budget,
+            per_second: 1,
+        })
+        .await;
+        let mut raw = raw_router(&site, Server::Https, &[]).await;
+        let mut batch = Vec::new();
+        for i in 0..40 {
+            flood_frame(Flood::Ping, i).encode_into(&mut batch);
+        }
+        let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
+        if cut {
+            let ended = raw.until_goaway(WITHIN).await.expect("the flood is cut");
+            assert!(
+                matches!(
+                    ended,
+                    Ended::GoAway {
+                        error: code::ENHANCE_YOUR_CALM,
+                        ..
+                    }
+                ),
+                "{ended:?}"
+            );
+        } else {
+            // Answered: the 40th PING's ACK comes back.
+            raw.wait_for(WITHIN, |f| {
+                f.kind == kind::PING && f.payload[..] == 39u64.to_be_bytes()[..]
+            })
+            .await
+            .expect("every PING answered");
+        }
+        assert_eq!(floods_counted(&site, Server::Https), u64::from(cut));
+    }
 }
 
 #[tokio::test]

@@ -26,6 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use atunnel_connect::flood::FloodLimits;
 use atunnel_connect::limits::HEADER_READ_TIMEOUT;
 use atunnel_connect::limits::{
     HANDSHAKE_TIMEOUT, ROUTER_CONNECT_CONNECTION_WINDOW, ROUTER_PING_INTERVAL, ROUTER_PING_TIMEOUT,
@@ -38,7 +39,7 @@ pub use routes::{
     DEFAULT_MAX_IDLE_PER_PORT, DEFAULT_MAX_IN_FLIGHT_PER_ACTOR, DEFAULT_MAX_PORTS_PER_ACTOR,
     DirectDialer, IngressH2Floods, PoolSettings, RouteError, RouteStats, SandboxDialer,
 };
-use routes::{RouterPing, Routes};
+use routes::{Http2Keeping, RouterPing, Routes};
 pub use tls::IngressTlsError;
 
 /// The router's default SPIFFE ID, the only client ingress admits.
@@ -89,6 +90,9 @@ pub struct IngressConfig {
     /// When CONNECT tunnels that cannot finish are reset: egress's bounds
     /// (`--stalled-write-timeout`, `--half-closed-timeout`).
     pub relay: RelayBounds,
+    /// Each HTTP/2 connection's control-frame budget: the router's to both
+    /// listeners, and h2c to actors.
+    pub h2_floods: FloodLimits,
 }
 
 impl IngressConfig {
@@ -124,6 +128,7 @@ impl Default for IngressConfig {
             trust_bundle_poll: TRUST_BUNDLE_POLL,
             pre_auth: PreAuthLimits::default(),
             relay: RelayBounds::default(),
+            h2_floods: FloodLimits::default(),
         }
     }
 }
@@ -186,9 +191,12 @@ impl Ingress {
             cfg.relay,
             pool,
             overload,
-            RouterPing {
-                interval: cfg.router_ping_interval,
-                timeout: cfg.router_ping_timeout,
+            Http2Keeping {
+                router_ping: RouterPing {
+                    interval: cfg.router_ping_interval,
+                    timeout: cfg.router_ping_timeout,
+                },
+                floods: cfg.h2_floods,
             },
             holdings,
         ));
@@ -206,6 +214,7 @@ impl Ingress {
                 connection_window: ROUTER_CONNECT_CONNECTION_WINDOW,
                 ping_interval: cfg.router_ping_interval,
                 ping_timeout: cfg.router_ping_timeout,
+                floods: cfg.h2_floods,
                 ..H2Settings::default()
             },
             hibernation.clone(),

@@ -749,6 +749,14 @@ pub(crate) struct RouterPing {
     pub timeout: std::time::Duration,
 }
 
+/// How ingress's HTTP/2 connections are kept: the router's pinged, and
+/// theirs and the h2c ones to actors each with a control-frame budget.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Http2Keeping {
+    pub router_ping: RouterPing,
+    pub floods: atunnel_connect::flood::FloodLimits,
+}
+
 impl Routes {
     pub(crate) fn new(
         pools: PoolSettings,
@@ -756,20 +764,21 @@ impl Routes {
         relay: RelayBounds,
         pool: BufferPool,
         overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
-        router_ping: RouterPing,
+        http2: Http2Keeping,
         holdings: Arc<Holdings>,
     ) -> Self {
+        let (router_ping, h2_floods) = (http2.router_ping, http2.floods);
         Self {
             active: Mutex::default(),
             upstream: Arc::new(Upstream {
                 pools,
                 socket,
-                h2c_floods: Arc::default(),
+                h2c_floods: Arc::new(FloodCount::with_limits(h2_floods)),
                 relay,
                 pool,
             }),
             retired_connections: AtomicU64::new(0),
-            router_h2_floods: Arc::default(),
+            router_h2_floods: Arc::new(FloodCount::with_limits(h2_floods)),
             overload,
             refused_overload: AtomicU64::new(0),
             router_ping,
