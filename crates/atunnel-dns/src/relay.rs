@@ -77,7 +77,11 @@ impl DnsRelay {
 
     /// The counters so far.
     pub fn stats(&self) -> DnsRelayStats {
-        self.inner.counters.snapshot()
+        let free = self.inner.in_flight.available_permits();
+        DnsRelayStats {
+            in_flight: self.inner.cfg.max_in_flight.saturating_sub(free) as u64,
+            ..self.inner.counters.snapshot()
+        }
     }
 
     pub(crate) fn config(&self) -> &RelayConfig {

@@ -17,6 +17,10 @@ pub struct DnsRelayStats {
     /// in-flight limit), TCP connections refused for the in-flight limit, and
     /// TCP connections closed for a bad length prefix.
     pub dropped: u64,
+    /// UDP queries being forwarded and TCP clients being served now (of
+    /// `max_in_flight`): each holds an upstream socket, a TCP one its
+    /// client's too. The overload guard counts them as the actor's.
+    pub in_flight: u64,
 }
 
 /// The live counters behind [`DnsRelayStats`]. Relaxed ordering: they are
@@ -54,6 +58,7 @@ impl Counters {
             answered: self.answered.load(Ordering::Relaxed),
             timed_out: self.timed_out.load(Ordering::Relaxed),
             dropped: self.dropped.load(Ordering::Relaxed),
+            in_flight: 0,
         }
     }
 }

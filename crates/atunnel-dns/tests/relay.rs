@@ -499,6 +499,7 @@ async fn queries_beyond_max_in_flight_are_dropped_and_counted() {
     let later = query(0x0903);
     client.send(&held).await.expect("send");
     assert_eq!(upstream.next_query().await, (Transport::Udp, held.clone()));
+    assert_eq!(relay.relay.stats().in_flight, 1, "held counted in flight");
     // The budget is used up by `held`: this one is dropped.
     client.send(&over).await.expect("send");
     release.add_permits(1);

@@ -28,6 +28,13 @@ pub const REQUEST_HELD_BYTES: u64 = 20 * 1024;
 /// (about 28 KiB for its life), TLS state and its socket.
 pub const GATEWAY_CONNECTION_HELD_BYTES: u64 = 48 * 1024;
 
+/// What one DNS query in flight in an actor's relay holds: an upstream
+/// socket (and a TCP client's own, counted as a second), the answer buffer
+/// a UDP exchange reserves (64 KiB, `atunnel-dns`'s largest answer), the
+/// query and its task.
+pub const DNS_QUERY_HELD_DESCRIPTORS: u64 = 2;
+pub const DNS_QUERY_HELD_BYTES: u64 = 68 * 1024;
+
 /// Default of [`HoldingsConfig::actors_at_budget`]: four actors at their
 /// descriptor budgets stay below the soft threshold.
 pub const DEFAULT_ACTORS_AT_BUDGET: u64 = 4;
@@ -309,10 +316,14 @@ pub fn check_memory_fit(
 
 /// The overload guard's view of the actors: what each holds (its counted
 /// holdings, plus its pooled buffers and gateway connections read from
-/// egress), and shedding through egress and ingress. Weak: the guard's task must not
+/// egress and its DNS queries in flight), and shedding through egress and
+/// ingress (DNS queries end at their own timeout). Weak: the guard's task must not
 /// keep egress alive.
 pub(crate) struct ShedActors {
     pub(crate) egress: Weak<crate::egress::Egress>,
+    /// Each sandbox's DNS relay, by actor uid: its queries in flight are
+    /// the actor's.
+    pub(crate) dns_relays: crate::tunnel::DnsRelays,
     /// Ingress's activations, when the tunnel serves ingress.
     pub(crate) ingress: Option<Weak<crate::ingress::Ingress>>,
     pub(crate) holdings: Weak<Holdings>,
@@ -324,13 +335,26 @@ impl atunnel_core::overload::Shed for ShedActors {
         let Some(holdings) = self.holdings.upgrade() else {
             return Vec::new();
         };
+        let mut sampled: HashMap<String, Held> = HashMap::new();
         if let Some(egress) = self.egress.upgrade() {
             for a in egress.actor_stats() {
                 let connections = a.gateway_connections as u64;
-                let bytes = connections * GATEWAY_CONNECTION_HELD_BYTES
+                let s = sampled.entry(a.actor).or_default();
+                s.descriptors += connections;
+                s.bytes += connections * GATEWAY_CONNECTION_HELD_BYTES
                     + a.buffers as u64 * self.buffer_size;
-                holdings.set_sampled(&a.actor, connections, bytes);
             }
+        }
+        let relays = self.dns_relays.lock().expect("dns relays lock poisoned");
+        for (uid, relay) in relays.iter() {
+            let queries = relay.stats().in_flight;
+            let s = sampled.entry(uid.clone()).or_default();
+            s.descriptors += queries * DNS_QUERY_HELD_DESCRIPTORS;
+            s.bytes += queries * DNS_QUERY_HELD_BYTES;
+        }
+        drop(relays);
+        for (uid, s) in &sampled {
+            holdings.set_sampled(uid, s.descriptors, s.bytes);
         }
         holdings.snapshot()
     }

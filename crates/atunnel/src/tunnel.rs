@@ -277,6 +277,7 @@ impl Tunnel {
         if let Some(guard) = &overload {
             guard.set_shedder(Arc::new(crate::holdings::ShedActors {
                 egress: Arc::downgrade(&egress),
+                dns_relays: dns_relays.clone(),
                 ingress: ingress.as_ref().map(|(i, _, _)| Arc::downgrade(i)),
                 holdings: Arc::downgrade(&holdings),
                 buffer_size: cfg.pool.buffer_size() as u64,

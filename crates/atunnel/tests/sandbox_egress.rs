@@ -767,3 +767,87 @@ impl Drop for StopOnDrop<'_> {
         self.0.store(true, Ordering::Relaxed);
     }
 }
+
+/// The overload guard weighs an actor's DNS queries in flight as its own:
+/// two descriptors and 68 KiB each (`DNS_QUERY_HELD_*`), beside what its
+/// tunnels and requests hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actors_dns_queries_in_flight_count_as_what_it_holds() {
+    use atunnel::holdings::{DNS_QUERY_HELD_BYTES, DNS_QUERY_HELD_DESCRIPTORS};
+    use atunnel_core::overload::{Held, OverloadConfig, OverloadState};
+    require_root("sandbox egress test");
+    const QUERIES: u16 = 10;
+    let pki = Pki::new();
+    let gw = gateway(&pki, echo_sink(), |_| {}).await;
+    // A resolver that reads and never answers: each query stays in flight
+    // for the relay's timeout.
+    let silent = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+    let upstream = silent.local_addr().expect("addr");
+    let memory = FakeMemoryCgroup::new(100);
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    cfg.netns_prefix = format!("atnt-{}-dnsheld-", std::process::id());
+    cfg.dns = Some(RelayConfig {
+        upstreams: vec![upstream],
+        timeout: Duration::from_secs(30),
+        ..RelayConfig::default()
+    });
+    cfg.overload = Some(OverloadConfig {
+        memory_cgroup: Some(memory.path().to_path_buf()),
+        // Sampled by the test alone.
+        interval: Duration::from_secs(3600),
+        ..OverloadConfig::default()
+    });
+    let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
+    let guard = tunnel.overload().expect("guard").clone();
+    let a = actor("alpha");
+    let sandbox = serve_activated(&tunnel, &gw, &a).await;
+    let exec = tunnel.executor().clone();
+    let udp = exec
+        .run_in(&sandbox.runtime, || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+            s.set_nonblocking(true)?;
+            Ok::<_, std::io::Error>(s)
+        })
+        .await
+        .expect("executor")
+        .expect("socket");
+    let udp = UdpSocket::from_std(udp).expect("register");
+    for id in 0..QUERIES {
+        udp.send_to(&dns_query(id), (GATEWAY_ADDR, DNS_PORT))
+            .await
+            .expect("send");
+    }
+    // Each reaches the resolver: then it is in flight.
+    let mut buf = [0u8; 512];
+    for _ in 0..QUERIES {
+        tokio::time::timeout(Duration::from_secs(10), silent.recv_from(&mut buf))
+            .await
+            .expect("forwarded")
+            .expect("recv");
+    }
+    assert_eq!(
+        tunnel.dns_stats()[0].relay.in_flight,
+        u64::from(QUERIES),
+        "in /stats dns_relays[]"
+    );
+
+    // Soft: the fair share is what the one actor holds, its DNS alone.
+    memory.set(880);
+    assert_eq!(guard.sample(), OverloadState::Soft);
+    let f = guard.figures();
+    let n = u64::from(QUERIES);
+    assert_eq!(
+        (f.consumers, f.fair_share),
+        (
+            1,
+            Some(Held {
+                descriptors: n * DNS_QUERY_HELD_DESCRIPTORS,
+                bytes: n * DNS_QUERY_HELD_BYTES,
+            })
+        ),
+        "{f:?}"
+    );
+    tunnel.close_sandbox(&a).await.expect("close");
+    tunnel.shutdown().await;
+}
