@@ -3,12 +3,15 @@
 //! - [`schedule`]: runs one rung of load open-loop — unit `i` is due at
 //!   `start + i / rate` whether or not earlier units finished, and its
 //!   latency counts from when it was due.
+//! - [`confidence`]: a ratio's 95 % interval over paired baseline and
+//!   test windows, and pass / fail / inconclusive against a bound.
 //! - [`verdict`]: names what limited each rung (the tunnel, the generator,
 //!   the far end, errors) and picks the sustainable rate of a ladder.
 //! - [`results`]: `results.json` (read by other tools), `results.txt` (read
 //!   by people first), and writes the plots.
 //! - [`plots`]: every plot of the report (plotters, SVG backend).
 
+pub mod confidence;
 pub mod plots;
 pub mod results;
 pub mod schedule;

@@ -8,8 +8,12 @@
 //! opened and serve one request, atunnel's heap and cgroup are read (after
 //! asking the allocator to release free memory) once they are idle, and then
 //! each connection serves one more request: the first after waking when
-//! hibernated. Last, keep-alive throughput at a fixed rate with hibernation
-//! off and on.
+//! hibernated. With hibernation on, that first request after waking is
+//! then paired with the next request on the same connections while they
+//! are still awake, and the idle-wake-awake round repeated
+//! ([`WAKE_ROUNDS`]), so that the ratio woken / awake has a 95 % interval
+//! and a verdict against [`WAKE_RATIO_MAX`]. Last, keep-alive throughput at
+//! a fixed rate with hibernation off and on.
 //!
 //! With a peer (nginx, HAProxy) in atunnel's place (`--compare peers`):
 //! one pass as it is (it has no hibernation), the HTTPS cases only (it has
@@ -18,6 +22,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use atunnel_bench::load::confidence::{Bound, Counts, Figure, ratio};
 use atunnel_bench::load::results::{RungResult, ScenarioResult};
 use atunnel_bench::load::schedule::{Rung, new_histogram};
 use atunnel_bench::scenario::Scenario;
@@ -41,6 +46,22 @@ const PERIOD: Duration = Duration::from_secs(2);
 /// How long the connections stay idle in each pass: past the two periods
 /// by which every one has hibernated.
 const IDLE_WINDOW: Duration = Duration::from_millis(4500);
+
+/// How long the connections stay idle between the requests that woke them
+/// and the next ones, which must find them awake: well inside the one
+/// period before which none hibernates.
+const AWAKE_IDLE: Duration = Duration::from_millis(500);
+
+/// Rounds of (idle past hibernation, a request on each, [`AWAKE_IDLE`],
+/// a request on each) with hibernation on: the quick run's and the full
+/// one's.
+const WAKE_ROUNDS: (usize, usize) = (4, 6);
+
+/// The bound on the first request after waking: its median latency over
+/// the connections at most this many times the next request's on the same
+/// connections awake (docs/memory.md: waking derives no key and costs
+/// about what an awake request does).
+const WAKE_RATIO_MAX: f64 = 1.1;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Case {
@@ -177,6 +198,59 @@ struct Held {
     next_cpu_us: f64,
     next_p50_us: u64,
     next_p99_us: u64,
+    /// With hibernation on, per round: the median latency of the request
+    /// that woke each connection, and of the next one, awake (`None` if
+    /// some connection had hibernated again before it).
+    wake_rounds: Vec<(u64, Option<u64>)>,
+}
+
+impl Held {
+    /// The woken / awake ratio of each round against [`WAKE_RATIO_MAX`].
+    fn wake_figure(&self) -> Figure {
+        Figure::of(
+            self.wake_rounds
+                .iter()
+                .map(|&(woken, awake)| awake.and_then(|a| ratio(woken as f64, a as f64)))
+                .collect(),
+            Bound::AtMost(WAKE_RATIO_MAX),
+        )
+    }
+}
+
+/// Waits until all `n` connections have hibernated (late ones on a busy
+/// host), within 10 s.
+async fn all_hibernated(bench: &Bench, n: usize) -> Result<(), atunnel_process::BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let hibernated = num(&bench.stats(false).await?, &["hibernation", "hibernating"]);
+        if hibernated as usize >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{hibernated} of {n} connections hibernated within {:?} of their last request",
+                IDLE_WINDOW + Duration::from_secs(10)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// One request on each of `conns`, one at a time so that latency is the
+/// connection's own: their latencies.
+async fn one_each(
+    conns: &mut [Conn],
+    case: Case,
+    actors: u64,
+) -> Result<hdrhistogram::Histogram<u64>, atunnel_process::BoxError> {
+    let mut latency = new_histogram();
+    for (i, c) in conns.iter_mut().enumerate() {
+        let t0 = Instant::now();
+        request(c, case, i as u64 % actors).await?;
+        let _ = latency.record(t0.elapsed().as_micros() as u64);
+    }
+    Ok(latency)
 }
 
 async fn hold(
@@ -216,24 +290,11 @@ async fn hold(
     // costs. A connection hibernates one to two periods after its last byte.
     tokio::time::sleep(IDLE_WINDOW).await;
     let cg2 = bench.cgroup_sample();
-    if hibernating && bench.is_atunnel() {
+    let waking = hibernating && bench.is_atunnel();
+    if waking {
         // On a busy host the last few may be late: wait for them (outside
         // the CPU window), so the memory figures are of hibernated ones.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let hibernated = num(&bench.stats(false).await?, &["hibernation", "hibernating"]);
-            if hibernated as usize >= n {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{hibernated} of {n} connections hibernated within {:?} of their last request",
-                    IDLE_WINDOW + Duration::from_secs(10)
-                )
-                .into());
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        all_hibernated(bench, n).await?;
     }
     let after = atunnel_stats(bench, true).await?;
     let cg3 = bench.cgroup_sample();
@@ -249,17 +310,37 @@ async fn hold(
     };
     // The next request on each, one at a time so latency is the
     // connection's own.
-    let mut latency = new_histogram();
     let cg4 = bench.cgroup_sample();
-    for (i, c) in conns.iter_mut().enumerate() {
-        let t0 = Instant::now();
-        request(c, case, i as u64 % actors).await?;
-        let _ = latency.record(t0.elapsed().as_micros() as u64);
-    }
+    let latency = one_each(&mut conns, case, actors).await?;
     let cg5 = bench.cgroup_sample();
     held.next_cpu_us = per(cg5.cpu_seconds_since(&cg4) * 1e6);
     held.next_p50_us = latency.value_at_quantile(0.5);
     held.next_p99_us = latency.value_at_quantile(0.99);
+    if waking {
+        let rounds = if bench.quick {
+            WAKE_ROUNDS.0
+        } else {
+            WAKE_ROUNDS.1
+        };
+        let mut woken = latency.value_at_quantile(0.5);
+        for round in 0..rounds {
+            if round > 0 {
+                tokio::time::sleep(IDLE_WINDOW).await;
+                all_hibernated(bench, n).await?;
+                woken = one_each(&mut conns, case, actors)
+                    .await?
+                    .value_at_quantile(0.5);
+            }
+            tokio::time::sleep(AWAKE_IDLE).await;
+            let awake = one_each(&mut conns, case, actors)
+                .await?
+                .value_at_quantile(0.5);
+            // A pair counts only if every connection was awake for it.
+            let asleep = num(&bench.stats(false).await?, &["hibernation", "hibernating"]);
+            held.wake_rounds
+                .push((woken, (asleep == 0.0).then_some(awake)));
+        }
+    }
     drop(conns);
     // atunnel closes its side asynchronously: the next case's baseline must
     // not include these connections being torn down.
@@ -394,6 +475,8 @@ pub(super) async fn ingress_idle(
     if peer {
         return Ok(peer_result(bench, n, cases, &passes[0], rungs));
     }
+    let wake: Vec<Figure> = passes[1].iter().map(Held::wake_figure).collect();
+    let wake_counts = Counts::of(wake.iter().map(|f| f.conclusion));
     let cases: Vec<Value> = cases
         .iter()
         .enumerate()
@@ -417,6 +500,10 @@ pub(super) async fn ingress_idle(
                 "next_request_p99_us": off.next_p99_us,
                 "first_request_after_wake_p50_us": on.next_p50_us,
                 "first_request_after_wake_p99_us": on.next_p99_us,
+                // Per round, the median first request after waking and the
+                // next one awake; their ratio's interval and verdict.
+                "wake_rounds": on.wake_rounds.iter().map(|(w, a)| json!({"woken_p50_us": w, "awake_p50_us": a})).collect::<Vec<_>>(),
+                "first_request_after_wake_ratio": wake[i].json(),
             })
         })
         .collect();
@@ -428,13 +515,23 @@ pub(super) async fn ingress_idle(
             "cases": cases,
             "keepalive_rps": {"off": rungs[0].achieved, "on": rungs[1].achieved},
             "keepalive_cores_per_1000_rps": {"off": cores_per_krps(&rungs[0]), "on": cores_per_krps(&rungs[1])},
+            "wake_verdict": wake_counts.overall().as_str(),
+            "wake_verdicts": wake_counts.json(),
         }),
         rungs,
-        notes: vec![
+        notes: [
+            format!("first request after waking, per case: {} rounds of the connections idle past hibernation, one request on each (the first after waking), {} ms idle, one request on each again (awake); each round's ratio is the woken median over the awake median, on the same connections a moment apart, so that the host's drift cancels; the interval is 95 % (Student's t on the log ratios, as noisy-neighbour's), and a case passes when the whole interval is at most {WAKE_RATIO_MAX}, fails when it is wholly above, and is inconclusive otherwise (wake_verdicts counts them; a round in which a connection had hibernated again before its awake request has no ratio)", if bench.quick { WAKE_ROUNDS.0 } else { WAKE_ROUNDS.1 }, AWAKE_IDLE.as_millis()),
+        ]
+        .into_iter()
+        .chain(CASES.iter().zip(&wake).map(|(case, f)| {
+            format!("{}: first request after waking / awake {}", case.name(), f.text())
+        }))
+        .chain([
             format!("{n} router connections per case, each served one request, then idle; heap and cgroup bytes per connection read after asking the allocator to release free memory; the hibernation period is {period_s} s here (default 15 s), which changes when, not what, it frees"),
             "every case hibernates its TLS session down to its traffic keys; HTTP/1.1 also drops hyper's buffers and state, while HTTP/2 keeps h2's buffers and HPACK tables for the connection's life (only a GOAWAY, which the router sees, would free them)".into(),
             format!("idle CPU is atunnel's CPU over the {:.1} s after the last request, per connection, the same window in both passes with nothing else asked of atunnel; hibernating_cpu_us_per_conn is that with hibernation on less that with it off; the next-request figures are one request at a time on each idle connection", IDLE_WINDOW.as_secs_f64()),
-        ],
+        ])
+        .collect(),
     })
 }
 
@@ -485,5 +582,58 @@ fn peer_result(
             "{} in atunnel's place, fresh for each case: {n} router connections per case, each served one request, then idle for as long as atunnel's pass with hibernation off; cgroup bytes per connection (its heap is not in /stats); no CONNECT case (it has no CONNECT listener) and no hibernation",
             bench.contender()
         )],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use atunnel_bench::load::confidence::Conclusion;
+
+    use super::*;
+
+    fn held(rounds: &[(u64, Option<u64>)]) -> Held {
+        Held {
+            wake_rounds: rounds.to_vec(),
+            ..Held::default()
+        }
+    }
+
+    #[test]
+    fn a_wake_that_costs_what_an_awake_request_does_passes_and_one_twice_as_slow_fails() {
+        let same = held(&[
+            (310, Some(300)),
+            (295, Some(300)),
+            (305, Some(300)),
+            (300, Some(300)),
+        ]);
+        assert_eq!(same.wake_figure().conclusion, Conclusion::Pass);
+        let slow = held(&[
+            (600, Some(300)),
+            (640, Some(310)),
+            (590, Some(300)),
+            (610, Some(290)),
+        ]);
+        assert_eq!(slow.wake_figure().conclusion, Conclusion::Fail);
+        // The host's noise: one round 3x, the others even.
+        let noisy = held(&[
+            (900, Some(300)),
+            (300, Some(310)),
+            (290, Some(300)),
+            (310, Some(300)),
+        ]);
+        assert_eq!(noisy.wake_figure().conclusion, Conclusion::Inconclusive);
+        assert_eq!(
+            noisy.wake_figure().json()["bound"],
+            json!({"at_most": WAKE_RATIO_MAX})
+        );
+    }
+
+    #[test]
+    fn a_round_in_which_a_connection_slept_again_before_its_awake_request_has_no_ratio() {
+        let f = held(&[(300, Some(300)), (9000, None), (300, Some(300))]).wake_figure();
+        assert_eq!(f.ratios, vec![Some(1.0), None, Some(1.0)]);
+        assert_eq!(f.conclusion, Conclusion::Pass);
+        let none = held(&[(300, None)]).wake_figure();
+        assert_eq!(none.conclusion, Conclusion::Inconclusive);
     }
 }

@@ -6,10 +6,13 @@
 //! never comes on the victim's own router connections, and, with three
 //! more hostile actors, every actor holding what its budgets allow) while
 //! the victim's egress-http p99, egress-tcp MB/s and ingress-https p99 are
-//! measured, each against a baseline taken right before the pattern in the
-//! same run, and its new tunnels counted as refused or not; then how long
-//! until atunnel's memory, buffers, descriptors and tasks are back to that
-//! baseline once the hostile actors stop.
+//! measured, each against a baseline window taken right before a window
+//! under the pattern, in several such pairs per pattern (the pattern
+//! stopped and started again between them), each figure's ratio with a
+//! 95 % interval over the pairs and a pass / fail / inconclusive verdict
+//! (`load::confidence`), and its new tunnels counted as refused or not;
+//! then how long until atunnel's memory, buffers, descriptors and tasks are
+//! back to the first baseline once the hostile actors stop.
 //!
 //! The hostile actor is persistent: what a bound resets it opens again, so
 //! a pattern holds for the whole measurement whatever the bound. atunnel is
@@ -27,6 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use atunnel_bench::load::confidence::{Bound, Conclusion, Counts, Figure, ratio};
 use atunnel_bench::load::results::{Latency, ScenarioResult};
 use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung};
 use atunnel_bench::scenario::Scenario;
@@ -117,6 +121,9 @@ const OPENING_AT_ONCE: usize = 64;
 const OPEN_SPACING: Duration = Duration::from_millis(50);
 /// How long a pattern may take to be established.
 const ESTABLISH_LIMIT: Duration = Duration::from_secs(30);
+/// How long what a pattern holds may stay the same before it counts as
+/// all that atunnel lets it hold.
+const PLATEAU: Duration = Duration::from_secs(2);
 /// How often recovery is checked, and how long it is waited for.
 const POLL: Duration = Duration::from_millis(200);
 const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
@@ -134,7 +141,10 @@ const TCP_RATIO_MIN: f64 = 0.9;
 
 /// How big a run is: the quick one is short.
 struct Sizes {
-    /// Each victim rung (egress HTTP, then ingress HTTPS).
+    /// Pairs of windows per pattern (a baseline, then one under the
+    /// pattern), for each figure's confidence interval.
+    pairs: usize,
+    /// Each victim rung (egress HTTP, then ingress HTTPS) of a window.
     window: Duration,
     tcp_bytes: u64,
     tcp_runs: usize,
@@ -152,9 +162,10 @@ impl Sizes {
     fn of(quick: bool) -> Self {
         if quick {
             Sizes {
-                window: Duration::from_millis(2500),
+                pairs: 4,
+                window: Duration::from_millis(1000),
                 tcp_bytes: 64 << 20,
-                tcp_runs: 3,
+                tcp_runs: 1,
                 stalled: 1000,
                 ingress: 200,
                 flood_workers: 16,
@@ -162,9 +173,10 @@ impl Sizes {
             }
         } else {
             Sizes {
-                window: Duration::from_secs(15),
+                pairs: 6,
+                window: Duration::from_secs(5),
                 tcp_bytes: 256 << 20,
-                tcp_runs: 3,
+                tcp_runs: 1,
                 stalled: 3000,
                 ingress: 1000,
                 flood_workers: 32,
@@ -1080,6 +1092,15 @@ fn refusals(before: &Value, after: &Value, hostiles: &[u64]) -> Value {
     })
 }
 
+/// Whether recovery waits for memory too: between a pattern's pairs only
+/// what the hostile actors held (tunnels, descriptors, tasks, buffers) has
+/// to be gone for the next baseline; after the last, memory as well.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Memory {
+    Checked,
+    NotChecked,
+}
+
 /// What atunnel holds, as recovery compares it.
 #[derive(Clone, Copy, Debug, Default)]
 struct Resources {
@@ -1122,14 +1143,15 @@ impl Resources {
         }
     }
 
-    /// What is not back within the tolerances of `base`, named.
-    fn above(&self, base: &Resources) -> Vec<String> {
+    /// What is not back within the tolerances of `base`, named; heap and
+    /// cgroup memory only if `memory` says so.
+    fn above(&self, base: &Resources, memory: Memory) -> Vec<String> {
         let mut out = Vec::new();
         let mib = |x: f64| x / 1048576.0;
-        if self.heap > base.heap + HEAP_SLACK {
+        if memory == Memory::Checked && self.heap > base.heap + HEAP_SLACK {
             out.push(format!("heap +{:.1} MiB", mib(self.heap - base.heap)));
         }
-        if self.cgroup > base.cgroup + CGROUP_SLACK {
+        if memory == Memory::Checked && self.cgroup > base.cgroup + CGROUP_SLACK {
             out.push(format!(
                 "cgroup memory +{:.1} MiB",
                 mib(self.cgroup - base.cgroup)
@@ -1339,6 +1361,16 @@ impl Peaks {
         }
     }
 
+    /// The highest of `self` and `other`.
+    fn merged(mut self, other: Peaks) -> Self {
+        self.memory = self.memory.max(other.memory);
+        if overload_rank(&other.overload) > overload_rank(&self.overload) {
+            self.overload = other.overload;
+        }
+        self.open_fds = self.open_fds.max(other.open_fds);
+        self
+    }
+
     fn note(&mut self, memory: u64, stats: Option<&Value>) {
         self.memory = self.memory.max(memory);
         if let Some(stats) = stats {
@@ -1391,6 +1423,11 @@ async fn with_peaks<T>(bench: &Bench, work: impl Future<Output = T>) -> (T, Peak
 /// actors at their budgets, as many as atunnel admits (no more held for
 /// [`PLATEAU`]); for the flood, atunnel refusing the hostile actor; for
 /// DNS, 1 s of it. Returns how long it took and whether it was reached.
+/// The others stop waiting too once what they hold has not grown for
+/// [`PLATEAU`], unreached: what atunnel lets them hold is then held
+/// (unread downloads stop at the gateway connection's window, far short
+/// of their target), and waiting the whole [`ESTABLISH_LIMIT`] for more,
+/// once per two pairs, would make the scenario twice as long.
 async fn establish(
     bench: &Bench,
     pattern: Pattern,
@@ -1399,17 +1436,17 @@ async fn establish(
     before: &Value,
     hostiles: &[u64],
 ) -> (f64, bool) {
-    const PLATEAU: Duration = Duration::from_secs(2);
     let t0 = Instant::now();
     let (mut most, mut grew) = (0, t0);
+    let plateau = |most: u64, grew: Instant| most > 0 && grew.elapsed() >= PLATEAU;
     let reached = loop {
         let holding = tally.holding.load(Ordering::Relaxed);
         if holding > most {
             (most, grew) = (holding, Instant::now());
         }
-        let done = match (pattern, target) {
+        let reached = match (pattern, target) {
             (Pattern::ActorsAtBudget, Some(n)) => {
-                holding >= (n as f64 * 0.95) as u64 || (most > 0 && grew.elapsed() >= PLATEAU)
+                holding >= (n as f64 * 0.95) as u64 || plateau(most, grew)
             }
             (_, Some(n)) => holding >= (n as f64 * 0.95) as u64,
             (Pattern::ConnectionFlood, None) => match bench.stats(false).await {
@@ -1424,10 +1461,11 @@ async fn establish(
             },
             (_, None) => t0.elapsed() >= Duration::from_secs(1),
         };
-        if done {
+        if reached {
             break true;
         }
-        if t0.elapsed() >= ESTABLISH_LIMIT {
+        let holds = target.is_some() || pattern == Pattern::ConnectionFlood;
+        if (holds && plateau(most, grew)) || t0.elapsed() >= ESTABLISH_LIMIT {
             break false;
         }
         tokio::time::sleep(POLL).await;
@@ -1440,13 +1478,14 @@ async fn establish(
 }
 
 /// Polls atunnel until what it holds is back within the tolerances of
-/// `base`: seconds it took, or `None` after [`RECOVERY_LIMIT`] with what
+/// `base` (its memory too if `memory` says so): seconds it took, or `None` after [`RECOVERY_LIMIT`] with what
 /// was still above.
 async fn recover(
     bench: &Bench,
     actors: &Actors,
     base: &Resources,
     hostiles: &[u64],
+    memory: Memory,
 ) -> (Option<f64>, Vec<String>, Resources) {
     let t0 = Instant::now();
     let mut above = vec!["no /stats answer".to_string()];
@@ -1461,7 +1500,7 @@ async fn recover(
                 &census,
                 hostiles,
             );
-            above = last.above(base);
+            above = last.above(base, memory);
             if above.is_empty() {
                 return (Some(t0.elapsed().as_secs_f64()), above, last);
             }
@@ -1505,11 +1544,12 @@ impl Stage {
 
 /// What a pattern's verdict is made of.
 struct Checks {
-    http_ratio: Option<f64>,
-    https_ratio: Option<f64>,
-    tcp_ratio: Option<f64>,
+    /// The victim's figures over the pattern's pairs of windows.
+    http: Figure,
+    https: Figure,
+    tcp: Figure,
     victim_errors: u64,
-    /// Of the victim's [`PROBE_TUNNELS`] new egress tunnels.
+    /// Of the victim's [`PROBE_TUNNELS`] new egress tunnels in each pair.
     new_tunnels_refused: u64,
     oom_kills: u64,
     alive: bool,
@@ -1520,17 +1560,25 @@ struct Checks {
     recovered: bool,
 }
 
-/// What failed of `c`: empty when the pattern passed.
-fn verdict(c: &Checks) -> Vec<&'static str> {
+/// The pattern's verdict from `c`, with what failed and what was
+/// inconclusive: a figure whose interval is wholly outside its bound, or
+/// that no pair measured at all (the victim got nothing through), fails
+/// it, as does any of the checks that are counts (errors, refusals, OOM
+/// kills, memory, the guard, recovery); a figure whose interval straddles
+/// its bound leaves it inconclusive unless something failed.
+fn verdict(c: &Checks) -> (Conclusion, Vec<&'static str>, Vec<&'static str>) {
     let mut failed = Vec::new();
-    if c.http_ratio.is_none_or(|r| r > P99_RATIO_MAX) {
-        failed.push("victim egress-http p99");
-    }
-    if c.https_ratio.is_none_or(|r| r > P99_RATIO_MAX) {
-        failed.push("victim ingress-https p99");
-    }
-    if c.tcp_ratio.is_none_or(|r| r < TCP_RATIO_MIN) {
-        failed.push("victim egress-tcp throughput");
+    let mut unsure = Vec::new();
+    for (figure, name) in [
+        (&c.http, "victim egress-http p99"),
+        (&c.https, "victim ingress-https p99"),
+        (&c.tcp, "victim egress-tcp throughput"),
+    ] {
+        if figure.estimate.is_none() || figure.conclusion == Conclusion::Fail {
+            failed.push(name);
+        } else if figure.conclusion == Conclusion::Inconclusive {
+            unsure.push(name);
+        }
     }
     if c.victim_errors > 0 {
         failed.push("victim errors");
@@ -1550,15 +1598,61 @@ fn verdict(c: &Checks) -> Vec<&'static str> {
     if !c.recovered {
         failed.push("not back to baseline");
     }
-    failed
+    let conclusion = if !failed.is_empty() {
+        Conclusion::Fail
+    } else if !unsure.is_empty() {
+        Conclusion::Inconclusive
+    } else {
+        Conclusion::Pass
+    };
+    (conclusion, failed, unsure)
 }
 
-fn ratio(now: f64, base: f64) -> Option<f64> {
-    (base > 0.0).then(|| (now / base * 1000.0).round() / 1000.0)
+/// The middle value of `v` (the upper one of an even count), 0 if empty.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// One pattern: the victim's baseline, the pattern with the victim
-/// measured under it, and recovery once it stops. Its summary row.
+/// The victim's three figures of one window, as a pair compares them.
+fn window_figures(w: &Window) -> Value {
+    json!({
+        "http_p99_us": w.http.latency.p99,
+        "http_p50_us": w.http.latency.p50,
+        "https_p99_us": w.https.latency.p99,
+        "tcp_mb_s": w.tcp_median(),
+        "errors": w.errors(),
+        "machine_saturated": w.machine_saturated(),
+    })
+}
+
+/// The victim's three figures over `pairs` of (baseline, under) windows:
+/// each pair's ratio against its bound.
+fn figures(pairs: &[(Window, Window)]) -> (Figure, Figure, Figure) {
+    let of = |f: fn(&Window) -> f64, bound| {
+        Figure::of(
+            pairs
+                .iter()
+                .map(|(base, under)| ratio(f(under), f(base)))
+                .collect(),
+            bound,
+        )
+    };
+    (
+        of(|w| w.http.latency.p99 as f64, Bound::AtMost(P99_RATIO_MAX)),
+        of(|w| w.https.latency.p99 as f64, Bound::AtMost(P99_RATIO_MAX)),
+        of(Window::tcp_median, Bound::AtLeast(TCP_RATIO_MIN)),
+    )
+}
+
+/// One pattern: [`Sizes::pairs`] pairs of the victim's windows, a baseline
+/// and one under the pattern, in blocks of two pairs ordered baseline,
+/// pattern, pattern, baseline: the pattern started and established once
+/// per block, stopped after its two windows, and atunnel left to let go of
+/// what the hostile actors held (their tunnels, descriptors, tasks,
+/// buffers) before the second baseline, so that it is not taken under
+/// them; after the last block, recovery to the first baseline's resources,
+/// memory included. Its summary row.
 async fn run_pattern(
     bench: &mut Bench,
     stage: &mut Stage,
@@ -1569,34 +1663,98 @@ async fn run_pattern(
     bench.check_tunnel().await?;
     let plan = Plan::of(pattern, bench.actor_count(), fd_room());
     let hostiles = &plan.hostiles[..];
-    let base = measure_victim(bench, &stage.victim, sizes).await;
-    let before = bench.stats(true).await?;
-    let cg0 = bench.cgroup_sample();
-    let census0 = Census::take(bench, &stage.actors).await;
-    let base_res = Resources::read(
-        &before,
-        cg0.memory_bytes,
-        bench.tunnel_pid(),
-        &census0,
-        hostiles,
-    );
-    let soft = soft_threshold(&before, cgroup_limit);
     let target = pattern.target(sizes, &plan);
-    let hostile = Hostile::start(pattern, sizes, &plan, stage, &bench.topo.exec).await?;
-    let ((established, during, under, probe), peaks) = with_peaks(bench, async {
-        let established =
-            establish(bench, pattern, target, &hostile.tally, &before, hostiles).await;
-        let during = bench.stats(false).await.unwrap_or_default();
-        let under = measure_victim(bench, &stage.victim, sizes).await;
-        let probe = stage.victim.new_tunnels().await;
-        (established, during, under, probe)
-    })
-    .await;
-    let after = bench.stats(false).await.unwrap_or_default();
-    let tally = hostile.tally.clone();
-    let held = tally.holding.load(Ordering::Relaxed);
-    hostile.stop().await;
-    let (recovered, above, after_res) = recover(bench, &stage.actors, &base_res, hostiles).await;
+    let mut pairs: Vec<(Window, Window)> = Vec::with_capacity(sizes.pairs);
+    let mut first: Option<(
+        Value,
+        atunnel_bench::cgroup::CgroupSample,
+        Census,
+        Resources,
+        f64,
+    )> = None;
+    let mut peaks: Option<Peaks> = None;
+    let mut established_all = Vec::new();
+    let mut probe = (0u64, None::<String>);
+    let mut between = Vec::new();
+    let (mut opened, mut ended, mut failed_opens, mut sent, mut held) = (0, 0, 0, 0, 0);
+    let mut during = Value::Null;
+    let mut after = Value::Null;
+    let mut stopped = Instant::now();
+    // Blocks of two pairs, baseline-hostile-hostile-baseline: one start and
+    // one stop of the pattern per two pairs, and each pair's windows next
+    // to each other (the last block of an odd count is one pair).
+    for block in (0..sizes.pairs).step_by(2) {
+        let two = block + 1 < sizes.pairs;
+        let base = measure_victim(bench, &stage.victim, sizes).await;
+        if first.is_none() {
+            let before = bench.stats(true).await?;
+            let cg0 = bench.cgroup_sample();
+            let census0 = Census::take(bench, &stage.actors).await;
+            let base_res = Resources::read(
+                &before,
+                cg0.memory_bytes,
+                bench.tunnel_pid(),
+                &census0,
+                hostiles,
+            );
+            let soft = soft_threshold(&before, cgroup_limit);
+            first = Some((before, cg0, census0, base_res, soft));
+        }
+        let start = bench.stats(false).await.unwrap_or_default();
+        let hostile = Hostile::start(pattern, sizes, &plan, stage, &bench.topo.exec).await?;
+        let ((established, now, unders, tried), seen) = with_peaks(bench, async {
+            let established =
+                establish(bench, pattern, target, &hostile.tally, &start, hostiles).await;
+            let during = bench.stats(false).await.unwrap_or_default();
+            let mut unders = Vec::with_capacity(2);
+            let mut tried = (0, None);
+            for _ in 0..if two { 2 } else { 1 } {
+                unders.push(measure_victim(bench, &stage.victim, sizes).await);
+                let (refused, first_error) = stage.victim.new_tunnels().await;
+                tried.0 += refused;
+                tried.1 = tried.1.or(first_error);
+            }
+            (established, during, unders, tried)
+        })
+        .await;
+        after = bench.stats(false).await.unwrap_or_default();
+        let tally = hostile.tally.clone();
+        held = held.max(tally.holding.load(Ordering::Relaxed));
+        opened += tally.opened.load(Ordering::Relaxed);
+        ended += tally.ended.load(Ordering::Relaxed);
+        failed_opens += tally.failed.load(Ordering::Relaxed);
+        sent += tally.sent.load(Ordering::Relaxed);
+        hostile.stop().await;
+        stopped = Instant::now();
+        during = now;
+        established_all.push(established);
+        probe.0 += tried.0;
+        probe.1 = probe.1.or(tried.1);
+        peaks = Some(match peaks {
+            Some(p) => p.merged(seen),
+            None => seen,
+        });
+        let mut unders = unders.into_iter();
+        pairs.extend(unders.next().map(|u| (base, u)));
+        if let Some(under) = unders.next() {
+            // The second pair's baseline once atunnel let go of what the
+            // hostile actors held (its memory is waited for at the end).
+            let (_, _, _, base_res, _) = first.as_ref().expect("taken above");
+            let (cleared, still, _) =
+                recover(bench, &stage.actors, base_res, hostiles, Memory::NotChecked).await;
+            between.push(json!({
+                "cleared_s": cleared.map(|s| (s * 10.0).round() / 10.0),
+                "still_held": still,
+            }));
+            pairs.push((measure_victim(bench, &stage.victim, sizes).await, under));
+        }
+    }
+    let (before, cg0, census0, base_res, soft) = first.ok_or("a pattern ran no pair")?;
+    let peaks = peaks.ok_or("a pattern ran no pair")?;
+    // From the last stop, the last baseline window included.
+    let (recovered, above, after_res) =
+        recover(bench, &stage.actors, &base_res, hostiles, Memory::Checked).await;
+    let recovered = recovered.map(|_| stopped.elapsed().as_secs_f64());
     let census = Census::take(bench, &stage.actors).await;
     let alive = bench.check_tunnel().await?;
     let oom_kills = bench
@@ -1607,28 +1765,25 @@ async fn run_pattern(
         *stage = Stage::open(bench).await?;
     }
 
-    let p99 = |w: &Window| w.http.latency.p99 as f64;
-    let p99s = |w: &Window| w.https.latency.p99 as f64;
-    let http_ratio = ratio(p99(&under), p99(&base));
-    let https_ratio = ratio(p99s(&under), p99s(&base));
-    let tcp_ratio = ratio(under.tcp_median(), base.tcp_median());
+    let (http, https, tcp) = figures(&pairs);
     let transitions = (num(&after, &["overload", "transitions_total"])
         - num(&before, &["overload", "transitions_total"]))
     .max(0.0);
+    let victim_errors: u64 = pairs.iter().map(|(_, u)| u.errors()).sum();
     let (victim_e0, victim_e1) = (egress_of(&before, &[VICTIM]), egress_of(&after, &[VICTIM]));
     let victim_refused = json!({
-        "new_tunnels_tried": PROBE_TUNNELS,
+        "new_tunnels_tried": PROBE_TUNNELS * pairs.len(),
         "new_tunnels_refused": probe.0,
         "new_tunnels_first_error": probe.1,
-        "request_errors": under.errors(),
+        "request_errors": victim_errors,
         "egress_refused_overload": (num(&victim_e1, &["refused_overload_total"]) - num(&victim_e0, &["refused_overload_total"])).max(0.0),
         "egress_refused_tunnels": (num(&victim_e1, &["refused_tunnels_total"]) - num(&victim_e0, &["refused_tunnels_total"])).max(0.0),
     });
-    let failed = verdict(&Checks {
-        http_ratio,
-        https_ratio,
-        tcp_ratio,
-        victim_errors: under.errors(),
+    let (conclusion, failed, inconclusive) = verdict(&Checks {
+        http: http.clone(),
+        https: https.clone(),
+        tcp: tcp.clone(),
+        victim_errors,
         new_tunnels_refused: probe.0,
         oom_kills,
         alive,
@@ -1642,11 +1797,21 @@ async fn run_pattern(
     let hostile_ingress_during = ingress_of(&during, hostiles);
     let mut row = json!({
         "pattern": pattern.name(),
-        "pass": failed.is_empty(),
+        "verdict": conclusion.as_str(),
+        "pass": conclusion == Conclusion::Pass,
         "failed": failed,
-        "victim_p99_ratio": http_ratio,
-        "victim_https_p99_ratio": https_ratio,
-        "victim_tcp_ratio": tcp_ratio,
+        "inconclusive": inconclusive,
+        "pairs": pairs.len(),
+        "confidence": {
+            "http_p99": http.json(),
+            "https_p99": https.json(),
+            "tcp_mb_s": tcp.json(),
+        },
+        "victim_p99_ratio": http.point(),
+        "victim_https_p99_ratio": https.point(),
+        "victim_tcp_ratio": tcp.point(),
+        "windows": pairs.iter().map(|(b, u)| json!({"baseline": window_figures(b), "under": window_figures(u)})).collect::<Vec<_>>(),
+        "between_pairs": between,
         "oom_kills": oom_kills,
         "tunnel_died": !alive,
         "peak_memory_bytes": peak,
@@ -1662,46 +1827,65 @@ async fn run_pattern(
             "descriptor_limit": num(&before, &["overload", "descriptors", "limit"]),
         },
     });
+    // The table's figures: the median window of each side.
+    let med = |side: usize, f: &dyn Fn(&Window) -> f64| {
+        median(
+            pairs
+                .iter()
+                .map(|p| f(if side == 0 { &p.0 } else { &p.1 }))
+                .collect(),
+        )
+    };
+    let mean = |side: usize, f: &dyn Fn(&Window) -> f64| {
+        let v: Vec<f64> = pairs
+            .iter()
+            .map(|p| f(if side == 0 { &p.0 } else { &p.1 }))
+            .collect();
+        (v.iter().sum::<f64>() / v.len().max(1) as f64 * 100.0).round() / 100.0
+    };
+    let (b, u) = (0, 1);
+    let last_under = &pairs.last().expect("a pair").1;
     let victim = json!({
-        "victim_http_p99_us": under.http.latency.p99,
-        "baseline_http_p99_us": base.http.latency.p99,
-        "victim_http_p50_us": under.http.latency.p50,
-        "baseline_http_p50_us": base.http.latency.p50,
-        "victim_https_p99_us": under.https.latency.p99,
-        "baseline_https_p99_us": base.https.latency.p99,
-        "victim_tcp_mb_s": under.tcp_median(),
-        "baseline_tcp_mb_s": base.tcp_median(),
-        "victim_tcp_runs_mb_s": under.tcp_mb_s,
-        "baseline_tcp_runs_mb_s": base.tcp_mb_s,
-        "victim_errors": under.errors(),
-        "baseline_errors": base.errors(),
-        "victim_first_error": under.first_error(),
-        "victim_dispatch_lag_p99_us": under.http.dispatch_lag_p99_us.max(under.https.dispatch_lag_p99_us),
-        "victim_shed": under.http.shed + under.https.shed,
-        "victim_achieved_per_s": [under.http.achieved.round(), under.https.achieved.round()],
+        "victim_http_p99_us": med(u, &|w| w.http.latency.p99 as f64),
+        "baseline_http_p99_us": med(b, &|w| w.http.latency.p99 as f64),
+        "victim_http_p50_us": med(u, &|w| w.http.latency.p50 as f64),
+        "baseline_http_p50_us": med(b, &|w| w.http.latency.p50 as f64),
+        "victim_https_p99_us": med(u, &|w| w.https.latency.p99 as f64),
+        "baseline_https_p99_us": med(b, &|w| w.https.latency.p99 as f64),
+        "victim_tcp_mb_s": med(u, &Window::tcp_median),
+        "baseline_tcp_mb_s": med(b, &Window::tcp_median),
+        "victim_tcp_runs_mb_s": pairs.iter().flat_map(|p| p.1.tcp_mb_s.iter().copied()).collect::<Vec<_>>(),
+        "baseline_tcp_runs_mb_s": pairs.iter().flat_map(|p| p.0.tcp_mb_s.iter().copied()).collect::<Vec<_>>(),
+        "victim_errors": victim_errors,
+        "baseline_errors": pairs.iter().map(|(b, _)| b.errors()).sum::<u64>(),
+        "victim_first_error": pairs.iter().find_map(|(_, u)| u.first_error()),
+        "victim_dispatch_lag_p99_us": pairs.iter().map(|(_, u)| u.http.dispatch_lag_p99_us.max(u.https.dispatch_lag_p99_us)).max(),
+        "victim_shed": pairs.iter().map(|(_, u)| u.http.shed + u.https.shed).sum::<u64>(),
+        "victim_achieved_per_s": [last_under.http.achieved.round(), last_under.https.achieved.round()],
     });
+    let established_s = established_all.iter().map(|e| e.0).fold(0.0, f64::max);
     let context = json!({
-        "tunnel_cores": (under.tunnel_cores * 100.0).round() / 100.0,
-        "baseline_tunnel_cores": (base.tunnel_cores * 100.0).round() / 100.0,
-        "tunnel_throttled": under.throttled,
-        "generator_cores": (under.generator_cores * 100.0).round() / 100.0,
-        "baseline_generator_cores": (base.generator_cores * 100.0).round() / 100.0,
-        "sink_cores": (under.sink_cores * 100.0).round() / 100.0,
-        "baseline_sink_cores": (base.sink_cores * 100.0).round() / 100.0,
-        "actors_cores": (under.actors_cores * 100.0).round() / 100.0,
-        "baseline_actors_cores": (base.actors_cores * 100.0).round() / 100.0,
-        "others_cores": (under.others_cores * 100.0).round() / 100.0,
-        "machine_saturated": under.machine_saturated(),
-        "baseline_machine_saturated": base.machine_saturated(),
-        "baseline_others_cores": (base.others_cores * 100.0).round() / 100.0,
-        "established_s": (established.0 * 10.0).round() / 10.0,
-        "established": established.1,
+        "tunnel_cores": mean(u, &|w| w.tunnel_cores),
+        "baseline_tunnel_cores": mean(b, &|w| w.tunnel_cores),
+        "tunnel_throttled": pairs.iter().any(|(_, u)| u.throttled),
+        "generator_cores": mean(u, &|w| w.generator_cores),
+        "baseline_generator_cores": mean(b, &|w| w.generator_cores),
+        "sink_cores": mean(u, &|w| w.sink_cores),
+        "baseline_sink_cores": mean(b, &|w| w.sink_cores),
+        "actors_cores": mean(u, &|w| w.actors_cores),
+        "baseline_actors_cores": mean(b, &|w| w.actors_cores),
+        "others_cores": mean(u, &|w| w.others_cores),
+        "machine_saturated": pairs.iter().any(|(_, u)| u.machine_saturated()),
+        "baseline_machine_saturated": pairs.iter().any(|(b, _)| b.machine_saturated()),
+        "baseline_others_cores": mean(b, &|w| w.others_cores),
+        "established_s": (established_s * 10.0).round() / 10.0,
+        "established": established_all.iter().all(|e| e.1),
         "hostile": {
             "held": held,
-            "opened": tally.opened.load(Ordering::Relaxed),
-            "reopened": tally.ended.load(Ordering::Relaxed),
-            "failed": tally.failed.load(Ordering::Relaxed),
-            "sent": tally.sent.load(Ordering::Relaxed),
+            "opened": opened,
+            "reopened": ended,
+            "failed": failed_opens,
+            "sent": sent,
             "tunnels_in_atunnel": num(&hostile_egress_during, &["tunnels"]),
             "buffers_in_atunnel": num(&hostile_egress_during, &["buffers"]),
             "ingress_in_flight_in_atunnel": num(&hostile_ingress_during, &["in_flight"]),
@@ -1730,32 +1914,24 @@ async fn run_pattern(
         }
     }
     eprintln!(
-        "         {}: http p99 {:.2} -> {:.2} ms, https p99 {:.2} -> {:.2} ms, tcp {:.0} -> {:.0} MB/s, victim errors {} and {} of {PROBE_TUNNELS} new tunnels refused, hostile held {held}, guard {}, peak {:.0} MiB (soft {:.0}), recovered {}, cores: tunnel {:.2} -> {:.2}, generator {:.2} -> {:.2}, sink {:.2} -> {:.2}, others {:.2} -> {:.2}{}",
+        "         {}: {} pairs; ratio [95 % interval]: http p99 {}, https p99 {}, tcp {}; victim errors {} and {} of {} new tunnels refused, hostile held {held}, guard {}, peak {:.0} MiB (soft {:.0}), recovered {}: {}{}",
         pattern.name(),
-        p99(&base) / 1e3,
-        p99(&under) / 1e3,
-        p99s(&base) / 1e3,
-        p99s(&under) / 1e3,
-        base.tcp_median(),
-        under.tcp_median(),
-        under.errors(),
+        pairs.len(),
+        http.text(),
+        https.text(),
+        tcp.text(),
+        victim_errors,
         probe.0,
+        PROBE_TUNNELS * pairs.len(),
         peaks.overload,
         peak as f64 / 1048576.0,
         soft / 1048576.0,
         recovered.map_or("never".into(), |s| format!("in {s:.1} s")),
-        base.tunnel_cores,
-        under.tunnel_cores,
-        base.generator_cores,
-        under.generator_cores,
-        base.sink_cores,
-        under.sink_cores,
-        base.others_cores,
-        under.others_cores,
+        conclusion,
         if failed.is_empty() {
-            String::from(": pass")
+            String::new()
         } else {
-            format!(": FAIL ({})", failed.join(", "))
+            format!(" ({})", failed.join(", "))
         }
     );
     Ok(row)
@@ -1820,11 +1996,13 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
     drop(black_hole);
 
     // How far the baselines themselves moved over the run: the largest
-    // over the smallest, per figure.
+    // over the smallest of every baseline window, per figure.
     let spread = |key: &str| {
         let v: Vec<f64> = rows
             .iter()
-            .filter_map(|r| r[key].as_f64())
+            .filter_map(|r| r["windows"].as_array())
+            .flatten()
+            .filter_map(|w| w["baseline"][key].as_f64())
             .filter(|&x| x > 0.0)
             .collect();
         let lo = v.iter().copied().reduce(f64::min)?;
@@ -1832,14 +2010,22 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
         Some((hi / lo * 100.0).round() / 100.0)
     };
     let spread = json!({
-        "http_p99": spread("baseline_http_p99_us"),
-        "https_p99": spread("baseline_https_p99_us"),
-        "tcp_mb_s": spread("baseline_tcp_mb_s"),
+        "http_p99": spread("http_p99_us"),
+        "https_p99": spread("https_p99_us"),
+        "tcp_mb_s": spread("tcp_mb_s"),
     });
-    let pass = rows.iter().all(|r| r["pass"] == true);
+    let counts = Counts::of(rows.iter().map(|r| match r["verdict"].as_str() {
+        Some("pass") => Conclusion::Pass,
+        Some("fail") => Conclusion::Fail,
+        _ => Conclusion::Inconclusive,
+    }));
     let mut notes = vec![
         format!(
-            "victim actor-{VICTIM}, hostile actor-{HOSTILE}; the victim, measured the same way before and under each pattern: egress HTTP/1.1 requests at {RATE:.0}/s over {HTTP_CONNS} kept-alive connections to the sink's port 80 for {:.1} s (open loop, latency from each request's due time), then {} uploads of {} MiB to the sink's discard port (their median MB/s), then ingress HTTPS requests from the router at {RATE:.0}/s over {ROUTER_CONNS} HTTP/2 connections for {:.1} s",
+            "each pattern runs {} pairs of windows, in blocks of two ordered baseline, pattern, pattern, baseline (a window: the victim's three figures; the pattern started and established once per block and stopped after its two windows; before the block's second baseline atunnel is given until the hostile actors' tunnels, descriptors, tasks and buffers are gone, between_pairs saying how long); the first pair of a block is its first two windows, the second its last two, so each pair's windows are next to each other and the order cancels a steady drift; each figure's ratio (under / baseline, per pair) is given as the geometric mean of the pairs with a 95 % interval (Student's t on the log ratios, docs/isolation.md says why); a figure passes when its whole interval is inside its bound, fails when it is wholly outside, and is inconclusive otherwise; a pattern fails on any figure or other check failing, is inconclusive when none failed but a figure was inconclusive, and passes otherwise; verdicts counts them",
+            sizes.pairs
+        ),
+        format!(
+            "victim actor-{VICTIM}, hostile actor-{HOSTILE}; the victim, measured the same way in each window: egress HTTP/1.1 requests at {RATE:.0}/s over {HTTP_CONNS} kept-alive connections to the sink's port 80 for {:.1} s (open loop, latency from each request's due time), then {} upload(s) of {} MiB to the sink's discard port (their median MB/s), then ingress HTTPS requests from the router at {RATE:.0}/s over {ROUTER_CONNS} HTTP/2 connections for {:.1} s",
             sizes.window.as_secs_f64(),
             sizes.tcp_runs,
             sizes.tcp_bytes >> 20,
@@ -1849,9 +2035,9 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
             "atunnel ran with {} (relay and ingress body bounds of {RELAY_BOUND} instead of 60 s, so a tunnel that cannot finish ends within the run; a resolver that never answers); budgets at their defaults",
             own.join(" ")
         ),
-        "the baseline is taken right before each pattern, after the previous one recovered, because latency on a shared 2-core machine drifts; baseline_spread is, per figure, the largest over the smallest of those baselines: the noise a ratio has to be read against".into(),
+        "each baseline window is taken right before its pattern window, because latency on a shared 2-core machine drifts; baseline_spread is, per figure, the largest over the smallest of every baseline window of the run: the noise the intervals are made to see through".into(),
         format!(
-            "pass: both p99 ratios <= {P99_RATIO_MAX}, the tcp ratio >= {TCP_RATIO_MIN}, no victim errors, none of the victim's {PROBE_TUNNELS} new egress tunnels opened under the pattern refused (one byte there and back each: victim_refused), the overload guard normal throughout (its state read every 500 ms, and no state change between the readings before and after: overload), no OOM kill, peak cgroup memory (sampled every 100 ms from the pattern's start until it stopped) under the overload guard's soft threshold, and recovered_s not null: after the hostile actor stopped, /stats (after releasing free memory) every {} ms until heap within {} MiB, cgroup memory within {} MiB, descriptors and tasks within {COUNT_SLACK} (not counting atunnel's sockets in the other actors' sandboxes, one task each: the victim's tunnels and the ingress connections atunnel pools to the victim, which grow when the victim is slowed and are the victim's, shown as neighbour_sockets; tunnel_sockets_before/after say where every socket descriptor is listed), pooled buffers out no more than at baseline and no hostile egress tunnel, given up after {} s",
+            "pass: both p99 ratios' intervals <= {P99_RATIO_MAX}, the tcp ratio's interval >= {TCP_RATIO_MIN}, no victim errors, none of the victim's {PROBE_TUNNELS} new egress tunnels opened under the pattern in each pair refused (one byte there and back each: victim_refused), the overload guard normal throughout (its state read every 500 ms, and no state change between the readings before and after: overload), no OOM kill, peak cgroup memory (sampled every 100 ms from the pattern's start until it stopped) under the overload guard's soft threshold, and recovered_s not null: after the hostile actor stopped, /stats (after releasing free memory) every {} ms until heap within {} MiB, cgroup memory within {} MiB, descriptors and tasks within {COUNT_SLACK} (not counting atunnel's sockets in the other actors' sandboxes, one task each: the victim's tunnels and the ingress connections atunnel pools to the victim, which grow when the victim is slowed and are the victim's, shown as neighbour_sockets; tunnel_sockets_before/after say where every socket descriptor is listed), pooled buffers out no more than at baseline and no hostile egress tunnel, given up after {} s",
             POLL.as_millis(),
             HEAP_SLACK / 1048576.0,
             CGROUP_SLACK / 1048576.0,
@@ -1861,12 +2047,16 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
     ];
     let actors = bench.actor_count();
     notes.extend(PATTERNS.iter().map(|p| p.what(&sizes, &p.hostiles(actors))));
+    notes.extend(rows.iter().map(verdict_line));
     Ok(ScenarioResult {
         name: Scenario::NoisyNeighbour.name().into(),
         rungs: Vec::new(),
         summary: json!({
             "patterns": rows,
-            "pass": pass,
+            "verdict": counts.overall().as_str(),
+            "verdicts": counts.json(),
+            "pass": counts.overall() == Conclusion::Pass,
+            "pairs": sizes.pairs,
             "victim": format!("actor-{VICTIM}"),
             "hostile": format!("actor-{HOSTILE}"),
             "tunnel_flags": own,
@@ -1877,6 +2067,44 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
         }),
         notes,
     })
+}
+
+/// A pattern's verdict in one line, with each figure's interval:
+/// `unread-downloads: inconclusive (http p99 1.02 [0.95, 1.14] <= 1.1:
+/// inconclusive; ...)`.
+fn verdict_line(row: &Value) -> String {
+    let figure = |key: &str| {
+        let f = &row["confidence"][key];
+        let point = f["estimate"]
+            .as_f64()
+            .map_or("-".into(), |x| format!("{x:.2}"));
+        let interval = match (f["ci95"][0].as_f64(), f["ci95"][1].as_f64()) {
+            (Some(lo), Some(hi)) => format!("[{lo:.2}, {hi:.2}]"),
+            _ => "[no interval]".into(),
+        };
+        format!(
+            "{point} {interval}: {}",
+            f["verdict"].as_str().unwrap_or("-")
+        )
+    };
+    let failed: Vec<&str> = row["failed"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    format!(
+        "{}: {}{} over {} pairs; http p99 ratio {}, https p99 ratio {}, tcp ratio {}",
+        row["pattern"].as_str().unwrap_or("?"),
+        row["verdict"].as_str().unwrap_or("?"),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", failed.join(", "))
+        },
+        row["pairs"],
+        figure("http_p99"),
+        figure("https_p99"),
+        figure("tcp_mb_s"),
+    )
 }
 
 #[cfg(test)]
@@ -1970,11 +2198,15 @@ mod tests {
         assert_eq!(peaks.overload, "hard");
     }
 
+    fn steady(r: f64, bound: Bound) -> Figure {
+        Figure::of(vec![Some(r); 4], bound)
+    }
+
     fn passing() -> Checks {
         Checks {
-            http_ratio: Some(1.0),
-            https_ratio: Some(1.05),
-            tcp_ratio: Some(0.95),
+            http: steady(1.0, Bound::AtMost(P99_RATIO_MAX)),
+            https: steady(1.05, Bound::AtMost(P99_RATIO_MAX)),
+            tcp: steady(0.95, Bound::AtLeast(TCP_RATIO_MIN)),
             victim_errors: 0,
             new_tunnels_refused: 0,
             oom_kills: 0,
@@ -1988,25 +2220,129 @@ mod tests {
 
     #[test]
     fn a_victim_refused_or_a_guard_gone_soft_fails_the_pattern() {
-        assert!(verdict(&passing()).is_empty());
+        assert_eq!(verdict(&passing()), (Conclusion::Pass, vec![], vec![]));
         let refused = Checks {
             new_tunnels_refused: 3,
             ..passing()
         };
-        assert_eq!(verdict(&refused), vec!["victim new tunnels refused"]);
+        assert_eq!(
+            verdict(&refused),
+            (Conclusion::Fail, vec!["victim new tunnels refused"], vec![])
+        );
         let soft = Checks {
             guard_left_normal: true,
             ..passing()
         };
-        assert_eq!(verdict(&soft), vec!["overload guard left normal"]);
+        assert_eq!(verdict(&soft).1, vec!["overload guard left normal"]);
+        // No request of any pair completed: no ratio at all, a failure.
         let starved = Checks {
-            https_ratio: None,
+            https: Figure::of(vec![None; 4], Bound::AtMost(P99_RATIO_MAX)),
             victim_errors: 2500,
             ..passing()
         };
         assert_eq!(
-            verdict(&starved),
+            verdict(&starved).1,
             vec!["victim ingress-https p99", "victim errors"]
+        );
+    }
+
+    #[test]
+    fn a_figure_straddling_its_bound_leaves_the_pattern_inconclusive_unless_something_failed() {
+        let noisy = Figure::of(
+            vec![Some(0.9), Some(2.4), Some(1.0), Some(1.1)],
+            Bound::AtMost(P99_RATIO_MAX),
+        );
+        let unsure = Checks {
+            http: noisy.clone(),
+            ..passing()
+        };
+        assert_eq!(
+            verdict(&unsure),
+            (
+                Conclusion::Inconclusive,
+                vec![],
+                vec!["victim egress-http p99"]
+            )
+        );
+        let unsure_and_failed = Checks {
+            http: noisy,
+            tcp: steady(0.5, Bound::AtLeast(TCP_RATIO_MIN)),
+            ..passing()
+        };
+        assert_eq!(
+            verdict(&unsure_and_failed),
+            (
+                Conclusion::Fail,
+                vec!["victim egress-tcp throughput"],
+                vec!["victim egress-http p99"]
+            )
+        );
+    }
+
+    fn window(http_p99: u64, https_p99: u64, tcp: f64) -> Window {
+        let mut w = Window::default();
+        w.http.latency.p99 = http_p99;
+        w.https.latency.p99 = https_p99;
+        w.tcp_mb_s = vec![tcp];
+        w
+    }
+
+    #[test]
+    fn each_pair_is_its_own_ratio_so_a_drifting_baseline_cancels() {
+        // The machine slows down 3x over the pattern, the pattern itself
+        // costs the victim nothing: each pair's ratio is 1.
+        let pairs: Vec<(Window, Window)> = [1.0, 2.0, 3.0, 1.5]
+            .iter()
+            .map(|&slow| {
+                (
+                    window((1000.0 * slow) as u64, (2000.0 * slow) as u64, 600.0 / slow),
+                    window((1000.0 * slow) as u64, (2000.0 * slow) as u64, 600.0 / slow),
+                )
+            })
+            .collect();
+        let (http, https, tcp) = figures(&pairs);
+        for f in [&http, &https, &tcp] {
+            assert_eq!(f.conclusion, Conclusion::Pass, "{f:?}");
+            assert_eq!(f.point(), Some(1.0));
+        }
+        // A victim that got nothing through in one window: that pair has
+        // no ratio, the others still count.
+        let mut gap = pairs.clone();
+        gap[1].1.https.latency.p99 = 0;
+        let (_, https, _) = figures(&gap);
+        assert_eq!(https.ratios, vec![Some(1.0), None, Some(1.0), Some(1.0)]);
+    }
+
+    #[test]
+    fn the_verdict_line_shows_each_figures_interval() {
+        let (http, https, tcp) = (
+            steady(1.0, Bound::AtMost(P99_RATIO_MAX)),
+            Figure::of(
+                vec![Some(0.9), Some(2.4), Some(1.0), Some(1.1)],
+                Bound::AtMost(P99_RATIO_MAX),
+            ),
+            steady(0.95, Bound::AtLeast(TCP_RATIO_MIN)),
+        );
+        let row = json!({
+            "pattern": "dns-flood", "verdict": "inconclusive", "failed": [], "pairs": 4,
+            "confidence": {"http_p99": http.json(), "https_p99": https.json(), "tcp_mb_s": tcp.json()},
+        });
+        let line = verdict_line(&row);
+        let (lo, hi) = https.interval().expect("interval");
+        assert!(
+            line.starts_with(&format!(
+                "dns-flood: inconclusive over 4 pairs; http p99 ratio 1.00 [1.00, 1.00]: pass, https p99 ratio {:.2} [",
+                https.point().expect("estimate")
+            )),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("[{lo:.2}, {hi:.2}]: inconclusive")),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("tcp ratio 0.95 [0.95, 0.95]: pass"),
+            "{line}"
         );
     }
 }

@@ -1,5 +1,6 @@
-//! noisy-neighbour's part of report.md: one table row per hostile pattern,
-//! and its plot (drawn by `load::plots::noisy_neighbour`): the victim's
+//! noisy-neighbour's part of report.md: one table row per hostile pattern
+//! (each ratio with its 95 % interval and verdict), the count of each
+//! verdict, and its plot (drawn by `load::plots::noisy_neighbour`): the victim's
 //! latency and throughput beside its baseline, their ratios against the
 //! bounds, atunnel's peak memory against the soft threshold, and the time
 //! to recover.
@@ -30,9 +31,13 @@ pub(in crate::run) fn section(dir: &Path, s: &ScenarioResult) -> std::io::Result
     let svg = plots::noisy_neighbour(rows, bounds).map_err(std::io::Error::other)?;
     write_whole(&dir.join(PLOT_FILE), svg)?;
     let spread = &s.summary["baseline_spread"];
+    let counts = &s.summary["verdicts"];
     Ok(format!(
-        "{}\nThe baselines themselves moved by up to {}x (egress-http p99), {}x (ingress-https p99) and {}x (egress-tcp) over the run: a ratio inside that spread is within this machine's noise.\n\n![victim latency and throughput against its baseline, ratios, peak memory and recovery per pattern]({PLOT_FILE})\n\n",
+        "{}\nVerdicts: {} pass, {} fail, {} inconclusive (a ratio's interval straddling its bound; neither pass nor fail).\n\nThe baselines themselves moved by up to {}x (egress-http p99), {}x (ingress-https p99) and {}x (egress-tcp) over the run, the noise each pair's ratio cancels and each interval is as wide as.\n\n![victim latency and throughput against its baseline, ratios, peak memory and recovery per pattern]({PLOT_FILE})\n\n",
         table(rows),
+        num(&counts["pass"], 0),
+        num(&counts["fail"], 0),
+        num(&counts["inconclusive"], 0),
         num(&spread["http_p99"], 2),
         num(&spread["https_p99"], 2),
         num(&spread["tcp_mb_s"], 2),
@@ -53,10 +58,28 @@ fn mib(v: &Value) -> String {
         .map_or("-".into(), |b| format!("{:.0}", b / 1048576.0))
 }
 
+/// A ratio with its 95 % interval and verdict: `1.02 [0.95, 1.10] pass`;
+/// the bare ratio for a row without one.
+fn ratio(r: &Value, figure: &str, bare: &str) -> String {
+    let f = &r["confidence"][figure];
+    if f.is_null() {
+        return num(&r[bare], 2);
+    }
+    let interval = match (f["ci95"][0].as_f64(), f["ci95"][1].as_f64()) {
+        (Some(lo), Some(hi)) => format!("[{lo:.2}, {hi:.2}]"),
+        _ => "[-]".into(),
+    };
+    format!(
+        "{} {interval} {}",
+        num(&f["estimate"], 2),
+        f["verdict"].as_str().unwrap_or("-")
+    )
+}
+
 /// The table: one row per pattern.
 fn table(rows: &[Value]) -> String {
     let mut md = String::from(
-        "| pattern | http p99 ms (base -> under) | ratio | https p99 ms (base -> under) | ratio | tcp MB/s (base -> under) | ratio | OOM kills | peak / soft MiB | recovered s | atunnel refused or reset | victim refused; overload guard | cores under: tunnel / generator / sink / other work | pass |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| pattern | http p99 ms (base -> under, median window) | ratio [95 %] | https p99 ms (base -> under) | ratio [95 %] | tcp MB/s (base -> under) | ratio [95 %] | OOM kills | peak / soft MiB | recovered s | atunnel refused or reset | victim refused; overload guard | cores under: tunnel / generator / sink / other work | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let refused = &r["refused"];
@@ -81,14 +104,19 @@ fn table(rows: &[Value]) -> String {
             num(&victim["request_errors"], 0),
             r["overload"]["worst_state"].as_str().unwrap_or("-"),
         );
-        let pass = if r["pass"] == true {
-            "pass".to_string()
-        } else {
-            let why: Vec<&str> = r["failed"]
+        let list = |key: &str| -> String {
+            let v: Vec<&str> = r[key]
                 .as_array()
                 .map(|a| a.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            format!("**fail**: {}", why.join(", "))
+            v.join(", ")
+        };
+        let pass = match r["verdict"].as_str() {
+            Some("pass") => "pass".to_string(),
+            Some("inconclusive") => format!("inconclusive: {}", list("inconclusive")),
+            // Rows written before the intervals have only `pass`.
+            None if r["pass"] == true => "pass".to_string(),
+            _ => format!("**fail**: {}", list("failed")),
         };
         let _ = writeln!(
             md,
@@ -96,13 +124,13 @@ fn table(rows: &[Value]) -> String {
             r["pattern"].as_str().unwrap_or("?"),
             ms(&r["baseline_http_p99_us"]),
             ms(&r["victim_http_p99_us"]),
-            num(&r["victim_p99_ratio"], 2),
+            ratio(r, "http_p99", "victim_p99_ratio"),
             ms(&r["baseline_https_p99_us"]),
             ms(&r["victim_https_p99_us"]),
-            num(&r["victim_https_p99_ratio"], 2),
+            ratio(r, "https_p99", "victim_https_p99_ratio"),
             num(&r["baseline_tcp_mb_s"], 0),
             num(&r["victim_tcp_mb_s"], 0),
-            num(&r["victim_tcp_ratio"], 2),
+            ratio(r, "tcp_mb_s", "victim_tcp_ratio"),
             num(&r["oom_kills"], 0),
             mib(&r["peak_memory_bytes"]),
             mib(&r["soft_threshold_bytes"]),
@@ -135,7 +163,13 @@ mod tests {
     fn result() -> ScenarioResult {
         let row = |name: &str, pass: bool, recovered: Value| {
             json!({
-                "pattern": name, "pass": pass,
+                "pattern": name, "pass": pass, "verdict": if pass { "pass" } else { "fail" },
+                "confidence": {
+                    "http_p99": {"estimate": if pass { 1.02 } else { 1.8 }, "ci95": if pass { json!([0.97, 1.07]) } else { json!([1.5, 2.2]) },
+                                 "verdict": if pass { "pass" } else { "fail" }},
+                    "https_p99": {"estimate": 0.97, "ci95": [0.9, 1.3], "verdict": "inconclusive"},
+                    "tcp_mb_s": {"estimate": 0.95, "ci95": null, "verdict": "inconclusive"},
+                },
                 "failed": if pass { json!([]) } else { json!(["victim egress-http p99"]) },
                 "victim_p99_ratio": if pass { 1.02 } else { 1.8 },
                 "victim_https_p99_ratio": 0.97, "victim_tcp_ratio": 0.95,
@@ -159,7 +193,8 @@ mod tests {
             summary: json!({"patterns": [
                 row("unread-downloads", true, json!(0.4)),
                 row("stalled-uploads", false, Value::Null),
-            ], "baseline_spread": {"http_p99": 1.3, "https_p99": 1.25, "tcp_mb_s": null}}),
+            ], "baseline_spread": {"http_p99": 1.3, "https_p99": 1.25, "tcp_mb_s": null},
+               "verdicts": {"pass": 1, "fail": 1, "inconclusive": 0}}),
             ..ScenarioResult::default()
         }
     }
@@ -172,6 +207,17 @@ mod tests {
         assert_eq!(rows.len(), 3, "{md}");
         assert!(
             rows[1].contains("unread-downloads") && rows[1].contains("| pass |"),
+            "{md}"
+        );
+        assert!(
+            rows[1].contains("| 1.02 [0.97, 1.07] pass |")
+                && rows[1].contains("| 0.97 [0.90, 1.30] inconclusive |")
+                && rows[1].contains("| 0.95 [-] inconclusive |"),
+            "{md}"
+        );
+        assert!(rows[2].contains("| 1.80 [1.50, 2.20] fail |"), "{md}");
+        assert!(
+            md.contains("Verdicts: 1 pass, 1 fail, 0 inconclusive"),
             "{md}"
         );
         assert!(
@@ -227,6 +273,34 @@ mod tests {
         assert!(svg.contains(">\n0.4\n</text>") && svg.contains(">\n0.42\n</text>"));
         assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
         assert!(!svg.contains("NaN") && !svg.contains("inf"));
+    }
+
+    #[test]
+    fn an_inconclusive_pattern_says_which_figure_and_is_counted_apart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = ScenarioResult {
+            name: "noisy-neighbour".into(),
+            summary: json!({"patterns": [
+                {"pattern": "dns-flood", "verdict": "inconclusive", "pass": false,
+                 "inconclusive": ["victim ingress-https p99"], "failed": [],
+                 "confidence": {"https_p99": {"estimate": 1.24, "ci95": [0.8, 1.9], "verdict": "inconclusive"}}},
+            ], "verdicts": {"pass": 0, "fail": 0, "inconclusive": 1}}),
+            ..ScenarioResult::default()
+        };
+        let md = section(dir.path(), &s).expect("written");
+        let row = md
+            .lines()
+            .find(|l| l.starts_with("| dns-flood"))
+            .expect("row");
+        assert!(
+            row.ends_with("| inconclusive: victim ingress-https p99 |"),
+            "{row}"
+        );
+        assert!(row.contains("| 1.24 [0.80, 1.90] inconclusive |"), "{row}");
+        assert!(
+            md.contains("Verdicts: 0 pass, 0 fail, 1 inconclusive"),
+            "{md}"
+        );
     }
 
     #[test]
