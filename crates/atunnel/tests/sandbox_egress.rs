@@ -209,15 +209,31 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
     let sandbox = serve_activated(&tunnel, &gw, &a).await;
     let exec = tunnel.executor().clone();
 
-    for (i, dest) in ["192.0.2.10:443", "198.51.100.7:8080"].iter().enumerate() {
+    // Both families through the one dual-stack sandbox; an IPv6 original
+    // destination goes to the gateway as CONNECT [addr]:port.
+    for (i, (dest, authority)) in [
+        ("192.0.2.10:443", "192.0.2.10:443"),
+        ("[2001:db8::10]:443", "[2001:db8::10]:443"),
+        ("198.51.100.7:8080", "198.51.100.7:8080"),
+        ("[2001:db8:ff::7]:8080", "[2001:db8:ff::7]:8080"),
+    ]
+    .iter()
+    .enumerate()
+    {
         let dest: SocketAddr = dest.parse().expect("addr");
         let mut s = sandbox
             .connect_from_runtime(&exec, dest)
             .await
             .expect("actor dials");
         echo_check(&mut s, &random(256 * 1024, i as u64)).await;
-        expect_seen(&mut gw, "alpha", &dest.to_string()).await;
+        expect_seen(&mut gw, "alpha", authority).await;
     }
+    let e = tunnel.egress().stats();
+    assert_eq!(
+        (e.tunnels_total, e.tunnels_ipv4_total, e.tunnels_ipv6_total),
+        (4, 2, 2),
+        "tunnels counted by family: {e:?}"
+    );
 
     // DNS from the actor reaches the worker's resolver through the relay.
     dns_over_udp_check(&sandbox, &exec).await;
@@ -257,6 +273,130 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
         .close_sandbox(&a)
         .await
         .expect("closing twice is a no-op");
+}
+
+/// `s` is reset at once: refused, not tunnelled and not left to time out.
+async fn is_reset(mut s: TcpStream) {
+    let _ = s.write_all(b"ping").await;
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("refused at once, not after the open timeout");
+    match r {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}"),
+        Ok(n) => panic!("expected a reset, read {n} bytes (0: a FIN)"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tunnel_budget_is_one_across_both_families() {
+    require_root("sandbox egress budget test");
+    let pki = Pki::new();
+    let gw = gateway(&pki, echo_sink(), |_| {}).await;
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    cfg.netns_prefix = format!("atnt-{}-budget6-", std::process::id());
+    cfg.egress.budget.max_tunnels = 2;
+    let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
+    let a = actor("alpha");
+    let sandbox = serve_activated(&tunnel, &gw, &a).await;
+    let exec = tunnel.executor().clone();
+    let v4: SocketAddr = "192.0.2.10:443".parse().expect("addr");
+    let v6: SocketAddr = "[2001:db8::10]:443".parse().expect("addr");
+
+    let mut held = Vec::new();
+    for (i, dest) in [v4, v6].into_iter().enumerate() {
+        let mut s = sandbox
+            .connect_from_runtime(&exec, dest)
+            .await
+            .expect("actor dials");
+        echo_check(&mut s, &random(1024, i as u64)).await;
+        held.push(s);
+    }
+    // One tunnel of each family fills the budget of two: neither family
+    // has a budget of its own.
+    for dest in [v6, v4] {
+        // The reset can beat the connect's return, which then reports it.
+        match sandbox.connect_from_runtime(&exec, dest).await {
+            Ok(s) => is_reset(s).await,
+            Err(atunnel_sandbox::SandboxError::Io { source, .. }) => {
+                assert_eq!(source.kind(), ErrorKind::ConnectionReset, "{source}")
+            }
+            Err(e) => panic!("dial to {dest}: {e}"),
+        }
+    }
+    let figures = tunnel
+        .egress()
+        .actor_stat(&a.uid)
+        .expect("the actor's figures");
+    assert_eq!(
+        (figures.tunnels, figures.refused_tunnels_total),
+        (2, 2),
+        "{figures:?}"
+    );
+    for (i, s) in held.iter_mut().enumerate() {
+        echo_check(s, &random(1024, 10 + i as u64)).await;
+    }
+    // A place an IPv4 tunnel frees is taken by an IPv6 one.
+    drop(held.remove(0));
+    let freed = async {
+        while tunnel.egress().actor_stat(&a.uid).map(|f| f.tunnels) != Some(1) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), freed)
+        .await
+        .expect("the closed tunnel leaves the budget");
+    let mut s = sandbox
+        .connect_from_runtime(&exec, v6)
+        .await
+        .expect("actor dials");
+    echo_check(&mut s, &random(1024, 20)).await;
+    tunnel.close_sandbox(&a).await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_ipv6_off_an_ipv6_dial_fails_at_once_and_ipv4_is_tunnelled() {
+    require_root("IPv4-only sandbox egress test");
+    let pki = Pki::new();
+    let mut gw = gateway(&pki, echo_sink(), |_| {}).await;
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    cfg.netns_prefix = format!("atnt-{}-v4only-", std::process::id());
+    cfg.sandbox_ipv6 = false;
+    let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
+    let a = actor("alpha");
+    let sandbox = serve_activated(&tunnel, &gw, &a).await;
+    assert!(!sandbox.ipv6());
+    let exec = tunnel.executor().clone();
+    let v6: SocketAddr = "[2001:db8::10]:7".parse().expect("addr");
+    let err = tokio::time::timeout(
+        Duration::from_secs(5),
+        sandbox.connect_from_runtime(&exec, v6),
+    )
+    .await
+    .expect("fails at once, not after a timeout")
+    .expect_err("no IPv6 route in an IPv4-only sandbox");
+    match &err {
+        atunnel_sandbox::SandboxError::Io { source, .. } => {
+            assert_eq!(
+                source.raw_os_error(),
+                Some(nix::errno::Errno::ENETUNREACH as i32),
+                "{err}"
+            )
+        }
+        _ => panic!("{err}"),
+    }
+    let v4: SocketAddr = "192.0.2.10:7".parse().expect("addr");
+    let mut s = sandbox
+        .connect_from_runtime(&exec, v4)
+        .await
+        .expect("actor dials");
+    echo_check(&mut s, &random(4096, 1)).await;
+    expect_seen(&mut gw, "alpha", "192.0.2.10:7").await;
+    let e = tunnel.egress().stats();
+    assert_eq!((e.tunnels_ipv4_total, e.tunnels_ipv6_total), (1, 0));
+    tunnel.close_sandbox(&a).await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
