@@ -244,6 +244,17 @@ impl SandboxNetwork {
         self.ipv6
     }
 
+    /// The resolv.conf the actor's runtime gives its program: the DNS
+    /// relay's addresses, IPv4 first (a resolver that cannot use IPv6
+    /// tries it first), and the IPv6 one if the sandbox is dual-stack.
+    pub fn resolv_conf(&self) -> String {
+        if self.ipv6 {
+            format!("nameserver {GATEWAY_ADDR}\nnameserver {GATEWAY_ADDR6}\n")
+        } else {
+            format!("nameserver {GATEWAY_ADDR}\n")
+        }
+    }
+
     /// A TCP listener on `addr` inside the gateway namespace.
     pub async fn listen_tcp(
         &self,

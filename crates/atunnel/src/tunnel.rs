@@ -567,14 +567,22 @@ impl Tunnel {
         ),
         SandboxError,
     > {
-        let dns = if self.cfg.dns.is_some() {
+        let dns = if self.cfg.dns.is_none() {
+            None
+        } else if network.ipv6() {
+            // One dual-stack socket each answers on 169.254.17.1 and
+            // fd00:a7:17::1 (the namespace has no other address but lo's):
+            // no second relay task per sandbox for the second family.
+            Some((
+                network.bind_udp_any(&self.exec, DNS_PORT).await?,
+                network.listen_tcp_any(&self.exec, DNS_PORT).await?,
+            ))
+        } else {
             let addr = SocketAddr::from((GATEWAY_ADDR, DNS_PORT));
             Some((
                 network.bind_udp(&self.exec, addr).await?,
                 network.listen_tcp(&self.exec, addr).await?,
             ))
-        } else {
-            None
         };
         let egress = network.listen_egress(&self.exec).await?;
         Ok((egress, dns))

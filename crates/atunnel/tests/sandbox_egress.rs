@@ -17,7 +17,7 @@ use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_dns::RelayConfig;
 use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
-use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR};
+use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR, GATEWAY_ADDR6};
 use atunnel_sandbox::{NetNs, NsExecutor, SandboxNetwork, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -149,12 +149,18 @@ async fn answer_over_tcp(mut stream: TcpStream) -> std::io::Result<()> {
     }
 }
 
-/// A UDP query from the actor's runtime namespace to the relay on
-/// 169.254.17.1:53 comes back answered by the worker's resolver.
-async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor) {
+/// A UDP query from the actor's runtime namespace to the relay at `relay`
+/// comes back answered by the worker's resolver, from `relay` (a resolver
+/// drops an answer from any other address).
+async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor, relay: SocketAddr) {
     let udp = exec
-        .run_in(&sandbox.runtime, || {
-            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        .run_in(&sandbox.runtime, move || {
+            let any: SocketAddr = if relay.is_ipv4() {
+                "0.0.0.0:0".parse().expect("addr")
+            } else {
+                "[::]:0".parse().expect("addr")
+            };
+            let s = std::net::UdpSocket::bind(any)?;
             s.set_nonblocking(true)?;
             Ok::<_, std::io::Error>(s)
         })
@@ -163,22 +169,21 @@ async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor) {
         .expect("socket");
     let udp = UdpSocket::from_std(udp).expect("register");
     let query = dns_query(0x1234);
-    udp.send_to(&query, (GATEWAY_ADDR, DNS_PORT))
-        .await
-        .expect("send");
+    udp.send_to(&query, relay).await.expect("send");
     let mut answer = [0u8; 512];
-    let (n, _) = tokio::time::timeout(Duration::from_secs(10), udp.recv_from(&mut answer))
+    let (n, from) = tokio::time::timeout(Duration::from_secs(10), udp.recv_from(&mut answer))
         .await
-        .expect("DNS over UDP answered")
+        .unwrap_or_else(|_| panic!("DNS over UDP to {relay} answered"))
         .expect("recv");
     assert_eq!(&answer[..n], &fake_answer(&query)[..], "UDP answer");
+    assert_eq!(from, relay, "the answer comes from the address asked");
 }
 
 /// A TCP query (length-prefixed) from the actor's runtime namespace to the
-/// relay on 169.254.17.1:53 comes back answered by the worker's resolver.
-async fn dns_over_tcp_check(sandbox: &SandboxNetwork, exec: &NsExecutor) {
+/// relay at `relay` comes back answered by the worker's resolver.
+async fn dns_over_tcp_check(sandbox: &SandboxNetwork, exec: &NsExecutor, relay: SocketAddr) {
     let mut s = sandbox
-        .connect_from_runtime(exec, SocketAddr::from((GATEWAY_ADDR, DNS_PORT)))
+        .connect_from_runtime(exec, relay)
         .await
         .expect("actor dials the DNS relay over TCP");
     let query = dns_query(0xabcd);
@@ -236,14 +241,25 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
     );
 
     // DNS from the actor reaches the worker's resolver through the relay.
-    dns_over_udp_check(&sandbox, &exec).await;
-    dns_over_tcp_check(&sandbox, &exec).await;
+    // Over both families: the sandbox's resolv.conf lists both.
+    let relays = [
+        SocketAddr::from((GATEWAY_ADDR, DNS_PORT)),
+        SocketAddr::from((GATEWAY_ADDR6, DNS_PORT)),
+    ];
+    assert_eq!(
+        sandbox.resolv_conf(),
+        "nameserver 169.254.17.1\nnameserver fd00:a7:17::1\n"
+    );
+    for relay in relays {
+        dns_over_udp_check(&sandbox, &exec, relay).await;
+        dns_over_tcp_check(&sandbox, &exec, relay).await;
+    }
     // Counted for this sandbox, as /stats `dns_relays` serves them. The
     // relay counts an answer once it is sent, so the actor can read it
     // before the count moves: polled (a counter has nothing to await),
     // bounded.
     let counted = async {
-        while tunnel.dns_stats().first().map(|d| d.relay.answered) != Some(2) {
+        while tunnel.dns_stats().first().map(|d| d.relay.answered) != Some(4) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
@@ -259,7 +275,7 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
             relay.answered,
             relay.dropped
         ),
-        (1, 1, 2, 0),
+        (2, 2, 4, 0),
         "{relay:?}"
     );
 
@@ -368,6 +384,7 @@ async fn with_ipv6_off_an_ipv6_dial_fails_at_once_and_ipv4_is_tunnelled() {
     let a = actor("alpha");
     let sandbox = serve_activated(&tunnel, &gw, &a).await;
     assert!(!sandbox.ipv6());
+    assert_eq!(sandbox.resolv_conf(), "nameserver 169.254.17.1\n");
     let exec = tunnel.executor().clone();
     let v6: SocketAddr = "[2001:db8::10]:7".parse().expect("addr");
     let err = tokio::time::timeout(
@@ -822,7 +839,7 @@ async fn two_sandboxes_round_trip(host: (u64, u64)) {
             .expect("actor dials");
         echo_check(&mut s, &random(64 * 1024, 10 + i as u64)).await;
         expect_seen(&mut gw, name, &dest.to_string()).await;
-        dns_over_tcp_check(&sandbox, &exec).await;
+        dns_over_tcp_check(&sandbox, &exec, SocketAddr::from((GATEWAY_ADDR, DNS_PORT))).await;
     }
     for name in ["alpha", "bravo"] {
         tunnel.close_sandbox(&actor(name)).await.expect("close");
