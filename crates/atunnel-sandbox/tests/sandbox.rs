@@ -694,6 +694,64 @@ async fn an_ipv4_only_sandbox_lets_only_ipv4_tcp_and_dns_leave_the_actor() {
     sb.destroy(&exec).await.expect("destroy");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_stack_sandbox_lets_dns_but_not_other_udp_in_over_ipv6() {
+    require_root("IPv6 filter test");
+    let exec = NsExecutor::start().expect("executor");
+    let sb = SandboxNetwork::create(&exec, &name("filter6"), DEFAULT_EGRESS_PORT, true)
+        .await
+        .expect("sandbox");
+    let dns = sb
+        .bind_udp(&exec, SocketAddr::from((GATEWAY_ADDR6, DNS_PORT)))
+        .await
+        .expect("dns socket");
+    let probe = sb
+        .bind_udp(&exec, SocketAddr::from((GATEWAY_ADDR6, PROBE_PORT)))
+        .await
+        .expect("probe socket");
+    let udp6 = exec
+        .run_in(&sb.runtime, || {
+            let s = std::net::UdpSocket::bind("[::]:0")?;
+            s.set_nonblocking(true)?;
+            Ok::<_, std::io::Error>(s)
+        })
+        .await
+        .expect("executor")
+        .expect("socket");
+    let udp6 = tokio::net::UdpSocket::from_std(udp6).expect("register");
+    let to_probe = SocketAddr::from((GATEWAY_ADDR6, PROBE_PORT));
+    // The probe first, DNS last: once DNS is in (which needs neighbour
+    // discovery to pass the filter), a probe let through would be in too.
+    udp6.send_to(b"v6 probe", to_probe).await.expect("send");
+    udp6.send_to(b"dns query", (GATEWAY_ADDR6, DNS_PORT))
+        .await
+        .expect("send DNS");
+    let mut buf = [0u8; 64];
+    let (n, from) = tokio::time::timeout(Duration::from_secs(5), dns.recv_from(&mut buf))
+        .await
+        .expect("DNS over IPv6 arrives")
+        .expect("recv");
+    assert_eq!(&buf[..n], b"dns query");
+    assert_eq!(from.ip(), IpAddr::V6(ACTOR_ADDR6));
+    let leaked = tokio::time::timeout(QUIET, probe.recv_from(&mut buf)).await;
+    assert!(
+        leaked.is_err(),
+        "the filter let UDP to port {PROBE_PORT} in: {leaked:?}"
+    );
+    // With the ruleset gone the probe arrives: the filter stopped it.
+    exec.run_in(&sb.gateway, || nft::delete_table(nft::FAMILY, nft::TABLE))
+        .await
+        .expect("executor")
+        .expect("delete the table");
+    udp6.send_to(b"v6 probe", to_probe).await.expect("send");
+    let (n, _) = tokio::time::timeout(Duration::from_secs(5), probe.recv_from(&mut buf))
+        .await
+        .expect("the unfiltered probe arrives")
+        .expect("recv");
+    assert_eq!(&buf[..n], b"v6 probe");
+    sb.destroy(&exec).await.expect("destroy");
+}
+
 /// `sb` has no IPv6 side: no address but link-local, no IPv6 default route,
 /// the IPv4-only ruleset, and an IPv6 dial from the actor fails at once
 /// with ENETUNREACH (no route), not after a timeout.
