@@ -65,7 +65,7 @@ impl ActorDialer {
                     if exec.is_none() {
                         exec = Some(NsExecutor::start()?);
                     }
-                    actors.push(ActorSide::Sandbox(SandboxNetwork::open(name, 0)?));
+                    actors.push(ActorSide::Sandbox(SandboxNetwork::open(name, 0, true)?));
                 }
                 None => actors.push(ActorSide::Loopback(a.listeners.clone())),
             }

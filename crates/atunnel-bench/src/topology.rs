@@ -7,10 +7,15 @@
 //! | worker - sink | `w-sink` 198.18.0.1/30 | `s-worker` 198.18.0.2/30 |
 //! | worker - load | `w-load` 198.18.1.1/30 | `l-worker` 198.18.1.2/30 |
 //!
+//! The sink also holds fd00:198:18::2/128 (on `s-worker`, no DAD), the IPv6
+//! destination chaos's forwarding gateway dials beside it in the sink's
+//! namespace; the worker's namespace has no route to it (atunnel reaches the
+//! gateway over IPv4, only the actors' destinations are IPv6).
+//!
 //! `run` creates the namespaces and links, `load` opens them to dial from,
 //! and `worker` serves on the worker side's addresses.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use atunnel_sandbox::link::Netlink;
 use atunnel_sandbox::{NetNs, NsExecutor};
@@ -18,6 +23,7 @@ use tokio::net::TcpStream;
 
 pub const WORKER_SINK_SIDE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 pub const SINK_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+pub const SINK_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x198, 0x18, 0, 0, 0, 0, 2);
 pub const WORKER_LOAD_SIDE: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 1);
 pub const LOAD_ADDR: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
 
@@ -79,6 +85,10 @@ impl Topology {
             n.add_address(iface, addr, 30).await?;
             n.up(iface).await?;
         }
+        Netlink::open(&self.exec, &self.sink)
+            .await?
+            .add_address_nodad("s-worker", SINK_ADDR6, 128)
+            .await?;
         Ok(())
     }
 

@@ -8,6 +8,11 @@ use tokio::net::TcpStream;
 /// and dials nothing; its echo is the one the fixtures name).
 pub const ECHO: &str = atunnel_support::gateway::SINK_ECHO;
 pub const DISCARD: &str = "192.0.2.10:9";
+/// The sink answers by port, so an IPv6 destination is only a name too:
+/// the actor's dial goes through the sandbox's IPv6 redirect and the tunnel
+/// as `CONNECT [2001:db8::10]:port`.
+pub const ECHO6: &str = "[2001:db8::10]:7";
+pub const DISCARD6: &str = "[2001:db8::10]:9";
 pub const HTTP: &str = "192.0.2.10:80";
 pub const SOURCE: &str = "192.0.2.10:19";
 /// The sink's answer to each request on port 80 (64-byte body).

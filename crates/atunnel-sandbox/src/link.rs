@@ -1,10 +1,11 @@
 //! Links, addresses and routes through rtnetlink, one connection per
 //! namespace (a netlink socket speaks for the namespace it was created in).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
 use futures_util::TryStreamExt;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo};
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
@@ -202,5 +203,79 @@ impl Netlink {
             .execute()
             .await
             .map_err(self.err(&format!("default route via {via}")))
+    }
+
+    /// Adds `addr/prefix` to `name` usable at once: no duplicate address
+    /// detection (IFA_F_NODAD), so it is never tentative. Replaces an equal
+    /// address, as [`Netlink::add_address`] does.
+    pub async fn add_address_nodad(
+        &self,
+        name: &str,
+        addr: Ipv6Addr,
+        prefix: u8,
+    ) -> Result<(), LinkError> {
+        let index = self.index(name).await?;
+        let mut req = self
+            .handle
+            .address()
+            .add(index, IpAddr::V6(addr), prefix)
+            .replace();
+        let msg = req.message_mut();
+        msg.header.flags |= AddressHeaderFlags::Nodad;
+        msg.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        req.execute()
+            .await
+            .map_err(self.err(&format!("add {addr}/{prefix} to {name} (nodad)")))
+    }
+
+    /// Removes `addr/prefix` from `name`; a missing address is fine.
+    pub async fn remove_address(
+        &self,
+        name: &str,
+        addr: Ipv6Addr,
+        prefix: u8,
+    ) -> Result<(), LinkError> {
+        let Some(link) = self.get(name).await? else {
+            return Ok(());
+        };
+        let msg = rtnetlink::AddressMessageBuilder::<Ipv6Addr>::new()
+            .index(link.header.index)
+            .address(addr, prefix)
+            .build();
+        match self.handle.address().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e))
+                if e.code.map(|c| c.get()) == Some(-(nix::errno::Errno::EADDRNOTAVAIL as i32)) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(self.err(&format!("remove {addr}/{prefix} from {name}"))(e)),
+        }
+    }
+
+    pub async fn add_default_route6(&self, via: Ipv6Addr) -> Result<(), LinkError> {
+        let route = RouteMessageBuilder::<Ipv6Addr>::new().gateway(via).build();
+        self.handle
+            .route()
+            .add(route)
+            .replace()
+            .execute()
+            .await
+            .map_err(self.err(&format!("default route via {via}")))
+    }
+
+    /// Removes the IPv6 default route; none is fine.
+    pub async fn remove_default_route6(&self) -> Result<(), LinkError> {
+        let route = RouteMessageBuilder::<Ipv6Addr>::new().build();
+        match self.handle.route().del(route).execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e))
+                if e.code.map(|c| c.get()) == Some(-(nix::errno::Errno::ESRCH as i32)) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(self.err("remove the IPv6 default route")(e)),
+        }
     }
 }

@@ -3,15 +3,19 @@
 //!
 //! | side | namespace | interface | address |
 //! |---|---|---|---|
-//! | actor | runtime (`<name>`) | `eth0` | 169.254.17.2/30, default route via .1 |
-//! | gateway | gateway (`<name>-at`) | `atside` | 169.254.17.1/30 |
+//! | actor | runtime (`<name>`) | `eth0` | 169.254.17.2/30, default route via .1; fd00:a7:17::2/126, default route via ::1 |
+//! | gateway | gateway (`<name>-at`) | `atside` | 169.254.17.1/30; fd00:a7:17::1/126 |
 //!
 //! Every sandbox has the same addresses (they are baked into snapshots), so
-//! a socket's namespace, not its address, says whose it is. The sandbox is
-//! IPv4 only: the veth still gets kernel IPv6 link-local addresses, and the
+//! a socket's namespace, not its address, says whose it is. The IPv6 side
+//! (on unless the sandbox is made IPv4 only) is one ULA link prefix, the
+//! same in every sandbox for the same reason; its addresses are added
+//! without duplicate address detection (only two ends share the link, and
+//! a tentative address would refuse the actor's first second of dials).
+//! IPv4 only, the veth still gets kernel IPv6 link-local addresses, and the
 //! gateway side drops every IPv6 packet from the actor (see [`crate::nft`]).
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use crate::link::{LinkError, Netlink};
 use crate::netns::{NetNs, NetnsError, NsExecutor};
@@ -21,6 +25,11 @@ pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 17, 1);
 pub const ACTOR_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 17, 2);
 pub const SANDBOX_NET: Ipv4Addr = Ipv4Addr::new(169, 254, 17, 0);
 pub const PREFIX_LEN: u8 = 30;
+pub const GATEWAY_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa7, 0x17, 0, 0, 0, 0, 1);
+pub const ACTOR_ADDR6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa7, 0x17, 0, 0, 0, 0, 2);
+pub const SANDBOX_NET6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa7, 0x17, 0, 0, 0, 0, 0);
+/// A /126, as the IPv4 side's /30: the two ends and nothing else.
+pub const PREFIX_LEN6: u8 = 126;
 pub const GATEWAY_IFACE: &str = "atside";
 pub const ACTOR_IFACE: &str = "eth0";
 /// Where the redirect sends the actor's TCP.
@@ -48,6 +57,8 @@ pub struct SandboxNetwork {
     pub runtime: NetNs,
     pub gateway: NetNs,
     egress_port: u16,
+    /// Whether the sandbox has its IPv6 side (addresses, route, redirect).
+    ipv6: bool,
 }
 
 /// The gateway namespace's name for a runtime namespace name.
@@ -56,11 +67,13 @@ pub fn gateway_ns_name(runtime: &str) -> String {
 }
 
 impl SandboxNetwork {
-    /// Builds the sandbox network named `name`. On failure nothing is left.
+    /// Builds the sandbox network named `name`, dual-stack if `ipv6`. On
+    /// failure nothing is left.
     pub async fn create(
         exec: &NsExecutor,
         name: &str,
         egress_port: u16,
+        ipv6: bool,
     ) -> Result<Self, SandboxError> {
         let runtime = exec.create(name).await?;
         let gateway = match exec.create(&gateway_ns_name(name)).await {
@@ -74,6 +87,7 @@ impl SandboxNetwork {
             runtime,
             gateway,
             egress_port,
+            ipv6,
         };
         if let Err(e) = sandbox.configure(exec, true).await {
             let _ = sandbox.clone().destroy(exec).await;
@@ -88,12 +102,15 @@ impl SandboxNetwork {
     /// would strand it), and everything is set up again idempotently: the
     /// veth pair is kept if it joins the two namespaces and rebuilt if not,
     /// addresses and the default route are replaced, links set up, and the
-    /// nftables table replaced in one transaction. Returns whether either
-    /// namespace was adopted. On failure nothing is left, adopted or not.
+    /// nftables table replaced in one transaction. An IPv4-only sandbox
+    /// adopting a dual-stack one loses its IPv6 addresses and route. Returns
+    /// whether either namespace was adopted. On failure nothing is left,
+    /// adopted or not.
     pub async fn adopt_or_create(
         exec: &NsExecutor,
         name: &str,
         egress_port: u16,
+        ipv6: bool,
     ) -> Result<(Self, bool), SandboxError> {
         let (runtime, runtime_adopted) = exec.open_or_create(name).await?;
         let (gateway, gateway_adopted) = match exec.open_or_create(&gateway_ns_name(name)).await {
@@ -107,6 +124,7 @@ impl SandboxNetwork {
             runtime,
             gateway,
             egress_port,
+            ipv6,
         };
         let adopted = runtime_adopted || gateway_adopted;
         if let Err(e) = sandbox.configure(exec, !adopted).await {
@@ -139,12 +157,29 @@ impl SandboxNetwork {
         rt.add_address(ACTOR_IFACE, ACTOR_ADDR, PREFIX_LEN).await?;
         rt.up(ACTOR_IFACE).await?;
         rt.add_default_route(GATEWAY_ADDR).await?;
+        if self.ipv6 {
+            gw.add_address_nodad(GATEWAY_IFACE, GATEWAY_ADDR6, PREFIX_LEN6)
+                .await?;
+            rt.add_address_nodad(ACTOR_IFACE, ACTOR_ADDR6, PREFIX_LEN6)
+                .await?;
+            rt.add_default_route6(GATEWAY_ADDR6).await?;
+        } else if !fresh {
+            // An earlier process's dual-stack sandbox: its IPv6 side goes,
+            // so the actor's IPv6 dials fail at once as in a fresh one.
+            rt.remove_default_route6().await?;
+            rt.remove_address(ACTOR_IFACE, ACTOR_ADDR6, PREFIX_LEN6)
+                .await?;
+            gw.remove_address(GATEWAY_IFACE, GATEWAY_ADDR6, PREFIX_LEN6)
+                .await?;
+        }
         let egress_port = self.egress_port;
+        let net6 = self.ipv6.then_some((SANDBOX_NET6, PREFIX_LEN6));
         exec.run_in(&self.gateway, move || {
             let rules = nft::Ruleset::sandbox(
                 GATEWAY_IFACE,
                 SANDBOX_NET,
                 PREFIX_LEN,
+                net6,
                 egress_port,
                 DNS_PORT,
             )?;
@@ -177,12 +212,13 @@ impl SandboxNetwork {
     }
 
     /// Opens an existing sandbox by its runtime namespace's name (another
-    /// process built it), to make sockets inside it.
-    pub fn open(name: &str, egress_port: u16) -> Result<Self, SandboxError> {
+    /// process built it, dual-stack if `ipv6`), to make sockets inside it.
+    pub fn open(name: &str, egress_port: u16, ipv6: bool) -> Result<Self, SandboxError> {
         Ok(Self {
             runtime: NetNs::open(name)?,
             gateway: NetNs::open(&gateway_ns_name(name))?,
             egress_port,
+            ipv6,
         })
     }
 
@@ -201,6 +237,22 @@ impl SandboxNetwork {
 
     pub fn egress_port(&self) -> u16 {
         self.egress_port
+    }
+
+    /// Whether the sandbox has its IPv6 side.
+    pub fn ipv6(&self) -> bool {
+        self.ipv6
+    }
+
+    /// The resolv.conf the actor's runtime gives its program: the DNS
+    /// relay's addresses, IPv4 first (a resolver that cannot use IPv6
+    /// tries it first), and the IPv6 one if the sandbox is dual-stack.
+    pub fn resolv_conf(&self) -> String {
+        if self.ipv6 {
+            format!("nameserver {GATEWAY_ADDR}\nnameserver {GATEWAY_ADDR6}\n")
+        } else {
+            format!("nameserver {GATEWAY_ADDR}\n")
+        }
     }
 
     /// A TCP listener on `addr` inside the gateway namespace.
@@ -236,16 +288,62 @@ impl SandboxNetwork {
     }
 
     /// Binds the egress listener: every port-`egress_port` address of the
-    /// gateway namespace, which the redirect delivers to.
+    /// gateway namespace, which the redirect delivers to. Dual-stack, one
+    /// socket takes both families (IPv4 peers arrive v4-mapped, which
+    /// [`atunnel_core::original_dst`] reads from the IPv4 table): one accept
+    /// loop per sandbox, as before.
     pub async fn listen_egress(
         &self,
         exec: &NsExecutor,
     ) -> Result<tokio::net::TcpListener, SandboxError> {
-        self.listen_tcp(
-            exec,
-            SocketAddr::from((Ipv4Addr::UNSPECIFIED, self.egress_port)),
-        )
-        .await
+        self.listen_tcp_any(exec, self.egress_port).await
+    }
+
+    /// A UDP socket on `[::]:port` taking both families in the gateway
+    /// namespace (IPv4 only: `0.0.0.0:port`). Its replies leave from the
+    /// address each query came to: the link has one address per family.
+    pub async fn bind_udp_any(
+        &self,
+        exec: &NsExecutor,
+        port: u16,
+    ) -> Result<tokio::net::UdpSocket, SandboxError> {
+        if !self.ipv6 {
+            return self
+                .bind_udp(exec, SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
+                .await;
+        }
+        let socket = exec
+            .run_in(&self.gateway, move || {
+                let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::DGRAM, None)?;
+                s.set_only_v6(false)?;
+                s.set_nonblocking(true)?;
+                s.bind(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)).into())?;
+                Ok::<_, std::io::Error>(std::net::UdpSocket::from(s))
+            })
+            .await?
+            .map_err(|source| self.io("bind dual-stack UDP socket", source))?;
+        tokio::net::UdpSocket::from_std(socket)
+            .map_err(|source| self.io("register UDP socket", source))
+    }
+
+    /// A TCP listener on `[::]:port` taking both families in the gateway
+    /// namespace (IPv4 only: `0.0.0.0:port`).
+    pub async fn listen_tcp_any(
+        &self,
+        exec: &NsExecutor,
+        port: u16,
+    ) -> Result<tokio::net::TcpListener, SandboxError> {
+        if !self.ipv6 {
+            return self
+                .listen_tcp(exec, SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
+                .await;
+        }
+        let listener = exec
+            .run_in(&self.gateway, move || listen_tcp_dual_stack(port))
+            .await?
+            .map_err(|source| self.io("bind dual-stack TCP listener", source))?;
+        tokio::net::TcpListener::from_std(listener)
+            .map_err(|source| self.io("register TCP listener", source))
     }
 
     /// Dials `addr` from inside the gateway namespace (ingress into the
@@ -309,6 +407,20 @@ pub fn listen_tcp(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(socket.into())
 }
 
+/// [`listen_tcp`] on `[::]:port` with IPV6_V6ONLY off, so IPv4 peers are
+/// accepted too (as v4-mapped addresses), whatever the namespace's
+/// `bindv6only` says.
+pub fn listen_tcp_dual_stack(port: u16) -> std::io::Result<std::net::TcpListener> {
+    let addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
+    let socket = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)?;
+    socket.set_only_v6(false)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
 /// An unconnected, non-blocking TCP socket (connected later on the runtime).
 fn new_tcp_socket(addr: SocketAddr) -> std::io::Result<std::net::TcpStream> {
     let socket = socket2::Socket::new(
@@ -323,4 +435,9 @@ fn new_tcp_socket(addr: SocketAddr) -> std::io::Result<std::net::TcpStream> {
 /// The actor's address and a port, as seen from the gateway namespace.
 pub fn actor_addr(port: u16) -> SocketAddr {
     SocketAddr::V4(SocketAddrV4::new(ACTOR_ADDR, port))
+}
+
+/// The actor's IPv6 address and a port, as seen from the gateway namespace.
+pub fn actor_addr6(port: u16) -> SocketAddr {
+    SocketAddr::V6(SocketAddrV6::new(ACTOR_ADDR6, port, 0, 0))
 }

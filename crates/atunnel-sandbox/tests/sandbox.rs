@@ -8,8 +8,8 @@ use atunnel_core::original_dst::original_dst;
 use atunnel_sandbox::link::Netlink;
 use atunnel_sandbox::nft::{ChainType, CmpOp, Expr, Hook, MetaKey, PayloadBase};
 use atunnel_sandbox::sandbox::{
-    ACTOR_IFACE, DEFAULT_EGRESS_PORT, DNS_PORT, GATEWAY_ADDR, GATEWAY_IFACE, PREFIX_LEN,
-    SANDBOX_NET, SandboxNetwork,
+    ACTOR_ADDR6, ACTOR_IFACE, DEFAULT_EGRESS_PORT, DNS_PORT, GATEWAY_ADDR, GATEWAY_ADDR6,
+    GATEWAY_IFACE, PREFIX_LEN, PREFIX_LEN6, SANDBOX_NET, SANDBOX_NET6, SandboxNetwork,
 };
 use atunnel_sandbox::{NetNs, NsExecutor, netns, nft, require_root};
 use futures_util::TryStreamExt;
@@ -21,6 +21,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn name(tag: &str) -> String {
     format!("atnt-{}-{tag}", std::process::id())
+}
+
+/// The ruleset a dual-stack sandbox redirecting to `port` must hold.
+fn dual_stack_rules(port: u16) -> nft::Ruleset {
+    nft::Ruleset::sandbox(
+        GATEWAY_IFACE,
+        SANDBOX_NET,
+        PREFIX_LEN,
+        Some((SANDBOX_NET6, PREFIX_LEN6)),
+        port,
+        DNS_PORT,
+    )
+    .expect("ruleset")
 }
 
 /// A netlink view of one namespace, opened here rather than through the
@@ -108,10 +121,42 @@ impl Observer {
 
     /// The main table's IPv4 default routes: gateway and output link.
     async fn ipv4_default_routes(&self) -> Vec<(Option<Ipv4Addr>, Option<u32>)> {
+        self.default_routes(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .await
+            .into_iter()
+            .map(|(via, oif)| {
+                let via = via.map(|v| match v {
+                    IpAddr::V4(v) => v,
+                    IpAddr::V6(v) => panic!("an IPv4 route via {v}"),
+                });
+                (via, oif)
+            })
+            .collect()
+    }
+
+    /// The main table's IPv6 default routes: gateway and output link.
+    async fn ipv6_default_routes(&self) -> Vec<(Option<Ipv6Addr>, Option<u32>)> {
+        self.default_routes(RouteMessageBuilder::<Ipv6Addr>::new().build())
+            .await
+            .into_iter()
+            .map(|(via, oif)| {
+                let via = via.map(|v| match v {
+                    IpAddr::V6(v) => v,
+                    IpAddr::V4(v) => panic!("an IPv6 route via {v}"),
+                });
+                (via, oif)
+            })
+            .collect()
+    }
+
+    async fn default_routes(
+        &self,
+        query: netlink_packet_route::route::RouteMessage,
+    ) -> Vec<(Option<IpAddr>, Option<u32>)> {
         let routes: Vec<_> = self
             .0
             .route()
-            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .get(query)
             .execute()
             .try_collect()
             .await
@@ -124,7 +169,8 @@ impl Observer {
             })
             .map(|r| {
                 let via = r.attributes.iter().find_map(|a| match a {
-                    RouteAttribute::Gateway(RouteAddress::Inet(via)) => Some(*via),
+                    RouteAttribute::Gateway(RouteAddress::Inet(via)) => Some(IpAddr::V4(*via)),
+                    RouteAttribute::Gateway(RouteAddress::Inet6(via)) => Some(IpAddr::V6(*via)),
                     _ => None,
                 });
                 let oif = r.attributes.iter().find_map(|a| match a {
@@ -174,7 +220,7 @@ impl Observer {
 async fn each_namespace_holds_its_end_of_the_veth_addressed_and_routed() {
     require_root("sandbox layout test");
     let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("layout"), DEFAULT_EGRESS_PORT)
+    let sb = SandboxNetwork::create(&exec, &name("layout"), DEFAULT_EGRESS_PORT, true)
         .await
         .expect("sandbox");
     let gw = Observer::open(&exec, &sb.gateway).await;
@@ -213,17 +259,51 @@ async fn each_namespace_holds_its_end_of_the_veth_addressed_and_routed() {
         gw.ipv4_default_routes().await.is_empty(),
         "the gateway namespace has no way out but atunnel's sockets"
     );
+    assert_ipv6_side(&gw, &rt).await;
+    assert!(gw.ipv6_default_routes().await.is_empty(), "nor over IPv6");
     sb.destroy(&exec).await.expect("destroy");
 }
 
+/// Each end holds its address of the sandbox's IPv6 /126, usable at once
+/// (added without DAD, never tentative), and the actor's IPv6 default route
+/// goes via the gateway side.
+async fn assert_ipv6_side(gw: &Observer, rt: &Observer) {
+    for (view, iface, addr) in [
+        (gw, GATEWAY_IFACE, GATEWAY_ADDR6),
+        (rt, ACTOR_IFACE, ACTOR_ADDR6),
+    ] {
+        let index = view.link(iface).await.index;
+        let ula: Vec<_> = view
+            .addresses(index)
+            .await
+            .into_iter()
+            .filter(|(ip, _, _)| matches!(ip, IpAddr::V6(v6) if !v6.is_unicast_link_local()))
+            .collect();
+        assert_eq!(ula.len(), 1, "one IPv6 address on {iface}: {ula:?}");
+        let (ip, prefix, flags) = ula[0];
+        assert_eq!((ip, prefix), (IpAddr::V6(addr), PREFIX_LEN6), "{iface}");
+        assert!(
+            flags.contains(AddressHeaderFlags::Nodad)
+                && !flags.intersects(AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed),
+            "{iface}'s {addr} is usable at once: {flags:?}"
+        );
+    }
+    let eth0 = rt.link(ACTOR_IFACE).await.index;
+    assert_eq!(
+        rt.ipv6_default_routes().await,
+        vec![(Some(GATEWAY_ADDR6), Some(eth0))],
+        "the actor's IPv6 default route goes via the gateway side"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_dstnat_rule_redirects_outside_tcp_to_the_egress_port() {
+async fn one_dstnat_rule_per_family_redirects_outside_tcp_to_the_egress_port() {
     require_root("ruleset test");
     assert_eq!(DEFAULT_EGRESS_PORT, 15001);
     // Not the default, so the rule is seen to follow the sandbox's port.
     let port = 15123;
     let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("rules"), port)
+    let sb = SandboxNetwork::create(&exec, &name("rules"), port, true)
         .await
         .expect("sandbox");
     let listed = exec
@@ -258,8 +338,8 @@ async fn one_dstnat_rule_redirects_outside_tcp_to_the_egress_port() {
         .collect();
     assert_eq!(
         in_prerouting.len(),
-        1,
-        "exactly one redirect rule: {listed:#?}"
+        2,
+        "exactly one redirect rule per family: {listed:#?}"
     );
     let eq = |data: &[u8]| Expr::Cmp {
         op: CmpOp::Eq,
@@ -293,6 +373,34 @@ async fn one_dstnat_rule_redirects_outside_tcp_to_the_egress_port() {
         ],
         "TCP outside the sandbox /30 goes to the egress port"
     );
+    let mut mask6 = vec![0xff; 16];
+    mask6[15] = 0xfc;
+    assert_eq!(
+        in_prerouting[1].exprs,
+        vec![
+            // ip6 daddr & ffff:...:fffc != fd00:a7:17:: (IPv6 only)
+            Expr::Meta(MetaKey::NfProto),
+            eq(&[10]),
+            Expr::Payload {
+                base: PayloadBase::Network,
+                offset: 24,
+                len: 16
+            },
+            Expr::Bitwise {
+                mask: mask6,
+                xor: vec![0; 16]
+            },
+            Expr::Cmp {
+                op: CmpOp::Neq,
+                data: SANDBOX_NET6.octets().to_vec()
+            },
+            Expr::Meta(MetaKey::L4Proto),
+            eq(&[6]),
+            Expr::Immediate(port.to_be_bytes().to_vec()),
+            Expr::Redirect,
+        ],
+        "TCP outside the sandbox IPv6 /126 goes to the egress port"
+    );
     let nat_rules = listed
         .rules
         .iter()
@@ -303,11 +411,10 @@ async fn one_dstnat_rule_redirects_outside_tcp_to_the_egress_port() {
             })
         })
         .count();
-    assert_eq!(nat_rules, 1, "no other rule rewrites destinations");
+    assert_eq!(nat_rules, 2, "no other rule rewrites destinations");
     assert_eq!(
         listed,
-        nft::Ruleset::sandbox(GATEWAY_IFACE, SANDBOX_NET, PREFIX_LEN, port, DNS_PORT)
-            .expect("ruleset"),
+        dual_stack_rules(port),
         "the kernel holds exactly the sandbox's ruleset"
     );
     sb.destroy(&exec).await.expect("destroy");
@@ -317,11 +424,18 @@ async fn one_dstnat_rule_redirects_outside_tcp_to_the_egress_port() {
 async fn redirected_connections_keep_their_original_destination() {
     require_root("redirect test");
     let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("redir"), DEFAULT_EGRESS_PORT)
+    let sb = SandboxNetwork::create(&exec, &name("redir"), DEFAULT_EGRESS_PORT, true)
         .await
         .expect("sandbox");
     let listener = sb.listen_egress(&exec).await.expect("egress listener");
-    for dest in ["192.0.2.10:443", "198.51.100.7:8080", "203.0.113.99:9999"] {
+    for dest in [
+        "192.0.2.10:443",
+        "198.51.100.7:8080",
+        "203.0.113.99:9999",
+        "[2001:db8::10]:443",
+        "[2001:db8:ffff::7]:7",
+        "[64:ff9b::c000:20a]:9999",
+    ] {
         let dest: SocketAddr = dest.parse().expect("addr");
         // Bounded: a dial the redirect misses is refused, and the accept
         // beside it would wait forever.
@@ -332,8 +446,17 @@ async fn redirected_connections_keep_their_original_destination() {
         .unwrap_or_else(|_| panic!("a dial to {dest} is not redirected to the egress listener"));
         let mut client = client.expect("actor dials any address");
         let (mut server, peer) = accepted.expect("redirected to the egress listener");
-        assert_eq!(peer.ip(), std::net::IpAddr::from([169, 254, 17, 2]));
-        assert_eq!(original_dst(&server).expect("original destination"), dest);
+        // One dual-stack listener: IPv4 peers arrive v4-mapped.
+        let actor = match dest {
+            SocketAddr::V4(_) => IpAddr::from([169, 254, 17, 2]),
+            SocketAddr::V6(_) => IpAddr::V6(ACTOR_ADDR6),
+        };
+        assert_eq!(peer.ip().to_canonical(), actor, "{dest}");
+        assert_eq!(
+            original_dst(&server).expect("original destination"),
+            dest,
+            "the original destination of a dial to {dest}"
+        );
         client.write_all(b"hello").await.expect("write");
         let mut got = [0u8; 5];
         server.read_exact(&mut got).await.expect("read");
@@ -461,10 +584,10 @@ fn echo_request(id: u16, seq: u16) -> [u8; 16] {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_ipv4_tcp_and_dns_leave_the_actor() {
+async fn an_ipv4_only_sandbox_lets_only_ipv4_tcp_and_dns_leave_the_actor() {
     require_root("filter test");
     let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("filter"), DEFAULT_EGRESS_PORT)
+    let sb = SandboxNetwork::create(&exec, &name("filter"), DEFAULT_EGRESS_PORT, false)
         .await
         .expect("sandbox");
     Netlink::open(&exec, &sb.gateway)
@@ -571,11 +694,142 @@ async fn only_ipv4_tcp_and_dns_leave_the_actor() {
     sb.destroy(&exec).await.expect("destroy");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_stack_sandbox_lets_dns_but_not_other_udp_in_over_ipv6() {
+    require_root("IPv6 filter test");
+    let exec = NsExecutor::start().expect("executor");
+    let sb = SandboxNetwork::create(&exec, &name("filter6"), DEFAULT_EGRESS_PORT, true)
+        .await
+        .expect("sandbox");
+    let dns = sb
+        .bind_udp(&exec, SocketAddr::from((GATEWAY_ADDR6, DNS_PORT)))
+        .await
+        .expect("dns socket");
+    let probe = sb
+        .bind_udp(&exec, SocketAddr::from((GATEWAY_ADDR6, PROBE_PORT)))
+        .await
+        .expect("probe socket");
+    let udp6 = exec
+        .run_in(&sb.runtime, || {
+            let s = std::net::UdpSocket::bind("[::]:0")?;
+            s.set_nonblocking(true)?;
+            Ok::<_, std::io::Error>(s)
+        })
+        .await
+        .expect("executor")
+        .expect("socket");
+    let udp6 = tokio::net::UdpSocket::from_std(udp6).expect("register");
+    let to_probe = SocketAddr::from((GATEWAY_ADDR6, PROBE_PORT));
+    // The probe first, DNS last: once DNS is in (which needs neighbour
+    // discovery to pass the filter), a probe let through would be in too.
+    udp6.send_to(b"v6 probe", to_probe).await.expect("send");
+    udp6.send_to(b"dns query", (GATEWAY_ADDR6, DNS_PORT))
+        .await
+        .expect("send DNS");
+    let mut buf = [0u8; 64];
+    let (n, from) = tokio::time::timeout(Duration::from_secs(5), dns.recv_from(&mut buf))
+        .await
+        .expect("DNS over IPv6 arrives")
+        .expect("recv");
+    assert_eq!(&buf[..n], b"dns query");
+    assert_eq!(from.ip(), IpAddr::V6(ACTOR_ADDR6));
+    let leaked = tokio::time::timeout(QUIET, probe.recv_from(&mut buf)).await;
+    assert!(
+        leaked.is_err(),
+        "the filter let UDP to port {PROBE_PORT} in: {leaked:?}"
+    );
+    // With the ruleset gone the probe arrives: the filter stopped it.
+    exec.run_in(&sb.gateway, || nft::delete_table(nft::FAMILY, nft::TABLE))
+        .await
+        .expect("executor")
+        .expect("delete the table");
+    udp6.send_to(b"v6 probe", to_probe).await.expect("send");
+    let (n, _) = tokio::time::timeout(Duration::from_secs(5), probe.recv_from(&mut buf))
+        .await
+        .expect("the unfiltered probe arrives")
+        .expect("recv");
+    assert_eq!(&buf[..n], b"v6 probe");
+    sb.destroy(&exec).await.expect("destroy");
+}
+
+/// `sb` has no IPv6 side: no address but link-local, no IPv6 default route,
+/// the IPv4-only ruleset, and an IPv6 dial from the actor fails at once
+/// with ENETUNREACH (no route), not after a timeout.
+async fn assert_ipv4_only(exec: &NsExecutor, sb: &SandboxNetwork) {
+    for (ns, iface) in [(&sb.gateway, GATEWAY_IFACE), (&sb.runtime, ACTOR_IFACE)] {
+        let view = Observer::open(exec, ns).await;
+        let index = view.link(iface).await.index;
+        let v6: Vec<_> = view
+            .addresses(index)
+            .await
+            .into_iter()
+            .filter(|(ip, _, _)| matches!(ip, IpAddr::V6(v6) if !v6.is_unicast_link_local()))
+            .collect();
+        assert!(v6.is_empty(), "{iface} has IPv6 addresses: {v6:?}");
+        assert!(
+            view.ipv6_default_routes().await.is_empty(),
+            "{iface}'s side has an IPv6 default route"
+        );
+    }
+    let listed = exec
+        .run_in(&sb.gateway, nft::list)
+        .await
+        .expect("executor")
+        .expect("dump");
+    assert_eq!(
+        listed,
+        nft::Ruleset::sandbox(
+            GATEWAY_IFACE,
+            SANDBOX_NET,
+            PREFIX_LEN,
+            None,
+            sb.egress_port(),
+            DNS_PORT
+        )
+        .expect("ruleset"),
+        "the IPv4-only ruleset"
+    );
+    let dest: SocketAddr = "[2001:db8::10]:7".parse().expect("addr");
+    let err = tokio::time::timeout(Duration::from_secs(5), sb.connect_from_runtime(exec, dest))
+        .await
+        .expect("an IPv6 dial fails at once")
+        .expect_err("an IPv6 dial from an IPv4-only sandbox");
+    let errno = match &err {
+        atunnel_sandbox::SandboxError::Io { source, .. } => source.raw_os_error(),
+        _ => None,
+    };
+    assert_eq!(errno, Some(libc::ENETUNREACH), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv4_only_sandbox_has_no_ipv6_side_made_or_adopted() {
+    require_root("IPv4-only sandbox test");
+    let exec = NsExecutor::start().expect("executor");
+    let fresh = SandboxNetwork::create(&exec, &name("v4only"), DEFAULT_EGRESS_PORT, false)
+        .await
+        .expect("IPv4-only sandbox");
+    assert!(!fresh.ipv6());
+    assert_ipv4_only(&exec, &fresh).await;
+    fresh.destroy(&exec).await.expect("destroy");
+
+    // A dual-stack sandbox an earlier process left, adopted IPv4 only.
+    let n = name("v4adopt");
+    let _left = SandboxNetwork::create(&exec, &n, DEFAULT_EGRESS_PORT, true)
+        .await
+        .expect("dual-stack sandbox");
+    let (sb, adopted) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT, false)
+        .await
+        .expect("adopt IPv4 only");
+    assert!(adopted);
+    assert_ipv4_only(&exec, &sb).await;
+    sb.destroy(&exec).await.expect("destroy");
+}
+
 #[tokio::test]
 async fn destroying_twice_is_harmless() {
     require_root("sandbox destroy test");
     let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("twice"), DEFAULT_EGRESS_PORT)
+    let sb = SandboxNetwork::create(&exec, &name("twice"), DEFAULT_EGRESS_PORT, true)
         .await
         .expect("sandbox");
     sb.clone().destroy(&exec).await.expect("first destroy");
@@ -640,7 +894,7 @@ fn ns_inode(name: &str) -> u64 {
 }
 
 /// `sb` is set up exactly once, as a new sandbox is: each side's links
-/// (up), one IPv4 address each, the actor's default route, the gateway
+/// (up), one IPv4 and one IPv6 address each, the actor's default routes, the gateway
 /// namespace's ruleset and nothing more, and a redirected connection
 /// arrives at the egress listener.
 async fn assert_set_up_once(exec: &NsExecutor, sb: &SandboxNetwork) {
@@ -680,6 +934,7 @@ async fn assert_set_up_once(exec: &NsExecutor, sb: &SandboxNetwork) {
         rt.ipv4_default_routes().await,
         vec![(Some(GATEWAY_ADDR), Some(eth0))]
     );
+    assert_ipv6_side(&gw, &rt).await;
     let listed = exec
         .run_in(&sb.gateway, nft::list)
         .await
@@ -687,29 +942,28 @@ async fn assert_set_up_once(exec: &NsExecutor, sb: &SandboxNetwork) {
         .expect("dump");
     assert_eq!(
         listed,
-        nft::Ruleset::sandbox(
-            GATEWAY_IFACE,
-            SANDBOX_NET,
-            PREFIX_LEN,
-            sb.egress_port(),
-            DNS_PORT
-        )
-        .expect("ruleset"),
+        dual_stack_rules(sb.egress_port()),
         "the kernel holds the sandbox's ruleset once, not a second copy beside the first"
     );
     let listener = sb.listen_egress(exec).await.expect("egress listener");
-    let dest: SocketAddr = "192.0.2.10:443".parse().expect("addr");
-    let (client, accepted) = tokio::time::timeout(Duration::from_secs(10), async {
-        tokio::join!(sb.connect_from_runtime(exec, dest), listener.accept())
-    })
-    .await
-    .expect("the redirect delivers the actor's connection");
-    let (mut client, mut accepted) = (client.expect("dial"), accepted.expect("accept").0);
-    assert_eq!(original_dst(&accepted).expect("SO_ORIGINAL_DST"), dest);
-    client.write_all(b"up").await.expect("write");
-    let mut got = [0u8; 2];
-    accepted.read_exact(&mut got).await.expect("read");
-    assert_eq!(&got, b"up");
+    for dest in ["192.0.2.10:443", "[2001:db8::10]:443"] {
+        let dest: SocketAddr = dest.parse().expect("addr");
+        let (client, accepted) = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::join!(sb.connect_from_runtime(exec, dest), listener.accept())
+        })
+        .await
+        .expect("the redirect delivers the actor's connection");
+        let (mut client, mut accepted) = (client.expect("dial"), accepted.expect("accept").0);
+        assert_eq!(
+            original_dst(&accepted).expect("SO_ORIGINAL_DST"),
+            dest,
+            "the original destination of a dial to {dest}"
+        );
+        client.write_all(b"up").await.expect("write");
+        let mut got = [0u8; 2];
+        accepted.read_exact(&mut got).await.expect("read");
+        assert_eq!(&got, b"up");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -718,7 +972,7 @@ async fn a_surviving_sandbox_is_adopted_with_its_runtime_namespace_and_programs_
     let exec = NsExecutor::start().expect("executor");
     let n = name("adopt");
     // An earlier process's sandbox, and the actor's program listening in it.
-    let before = SandboxNetwork::create(&exec, &n, DEFAULT_EGRESS_PORT)
+    let before = SandboxNetwork::create(&exec, &n, DEFAULT_EGRESS_PORT, true)
         .await
         .expect("sandbox");
     let program = exec
@@ -732,7 +986,7 @@ async fn a_surviving_sandbox_is_adopted_with_its_runtime_namespace_and_programs_
     let inode = ns_inode(&n);
     drop(before); // the process died: its handles are gone, the names stay
 
-    let (sb, adopted) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT)
+    let (sb, adopted) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT, true)
         .await
         .expect("adopted");
     assert!(adopted, "both namespaces were there");
@@ -751,7 +1005,7 @@ async fn a_surviving_sandbox_is_adopted_with_its_runtime_namespace_and_programs_
     dial.expect("dial the actor");
     accepted.expect("the program accepts");
     // Adopting again changes nothing.
-    let (sb, adopted) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT)
+    let (sb, adopted) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT, true)
         .await
         .expect("adopted twice");
     assert!(adopted);
@@ -774,7 +1028,7 @@ async fn a_half_built_leftover_is_completed_around_its_runtime_namespace() {
     )
     .expect("a stale mount point");
     let inode = ns_inode(&n);
-    let (sb, adopted) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT)
+    let (sb, adopted) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT, true)
         .await
         .expect("completed");
     assert!(adopted);
@@ -786,7 +1040,7 @@ async fn a_half_built_leftover_is_completed_around_its_runtime_namespace() {
     let n = name("noveth");
     exec.create(&n).await.expect("runtime");
     exec.create(&format!("{n}-at")).await.expect("gateway");
-    let (sb, _) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT)
+    let (sb, _) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT, true)
         .await
         .expect("completed");
     assert_set_up_once(&exec, &sb).await;
@@ -805,7 +1059,7 @@ async fn a_half_built_leftover_is_completed_around_its_runtime_namespace() {
         .await
         .expect("a misplaced pair");
     drop((runtime, gateway));
-    let (sb, _) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT)
+    let (sb, _) = SandboxNetwork::adopt_or_create(&exec, &n, DEFAULT_EGRESS_PORT, true)
         .await
         .expect("rebuilt");
     assert_set_up_once(&exec, &sb).await;

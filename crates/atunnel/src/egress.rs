@@ -442,6 +442,10 @@ impl Default for EgressConfig {
 pub struct EgressStats {
     pub tunnels_open: u64,
     pub tunnels_total: u64,
+    /// `tunnels_total` by the destination's family (an IPv4-mapped
+    /// destination is IPv4: the gateway dials it over IPv4).
+    pub tunnels_ipv4_total: u64,
+    pub tunnels_ipv6_total: u64,
     /// Connections closed with no bytes: actor inactive or certificate invalid.
     pub rejected_total: u64,
     /// Tunnels whose CONNECT failed or was refused.
@@ -482,6 +486,8 @@ pub struct OpenLatency {
 struct Counters {
     open: AtomicU64,
     total: AtomicU64,
+    /// Of `total`, those to an IPv6 destination (IPv4 is the difference).
+    total_ipv6: AtomicU64,
     rejected: AtomicU64,
     open_failed: AtomicU64,
     stalled_write: AtomicU64,
@@ -545,9 +551,12 @@ struct OpenTunnel {
 }
 
 impl OpenTunnel {
-    fn new(egress: Arc<Egress>, drained: TaskTrackerToken, slot: Slot) -> Self {
+    fn new(egress: Arc<Egress>, drained: TaskTrackerToken, slot: Slot, dest: SocketAddr) -> Self {
         egress.counters.open.fetch_add(1, Ordering::Relaxed);
         egress.counters.total.fetch_add(1, Ordering::Relaxed);
+        if is_ipv6(dest) {
+            egress.counters.total_ipv6.fetch_add(1, Ordering::Relaxed);
+        }
         Self {
             egress,
             _drained: drained,
@@ -623,6 +632,11 @@ impl Egress {
         EgressStats {
             tunnels_open: c.open.load(Ordering::Relaxed),
             tunnels_total: c.total.load(Ordering::Relaxed),
+            tunnels_ipv4_total: c
+                .total
+                .load(Ordering::Relaxed)
+                .saturating_sub(c.total_ipv6.load(Ordering::Relaxed)),
+            tunnels_ipv6_total: c.total_ipv6.load(Ordering::Relaxed),
             rejected_total: c.rejected.load(Ordering::Relaxed),
             open_failed_total: c.open_failed.load(Ordering::Relaxed),
             stalled_write_ends_total: c.stalled_write.load(Ordering::Relaxed),
@@ -829,7 +843,7 @@ impl Egress {
     ) -> impl Future<Output = ()> + Send + 'static {
         // Counted from acceptance: a deactivation that begins before the
         // task first runs waits for it too.
-        let open = OpenTunnel::new(self, drained, slot);
+        let open = OpenTunnel::new(self, drained, slot, dest);
         // Boxed so the destination, the TLS/HTTP/2 handshake state and the
         // clock of the open are heap only while opening, not part of every
         // idle tunnel's task.
@@ -1097,6 +1111,15 @@ impl<T, E, R: Future<Output = Result<T, E>> + Unpin> Future for UntilCut<R> {
 /// the bytes and the FIN still queued for the actor drain instead of
 /// resetting over them. `None` is the kernel's default, a close that does not
 /// block (tokio deprecates only a lingering close).
+/// Whether the gateway dials `dest` over IPv6 (a v4-mapped address, which
+/// no redirect gives but a fixed destination could, is IPv4).
+fn is_ipv6(dest: SocketAddr) -> bool {
+    match dest {
+        SocketAddr::V4(_) => false,
+        SocketAddr::V6(v6) => v6.ip().to_ipv4_mapped().is_none(),
+    }
+}
+
 fn clean_close(actor: &TcpStream) {
     #[allow(deprecated)]
     if let Err(e) = actor.set_linger(None) {

@@ -124,6 +124,11 @@ pub struct TunnelArgs {
     /// Egress port the sandbox redirect uses.
     #[arg(long, default_value_t = atunnel_sandbox::sandbox::DEFAULT_EGRESS_PORT)]
     pub egress_port: u16,
+    /// Sandboxes IPv4 only, for clusters without IPv6: no fd00:a7:17::/126
+    /// addresses, IPv6 route or redirect, the DNS relay on 169.254.17.1 only;
+    /// an actor's IPv6 dial fails at once (ENETUNREACH). Default dual-stack.
+    #[arg(long)]
+    pub no_sandbox_ipv6: bool,
     /// resolv.conf whose nameservers the sandboxes' DNS relay forwards to ("" serves no DNS).
     #[arg(long, default_value = "/etc/resolv.conf",
           value_parser = |s: &str| Ok::<_, std::convert::Infallible>(PathBuf::from(s)))]
@@ -422,6 +427,7 @@ impl TunnelArgs {
         };
         cfg.egress_port = args.egress_port;
         cfg.netns_prefix = args.netns_prefix.clone();
+        cfg.sandbox_ipv6 = !args.no_sandbox_ipv6;
         // Only a process that builds sandboxes owns names under the prefix.
         cfg.leftover_grace = sandboxes.then_some(args.netns_leftover_grace.0);
         if let (Some(bundle), Some(trust)) = (&args.credential_bundle, &args.trust_bundle) {
@@ -646,11 +652,36 @@ mod tests {
         );
         assert_eq!(args.tunnel.egress_port, tunnel.egress_port);
         assert_eq!(args.tunnel.netns_prefix, tunnel.netns_prefix);
+        assert_eq!(!args.tunnel.no_sandbox_ipv6, tunnel.sandbox_ipv6);
         assert_eq!(args.tunnel.pool.pool().stats(), tunnel.pool.stats());
         assert_eq!(args.tunnel.admin.limits(), tunnel.stats_limits);
         assert_eq!(
             args.tunnel.node_agent_timeout.0,
             atunnel_nodeagent::DEFAULT_MINT_TIMEOUT
+        );
+    }
+
+    #[test]
+    fn sandboxes_are_dual_stack_unless_the_flag_or_the_file_says_ipv4_only() {
+        assert!(!parse(&[]).expect("parses").tunnel.no_sandbox_ipv6);
+        let args = parse(&["--no-sandbox-ipv6"]).expect("parses");
+        assert!(args.tunnel.no_sandbox_ipv6);
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("atunnel.toml");
+        std::fs::write(&file, "no-sandbox-ipv6 = true\n").expect("write");
+        let argv: Vec<std::ffi::OsString> = ["atunnel", "--gateway=gw:443", "--gateway-ca=ca.pem"]
+            .iter()
+            .map(std::ffi::OsString::from)
+            .chain([
+                std::ffi::OsString::from("--config"),
+                file.clone().into_os_string(),
+            ])
+            .collect();
+        let argv = atunnel_process::config_file::expand(argv, 1).expect("the file expands");
+        let cli = Cli::try_parse_from(argv).expect("parses");
+        assert!(
+            cli.host.tunnel.no_sandbox_ipv6,
+            "the file's key is the flag's"
         );
     }
 

@@ -346,6 +346,15 @@ fn egress(out: &mut Out, s: &Stats) -> Fmt {
             None,
             e.tunnels_total,
         )?;
+        out.counters(
+            "egress_tunnels_by_family",
+            "Egress connections accepted from actors, by the destination's address family",
+            "family",
+            [
+                ("ipv4", e.tunnels_ipv4_total),
+                ("ipv6", e.tunnels_ipv6_total),
+            ],
+        )?;
         out.counter(
             "egress_rejected",
             "Egress connections closed with no bytes (actor inactive, certificate invalid)",

@@ -83,6 +83,10 @@ pub struct TunnelConfig {
     pub egress_port: u16,
     /// Prefix of sandbox namespace names: `<prefix><uid>` and `<prefix><uid>-at`.
     pub netns_prefix: String,
+    /// Whether sandboxes are dual-stack (an IPv6 address, default route and
+    /// redirect beside the IPv4 ones); off, an actor's IPv6 dial fails at
+    /// once with ENETUNREACH.
+    pub sandbox_ipv6: bool,
     /// Sandboxes an earlier process left under `netns_prefix`: `Some(grace)`
     /// takes the prefix's lock at start (refusing to start while a live
     /// process holds it), lets ServeSandbox adopt a leftover for `grace`
@@ -135,6 +139,7 @@ impl TunnelConfig {
             egress: EgressConfig::default(),
             egress_port: DEFAULT_EGRESS_PORT,
             netns_prefix: DEFAULT_NETNS_PREFIX.into(),
+            sandbox_ipv6: true,
             leftover_grace: None,
             dns: None,
             gateway_roots,
@@ -489,19 +494,28 @@ impl Tunnel {
         let network = match &self.leftovers {
             Some(leftovers) => {
                 leftovers.take(&name).await;
-                let (network, adopted) =
-                    SandboxNetwork::adopt_or_create(&self.exec, &name, self.cfg.egress_port)
-                        .await
-                        .map_err(sandbox_err)?;
+                let (network, adopted) = SandboxNetwork::adopt_or_create(
+                    &self.exec,
+                    &name,
+                    self.cfg.egress_port,
+                    self.cfg.sandbox_ipv6,
+                )
+                .await
+                .map_err(sandbox_err)?;
                 if adopted {
                     leftovers.adopted();
                     tracing::info!(%actor, netns = name, "adopted the sandbox an earlier process left");
                 }
                 network
             }
-            None => SandboxNetwork::create(&self.exec, &name, self.cfg.egress_port)
-                .await
-                .map_err(sandbox_err)?,
+            None => SandboxNetwork::create(
+                &self.exec,
+                &name,
+                self.cfg.egress_port,
+                self.cfg.sandbox_ipv6,
+            )
+            .await
+            .map_err(sandbox_err)?,
         };
         let bound = self.bind_sandbox(&network).await;
         let (egress_listener, dns_sockets) = match bound {
@@ -556,14 +570,22 @@ impl Tunnel {
         ),
         SandboxError,
     > {
-        let dns = if self.cfg.dns.is_some() {
+        let dns = if self.cfg.dns.is_none() {
+            None
+        } else if network.ipv6() {
+            // One dual-stack socket each answers on 169.254.17.1 and
+            // fd00:a7:17::1 (the namespace has no other address but lo's):
+            // no second relay task per sandbox for the second family.
+            Some((
+                network.bind_udp_any(&self.exec, DNS_PORT).await?,
+                network.listen_tcp_any(&self.exec, DNS_PORT).await?,
+            ))
+        } else {
             let addr = SocketAddr::from((GATEWAY_ADDR, DNS_PORT));
             Some((
                 network.bind_udp(&self.exec, addr).await?,
                 network.listen_tcp(&self.exec, addr).await?,
             ))
-        } else {
-            None
         };
         let egress = network.listen_egress(&self.exec).await?;
         Ok((egress, dns))

@@ -17,7 +17,7 @@ use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_dns::RelayConfig;
 use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
-use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR};
+use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR, GATEWAY_ADDR6};
 use atunnel_sandbox::{NetNs, NsExecutor, SandboxNetwork, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -149,12 +149,18 @@ async fn answer_over_tcp(mut stream: TcpStream) -> std::io::Result<()> {
     }
 }
 
-/// A UDP query from the actor's runtime namespace to the relay on
-/// 169.254.17.1:53 comes back answered by the worker's resolver.
-async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor) {
+/// A UDP query from the actor's runtime namespace to the relay at `relay`
+/// comes back answered by the worker's resolver, from `relay` (a resolver
+/// drops an answer from any other address).
+async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor, relay: SocketAddr) {
     let udp = exec
-        .run_in(&sandbox.runtime, || {
-            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        .run_in(&sandbox.runtime, move || {
+            let any: SocketAddr = if relay.is_ipv4() {
+                "0.0.0.0:0".parse().expect("addr")
+            } else {
+                "[::]:0".parse().expect("addr")
+            };
+            let s = std::net::UdpSocket::bind(any)?;
             s.set_nonblocking(true)?;
             Ok::<_, std::io::Error>(s)
         })
@@ -163,22 +169,21 @@ async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor) {
         .expect("socket");
     let udp = UdpSocket::from_std(udp).expect("register");
     let query = dns_query(0x1234);
-    udp.send_to(&query, (GATEWAY_ADDR, DNS_PORT))
-        .await
-        .expect("send");
+    udp.send_to(&query, relay).await.expect("send");
     let mut answer = [0u8; 512];
-    let (n, _) = tokio::time::timeout(Duration::from_secs(10), udp.recv_from(&mut answer))
+    let (n, from) = tokio::time::timeout(Duration::from_secs(10), udp.recv_from(&mut answer))
         .await
-        .expect("DNS over UDP answered")
+        .unwrap_or_else(|_| panic!("DNS over UDP to {relay} answered"))
         .expect("recv");
     assert_eq!(&answer[..n], &fake_answer(&query)[..], "UDP answer");
+    assert_eq!(from, relay, "the answer comes from the address asked");
 }
 
 /// A TCP query (length-prefixed) from the actor's runtime namespace to the
-/// relay on 169.254.17.1:53 comes back answered by the worker's resolver.
-async fn dns_over_tcp_check(sandbox: &SandboxNetwork, exec: &NsExecutor) {
+/// relay at `relay` comes back answered by the worker's resolver.
+async fn dns_over_tcp_check(sandbox: &SandboxNetwork, exec: &NsExecutor, relay: SocketAddr) {
     let mut s = sandbox
-        .connect_from_runtime(exec, SocketAddr::from((GATEWAY_ADDR, DNS_PORT)))
+        .connect_from_runtime(exec, relay)
         .await
         .expect("actor dials the DNS relay over TCP");
     let query = dns_query(0xabcd);
@@ -209,25 +214,52 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
     let sandbox = serve_activated(&tunnel, &gw, &a).await;
     let exec = tunnel.executor().clone();
 
-    for (i, dest) in ["192.0.2.10:443", "198.51.100.7:8080"].iter().enumerate() {
+    // Both families through the one dual-stack sandbox; an IPv6 original
+    // destination goes to the gateway as CONNECT [addr]:port.
+    for (i, (dest, authority)) in [
+        ("192.0.2.10:443", "192.0.2.10:443"),
+        ("[2001:db8::10]:443", "[2001:db8::10]:443"),
+        ("198.51.100.7:8080", "198.51.100.7:8080"),
+        ("[2001:db8:ff::7]:8080", "[2001:db8:ff::7]:8080"),
+    ]
+    .iter()
+    .enumerate()
+    {
         let dest: SocketAddr = dest.parse().expect("addr");
         let mut s = sandbox
             .connect_from_runtime(&exec, dest)
             .await
             .expect("actor dials");
         echo_check(&mut s, &random(256 * 1024, i as u64)).await;
-        expect_seen(&mut gw, "alpha", &dest.to_string()).await;
+        expect_seen(&mut gw, "alpha", authority).await;
     }
+    let e = tunnel.egress().stats();
+    assert_eq!(
+        (e.tunnels_total, e.tunnels_ipv4_total, e.tunnels_ipv6_total),
+        (4, 2, 2),
+        "tunnels counted by family: {e:?}"
+    );
 
     // DNS from the actor reaches the worker's resolver through the relay.
-    dns_over_udp_check(&sandbox, &exec).await;
-    dns_over_tcp_check(&sandbox, &exec).await;
+    // Over both families: the sandbox's resolv.conf lists both.
+    let relays = [
+        SocketAddr::from((GATEWAY_ADDR, DNS_PORT)),
+        SocketAddr::from((GATEWAY_ADDR6, DNS_PORT)),
+    ];
+    assert_eq!(
+        sandbox.resolv_conf(),
+        "nameserver 169.254.17.1\nnameserver fd00:a7:17::1\n"
+    );
+    for relay in relays {
+        dns_over_udp_check(&sandbox, &exec, relay).await;
+        dns_over_tcp_check(&sandbox, &exec, relay).await;
+    }
     // Counted for this sandbox, as /stats `dns_relays` serves them. The
     // relay counts an answer once it is sent, so the actor can read it
     // before the count moves: polled (a counter has nothing to await),
     // bounded.
     let counted = async {
-        while tunnel.dns_stats().first().map(|d| d.relay.answered) != Some(2) {
+        while tunnel.dns_stats().first().map(|d| d.relay.answered) != Some(4) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
@@ -243,7 +275,7 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
             relay.answered,
             relay.dropped
         ),
-        (1, 1, 2, 0),
+        (2, 2, 4, 0),
         "{relay:?}"
     );
 
@@ -257,6 +289,131 @@ async fn a_sandboxed_program_reaches_any_address_through_the_tunnel() {
         .close_sandbox(&a)
         .await
         .expect("closing twice is a no-op");
+}
+
+/// `s` is reset at once: refused, not tunnelled and not left to time out.
+async fn is_reset(mut s: TcpStream) {
+    let _ = s.write_all(b"ping").await;
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("refused at once, not after the open timeout");
+    match r {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}"),
+        Ok(n) => panic!("expected a reset, read {n} bytes (0: a FIN)"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tunnel_budget_is_one_across_both_families() {
+    require_root("sandbox egress budget test");
+    let pki = Pki::new();
+    let gw = gateway(&pki, echo_sink(), |_| {}).await;
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    cfg.netns_prefix = format!("atnt-{}-budget6-", std::process::id());
+    cfg.egress.budget.max_tunnels = 2;
+    let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
+    let a = actor("alpha");
+    let sandbox = serve_activated(&tunnel, &gw, &a).await;
+    let exec = tunnel.executor().clone();
+    let v4: SocketAddr = "192.0.2.10:443".parse().expect("addr");
+    let v6: SocketAddr = "[2001:db8::10]:443".parse().expect("addr");
+
+    let mut held = Vec::new();
+    for (i, dest) in [v4, v6].into_iter().enumerate() {
+        let mut s = sandbox
+            .connect_from_runtime(&exec, dest)
+            .await
+            .expect("actor dials");
+        echo_check(&mut s, &random(1024, i as u64)).await;
+        held.push(s);
+    }
+    // One tunnel of each family fills the budget of two: neither family
+    // has a budget of its own.
+    for dest in [v6, v4] {
+        // The reset can beat the connect's return, which then reports it.
+        match sandbox.connect_from_runtime(&exec, dest).await {
+            Ok(s) => is_reset(s).await,
+            Err(atunnel_sandbox::SandboxError::Io { source, .. }) => {
+                assert_eq!(source.kind(), ErrorKind::ConnectionReset, "{source}")
+            }
+            Err(e) => panic!("dial to {dest}: {e}"),
+        }
+    }
+    let figures = tunnel
+        .egress()
+        .actor_stat(&a.uid)
+        .expect("the actor's figures");
+    assert_eq!(
+        (figures.tunnels, figures.refused_tunnels_total),
+        (2, 2),
+        "{figures:?}"
+    );
+    for (i, s) in held.iter_mut().enumerate() {
+        echo_check(s, &random(1024, 10 + i as u64)).await;
+    }
+    // A place an IPv4 tunnel frees is taken by an IPv6 one.
+    drop(held.remove(0));
+    let freed = async {
+        while tunnel.egress().actor_stat(&a.uid).map(|f| f.tunnels) != Some(1) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), freed)
+        .await
+        .expect("the closed tunnel leaves the budget");
+    let mut s = sandbox
+        .connect_from_runtime(&exec, v6)
+        .await
+        .expect("actor dials");
+    echo_check(&mut s, &random(1024, 20)).await;
+    tunnel.close_sandbox(&a).await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_ipv6_off_an_ipv6_dial_fails_at_once_and_ipv4_is_tunnelled() {
+    require_root("IPv4-only sandbox egress test");
+    let pki = Pki::new();
+    let mut gw = gateway(&pki, echo_sink(), |_| {}).await;
+    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
+    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    cfg.netns_prefix = format!("atnt-{}-v4only-", std::process::id());
+    cfg.sandbox_ipv6 = false;
+    let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
+    let a = actor("alpha");
+    let sandbox = serve_activated(&tunnel, &gw, &a).await;
+    assert!(!sandbox.ipv6());
+    assert_eq!(sandbox.resolv_conf(), "nameserver 169.254.17.1\n");
+    let exec = tunnel.executor().clone();
+    let v6: SocketAddr = "[2001:db8::10]:7".parse().expect("addr");
+    let err = tokio::time::timeout(
+        Duration::from_secs(5),
+        sandbox.connect_from_runtime(&exec, v6),
+    )
+    .await
+    .expect("fails at once, not after a timeout")
+    .expect_err("no IPv6 route in an IPv4-only sandbox");
+    match &err {
+        atunnel_sandbox::SandboxError::Io { source, .. } => {
+            assert_eq!(
+                source.raw_os_error(),
+                Some(nix::errno::Errno::ENETUNREACH as i32),
+                "{err}"
+            )
+        }
+        _ => panic!("{err}"),
+    }
+    let v4: SocketAddr = "192.0.2.10:7".parse().expect("addr");
+    let mut s = sandbox
+        .connect_from_runtime(&exec, v4)
+        .await
+        .expect("actor dials");
+    echo_check(&mut s, &random(4096, 1)).await;
+    expect_seen(&mut gw, "alpha", "192.0.2.10:7").await;
+    let e = tunnel.egress().stats();
+    assert_eq!((e.tunnels_ipv4_total, e.tunnels_ipv6_total), (1, 0));
+    tunnel.close_sandbox(&a).await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -682,7 +839,7 @@ async fn two_sandboxes_round_trip(host: (u64, u64)) {
             .expect("actor dials");
         echo_check(&mut s, &random(64 * 1024, 10 + i as u64)).await;
         expect_seen(&mut gw, name, &dest.to_string()).await;
-        dns_over_tcp_check(&sandbox, &exec).await;
+        dns_over_tcp_check(&sandbox, &exec, SocketAddr::from((GATEWAY_ADDR, DNS_PORT))).await;
     }
     for name in ["alpha", "bravo"] {
         tunnel.close_sandbox(&actor(name)).await.expect("close");

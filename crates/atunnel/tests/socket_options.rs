@@ -418,8 +418,12 @@ async fn a_sandbox_dns_relay_gives_its_tcp_sockets_the_tunnels_lowat() {
 
         let actor_addr = client.local_addr().expect("actor addr");
         let mut conns = connections();
+        // A dual-stack sandbox's relay socket is IPv6: IPv4 peers are v4-mapped.
+        let same = |a: SocketAddr, b: SocketAddr| {
+            (a.ip().to_canonical(), a.port()) == (b.ip().to_canonical(), b.port())
+        };
         let accepted = options_of(&mut conns, "DNS accepted", |c| {
-            c.local == relay && c.peer == actor_addr
+            same(c.local, relay) && same(c.peer, actor_addr)
         });
         let dialed = options_of(&mut conns, "DNS to upstream", |c| c.peer == upstream);
         drop(conns);

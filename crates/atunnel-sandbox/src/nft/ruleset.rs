@@ -6,15 +6,16 @@
 //! match here is a load followed by a compare, which needs no other register.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Table holding every rule for one sandbox.
 pub const TABLE: &str = "atunnel";
 
 /// The sandbox table's family. `inet` (IPv4 and IPv6 in one table), not
 /// `ip`: the veth carries IPv6 link-local addresses, which an `ip` table
-/// never sees. The redirect matches IPv4 only, so it stays one rule, and
-/// the input chain accepts IPv4 only, so all IPv6 from the actor (neighbour
+/// never sees, and a dual-stack sandbox's IPv6 rules sit in the same chains
+/// as the IPv4 ones. An IPv4-only sandbox has one redirect rule, and its
+/// input chain accepts IPv4 only, so all IPv6 from the actor (neighbour
 /// discovery included) is dropped.
 pub const FAMILY: Family = Family::Inet;
 
@@ -24,10 +25,18 @@ const IFNAME_MAX: usize = 15;
 const IFNAMSIZ: usize = 16;
 /// Values of `meta nfproto` and `meta l4proto` (linux/netfilter.h, in.h).
 const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
-/// Offsets in the IPv4 header and the TCP/UDP header.
+const IPPROTO_ICMPV6: u8 = 58;
+/// ICMPv6 neighbour solicitation and advertisement (RFC 4861): without
+/// them neither end can find the other's link address.
+const ND_NEIGHBOR_SOLICIT: u8 = 135;
+const ND_NEIGHBOR_ADVERT: u8 = 136;
+/// Offsets in the IPv4 and IPv6 headers and the TCP/UDP/ICMPv6 header.
 const IPV4_DADDR: u32 = 16;
+const IPV6_DADDR: u32 = 24;
+const ICMP_TYPE: u32 = 0;
 const L4_SPORT: u32 = 0;
 const L4_DPORT: u32 = 2;
 
@@ -161,18 +170,24 @@ pub enum Verdict {
 
 impl Ruleset {
     /// The ruleset for one gateway namespace (`iface` is its end of the
-    /// veth, `net/prefix_len` the sandbox's network):
-    /// * nat/prerouting (dstnat priority): the one redirect rule: IPv4 TCP
-    ///   whose destination is outside the sandbox network goes to
-    ///   `egress_port`;
-    /// * filter/input: from the actor, IPv4 TCP (which after the redirect is
-    ///   ours) and DNS over UDP are accepted, everything else (ICMP, other
-    ///   UDP, every IPv6 packet) dropped;
+    /// veth, `net/prefix_len` the sandbox's network, `net6` its IPv6 network
+    /// if it is dual-stack):
+    /// * nat/prerouting (dstnat priority): the redirect rules: TCP whose
+    ///   destination is outside the sandbox network goes to `egress_port`
+    ///   (one rule per family);
+    /// * filter/input: from the actor, TCP (which after the redirect is
+    ///   ours) and DNS over UDP are accepted, over IPv6 (if dual-stack) also
+    ///   neighbour solicitations and advertisements; everything else (ICMP,
+    ///   other UDP, every IPv6 packet if IPv4 only) dropped;
     /// * filter/forward: nothing is forwarded.
+    ///
+    /// Without `net6` the messages are byte for byte what nft sends for the
+    /// IPv4 ruleset (see wire.rs' tests).
     pub fn sandbox(
         iface: &str,
         net: Ipv4Addr,
         prefix_len: u8,
+        net6: Option<(Ipv6Addr, u8)>,
         egress_port: u16,
         dns_port: u16,
     ) -> io::Result<Self> {
@@ -240,6 +255,86 @@ impl Ruleset {
         ]
         .concat();
         let rest_dropped = [from_actor().as_slice(), &[Expr::Verdict(Verdict::Drop)]].concat();
+        let mut prerouting = vec![rule(TABLE, "prerouting", redirect)];
+        let mut input = vec![rule(TABLE, "input", tcp_in), rule(TABLE, "input", dns_in)];
+        if let Some((net6, prefix_len6)) = net6 {
+            if prefix_len6 > 128 {
+                return Err(invalid(format!("IPv6 prefix length {prefix_len6}")));
+            }
+            let mask6 = u128::MAX
+                .checked_shl(128 - u32::from(prefix_len6))
+                .unwrap_or(0);
+            let net6 = u128::from(net6) & mask6;
+            let ipv6 = || [Expr::Meta(MetaKey::NfProto), eq(vec![NFPROTO_IPV6])];
+            let redirect6 = [
+                ipv6().as_slice(),
+                &[
+                    Expr::Payload {
+                        base: PayloadBase::Network,
+                        offset: IPV6_DADDR,
+                        len: 16,
+                    },
+                    Expr::Bitwise {
+                        mask: mask6.to_be_bytes().to_vec(),
+                        xor: vec![0; 16],
+                    },
+                    Expr::Cmp {
+                        op: CmpOp::Neq,
+                        data: net6.to_be_bytes().to_vec(),
+                    },
+                ],
+                &l4(IPPROTO_TCP),
+                &[
+                    Expr::Immediate(egress_port.to_be_bytes().to_vec()),
+                    Expr::Redirect,
+                ],
+            ]
+            .concat();
+            prerouting.push(rule(TABLE, "prerouting", redirect6));
+            let tcp_in6 = [
+                from_actor().as_slice(),
+                &ipv6(),
+                &l4(IPPROTO_TCP),
+                &[Expr::Verdict(Verdict::Accept)],
+            ]
+            .concat();
+            let dns_in6 = [
+                from_actor().as_slice(),
+                &ipv6(),
+                &l4(IPPROTO_UDP),
+                &[
+                    Expr::Payload {
+                        base: PayloadBase::Transport,
+                        offset: L4_DPORT,
+                        len: 2,
+                    },
+                    eq(dns_port.to_be_bytes().to_vec()),
+                    Expr::Verdict(Verdict::Accept),
+                ],
+            ]
+            .concat();
+            input.push(rule(TABLE, "input", tcp_in6));
+            input.push(rule(TABLE, "input", dns_in6));
+            for icmp_type in [ND_NEIGHBOR_SOLICIT, ND_NEIGHBOR_ADVERT] {
+                let nd_in = [
+                    from_actor().as_slice(),
+                    &ipv6(),
+                    &l4(IPPROTO_ICMPV6),
+                    &[
+                        Expr::Payload {
+                            base: PayloadBase::Transport,
+                            offset: ICMP_TYPE,
+                            len: 1,
+                        },
+                        eq(vec![icmp_type]),
+                        Expr::Verdict(Verdict::Accept),
+                    ],
+                ]
+                .concat();
+                input.push(rule(TABLE, "input", nd_in));
+            }
+        }
+        input.push(rule(TABLE, "input", rest_dropped));
         Ok(Self {
             tables: vec![table(TABLE)],
             chains: vec![
@@ -255,12 +350,7 @@ impl Ruleset {
                     ..base_chain(TABLE, "forward", ChainType::Filter, Hook::Forward, 0)
                 },
             ],
-            rules: vec![
-                rule(TABLE, "prerouting", redirect),
-                rule(TABLE, "input", tcp_in),
-                rule(TABLE, "input", dns_in),
-                rule(TABLE, "input", rest_dropped),
-            ],
+            rules: [prerouting, input].concat(),
         })
     }
 

@@ -794,8 +794,15 @@ mod tests {
 
     /// The sandbox's messages in nft's order (its chain, then its rules).
     fn sandbox_in_nft_order() -> Vec<Message> {
-        let rs = Ruleset::sandbox("atside", Ipv4Addr::new(169, 254, 17, 0), 30, 15001, 53)
-            .expect("ruleset");
+        let rs = Ruleset::sandbox(
+            "atside",
+            Ipv4Addr::new(169, 254, 17, 0),
+            30,
+            None,
+            15001,
+            53,
+        )
+        .expect("ruleset");
         let chain = |name: &str| {
             Message::new_chain(rs.chains.iter().find(|c| c.name == name).expect("chain"))
                 .expect("chain encodes")
@@ -950,6 +957,8 @@ mod tests {
         let long = "x".repeat(256);
         assert!(Message::del_table(Family::Inet, &long).is_err());
         assert!(Message::del_table(Family::Inet, "a\0b").is_err());
-        assert!(Ruleset::sandbox("sixteen-bytes-xx", Ipv4Addr::UNSPECIFIED, 30, 1, 2).is_err());
+        assert!(
+            Ruleset::sandbox("sixteen-bytes-xx", Ipv4Addr::UNSPECIFIED, 30, None, 1, 2).is_err()
+        );
     }
 }

@@ -14,7 +14,10 @@
 //! The far end is a forwarding gateway process the scenario owns (so it can
 //! kill it) in the sink's namespace, and behind it a destination served by
 //! this process; atunnel is pointed at that gateway for the scenario (`run`
-//! restores its flags afterwards).
+//! restores its flags afterwards). Every phase's tunnels are half IPv4 (to
+//! 198.18.0.2) and half IPv6 (to fd00:198:18::2, through the sandbox's
+//! IPv6 redirect), alternating in pairs so destination resets strike both;
+//! each row also counts each family's outcomes.
 
 use std::collections::HashSet;
 use std::io;
@@ -32,7 +35,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::role::{self, Role};
 use crate::run::bench::Bench;
 use crate::run::dial::Actors;
-use crate::topology::SINK_ADDR;
+use crate::topology::{SINK_ADDR, SINK_ADDR6};
 
 type BoxError = atunnel_process::BoxError;
 
@@ -264,16 +267,18 @@ struct ReadEnd {
 
 /// One tunnel from actor `actor`'s sandbox; `progress` counts download
 /// bytes across tunnels.
+#[allow(clippy::too_many_arguments)]
 async fn actor_tunnel(
     actors: Actors,
     actor: u64,
+    dest: SocketAddr,
     id: u64,
     len: u32,
     reset_after: u32,
     progress: Arc<AtomicU64>,
     seen: Arc<Seen>,
 ) -> Outcome {
-    let dest = SocketAddr::from((SINK_ADDR, DESTINATION_PORT)).to_string();
+    let dest = dest.to_string();
     let s = match actors.dial(actor, &dest).await {
         Ok(s) => s,
         Err(e) if is_reset(&e) => return Outcome::Reset,
@@ -388,7 +393,7 @@ impl Gateway {
             role::arg("cert", p.gateway_cert().display()),
             role::arg("key", p.gateway_key().display()),
             role::arg("actor-ca", p.actor_ca_cert().display()),
-            role::arg("allow", "198.18.0.0/30"),
+            role::arg("allow", "198.18.0.0/30,[fd00:198:18::2/128]"),
         ];
         role::start_in(&bench.topo.exec, &bench.topo.sink, &args, None).await
     }
@@ -410,6 +415,36 @@ impl Gateway {
     }
 }
 
+/// One family's outcomes in a phase: completed, cut_rst, refused,
+/// silently_truncated, other.
+#[derive(Default, Debug, Clone, Copy)]
+struct Tally([u64; 5]);
+
+impl Tally {
+    fn add(&mut self, o: &Outcome) {
+        let i = match o {
+            Outcome::Completed => 0,
+            Outcome::Reset => 1,
+            Outcome::Refused => 2,
+            Outcome::Truncated(_) => 3,
+            Outcome::Other(_) => 4,
+        };
+        self.0[i] += 1;
+    }
+
+    fn json(&self) -> Value {
+        let [completed, cut_rst, refused, silently_truncated, other] = self.0;
+        json!({ "completed": completed, "cut_rst": cut_rst, "refused": refused,
+            "silently_truncated": silently_truncated, "other": other })
+    }
+}
+
+/// The family of phase tunnel `i`: pairs alternate, so that every other
+/// tunnel (the ones a destination reset strikes) is of both families.
+fn is_ipv6(i: u64) -> bool {
+    (i / 2) % 2 == 1
+}
+
 /// Counts of one phase's tunnels.
 #[derive(Default, Debug)]
 struct Counts {
@@ -423,6 +458,8 @@ struct Counts {
     /// Tunnels of the actors the fault did not strike that did not complete
     /// (the deactivation fault only: it must touch one actor).
     bystanders_incomplete: u64,
+    /// The same outcomes, IPv4 and IPv6 tunnels apart.
+    by_family: [Tally; 2],
 }
 
 impl Counts {
@@ -466,16 +503,23 @@ async fn phase(
             0
         };
         let actor = i % count;
+        let family = usize::from(is_ipv6(i));
+        let dest = if is_ipv6(i) {
+            SocketAddr::from((SINK_ADDR6, DESTINATION_PORT))
+        } else {
+            SocketAddr::from((SINK_ADDR, DESTINATION_PORT))
+        };
         let tunnel = actor_tunnel(
             actors.clone(),
             actor,
+            dest,
             first_id + i,
             len,
             reset_after,
             progress.clone(),
             seen.clone(),
         );
-        tasks.spawn(async move { (actor, tunnel.await) });
+        tasks.spawn(async move { (actor, family, tunnel.await) });
     }
     let mut counts = Counts::default();
     let mut struck = None;
@@ -516,8 +560,9 @@ async fn phase(
         }
     }
     while let Some(done) = tasks.join_next().await {
-        let (actor, outcome) =
-            done.unwrap_or_else(|e| (STRUCK_ACTOR, Outcome::Other(format!("task: {e}"))));
+        let (actor, family, outcome) =
+            done.unwrap_or_else(|e| (STRUCK_ACTOR, 0, Outcome::Other(format!("task: {e}"))));
+        counts.by_family[family].add(&outcome);
         if fault == Fault::ActorDeactivate && actor != STRUCK_ACTOR && outcome != Outcome::Completed
         {
             counts.bystanders_incomplete += 1;
@@ -537,9 +582,8 @@ pub(super) async fn chaos(bench: &mut Bench) -> Result<ScenarioResult, BoxError>
     let listener = topo
         .exec
         .run_in(&topo.sink, || {
-            let l = std::net::TcpListener::bind(SocketAddr::from((SINK_ADDR, DESTINATION_PORT)))?;
-            l.set_nonblocking(true)?;
-            Ok::<_, io::Error>(l)
+            // Both families' destinations on one socket.
+            atunnel_sandbox::sandbox::listen_tcp_dual_stack(DESTINATION_PORT)
         })
         .await??;
     let listener = TcpListener::from_std(listener)?;
@@ -602,6 +646,10 @@ pub(super) async fn chaos(bench: &mut Bench) -> Result<ScenarioResult, BoxError>
                 "recovered": after.completed == sizes.recovery_tunnels,
                 "recovery_completed": after.completed,
                 "recovery_tunnels": sizes.recovery_tunnels,
+                "ipv4": counts.by_family[0].json(),
+                "ipv6": counts.by_family[1].json(),
+                "recovered_ipv4": after.by_family[0].0[0] == after.by_family[0].0.iter().sum::<u64>(),
+                "recovered_ipv6": after.by_family[1].0[0] == after.by_family[1].0.iter().sum::<u64>(),
             }));
         }
         Ok::<_, BoxError>(rows)
@@ -622,12 +670,19 @@ pub(super) async fn chaos(bench: &mut Bench) -> Result<ScenarioResult, BoxError>
         .iter()
         .all(|r| r["bystanders_incomplete"].as_u64().unwrap_or(0) == 0);
     let pass = truncated == 0 && baseline_clean && bystanders_clean;
+    let family_truncated = |family: &str| -> u64 {
+        rows.iter()
+            .filter_map(|r| r[family]["silently_truncated"].as_u64())
+            .sum()
+    };
     Ok(ScenarioResult {
         name: Scenario::Chaos.name().into(),
         rungs: Vec::new(),
         summary: json!({
             "faults": rows,
             "silently_truncated": truncated,
+            "silently_truncated_ipv4": family_truncated("ipv4"),
+            "silently_truncated_ipv6": family_truncated("ipv6"),
             "pass": pass,
             "tunnels_per_fault": sizes.tunnels,
             "bytes_each_way": sizes.bytes,
@@ -655,13 +710,23 @@ pub(in crate::run) fn report_section(s: &ScenarioResult) -> String {
         return String::new();
     };
     let mut md = String::from(
-        "| fault | tunnels | completed | cut with RST | silently truncated | refused | other | recovered | other actors' tunnels not completed |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| fault | tunnels | completed | cut with RST | silently truncated | refused | other | recovered | other actors' tunnels not completed | IPv4 completed / RST / truncated | IPv6 completed / RST / truncated |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
+    let family = |r: &Value, f: &str| {
+        let f = &r[f];
+        let n = |k: &str| f[k].as_u64().map_or("-".to_string(), |n| n.to_string());
+        format!(
+            "{} / {} / {}",
+            n("completed"),
+            n("cut_rst"),
+            n("silently_truncated")
+        )
+    };
     let n = |r: &Value, k: &str| r[k].as_u64().unwrap_or(0);
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r["fault"].as_str().unwrap_or(""),
             n(r, "tunnels"),
             n(r, "completed"),
@@ -672,7 +737,9 @@ pub(in crate::run) fn report_section(s: &ScenarioResult) -> String {
             r["recovered"].as_bool().unwrap_or(false),
             r["bystanders_incomplete"]
                 .as_u64()
-                .map_or("-".to_string(), |n| n.to_string())
+                .map_or("-".to_string(), |n| n.to_string()),
+            family(r, "ipv4"),
+            family(r, "ipv6"),
         );
     }
     md.push('\n');

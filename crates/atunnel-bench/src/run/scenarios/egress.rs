@@ -18,7 +18,11 @@ use crate::role::process_cpu_seconds;
 use crate::run::bench::Bench;
 use crate::run::dial::Actors;
 use crate::run::rung::{climb, ladder, measure, sustainable};
-use crate::traffic::{DISCARD, ECHO, HTTP, HTTP_ANSWER_LEN};
+use crate::traffic::{DISCARD, DISCARD6, ECHO, ECHO6, HTTP, HTTP_ANSWER_LEN};
+
+/// The address families egress-tcp and egress-new run over, with the
+/// destination each dials (a suffix on the IPv6 figures' keys).
+const FAMILIES: [(&str, &str, &str); 2] = [("ipv4", "", DISCARD), ("ipv6", "_ipv6", DISCARD6)];
 
 async fn ping(s: &mut TcpStream) -> Result<(), String> {
     crate::traffic::ping(s).await.map_err(|e| e.to_string())
@@ -122,12 +126,41 @@ pub(super) async fn egress_idle(
     })
 }
 
-/// Bulk throughput from an actor to a destination through the tunnel, three runs.
+/// Bulk throughput from an actor to a destination through the tunnel, three
+/// runs over each family (half the bytes each, so the scenario takes as long
+/// as it did over IPv4 alone).
 pub(super) async fn egress_tcp(
     bench: &mut Bench,
 ) -> Result<ScenarioResult, atunnel_process::BoxError> {
+    let mut summary = serde_json::Map::new();
+    let bytes: u64 = if bench.quick { 128 << 20 } else { 512 << 20 };
+    for (family, suffix, dest) in FAMILIES {
+        eprintln!("         {family}");
+        let runs = egress_tcp_runs(bench, dest, bytes).await?;
+        for (key, v) in runs {
+            summary.insert(format!("{key}{suffix}"), v);
+        }
+    }
+    summary.insert("bytes_per_run".into(), json!(bytes));
+    Ok(ScenarioResult {
+        name: Scenario::EgressTcp.name().into(),
+        rungs: Vec::new(),
+        summary: serde_json::Value::Object(summary),
+        notes: vec![
+            "one TCP connection from actor-0's sandbox to the sink's discard port, through the tunnel's HTTP/2 CONNECT path".into(),
+            "three runs per family: the unsuffixed keys to 192.0.2.10:9 over IPv4, the _ipv6 keys to [2001:db8::10]:9 over IPv6 (the sandbox's IPv6 redirect, CONNECT [addr]:port)".into(),
+            "when the tunnel is well under its quota, the sink (TLS decryption) or the generator, sharing the machine's other core, is the limit: compare tunnel_cores with sink_cores".into(),
+        ],
+    })
+}
+
+/// Three bulk uploads to `dest`: their figures by key.
+async fn egress_tcp_runs(
+    bench: &mut Bench,
+    dest: &str,
+    bytes: u64,
+) -> Result<Vec<(&'static str, serde_json::Value)>, atunnel_process::BoxError> {
     let actors = Actors::of(bench);
-    let bytes: u64 = if bench.quick { 256 << 20 } else { 1 << 30 };
     let mut mbps = Vec::new();
     let mut cores = Vec::new();
     let mut sink_cores: Vec<f64> = Vec::new();
@@ -138,7 +171,7 @@ pub(super) async fn egress_tcp(
         let sink0 = sink.map_or(0.0, process_cpu_seconds);
         let gen0 = process_cpu_seconds(std::process::id());
         let t0 = Instant::now();
-        crate::traffic::upload(actors.dial(0, DISCARD).await?, bytes).await?;
+        crate::traffic::upload(actors.dial(0, dest).await?, bytes).await?;
         let secs = t0.elapsed().as_secs_f64();
         let cg1 = bench.cgroup_sample();
         let two = |x: f64| (x * 100.0).round() / 100.0;
@@ -155,21 +188,12 @@ pub(super) async fn egress_tcp(
             generator_cores[run]
         );
     }
-    Ok(ScenarioResult {
-        name: Scenario::EgressTcp.name().into(),
-        rungs: Vec::new(),
-        summary: json!({
-            "mb_per_s": mbps,
-            "tunnel_cores": cores,
-            "sink_cores": sink_cores,
-            "generator_cores": generator_cores,
-            "bytes_per_run": bytes,
-        }),
-        notes: vec![
-            "one TCP connection from actor-0's sandbox to the sink's discard port, through the tunnel's HTTP/2 CONNECT path".into(),
-            "when the tunnel is well under its quota, the sink (TLS decryption) or the generator, sharing the machine's other core, is the limit: compare tunnel_cores with sink_cores".into(),
-        ],
-    })
+    Ok(vec![
+        ("mb_per_s", json!(mbps)),
+        ("tunnel_cores", json!(cores)),
+        ("sink_cores", json!(sink_cores)),
+        ("generator_cores", json!(generator_cores)),
+    ])
 }
 
 /// One request over a persistent egress connection to the sink's HTTP port.
@@ -227,35 +251,58 @@ pub(super) async fn egress_http(
     })
 }
 
-/// New egress connections per second: connect, one byte there and back, close.
+/// New egress connections per second: connect, one byte there and back,
+/// close; a ladder over each family, each rung half as long as it was over
+/// IPv4 alone. The rungs are IPv4's; the summary's `_ipv6` keys are IPv6's.
 pub(super) async fn egress_new(
     bench: &mut Bench,
 ) -> Result<ScenarioResult, atunnel_process::BoxError> {
-    let actors = Actors::of(bench);
-    let ladder = ladder(
-        bench,
-        &[200.0, 500.0, 1000.0],
-        &[200.0, 500.0, 1000.0, 2000.0, 3000.0],
-    );
-    let rungs = climb(bench, Bench::sink_pid, ladder, 4096, move |i| {
-        let a = actors.clone();
-        async move {
-            let mut s = a.dial(i, ECHO).await.map_err(|e| e.to_string())?;
-            ping(&mut s).await
+    let mut summary = serde_json::Map::new();
+    let mut ipv4_rungs = Vec::new();
+    for (family, suffix, dest) in [("ipv4", "", ECHO), ("ipv6", "_ipv6", ECHO6)] {
+        eprintln!("         {family}");
+        let actors = Actors::of(bench);
+        let (rates, duration) = ladder(
+            bench,
+            &[200.0, 500.0, 1000.0],
+            &[200.0, 500.0, 1000.0, 2000.0, 3000.0],
+        );
+        let rungs = climb(
+            bench,
+            Bench::sink_pid,
+            (rates, duration / 2),
+            4096,
+            move |i| {
+                let a = actors.clone();
+                async move {
+                    let mut s = a.dial(i, dest).await.map_err(|e| e.to_string())?;
+                    ping(&mut s).await
+                }
+            },
+        )
+        .await;
+        // A rung's offered rate is its ladder rate (every rate is positive).
+        let cpu_per_conn: Vec<_> = rungs
+            .iter()
+            .filter(|r| r.achieved > 0.0)
+            .map(|r| json!({"rate": r.offered, "tunnel_cpu_ms_per_conn": (r.tunnel_cpu_cores / r.achieved * 1e3 * 1000.0).round() / 1000.0}))
+            .collect();
+        summary.insert(
+            format!("sustainable_rate{suffix}"),
+            json!(sustainable(&rungs)),
+        );
+        summary.insert(format!("cpu_per_conn{suffix}"), json!(cpu_per_conn));
+        if family == "ipv4" {
+            ipv4_rungs = rungs;
+        } else {
+            summary.insert(format!("rungs{suffix}"), json!(rungs));
         }
-    })
-    .await;
-    // A rung's offered rate is its ladder rate (every rate is positive).
-    let cpu_per_conn: Vec<_> = rungs
-        .iter()
-        .filter(|r| r.achieved > 0.0)
-        .map(|r| json!({"rate": r.offered, "tunnel_cpu_ms_per_conn": (r.tunnel_cpu_cores / r.achieved * 1e3 * 1000.0).round() / 1000.0}))
-        .collect();
+    }
     Ok(ScenarioResult {
         name: Scenario::EgressNew.name().into(),
-        summary: json!({ "sustainable_rate": sustainable(&rungs), "cpu_per_conn": cpu_per_conn }),
-        rungs,
-        notes: Vec::new(),
+        summary: serde_json::Value::Object(summary),
+        rungs: ipv4_rungs,
+        notes: vec!["a ladder per family, each rung half the usual length: the rungs (and the unsuffixed keys) are IPv4's, to 192.0.2.10:7; the _ipv6 keys (rungs_ipv6 among them) IPv6's, to [2001:db8::10]:7 through the sandbox's IPv6 redirect".into()],
     })
 }
 
