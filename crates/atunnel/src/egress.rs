@@ -1107,10 +1107,6 @@ impl<T, E, R: Future<Output = Result<T, E>> + Unpin> Future for UntilCut<R> {
     }
 }
 
-/// After a clean end: SO_LINGER back to the default, so that closing lets
-/// the bytes and the FIN still queued for the actor drain instead of
-/// resetting over them. `None` is the kernel's default, a close that does not
-/// block (tokio deprecates only a lingering close).
 /// Whether the gateway dials `dest` over IPv6 (a v4-mapped address, which
 /// no redirect gives but a fixed destination could, is IPv4).
 fn is_ipv6(dest: SocketAddr) -> bool {
@@ -1120,6 +1116,10 @@ fn is_ipv6(dest: SocketAddr) -> bool {
     }
 }
 
+/// After a clean end: SO_LINGER back to the default, so that closing lets
+/// the bytes and the FIN still queued for the actor drain instead of
+/// resetting over them. `None` is the kernel's default, a close that does not
+/// block (tokio deprecates only a lingering close).
 fn clean_close(actor: &TcpStream) {
     #[allow(deprecated)]
     if let Err(e) = actor.set_linger(None) {
