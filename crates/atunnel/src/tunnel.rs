@@ -467,6 +467,11 @@ impl Tunnel {
         .await?)
     }
 
+    /// Whether each sandbox gets a DNS relay (`cfg.dns`).
+    pub fn serves_dns(&self) -> bool {
+        self.cfg.dns.is_some()
+    }
+
     /// Builds the actor's sandbox network and serves egress and DNS inside
     /// it. With `leftover_grace` set, a sandbox an earlier process left for
     /// this actor is adopted, its runtime namespace kept.

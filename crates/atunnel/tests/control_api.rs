@@ -106,6 +106,12 @@ impl Daemon {
         let mut cfg = TunnelConfig::new(pki.gateway_roots(), gated);
         let prefix = format!("atnc-{}-{test}-", std::process::id());
         cfg.netns_prefix = prefix.clone();
+        // Each sandbox gets a relay (never asked here), so ServeSandbox
+        // answers with the resolv.conf naming it.
+        cfg.dns = Some(atunnel_dns::RelayConfig {
+            upstreams: vec!["127.0.0.1:53".parse().expect("addr")],
+            ..atunnel_dns::RelayConfig::default()
+        });
         let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
         let dir = tempfile::tempdir().expect("dir");
         // Traversable by others: the refusal tests connect as nobody.
@@ -324,6 +330,10 @@ async fn several_actors_go_through_the_whole_lifecycle_with_bytes_both_ways() {
 
         let sb = serve_sandbox(&mut d.client, a).await.expect("ServeSandbox");
         assert!(sb.created);
+        assert_eq!(
+            sb.resolv_conf, "nameserver 169.254.17.1\nnameserver fd00:a7:17::1\n",
+            "the sandbox's DNS relay, both families"
+        );
         let s = sb.status.expect("status");
         assert_eq!(phase(&s), Phase::Sandboxed);
         assert_eq!(s.runtime_netns, sb.runtime_netns);

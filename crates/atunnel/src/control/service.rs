@@ -233,10 +233,16 @@ impl Inner {
             .as_ref()
             .map(|s| s.name().to_string())
             .unwrap_or_default();
+        let resolv_conf = sandbox
+            .as_ref()
+            .filter(|_| self.tunnel.serves_dns())
+            .map(|s| s.resolv_conf())
+            .unwrap_or_default();
         Ok(proto::ServeSandboxResponse {
             runtime_netns,
             created,
             status: Some(self.status(&entry)),
+            resolv_conf,
         })
     }
 
