@@ -227,6 +227,7 @@ fn one_more_open(before: EgressStats, now: &EgressStats) -> EgressStats {
     EgressStats {
         tunnels_open: before.tunnels_open + 1,
         tunnels_total: before.tunnels_total + 1,
+        tunnels_ipv4_total: before.tunnels_ipv4_total + 1,
         open_latency: now.open_latency,
         ..before
     }
@@ -308,6 +309,7 @@ async fn no_descriptor_to_dial_the_gateway_fails_the_open(
     assert!(got.is_empty(), "{} bytes on a failed open", got.len());
     let after_failed = EgressStats {
         tunnels_total: before.tunnels_total + 1,
+        tunnels_ipv4_total: before.tunnels_ipv4_total + 1,
         open_failed_total: before.open_failed_total + 1,
         ..before
     };
