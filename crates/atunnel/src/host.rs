@@ -288,6 +288,13 @@ pub struct BudgetArgs {
     #[arg(long, default_value_t = PoolSettings::default().max_router_bytes,
           value_parser = clap::value_parser!(u64).range(256 * 1024..))]
     pub actor_max_router_bytes: u64,
+    /// Ingress requests one actor may have in flight on one router HTTP/2
+    /// connection (of the 200 streams atunnel allows it), so an actor that
+    /// answers slowly or never leaves the rest to the others on it; past
+    /// it the router gets 503 for that actor.
+    #[arg(long, default_value_t = PoolSettings::default().max_router_streams,
+          value_parser = clap::value_parser!(u32).range(1..=200))]
+    pub actor_max_router_streams: u32,
     /// Distinct ports one actor's ingress HTTPS requests may go to, each
     /// with its own upstream pool; a request to one more gets 503.
     #[arg(long, default_value_t = PoolSettings::default().max_ports)]
@@ -443,6 +450,7 @@ impl TunnelArgs {
                         response_body_idle: args.budget.actor_response_body_timeout.0,
                         request_body_idle: args.budget.actor_request_body_timeout.0,
                         max_router_bytes: args.budget.actor_max_router_bytes,
+                        max_router_streams: args.budget.actor_max_router_streams,
                         max_ports: args.budget.actor_max_ingress_ports,
                         max_idle_per_actor: args.budget.actor_max_ingress_idle,
                         max_buffers: args.budget.actor_max_buffers,
@@ -629,6 +637,10 @@ mod tests {
         assert_eq!(
             args.tunnel.budget.actor_max_router_bytes,
             ingress.pools.max_router_bytes
+        );
+        assert_eq!(
+            args.tunnel.budget.actor_max_router_streams,
+            ingress.pools.max_router_streams
         );
         assert_eq!(
             args.tunnel.budget.actor_max_ingress_idle,

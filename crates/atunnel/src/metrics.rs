@@ -611,6 +611,13 @@ fn ingress(out: &mut Out, s: &Stats) -> Fmt {
             a.iter()
                 .map(|x| (x.actor.as_str(), x.refused_router_bytes_total)),
         )?;
+        out.counters(
+            "ingress_actor_refused_router_streams",
+            "An actor's ingress requests refused past its streams on one router connection",
+            "actor",
+            a.iter()
+                .map(|x| (x.actor.as_str(), x.refused_router_streams_total)),
+        )?;
     }
     if let Some(p) = &s.pre_auth {
         let l = [("https", &p.https), ("connect", &p.connect)];

@@ -201,3 +201,96 @@ async fn an_actors_unread_bodies_hold_no_more_than_its_router_bytes_across_conne
     router_bytes_are(&running.ingress, "uid-1", 0).await;
     running.cancel.cancel();
 }
+
+/// Waits (bounded) until `uid` has `want` requests in flight.
+async fn in_flight_is(ingress: &Ingress, uid: &str, want: usize) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while of(ingress, uid).in_flight != want {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{uid} has {} in flight, not {want}",
+            of(ingress, uid).in_flight
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn get(
+    router: &mut h2::client::SendRequest<Bytes>,
+    actor: &str,
+    path: &str,
+) -> h2::client::ResponseFuture {
+    let req = http::Request::get(format!("https://w{path}"))
+        .header("ate-target-actor", format!("team-a/{actor}"))
+        .body(())
+        .expect("request");
+    router.send_request(req, true).expect("send").0
+}
+
+/// `--actor-max-router-streams`: an actor that never answers holds at most
+/// its share of one router connection's streams; the others on it are
+/// served, and its own requests on another connection are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_holds_at_most_its_share_of_a_router_connections_streams() {
+    const SHARE: u32 = 5;
+    let pki = IngressPki::new();
+    let running = ingress_tuned(&pki, |cfg| {
+        cfg.pools = PoolSettings {
+            max_router_streams: SHARE,
+            ..PoolSettings::default()
+        }
+    })
+    .await;
+    let alpha = holding_actor().await;
+    let beta = holding_actor().await;
+    activate_loopback(&running.ingress, "alpha", "uid-1", alpha.port());
+    activate_loopback(&running.ingress, "beta", "uid-2", beta.port());
+    let mut one = h2_router(&pki, running.https)
+        .await
+        .ready()
+        .await
+        .expect("ready");
+    let mut two = h2_router(&pki, running.https)
+        .await
+        .ready()
+        .await
+        .expect("ready");
+
+    let mut held: Vec<_> = (0..SHARE)
+        .map(|_| get(&mut one, "alpha", "/hold"))
+        .collect();
+    in_flight_is(&running.ingress, "uid-1", SHARE as usize).await;
+    let refused = get(&mut one, "alpha", "/hold").await.expect("answer");
+    assert_eq!(
+        refused.status(),
+        503,
+        "past alpha's share of the connection"
+    );
+    // The other actor on the same connection is served, bytes intact.
+    let body: Vec<u8> = (0..10_000u32).map(|i| (i % 199) as u8).collect();
+    assert_eq!(echoed(&mut one, "beta", &body, true).await, (200, body));
+    // alpha's share is per connection: on another it is admitted.
+    held.push(get(&mut two, "alpha", "/hold"));
+    in_flight_is(&running.ingress, "uid-1", SHARE as usize + 1).await;
+    assert_eq!(
+        of(&running.ingress, "uid-1").refused_router_streams_total,
+        1
+    );
+    assert_eq!(
+        of(&running.ingress, "uid-2").refused_router_streams_total,
+        0
+    );
+
+    // One of alpha's held requests on the first connection ends: its place
+    // there comes back.
+    drop(held.remove(0));
+    in_flight_is(&running.ingress, "uid-1", SHARE as usize).await;
+    held.push(get(&mut one, "alpha", "/hold"));
+    in_flight_is(&running.ingress, "uid-1", SHARE as usize + 1).await;
+    assert_eq!(
+        of(&running.ingress, "uid-1").refused_router_streams_total,
+        1
+    );
+    drop(held);
+    running.cancel.cancel();
+}

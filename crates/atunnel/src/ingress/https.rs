@@ -171,13 +171,16 @@ fn for_grpc(mut r: Response<ProxyBody>) -> Response<ProxyBody> {
 }
 
 /// Proxies one request from the router to its actor.
+/// `shared`: the router's connection is HTTP/2, carrying other actors'
+/// requests too (each actor gets at most its share of its streams).
 pub async fn proxy(
     routes: Arc<Routes>,
     client: SocketAddr,
     req: Request<Incoming>,
+    shared: bool,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let grpc = is_grpc(&req);
-    let answer = forward(routes, client, req, grpc).await;
+    let answer = forward(routes, client, req, grpc, shared).await;
     let refused = answer.status().as_u16() >= 400 && !answer.headers().contains_key("grpc-status");
     Ok(if grpc && refused {
         for_grpc(answer)
@@ -191,6 +194,7 @@ async fn forward(
     client: SocketAddr,
     req: Request<Incoming>,
     grpc: bool,
+    shared: bool,
 ) -> Response<ProxyBody> {
     let Some(activation) = target_activation(&routes, req.headers()) else {
         return misdirected();
@@ -198,6 +202,13 @@ async fn forward(
     if let Some(refused) = routes.overloaded(&activation) {
         return unavailable(refused.retry_after);
     }
+    let stream = match shared {
+        true => match activation.admit_router_stream(client) {
+            Some(s) => Some(s),
+            None => return unavailable(ACTOR_BUSY_RETRY),
+        },
+        false => None,
+    };
     let Some(token) = activation.admit() else {
         return unavailable(ACTOR_BUSY_RETRY);
     };
@@ -328,6 +339,7 @@ async fn forward(
         watch,
         activation,
         _token: token,
+        _stream: stream,
     };
     Response::from_parts(parts, body.boxed_unsync())
 }
@@ -580,6 +592,8 @@ struct Activated {
     watch: Pin<Box<Watch>>,
     activation: Arc<ActorRoute>,
     _token: super::routes::InFlight,
+    /// Its place among the actor's streams on a shared router connection.
+    _stream: Option<super::routes::RouterStream>,
 }
 
 impl Body for Activated {

@@ -35,9 +35,10 @@ use atunnel_connect::{ConnectServer, H2Settings};
 use atunnel_tls::Hibernation;
 
 pub use routes::{
-    ActorDialer, ActorIngressStats, ActorRoute, DEFAULT_BODY_IDLE_TIMEOUT,
-    DEFAULT_MAX_IDLE_PER_PORT, DEFAULT_MAX_IN_FLIGHT_PER_ACTOR, DEFAULT_MAX_PORTS_PER_ACTOR,
-    DirectDialer, IngressH2Floods, PoolSettings, RouteError, RouteStats, SandboxDialer,
+    ActorDialer, ActorIngressStats, ActorRoute, DEFAULT_ACTOR_MAX_ROUTER_STREAMS,
+    DEFAULT_BODY_IDLE_TIMEOUT, DEFAULT_MAX_IDLE_PER_PORT, DEFAULT_MAX_IN_FLIGHT_PER_ACTOR,
+    DEFAULT_MAX_PORTS_PER_ACTOR, DirectDialer, IngressH2Floods, PoolSettings, RouteError,
+    RouteStats, SandboxDialer,
 };
 use routes::{Http2Keeping, RouterPing, Routes};
 pub use tls::IngressTlsError;

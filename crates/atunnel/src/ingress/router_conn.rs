@@ -107,7 +107,8 @@ async fn serve_h2(
 ) {
     let ping = routes.router_ping();
     let io = FloodGuard::new(io, Role::Server, routes.router_h2_floods().clone());
-    let service = hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req));
+    let service =
+        hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req, true));
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder.timer(TokioTimer::new());
     if !ping.interval.is_zero() {
@@ -166,7 +167,7 @@ async fn serve_h1(
             let in_flight = activity.request();
             let routes = routes.clone();
             Box::pin(async move {
-                let response = https::proxy(routes, client, req).await?;
+                let response = https::proxy(routes, client, req, false).await?;
                 Ok(response.map(|body| Tracked {
                     body,
                     _in_flight: in_flight,

@@ -103,6 +103,12 @@ struct Shared {
     router_bytes: AtomicU64,
     /// Requests answered 503 for `max_router_bytes`.
     refused_router_bytes: AtomicU64,
+    /// Its requests in flight on each of the router's HTTP/2 connections,
+    /// by the connection's peer address (a few entries: a router keeps a
+    /// few connections); at most `max_router_streams` each.
+    router_streams: Mutex<Vec<(std::net::SocketAddr, u32)>>,
+    /// Requests answered 503 for `max_router_streams`.
+    refused_router_streams: AtomicU64,
     new_connections: AtomicU64,
     /// Requests and tunnels refused: the actor had `max_in_flight`.
     refused_in_flight: AtomicU64,
@@ -257,6 +263,12 @@ pub struct PoolSettings {
     /// counted: an idle one would take a whole window of it; theirs are
     /// bounded by the in-flight cap and the stalled-write bound.
     pub max_router_bytes: u64,
+    /// Requests one actor may have in flight on one router HTTP/2
+    /// connection, which carries other actors' too: past it the router gets
+    /// 503 for that actor, so an actor that answers slowly or never cannot
+    /// take every stream of a shared connection
+    /// ([`DEFAULT_ACTOR_MAX_ROUTER_STREAMS`]).
+    pub max_router_streams: u32,
     /// An h2c connection to an actor with requests in flight is pinged
     /// this often, and closed (its requests failing with 502) if a ping
     /// goes unanswered for `ping_timeout`: an actor that stops reading its
@@ -300,6 +312,13 @@ pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// could hold 256 MiB.
 pub const DEFAULT_ACTOR_MAX_ROUTER_BYTES: u64 = 16 * 1024 * 1024;
 
+/// Default of [`PoolSettings::max_router_streams`]: half of the 200 streams
+/// atunnel allows a router connection
+/// (`PROXY_ROUTER_MAX_CONCURRENT_STREAMS`), so the others on it always
+/// have the other half.
+pub const DEFAULT_ACTOR_MAX_ROUTER_STREAMS: u32 =
+    atunnel_connect::limits::PROXY_ROUTER_MAX_CONCURRENT_STREAMS / 2;
+
 /// Default of [`PoolSettings::max_ports`]: 16 ports per actor, far more
 /// than a program serves on, few enough that its pools stay bounded (16
 /// times [`DEFAULT_MAX_IDLE_PER_PORT`] idle connections at most).
@@ -324,6 +343,7 @@ impl Default for PoolSettings {
             max_in_flight: DEFAULT_MAX_IN_FLIGHT_PER_ACTOR,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             max_router_bytes: DEFAULT_ACTOR_MAX_ROUTER_BYTES,
+            max_router_streams: DEFAULT_ACTOR_MAX_ROUTER_STREAMS,
             ping_interval: ACTOR_PING_INTERVAL,
             ping_timeout: ACTOR_PING_TIMEOUT,
         }
@@ -341,6 +361,29 @@ pub(crate) struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.hold.give(1, REQUEST_HELD_BYTES);
+    }
+}
+
+/// A request's place among its actor's streams on one router connection
+/// (`max_router_streams`), given back when dropped.
+pub(crate) struct RouterStream {
+    shared: Arc<Shared>,
+    client: std::net::SocketAddr,
+}
+
+impl Drop for RouterStream {
+    fn drop(&mut self) {
+        let mut streams = self
+            .shared
+            .router_streams
+            .lock()
+            .expect("router streams lock poisoned");
+        if let Some(i) = streams.iter().position(|(c, _)| *c == self.client) {
+            streams[i].1 -= 1;
+            if streams[i].1 == 0 {
+                streams.swap_remove(i);
+            }
+        }
     }
 }
 
@@ -373,6 +416,8 @@ impl ActorRoute {
             work: Mutex::new(None),
             router_bytes: AtomicU64::new(0),
             refused_router_bytes: AtomicU64::new(0),
+            router_streams: Mutex::default(),
+            refused_router_streams: AtomicU64::new(0),
             new_connections: AtomicU64::new(0),
             refused_in_flight: AtomicU64::new(0),
             response_timeouts: AtomicU64::new(0),
@@ -436,6 +481,32 @@ impl ActorRoute {
         Some(RouterBytes {
             shared: s.clone(),
             bytes,
+        })
+    }
+
+    /// A place for one more request of the actor on the router's HTTP/2
+    /// connection from `client`; none (counted) when it already has
+    /// `max_router_streams` there: the caller answers 503. A lock and a
+    /// scan of the connections it has requests on, per request.
+    pub(crate) fn admit_router_stream(&self, client: std::net::SocketAddr) -> Option<RouterStream> {
+        let s = &self.shared;
+        let mut streams = s
+            .router_streams
+            .lock()
+            .expect("router streams lock poisoned");
+        match streams.iter_mut().find(|(c, _)| *c == client) {
+            Some((_, n)) if *n >= self.pools().max_router_streams => {
+                drop(streams);
+                s.refused_router_streams.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            Some((_, n)) => *n += 1,
+            None => streams.push((client, 1)),
+        }
+        drop(streams);
+        Some(RouterStream {
+            shared: s.clone(),
+            client,
         })
     }
 
@@ -569,6 +640,7 @@ impl ActorRoute {
             refused_descriptors_total: self.hold.refused_total(),
             router_bytes: s.router_bytes.load(Ordering::Relaxed),
             refused_router_bytes_total: s.refused_router_bytes.load(Ordering::Relaxed),
+            refused_router_streams_total: s.refused_router_streams.load(Ordering::Relaxed),
         }
     }
 
@@ -722,6 +794,9 @@ pub struct ActorIngressStats {
     /// answered 503 past it.
     pub router_bytes: u64,
     pub refused_router_bytes_total: u64,
+    /// Requests answered 503 past `--actor-max-router-streams` on one
+    /// router connection.
+    pub refused_router_streams_total: u64,
 }
 
 /// The registry of active actors, keyed by `<atespace>/<name>`.

@@ -71,6 +71,9 @@ const EGRESS_BUDGET: usize = 4096;
 const INGRESS_BUDGET: usize = 1024;
 /// Streams atunnel allows on one router connection.
 const ROUTER_STREAMS: usize = atunnel_connect::limits::PROXY_ROUTER_MAX_CONCURRENT_STREAMS as usize;
+/// Of those, what one actor may hold on one connection
+/// (`--actor-max-router-streams`): past it its requests get 503.
+const ACTOR_ROUTER_STREAMS: usize = atunnel::ingress::DEFAULT_ACTOR_MAX_ROUTER_STREAMS as usize;
 /// Descriptors the generator keeps for everything but actors-at-budget's
 /// hostile tunnels (the victim's connections, its probes, /stats).
 const FD_RESERVE: usize = 1000;
@@ -237,7 +240,7 @@ impl Pattern {
             Pattern::StalledIngressConnect => Some(s.ingress),
             // No more than the victim's connections have streams for.
             Pattern::StalledResponseBodies => {
-                Some(s.stalled_bodies.min(ROUTER_CONNS * ROUTER_STREAMS))
+                Some(s.stalled_bodies.min(ROUTER_CONNS * ACTOR_ROUTER_STREAMS))
             }
             Pattern::ActorsAtBudget => {
                 Some(plan.hostiles.len() * (plan.egress_each + INGRESS_BUDGET))
@@ -268,9 +271,9 @@ impl Pattern {
                 s.ingress
             ),
             Pattern::StalledResponseBodies => format!(
-                "stalled-response-bodies: {} HTTPS GETs from the router to the hostile actor's /stall (a 200 head, then not a byte of body, nor an end), spread over the victim's own {ROUTER_CONNS} router HTTP/2 connections, as a router shares its connections among actors (atunnel allows {ROUTER_STREAMS} streams on each, so past {} they wait for one, as the victim's do); each one that ends is opened again",
+                "stalled-response-bodies: {} HTTPS GETs from the router to the hostile actor's /stall (a 200 head, then not a byte of body, nor an end), spread over the victim's own {ROUTER_CONNS} router HTTP/2 connections, as a router shares its connections among actors (atunnel allows {ROUTER_STREAMS} streams on each, {ACTOR_ROUTER_STREAMS} of them to one actor, so the hostile holds at most {}); each one that ends is opened again",
                 s.stalled_bodies,
-                ROUTER_CONNS * ROUTER_STREAMS
+                ROUTER_CONNS * ACTOR_ROUTER_STREAMS
             ),
             Pattern::ActorsAtBudget => format!(
                 "actors-at-budget: actors {} each try to hold {EGRESS_BUDGET} idle egress tunnels to the sink's echo port (one byte there and back, then nothing) and {INGRESS_BUDGET} HTTPS requests to their /stall over {} router connections of their own, today's default budgets; an open atunnel refuses is tried again {} s later; the generator holds at most what its descriptor limit leaves ({FD_RESERVE} kept back; fd_limited says when that cut the tunnels); verdict: whether the victim was refused (new tunnels, requests) and whether the overload guard left normal",
@@ -279,7 +282,7 @@ impl Pattern {
                     .map(|a| format!("actor-{a}"))
                     .collect::<Vec<_>>()
                     .join(", "),
-                INGRESS_BUDGET.div_ceil(ROUTER_STREAMS),
+                INGRESS_BUDGET.div_ceil(ACTOR_ROUTER_STREAMS),
                 AT_BUDGET_RETRY.as_secs()
             ),
         }
@@ -842,7 +845,7 @@ impl Hostile {
                         ));
                     }
                     let conns: Arc<Vec<tokio::sync::Mutex<Option<H2Sender>>>> = Arc::new(
-                        (0..INGRESS_BUDGET.div_ceil(ROUTER_STREAMS))
+                        (0..INGRESS_BUDGET.div_ceil(ACTOR_ROUTER_STREAMS))
                             .map(|_| tokio::sync::Mutex::new(None))
                             .collect(),
                     );
@@ -2139,7 +2142,7 @@ mod tests {
         sizes.stalled_bodies = 1000;
         assert_eq!(
             Pattern::StalledResponseBodies.target(&sizes, &plan),
-            Some(ROUTER_CONNS * ROUTER_STREAMS)
+            Some(ROUTER_CONNS * ACTOR_ROUTER_STREAMS)
         );
         sizes.stalled_bodies = 100;
         assert_eq!(
