@@ -1429,6 +1429,34 @@ mod tests {
         svg.matches(&format!(">\n{t}\n</text>")).count()
     }
 
+    #[test]
+    fn a_cost_unit_is_drawn_with_each_contender_side_by_side_and_a_peers_allocations_as_na() {
+        let unit = json!({
+            "name": "ingress-https",
+            "per": "request",
+            "n": 200,
+            "contenders": [
+                {"name": "atunnel", "instructions": 84400.0, "syscalls": 6.1,
+                 "syscalls_by_name": {"writev": 2.0, "recvfrom": 2.0, "epoll_wait": 2.1},
+                 "context_switches": 2.0, "allocations": 35.0},
+                {"name": "nginx", "instructions": null, "syscalls": 8.0,
+                 "syscalls_by_name": {"read": 2.0, "writev": 1.0, "epoll_wait": 2.0},
+                 "context_switches": 2.0, "allocations": null},
+            ],
+        });
+        let svg = cost_unit(&unit).expect("drawn");
+        check(&svg);
+        // Each panel names both contenders.
+        assert_eq!(text(&svg, "atunnel"), 3, "{svg}");
+        assert_eq!(text(&svg, "nginx"), 3, "{svg}");
+        // The syscalls panel's series: the top names and the rest.
+        for name in ["writev", "epoll_wait", "read", "rest"] {
+            assert!(text(&svg, name) >= 1, "{name} missing: {svg}");
+        }
+        // nginx's instructions and allocations were not measured.
+        assert!(svg.contains("n/a"), "{svg}");
+    }
+
     fn plot(r: &Results, file: &str) -> String {
         let plots = of_results(r).expect("drawn");
         let names: Vec<&str> = plots.iter().map(|p| p.file.as_str()).collect();
