@@ -172,25 +172,26 @@ impl CallgrindProcess {
     }
 }
 
-/// Runs `cmd` to completion, killing it after `timeout`.
+/// Runs `cmd` to completion, its output read as it comes (a full pipe
+/// would stall it), killing it after `timeout`.
 fn run_bounded(cmd: &mut Command, timeout: Duration) -> Result<std::process::Output, CostError> {
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(io(format!("{cmd:?}")))?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        if child.try_wait().map_err(io("waiting"))?.is_some() {
-            return child.wait_with_output().map_err(io("waiting"));
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(output) => output.map_err(io("waiting")),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            Err(CostError::Tool(format!("{cmd:?} took over {timeout:?}")))
         }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(CostError::Tool(format!("{cmd:?} took over {timeout:?}")));
-        }
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

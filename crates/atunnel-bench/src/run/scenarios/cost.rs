@@ -624,12 +624,12 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
     }
     restored?;
     for unit in [Unit::IngressHttps, Unit::EgressUpload] {
-        let dump = largest_dump(&dir, &format!("atunnel-{}-callgrind-", unit.name()))?;
-        let profile = cost::annotate_inclusive(&dump, 60).map_err(err)?;
-        std::fs::write(
-            dir.join(format!("profile-atunnel-{}.txt", unit.name())),
-            profile,
-        )?;
+        let profile = largest_dump(&dir, &format!("atunnel-{}-callgrind-", unit.name()))
+            .and_then(|dump| cost::annotate_inclusive(&dump, 80).map_err(err));
+        match profile {
+            Ok(p) => std::fs::write(dir.join(format!("profile-atunnel-{}.txt", unit.name())), p)?,
+            Err(e) => notes.push(format!("no profile of atunnel's {}: {e}", unit.name())),
+        }
     }
     notes.push("callgrind dumps of every window are in cost/ (callgrind_annotate reads them); profile-atunnel-ingress-https.txt and profile-atunnel-egress-upload.txt are the 2N windows' per-function inclusive counts".into());
     notes.push("atunnel's HTTP/2 framing (CONNECT streams over one mTLS connection to the gateway) is work a TCP -> TLS relay does not do".into());
