@@ -917,8 +917,7 @@ impl Cgroup {
 
     /// The pids in the group (`cgroup.procs` of the memory hierarchy).
     pub fn processes(&self) -> Result<Vec<u32>, CgroupError> {
-        let path = self.dirs.memory.join("cgroup.procs");
-        parse_pids(&path, &read_file(&path)?)
+        self.dirs.processes()
     }
 
     /// Reads the group's counters.
@@ -966,6 +965,12 @@ pub struct CgroupDirs {
 }
 
 impl CgroupDirs {
+    /// The pids in the group (`cgroup.procs` of the memory hierarchy).
+    pub fn processes(&self) -> Result<Vec<u32>, CgroupError> {
+        let path = self.memory.join("cgroup.procs");
+        parse_pids(&path, &read_file(&path)?)
+    }
+
     /// Reads the group's counters.
     pub fn sample(&self) -> Result<CgroupSample, CgroupError> {
         match self.version {

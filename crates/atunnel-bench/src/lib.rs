@@ -1,8 +1,10 @@
 //! atunnel-bench's reusable parts: cgroups, the open-loop load generator,
-//! verdicts and reports, and the scenarios' names. The binary (`main.rs`)
+//! verdicts and reports, the scenarios' names, and counting what a unit of
+//! work costs (`cost`). The binary (`main.rs`)
 //! wires them into roles.
 
 pub mod cgroup;
+pub mod cost;
 pub mod load;
 pub mod peers;
 pub mod scenario;

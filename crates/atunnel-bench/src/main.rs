@@ -49,6 +49,10 @@ enum Command {
     Gateway(atunnel_gateway::cli::ForwardArgs),
     /// The actors' programs: an HTTP server in every sandbox (ingress far end).
     Actors(actors::ActorsArgs),
+    /// A program whose counts are known, for the cost windows' tests: per
+    /// stdin line `<writes> <iterations>`, that many write(2)s and loop turns.
+    #[command(hide = true)]
+    CostProbe,
     /// Writes throwaway certificates shaped like the cluster's.
     Pki {
         /// Folder to write them into.
@@ -59,6 +63,16 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Before any runtime: its threads and timers would add counts.
+    if let Command::CostProbe = cli.command {
+        return match atunnel_bench::cost::probe::run() {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cost-probe: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     allocator::install();
     atunnel_process::run_main(
         "atunnel-bench",
@@ -75,6 +89,7 @@ fn main() -> std::process::ExitCode {
                 Command::Serve(args) => atunnel::control::daemon::run(*args, cancel).await,
                 Command::Sink(args) => atunnel_support::sink::run(args, cancel).await,
                 Command::Gateway(args) => atunnel_gateway::cli::run_forward(&args, cancel).await,
+                Command::CostProbe => unreachable!("run before the runtime"),
                 Command::Pki { out } => {
                     pki::write(&out).map(|f| println!("wrote {}", f.dir.display()))
                 }

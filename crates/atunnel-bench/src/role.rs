@@ -23,7 +23,25 @@ fn command(
     args: &[String],
     pre_exec: Option<PreExec>,
 ) -> Result<Command, atunnel_process::BoxError> {
-    let mut cmd = Command::new(std::env::current_exe()?);
+    wrapped_command(&[], args, pre_exec)
+}
+
+/// This binary with `args`, run by the `wrapper` command when there is one
+/// (`valgrind --tool=callgrind ...`: the cost scenario's instruction pass).
+fn wrapped_command(
+    wrapper: &[String],
+    args: &[String],
+    pre_exec: Option<PreExec>,
+) -> Result<Command, atunnel_process::BoxError> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -64,6 +82,16 @@ pub async fn start_with(
     pre_exec: Option<PreExec>,
 ) -> Result<Role, atunnel_process::BoxError> {
     let child = command(args, pre_exec)?.spawn()?;
+    ready(args[0].clone(), child).await
+}
+
+/// Starts `args[0]` under `wrapper` (none: as [`start_with`]).
+pub async fn start_wrapped(
+    wrapper: &[String],
+    args: &[String],
+    pre_exec: Option<PreExec>,
+) -> Result<Role, atunnel_process::BoxError> {
+    let child = wrapped_command(wrapper, args, pre_exec)?.spawn()?;
     ready(args[0].clone(), child).await
 }
 

@@ -20,11 +20,12 @@ pub enum Scenario {
     NoisyNeighbour,
     Chaos,
     ActorScale,
+    Cost,
 }
 
 impl Scenario {
     /// Every scenario, in the order they run.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::EgressIdle,
         Scenario::EgressTcp,
         Scenario::EgressHttp,
@@ -36,6 +37,7 @@ impl Scenario {
         Scenario::NoisyNeighbour,
         Scenario::Chaos,
         Scenario::ActorScale,
+        Scenario::Cost,
     ];
 
     /// Its name on the command line and in the results.
@@ -52,6 +54,7 @@ impl Scenario {
             Scenario::NoisyNeighbour => "noisy-neighbour",
             Scenario::Chaos => "chaos",
             Scenario::ActorScale => "actor-scale",
+            Scenario::Cost => "cost",
         }
     }
 

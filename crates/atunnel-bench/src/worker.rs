@@ -137,6 +137,10 @@ pub enum Request {
         /// takes no `tunnel_args`.
         #[serde(default)]
         contender: Contender,
+        /// A command the contender runs under (`valgrind --tool=callgrind
+        /// ...` for the cost scenario's instruction pass); none when empty.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        wrapper: Vec<String>,
     },
     /// Deactivates actor number `actor` (its tunnels cut, its requests
     /// cancelled, as the worker does when an actor stops); replies once
@@ -231,6 +235,10 @@ pub struct WorkerStatus {
     /// The peer running in atunnel's place, while one runs.
     #[serde(default)]
     pub peer: Option<PeerRunning>,
+    /// The command the contender runs under (the last restart's); empty
+    /// when it runs as it is.
+    #[serde(default)]
+    pub wrapper: Vec<String>,
 }
 
 /// A peer serving in atunnel's place (`tunnel_pid` is its process).
@@ -332,9 +340,21 @@ impl WorkerClient {
         contender: Contender,
         tunnel_args: Vec<String>,
     ) -> Result<WorkerStatus, atunnel_process::BoxError> {
+        self.restart_wrapped(contender, tunnel_args, Vec::new())
+            .await
+    }
+
+    /// As [`Self::restart_as`], the contender run under `wrapper`.
+    pub async fn restart_wrapped(
+        &self,
+        contender: Contender,
+        tunnel_args: Vec<String>,
+        wrapper: Vec<String>,
+    ) -> Result<WorkerStatus, atunnel_process::BoxError> {
         let request = Request::Restart {
             tunnel_args,
             contender,
+            wrapper,
         };
         self.call(&request, START_TIMEOUT).await
     }
@@ -452,6 +472,7 @@ async fn serve(
         inactive_actors: BTreeSet::new(),
         contender: Contender::Atunnel,
         peer: None,
+        wrapper: Vec::new(),
     };
     let (publish, watch) = watch::channel(status.clone());
     let control = args.control.clone();
@@ -583,10 +604,12 @@ impl Supervisor {
                     Request::Restart {
                         tunnel_args,
                         contender,
+                        wrapper,
                     } => {
                         self.status.restarts += 1;
                         self.status.extra_args = tunnel_args.clone();
                         self.status.contender = *contender;
+                        self.status.wrapper = wrapper.clone();
                         Some(command)
                     }
                     Request::Deactivate { actor } | Request::Activate { actor } => {
@@ -705,7 +728,7 @@ impl Supervisor {
             role::own_process_group(),
         );
         let (command, gateway) = self.serve_command()?;
-        let tunnel = role::start_with(&command, Some(hook)).await?;
+        let tunnel = role::start_wrapped(&self.status.wrapper, &command, Some(hook)).await?;
         let serving: ServeReady = serde_json::from_str(&tunnel.first_line)?;
         self.status.generation += 1;
         self.status.inactive_actors.clear();
@@ -776,7 +799,8 @@ impl Supervisor {
             dir: self.peers_dir(),
         };
         let config = peer.write_config(&setup)?;
-        let command = peer.command(&binary, &config);
+        let mut command = self.status.wrapper.clone();
+        command.extend(peer.command(&binary, &config));
         let hook = role::both(
             Box::new(self.cgroup.pre_exec_hook()),
             role::own_process_group(),
@@ -1120,6 +1144,7 @@ mod tests {
             Request::Restart {
                 tunnel_args: strings(&["--tcp-notsent-lowat=-1"]),
                 contender: Contender::Atunnel,
+                wrapper: Vec::new(),
             }
         );
         assert_eq!(
@@ -1128,6 +1153,7 @@ mod tests {
             Request::Restart {
                 tunnel_args: Vec::new(),
                 contender: Contender::Haproxy,
+                wrapper: Vec::new(),
             }
         );
         assert_eq!(

@@ -47,6 +47,7 @@ async fn short_rung_on_the_real_clock_keeps_its_rate_and_reports() {
             summary: serde_json::json!({"sustainable_rps": sustainable_rate(&[(out.offered, out.offered, v)])}),
             notes: vec![],
         }],
+        cost: None,
     };
     let dir = tempfile::tempdir().unwrap();
     write_results_json(dir.path(), &results).unwrap();

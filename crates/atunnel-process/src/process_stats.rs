@@ -11,6 +11,10 @@ pub struct ProcessStats {
     pub rss_bytes: u64,
     /// Live heap through the counting allocator; 0 if it is not installed.
     pub heap_bytes: usize,
+    /// Allocations (and reallocations) through the counting allocator since
+    /// start; 0 if it is not installed. The cost scenario reads it around
+    /// its windows.
+    pub allocations: u64,
     pub open_fds: usize,
     /// Tasks alive on this runtime (includes the stats server's own).
     pub tasks: usize,
@@ -42,6 +46,7 @@ pub fn process_stats() -> ProcessStats {
         cpu_system_s: system,
         rss_bytes: rss_pages * page,
         heap_bytes: atunnel_core::alloc::live_bytes(),
+        allocations: atunnel_core::alloc::allocations(),
         open_fds: std::fs::read_dir("/proc/self/fd")
             .map(|d| d.count())
             .unwrap_or(0),

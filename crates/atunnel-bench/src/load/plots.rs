@@ -614,7 +614,87 @@ pub fn of_results(r: &Results) -> Result<Vec<Plot>, PlotError> {
     if let Some(s) = find(&r.scenarios, "socket-memory") {
         add(&s.name, Some("stall-memory"), stall_memory(s)?);
     }
+    if let Some(s) = find(&r.scenarios, "cost") {
+        for unit in s.summary["units"].as_array().into_iter().flatten() {
+            let name = unit["name"].as_str().unwrap_or("unit");
+            add(&s.name, Some(&file_stem(name)), Some(cost_unit(unit)?));
+        }
+    }
     Ok(plots)
+}
+
+/// One cost unit: a panel per cost kind (instructions; syscalls stacked by
+/// name, the top five and the rest; context switches; allocations), the
+/// contenders side by side in each.
+pub fn cost_unit(unit: &Value) -> Result<String, PlotError> {
+    let contenders = unit["contenders"].as_array().cloned().unwrap_or_default();
+    let names: Vec<String> = contenders
+        .iter()
+        .map(|c| c["name"].as_str().unwrap_or("").to_string())
+        .collect();
+    let per = unit["per"].as_str().unwrap_or("unit");
+    let kind = |key: &str| -> BarSeries {
+        BarSeries::new(key, contenders.iter().map(|c| f(&c[key])).collect())
+    };
+    let panel = |title: &str, series: Vec<BarSeries>| {
+        Panel::bars(
+            Axes::new(title, "contender", format!("per {per}")),
+            Bars {
+                categories: names.clone(),
+                series,
+            },
+        )
+    };
+    // The syscalls by name the contenders make most, summed over them.
+    let mut totals: std::collections::BTreeMap<String, f64> = Default::default();
+    for c in &contenders {
+        for (k, v) in c["syscalls_by_name"].as_object().into_iter().flatten() {
+            *totals.entry(k.clone()).or_default() += f(v).unwrap_or(0.0).max(0.0);
+        }
+    }
+    let mut top: Vec<(String, f64)> = totals.into_iter().filter(|(k, _)| k != "other").collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    top.truncate(5);
+    let mut by_name: Vec<BarSeries> = top
+        .iter()
+        .map(|(k, _)| {
+            BarSeries::new(
+                k.clone(),
+                contenders
+                    .iter()
+                    .map(|c| f(&c["syscalls"]).map(|_| f(&c["syscalls_by_name"][k]).unwrap_or(0.0)))
+                    .collect(),
+            )
+        })
+        .collect();
+    by_name.push(BarSeries::new(
+        "rest",
+        contenders
+            .iter()
+            .map(|c| {
+                let total = f(&c["syscalls"])?;
+                let named: f64 = top
+                    .iter()
+                    .map(|(k, _)| f(&c["syscalls_by_name"][k]).unwrap_or(0.0))
+                    .sum();
+                Some((total - named).max(0.0))
+            })
+            .collect(),
+    ));
+    render(
+        &format!("cost: {} (per {per})", unit["name"].as_str().unwrap_or("")),
+        &[
+            panel(
+                "user-space instructions (callgrind)",
+                vec![kind("instructions")],
+            ),
+            panel("system calls by name (perf), side by side", by_name),
+            panel(
+                "context switches and heap allocations",
+                vec![kind("context_switches"), kind("allocations")],
+            ),
+        ],
+    )
 }
 
 /// A scenario's file name: characters other than letters, digits, `-`
@@ -1301,6 +1381,7 @@ mod tests {
                 })
                 .collect(),
             }],
+            cost: None,
         }
     }
 
@@ -1346,6 +1427,34 @@ mod tests {
     /// A `<text>` whose whole content is `t`.
     fn text(svg: &str, t: &str) -> usize {
         svg.matches(&format!(">\n{t}\n</text>")).count()
+    }
+
+    #[test]
+    fn a_cost_unit_is_drawn_with_each_contender_side_by_side_and_a_peers_allocations_as_na() {
+        let unit = json!({
+            "name": "ingress-https",
+            "per": "request",
+            "n": 200,
+            "contenders": [
+                {"name": "atunnel", "instructions": 84400.0, "syscalls": 6.1,
+                 "syscalls_by_name": {"writev": 2.0, "recvfrom": 2.0, "epoll_wait": 2.1},
+                 "context_switches": 2.0, "allocations": 35.0},
+                {"name": "nginx", "instructions": null, "syscalls": 8.0,
+                 "syscalls_by_name": {"read": 2.0, "writev": 1.0, "epoll_wait": 2.0},
+                 "context_switches": 2.0, "allocations": null},
+            ],
+        });
+        let svg = cost_unit(&unit).expect("drawn");
+        check(&svg);
+        // Each panel names both contenders.
+        assert_eq!(text(&svg, "atunnel"), 3, "{svg}");
+        assert_eq!(text(&svg, "nginx"), 3, "{svg}");
+        // The syscalls panel's series: the top names and the rest.
+        for name in ["writev", "epoll_wait", "read", "rest"] {
+            assert!(text(&svg, name) >= 1, "{name} missing: {svg}");
+        }
+        // nginx's instructions and allocations were not measured.
+        assert!(svg.contains("n/a"), "{svg}");
     }
 
     fn plot(r: &Results, file: &str) -> String {
@@ -1598,6 +1707,7 @@ mod tests {
                     contender("haproxy", 0.09, 17300.0, false),
                 ],
             }],
+            cost: None,
         };
         let files: Vec<String> = of_results(&r)
             .expect("drawn")
@@ -1794,6 +1904,7 @@ mod tests {
             .map(bare)
             .collect(),
             comparisons: Vec::new(),
+            cost: None,
         };
         let plots = of_results(&r).expect("drawn");
         assert!(

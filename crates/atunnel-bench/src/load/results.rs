@@ -35,6 +35,12 @@ pub struct Results {
     /// setting, run against fresh atunnels in the same run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub comparisons: Vec<Comparison>,
+    /// The cost scenario's counts: `units[]`, each with `contenders[]` of
+    /// `{name, path, instructions, syscalls, syscalls_by_name,
+    /// context_switches, allocations}` per unit of work (null: not
+    /// measured, e.g. a peer's allocations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Value>,
 }
 
 /// One setting swept in one run (e.g. `copy-mode`: lean vs naive).
@@ -656,6 +662,7 @@ mod tests {
                 },
             ],
             comparisons: Vec::new(),
+            cost: None,
         }
     }
 
@@ -691,6 +698,7 @@ mod tests {
                     variant("naive", 69561.0, 0.3),
                 ],
             }],
+            cost: None,
         };
         let txt = render_txt(&r);
         assert!(txt.contains("== compare copy-mode"), "{txt}");
@@ -775,6 +783,7 @@ mod tests {
         let txt = render_txt(&Results {
             scenarios: Vec::new(),
             comparisons: vec![c],
+            cost: None,
         });
         assert!(txt.contains("== compare peers (ingress"), "{txt}");
         // Compared where all three kept up, not at the summaries' figure.
@@ -980,6 +989,7 @@ mod tests {
         let results = Results {
             scenarios: vec![s],
             comparisons: Vec::new(),
+            cost: None,
         };
         let paths = write_plots(dir.path(), &results).unwrap();
         assert_eq!(paths, vec![dir.path().join("a_b____c_.svg")]);

@@ -42,6 +42,8 @@ pub struct Bench {
     /// failed included).
     tunnel_args: Vec<String>,
     sink_pid: Option<u32>,
+    /// The run folder (scenarios that keep files write below it).
+    out: std::path::PathBuf,
 }
 
 impl Bench {
@@ -76,7 +78,18 @@ impl Bench {
             tunnel_args: status.extra_args.clone(),
             status,
             sink_pid,
+            out: std::path::PathBuf::from("."),
         })
+    }
+
+    /// Where the run folder is.
+    pub fn set_out_dir(&mut self, out: &Path) {
+        self.out = out.to_path_buf();
+    }
+
+    /// The run folder.
+    pub fn out_dir(&self) -> &Path {
+        &self.out
     }
 
     /// The worker's status as last seen.
@@ -132,6 +145,33 @@ impl Bench {
         self.tunnel_args = extra.clone();
         let status = self.worker.restart_as(contender, extra).await?;
         self.adopt(status)
+    }
+
+    /// Puts `contender` in atunnel's place, fresh, run under `wrapper`
+    /// (callgrind, for the cost scenario's instruction pass).
+    pub async fn restart_wrapped(
+        &mut self,
+        contender: Contender,
+        extra: Vec<String>,
+        wrapper: Vec<String>,
+    ) -> Result<(), atunnel_process::BoxError> {
+        self.tunnel_args = extra.clone();
+        let status = self
+            .worker
+            .restart_wrapped(contender, extra, wrapper)
+            .await?;
+        self.adopt(status)
+    }
+
+    /// The command the contender runs under (empty: as it is).
+    pub fn wrapper(&self) -> &[String] {
+        &self.status.wrapper
+    }
+
+    /// Every process of the contender: its cgroup's (atunnel's one, or a
+    /// peer's master and workers).
+    pub fn contender_pids(&self) -> Result<Vec<u32>, atunnel_process::BoxError> {
+        Ok(self.status.cgroup.processes()?)
     }
 
     /// What runs in atunnel's place.

@@ -159,6 +159,7 @@ pub async fn run(
         args.sink_pid,
     )
     .await?;
+    bench.set_out_dir(&std::fs::canonicalize(&args.out)?);
     let names: Vec<&str> = chosen.iter().map(|s| s.name()).collect();
     println!(
         "{}",
@@ -175,6 +176,9 @@ pub async fn run(
             eprintln!("interrupted: writing what is done");
             break;
         };
+        if result.name == Scenario::Cost.name() && result.summary.get("units").is_some() {
+            results.cost = Some(result.summary.clone());
+        }
         results.scenarios.push(result);
         // Keep what is done even if a later scenario fails hard.
         results::write_results_json(&args.out, &results)?;

@@ -68,6 +68,10 @@ fn about(scenario: Scenario) -> (&'static str, &'static str) {
             "CONNECT tunnels from the router through the CONNECT listener to actor:80, one request and answer inside each.",
             "",
         ),
+        Scenario::Cost => (
+            "What one unit of work costs each contender, in counts that do not move with the machine's noise: user-space instructions (callgrind), system calls (total and the top five by name) and context switches (perf's tracepoints on the contender's processes), heap allocations (atunnel's counting allocator). Each figure is (a window of 2N units - a window of N) / N. Units: an ingress HTTPS request, an ingress CONNECT tunnel with one request, an egress tunnel opened and closed, a MiB up and a MiB down an egress tunnel, an egress HTTP request on a kept tunnel, an idle ingress connection hibernated and woken; nginx and HAProxy in atunnel's place where they can do the unit (ingress HTTPS).",
+            "Issue 29: the same wall-clock figure moved 1.5x between runs on this machine; these counts should stay within 2 % (instructions) and 5 % (syscalls, context switches) between runs.",
+        ),
     }
 }
 
@@ -163,6 +167,9 @@ pub fn write(
         }
         if s.name == Scenario::SocketMemory.name() {
             md.push_str(&stall_table(&s.summary));
+        }
+        if s.name == Scenario::Cost.name() {
+            md.push_str(&super::scenarios::cost::report_section(&s.summary));
         }
         let _ = writeln!(md, "Summary: `{}`\n", s.summary);
         for n in &s.notes {
@@ -313,6 +320,7 @@ mod tests {
                 name: "copy-mode".into(),
                 variants: Vec::new(),
             }],
+            cost: None,
         };
         let plots: Vec<PathBuf> = [
             "egress-idle.svg",

@@ -197,7 +197,7 @@ async fn egress_tcp_runs(
 }
 
 /// One request over a persistent egress connection to the sink's HTTP port.
-async fn http_exchange(s: &mut TcpStream) -> Result<(), String> {
+pub(super) async fn http_exchange(s: &mut TcpStream) -> Result<(), String> {
     s.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n")
         .await
         .map_err(|e| e.to_string())?;

@@ -47,7 +47,7 @@ where
 }
 
 /// An HTTP/2 client (hyper's) over `tls`, its connection driven by a task.
-async fn hyper_h2(
+pub(super) async fn hyper_h2(
     tls: TlsStream<TcpStream>,
 ) -> Result<
     hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
@@ -64,7 +64,7 @@ async fn hyper_h2(
 
 /// An HTTP/2 client (h2's, for CONNECT streams) over `tls`, its connection
 /// driven by a task.
-async fn h2_client(
+pub(super) async fn h2_client(
     tls: TlsStream<TcpStream>,
 ) -> Result<h2::client::SendRequest<Bytes>, atunnel_process::BoxError> {
     let (send, conn) = h2::client::handshake(tls).await?;
@@ -225,7 +225,10 @@ pub(super) async fn ingress_connect(
     })
 }
 
-async fn connect_exchange(send: h2::client::SendRequest<Bytes>, actor: u64) -> Result<(), String> {
+pub(super) async fn connect_exchange(
+    send: h2::client::SendRequest<Bytes>,
+    actor: u64,
+) -> Result<(), String> {
     let mut send = send.ready().await.map_err(|e| e.to_string())?;
     let req = http::Request::builder()
         .method("CONNECT")

@@ -13,6 +13,7 @@
 //!   section).
 //! - [`chaos`]: the chaos scenario (and its report section).
 //! - [`actor_scale`]: the actor-scale scenario.
+//! - [`cost`]: the cost scenario (counts per unit of work, with peers).
 //!
 //! What they share is below them: the [`Bench`] they drive, the
 //! measurement around a rung (`run::rung`), dialing from the sandboxes
@@ -20,6 +21,7 @@
 
 mod actor_scale;
 pub(super) mod chaos;
+pub(super) mod cost;
 mod egress;
 mod ingress;
 mod ingress_idle;
@@ -65,5 +67,6 @@ async fn run_scenario(
         Scenario::NoisyNeighbour => noisy_neighbour::noisy_neighbour(bench).await,
         Scenario::Chaos => chaos::chaos(bench).await,
         Scenario::ActorScale => actor_scale::actor_scale(bench).await,
+        Scenario::Cost => cost::cost(bench).await,
     }
 }

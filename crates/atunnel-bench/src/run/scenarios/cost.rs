@@ -1,0 +1,734 @@
+//! The cost scenario: what one unit of work costs each contender, in counts
+//! that do not move with the machine's noise (`atunnel_bench::cost`):
+//! user-space instructions (callgrind), system calls by name and context
+//! switches (perf, on the uninstrumented contender), heap allocations
+//! (atunnel's counting allocator; a peer has none to read).
+//!
+//! Each unit runs in two windows, N units and 2N, and the figure per unit is
+//! their difference over N: what a window costs whatever its size (the
+//! window's own switches, the settling wait after the last unit, a timer
+//! that fires once) cancels. A zero-unit baseline would cancel the same,
+//! but not the first unit's warm-up of a connection or pool, which both
+//! windows share here because everything a unit reuses is set up and used
+//! once before either window. Instructions come from a pass with the
+//! contender under callgrind (~50x slower, one thread at a time), the rest
+//! from a separate pass on the contender as it is.
+//!
+//! Units, from the same clients as the other scenarios (egress from inside
+//! actor-0's sandbox, ingress from the load namespace as the router):
+//!
+//! - ingress-https: one HTTP/2 request as the router on a kept connection,
+//!   HTTP/1.1 to actor-0, its 64 B answer back;
+//! - ingress-connect: one HTTP/2 CONNECT stream to actor-0:80, one HTTP/1.1
+//!   request and answer inside it, closed;
+//! - egress-open: one egress tunnel opened (connect, a byte there and
+//!   back) and closed (each side's close seen);
+//! - egress-upload / egress-download: one MiB through an egress tunnel,
+//!   to the sink's discard port / from its source port;
+//! - egress-http: one HTTP/1.1 request and 64 B answer on a kept tunnel;
+//! - ingress-idle: one router HTTP/1.1 connection, served once before the
+//!   window, left to hibernate and woken by a second request (atunnel with
+//!   `--hibernate-after=1s`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use atunnel_bench::cost::{self, CallgrindProcess, PerfWindow, SyscallCounts};
+use atunnel_bench::load::results::ScenarioResult;
+use atunnel_bench::peers::Contender;
+use atunnel_bench::scenario::Scenario;
+use atunnel_support::stats_client::num;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::egress::http_exchange;
+use super::ingress::{connect_exchange, h2_client, hyper_h2, routed_request};
+use crate::run::bench::Bench;
+use crate::run::router::Alpn;
+use crate::traffic::{DISCARD, ECHO, HTTP, SOURCE};
+
+/// What the units cost to set up, whichever pass: the window's own work is
+/// cancelled by differencing, so this wait only has to let the contender
+/// finish what the last unit asked of it (closes) before the window closes.
+const SETTLE: Duration = Duration::from_millis(300);
+/// The same under callgrind, ~50x slower.
+const SETTLE_CALLGRIND: Duration = Duration::from_secs(3);
+/// atunnel's hibernation period for the ingress-idle unit, and how long the
+/// connections stay idle in its window (a connection hibernates one to two
+/// periods after its last byte).
+const HIBERNATE_AFTER: Duration = Duration::from_secs(1);
+const IDLE: Duration = Duration::from_millis(3500);
+/// The top syscalls by name the report lists per unit.
+pub const TOP_SYSCALLS: usize = 5;
+
+/// A unit of work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    IngressHttps,
+    IngressConnect,
+    EgressOpen,
+    EgressUpload,
+    EgressDownload,
+    EgressHttp,
+    IngressIdle,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 7] = [
+        Unit::IngressHttps,
+        Unit::IngressConnect,
+        Unit::EgressOpen,
+        Unit::EgressUpload,
+        Unit::EgressDownload,
+        Unit::EgressHttp,
+        Unit::IngressIdle,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::IngressHttps => "ingress-https",
+            Unit::IngressConnect => "ingress-connect",
+            Unit::EgressOpen => "egress-open",
+            Unit::EgressUpload => "egress-upload",
+            Unit::EgressDownload => "egress-download",
+            Unit::EgressHttp => "egress-http",
+            Unit::IngressIdle => "ingress-idle",
+        }
+    }
+
+    /// What one unit is.
+    pub fn per(self) -> &'static str {
+        match self {
+            Unit::IngressHttps => "request (router h2 -> actor h1, 64 B answer)",
+            Unit::IngressConnect => "CONNECT tunnel with one request inside",
+            Unit::EgressOpen => "egress tunnel opened and closed",
+            Unit::EgressUpload => "MiB up (sandbox -> far end)",
+            Unit::EgressDownload => "MiB down (far end -> sandbox)",
+            Unit::EgressHttp => "HTTP/1.1 request on a kept egress tunnel",
+            Unit::IngressIdle => "idle router connection hibernated and woken",
+        }
+    }
+
+    /// N: units in the smaller window (the larger has 2N).
+    fn count(self, quick: bool) -> u64 {
+        // Large enough that what runs in proportion to the window's length
+        // (the contender's timers, ~50x longer under callgrind) stays small
+        // beside the units: 16 opens moved their instructions by 8-10 %
+        // between two quiet runs, 200 requests by 0.02 %.
+        let n = match self {
+            Unit::IngressHttps | Unit::EgressHttp => 200,
+            Unit::IngressConnect | Unit::EgressOpen => 64,
+            Unit::IngressIdle => 32,
+            Unit::EgressUpload | Unit::EgressDownload => 8,
+        };
+        if quick { n } else { 5 * n }
+    }
+
+    /// Whether `contender` can do this unit at all.
+    fn done_by(self, contender: Contender) -> bool {
+        match contender {
+            Contender::Atunnel => true,
+            // nginx and HAProxy in atunnel's place serve the router's
+            // HTTPS only: no CONNECT listener, no sandboxes, no hibernation.
+            Contender::Nginx | Contender::Haproxy => self == Unit::IngressHttps,
+        }
+    }
+}
+
+/// One contender's counts per unit.
+#[derive(Clone, Debug, Default)]
+struct PerUnit {
+    instructions: Option<f64>,
+    syscalls: Option<f64>,
+    syscalls_by_name: BTreeMap<String, f64>,
+    context_switches: Option<f64>,
+    allocations: Option<f64>,
+}
+
+/// What one window counted (each pass fills its part).
+#[derive(Clone, Debug, Default)]
+struct Window {
+    instructions: Option<u64>,
+    sys: Option<SyscallCounts>,
+    allocations: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// The contender as it is, perf attached: syscalls, switches,
+    /// allocations.
+    Perf,
+    /// The contender under callgrind: instructions.
+    Callgrind,
+}
+
+/// What a unit reuses, set up (and used once) before the windows.
+enum Prepared {
+    Https(hyper::client::conn::http2::SendRequest<Empty<Bytes>>),
+    Connect(h2::client::SendRequest<Bytes>),
+    Egress,
+    KeptTunnel(tokio::net::TcpStream),
+    Idle(Vec<hyper::client::conn::http1::SendRequest<Empty<Bytes>>>),
+}
+
+fn err(e: impl std::fmt::Display) -> atunnel_process::BoxError {
+    e.to_string().into()
+}
+
+/// Sets up what `unit` reuses; for ingress-idle, the `n` connections.
+async fn prepare(bench: &Bench, unit: Unit, n: u64) -> Result<Prepared, atunnel_process::BoxError> {
+    let actors = super::super::dial::Actors::of(bench);
+    Ok(match unit {
+        Unit::IngressHttps => {
+            let send = hyper_h2(bench.router_tls(443, Alpn::H2).await?).await?;
+            routed_request(send.clone(), 0).await?;
+            Prepared::Https(send)
+        }
+        Unit::IngressConnect => {
+            let send = h2_client(bench.router_tls(8443, Alpn::H2).await?).await?;
+            connect_exchange(send.clone(), 0).await?;
+            Prepared::Connect(send)
+        }
+        Unit::EgressOpen | Unit::EgressUpload | Unit::EgressDownload => {
+            // actor-0's pooled gateway connection exists before either
+            // window (shared by all its tunnels).
+            open_and_close(&actors).await?;
+            Prepared::Egress
+        }
+        Unit::EgressHttp => {
+            let mut s = actors.dial(0, HTTP).await?;
+            http_exchange(&mut s).await?;
+            Prepared::KeptTunnel(s)
+        }
+        Unit::IngressIdle => {
+            let mut conns = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                let tls = bench.router_tls(443, Alpn::Http1).await?;
+                let (mut send, conn) =
+                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                        .await?;
+                tokio::spawn(conn);
+                h1_request(&mut send).await?;
+                conns.push(send);
+            }
+            Prepared::Idle(conns)
+        }
+    })
+}
+
+/// One egress tunnel from actor-0's sandbox: opened, a byte there and back,
+/// closed, and the far end's close seen.
+async fn open_and_close(
+    actors: &super::super::dial::Actors,
+) -> Result<(), atunnel_process::BoxError> {
+    let mut s = actors.dial(0, ECHO).await?;
+    crate::traffic::ping(&mut s).await?;
+    s.shutdown().await?;
+    let mut rest = [0u8; 16];
+    while s.read(&mut rest).await? > 0 {}
+    Ok(())
+}
+
+/// A router HTTP/1.1 request to actor-0, its answer read.
+async fn h1_request(
+    send: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+) -> Result<(), atunnel_process::BoxError> {
+    send.ready().await?;
+    let req = http::Request::builder()
+        .uri("/")
+        .header(http::header::HOST, "worker.bench")
+        .header("ate-target-actor", "bench/actor-0")
+        .body(Empty::<Bytes>::new())?;
+    let resp = send.send_request(req).await?;
+    if !resp.status().is_success() {
+        return Err(format!("status {}", resp.status()).into());
+    }
+    resp.into_body().collect().await?;
+    Ok(())
+}
+
+/// `n` units of `unit` on what `prepared` holds.
+async fn work(
+    bench: &Bench,
+    unit: Unit,
+    prepared: &mut Prepared,
+    n: u64,
+) -> Result<(), atunnel_process::BoxError> {
+    let actors = super::super::dial::Actors::of(bench);
+    match (unit, prepared) {
+        (Unit::IngressHttps, Prepared::Https(send)) => {
+            for _ in 0..n {
+                routed_request(send.clone(), 0).await?;
+            }
+        }
+        (Unit::IngressConnect, Prepared::Connect(send)) => {
+            for _ in 0..n {
+                connect_exchange(send.clone(), 0).await?;
+            }
+        }
+        (Unit::EgressOpen, Prepared::Egress) => {
+            for _ in 0..n {
+                open_and_close(&actors).await?;
+            }
+        }
+        (Unit::EgressUpload, Prepared::Egress) => {
+            crate::traffic::upload(actors.dial(0, DISCARD).await?, n << 20).await?;
+        }
+        (Unit::EgressDownload, Prepared::Egress) => {
+            let mut s = actors.dial(0, SOURCE).await?;
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut left = n << 20;
+            while left > 0 {
+                let want = buf.len().min(left as usize);
+                let got = s.read(&mut buf[..want]).await?;
+                if got == 0 {
+                    return Err("the source closed early".into());
+                }
+                left -= got as u64;
+            }
+        }
+        (Unit::EgressHttp, Prepared::KeptTunnel(s)) => {
+            for _ in 0..n {
+                http_exchange(s).await?;
+            }
+        }
+        (Unit::IngressIdle, Prepared::Idle(conns)) => {
+            tokio::time::sleep(IDLE).await;
+            for send in conns.iter_mut() {
+                h1_request(send).await?;
+            }
+        }
+        _ => return Err(format!("{}: prepared for another unit", unit.name()).into()),
+    }
+    Ok(())
+}
+
+/// atunnel's allocations so far (none for a peer).
+async fn allocations(bench: &Bench) -> Result<Option<u64>, atunnel_process::BoxError> {
+    if !bench.is_atunnel() {
+        return Ok(None);
+    }
+    let v = bench.stats(false).await?;
+    let a = v["process"]["allocations"]
+        .as_u64()
+        .ok_or("atunnel's /stats has no process.allocations")?;
+    Ok(Some(a))
+}
+
+/// One window of `n` units: the pass's counts, its callgrind dump kept as
+/// `dir/<label>.callgrind` (the profile of the unit).
+async fn window(
+    bench: &Bench,
+    pass: Pass,
+    unit: Unit,
+    n: u64,
+    dir: &Path,
+    label: &str,
+) -> Result<Window, atunnel_process::BoxError> {
+    let mut prepared = prepare(bench, unit, n).await?;
+    let pids = bench.contender_pids()?;
+    let allocs0 = allocations(bench).await?;
+    let hib0 = hibernations(bench, unit).await?;
+    let mut out = Window::default();
+    match pass {
+        Pass::Perf => {
+            let file = dir.join(format!("{label}.perf.txt"));
+            let mut perf = tokio::task::spawn_blocking(move || {
+                let mut w = PerfWindow::attach(&pids, &file)?;
+                w.enable()?;
+                Ok::<_, cost::CostError>(w)
+            })
+            .await??;
+            let result = work(bench, unit, &mut prepared, n).await;
+            tokio::time::sleep(SETTLE).await;
+            let counts = tokio::task::spawn_blocking(move || {
+                perf.disable()?;
+                perf.finish()
+            })
+            .await??;
+            result?;
+            out.sys = Some(counts);
+        }
+        Pass::Callgrind => {
+            let procs: Vec<CallgrindProcess> = pids
+                .iter()
+                .map(|&pid| CallgrindProcess {
+                    pid,
+                    out_dir: dir.to_path_buf(),
+                })
+                .collect();
+            let p = procs.clone();
+            tokio::task::spawn_blocking(move || p.iter().try_for_each(|c| c.open_window()))
+                .await??;
+            let result = work(bench, unit, &mut prepared, n).await;
+            tokio::time::sleep(SETTLE_CALLGRIND).await;
+            let (d, l) = (dir.to_path_buf(), label.to_string());
+            let total = tokio::task::spawn_blocking(move || {
+                let mut total = 0;
+                for c in &procs {
+                    let keep = d.join(format!("{l}.{}.callgrind", c.pid));
+                    total += c.close_window(&keep)?;
+                }
+                Ok::<_, cost::CostError>(total)
+            })
+            .await??;
+            result?;
+            out.instructions = Some(total);
+        }
+    }
+    let allocs1 = allocations(bench).await?;
+    if let (Some(a), Some(b)) = (allocs0, allocs1) {
+        out.allocations = Some(b.saturating_sub(a));
+    }
+    if let (Some(h0), Some(h1)) = (hib0, hibernations(bench, unit).await?)
+        && h1 - h0 < n as f64
+    {
+        return Err(format!(
+            "ingress-idle: {} of {n} connections hibernated in the window",
+            h1 - h0
+        )
+        .into());
+    }
+    Ok(out)
+}
+
+/// atunnel's hibernations so far, for the ingress-idle unit (which fails
+/// unless every connection of the window hibernated).
+async fn hibernations(bench: &Bench, unit: Unit) -> Result<Option<f64>, atunnel_process::BoxError> {
+    if unit != Unit::IngressIdle || !bench.is_atunnel() {
+        return Ok(None);
+    }
+    let v = bench.stats(false).await?;
+    Ok(Some(num(&v, &["hibernation", "hibernations"])))
+}
+
+/// (big - small) / n, the per-unit figure.
+fn per(small: u64, big: u64, n: u64) -> f64 {
+    (big as f64 - small as f64) / n as f64
+}
+
+/// Runs `units` on `contender` in `pass`; its counts per unit into
+/// `results`.
+async fn measure_contender(
+    bench: &mut Bench,
+    contender: Contender,
+    units: &[Unit],
+    dir: &Path,
+    pass: Pass,
+    results: &mut BTreeMap<&'static str, PerUnit>,
+) -> Result<(), atunnel_process::BoxError> {
+    let units: Vec<Unit> = units
+        .iter()
+        .copied()
+        .filter(|u| u.done_by(contender))
+        .collect();
+    {
+        let wrapper = match pass {
+            Pass::Perf => Vec::new(),
+            Pass::Callgrind => cost::callgrind_command(dir),
+        };
+        // Each set of flags once: the plain units, then ingress-idle's.
+        let flag_sets: [(Vec<String>, bool); 2] = [
+            (Vec::new(), false),
+            (
+                vec![format!(
+                    "--hibernate-after={}ms",
+                    HIBERNATE_AFTER.as_millis()
+                )],
+                true,
+            ),
+        ];
+        for (flags, idle) in flag_sets {
+            let these: Vec<Unit> = units
+                .iter()
+                .copied()
+                .filter(|&u| (u == Unit::IngressIdle) == idle)
+                .collect();
+            if these.is_empty() {
+                continue;
+            }
+            let flags = if contender == Contender::Atunnel {
+                flags
+            } else {
+                Vec::new()
+            };
+            if bench.contender() != contender
+                || bench.wrapper() != wrapper.as_slice()
+                || bench.tunnel_args() != flags.as_slice()
+            {
+                eprintln!(
+                    "         cost: {contender}{}{}",
+                    if wrapper.is_empty() {
+                        ""
+                    } else {
+                        " under callgrind"
+                    },
+                    if flags.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", flags.join(" "))
+                    }
+                );
+                bench
+                    .restart_wrapped(contender, flags, wrapper.clone())
+                    .await?;
+            }
+            for unit in these {
+                let n = unit.count(bench.quick);
+                let pass_name = match pass {
+                    Pass::Perf => "perf",
+                    Pass::Callgrind => "callgrind",
+                };
+                let label = |k: u64| format!("{contender}-{}-{pass_name}-{}", unit.name(), k * n);
+                let small = window(bench, pass, unit, n, dir, &label(1)).await?;
+                let big = window(bench, pass, unit, 2 * n, dir, &label(2)).await?;
+                let r = results.entry(unit.name()).or_default();
+                if let (Some(a), Some(b)) = (small.instructions, big.instructions) {
+                    r.instructions = Some(per(a, b, n));
+                }
+                if let (Some(a), Some(b)) = (&small.sys, &big.sys) {
+                    r.syscalls = Some(per(a.syscalls, b.syscalls, n));
+                    r.context_switches = Some(per(a.context_switches, b.context_switches, n));
+                    let names: std::collections::BTreeSet<&String> =
+                        a.by_name.keys().chain(b.by_name.keys()).collect();
+                    r.syscalls_by_name = names
+                        .into_iter()
+                        .map(|k| {
+                            let get = |c: &SyscallCounts| c.by_name.get(k).copied().unwrap_or(0);
+                            (k.clone(), per(get(a), get(b), n))
+                        })
+                        .filter(|(_, v)| v.abs() >= 0.005)
+                        .collect();
+                }
+                if let (Some(a), Some(b)) = (small.allocations, big.allocations) {
+                    r.allocations = Some(per(a, b, n));
+                }
+                eprintln!(
+                    "         cost: {contender} {} ({pass_name}): {:?}",
+                    unit.name(),
+                    r
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The path each contender's units take to the actors' program.
+fn path_of(contender: Contender) -> &'static str {
+    match contender {
+        Contender::Atunnel => {
+            "veth into each actor's sandbox (its nftables rules); egress from inside actor-0's sandbox over HTTP/2 CONNECT to the gateway sink"
+        }
+        Contender::Nginx | Contender::Haproxy => {
+            "loopback to the same actors' program in the worker's namespace (no veth, no nftables)"
+        }
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// The run folder's `cost` part: per unit, each contender's counts.
+fn units_json(
+    units: &[Unit],
+    quick: bool,
+    measured: &[(Contender, BTreeMap<&'static str, PerUnit>)],
+) -> Value {
+    let units: Vec<Value> = units
+        .iter()
+        .map(|u| {
+            let contenders: Vec<Value> = measured
+                .iter()
+                .filter_map(|(c, m)| {
+                    let r = m.get(u.name())?;
+                    let by_name: serde_json::Map<String, Value> = r
+                        .syscalls_by_name
+                        .iter()
+                        .map(|(k, v)| (k.clone(), json!(round2(*v))))
+                        .collect();
+                    Some(json!({
+                        "name": c.name(),
+                        "path": path_of(*c),
+                        "instructions": r.instructions.map(f64::round),
+                        "syscalls": r.syscalls.map(round2),
+                        "syscalls_by_name": by_name,
+                        "context_switches": r.context_switches.map(round2),
+                        "allocations": r.allocations.map(round2),
+                    }))
+                })
+                .collect();
+            json!({
+                "name": u.name(),
+                "per": u.per(),
+                "n": u.count(quick),
+                "contenders": contenders,
+            })
+        })
+        .collect();
+    json!({ "units": units })
+}
+
+/// The cost scenario: every unit on atunnel, then on each installed peer
+/// that can do it; atunnel back as it was afterwards.
+pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_process::BoxError> {
+    cost::require_tools().map_err(err)?;
+    let dir = bench.out_dir().join("cost");
+    std::fs::create_dir_all(&dir)?;
+    // nginx's workers drop to its user (www-data) and write their own
+    // callgrind dumps here.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
+    let flags = bench.tunnel_args().to_vec();
+    let mut notes = vec![
+        "per unit: (counts of a window of 2N units - counts of a window of N) / N, so what a window costs whatever its size cancels; instructions from callgrind (user space, the contender under valgrind), syscalls and context switches from perf's tracepoints on the contender's processes as they are, allocations from atunnel's counting allocator (a peer's: n/a)".to_string(),
+    ];
+    let mut contenders = vec![Contender::Atunnel];
+    for peer in [Contender::Nginx, Contender::Haproxy] {
+        match peer.peer().and_then(|p| p.find()) {
+            Some(_) => contenders.push(peer),
+            None => notes.push(format!("{peer} is not installed: left out")),
+        }
+    }
+    let units = Unit::ALL;
+    let mut measured = Vec::new();
+    let mut failure = None;
+    'contenders: for &c in &contenders {
+        let mut m = BTreeMap::new();
+        for pass in [Pass::Perf, Pass::Callgrind] {
+            match measure_contender(bench, c, &units, &dir, pass, &mut m).await {
+                Ok(()) => {}
+                // nginx's workers fork from its master and drop to its
+                // user; callgrind_control does not find them (valgrind
+                // 3.19): its instructions are n/a, its other counts stand.
+                Err(e) if pass == Pass::Callgrind && c != Contender::Atunnel => {
+                    notes.push(format!("{c}: no instruction counts: {e}"));
+                }
+                Err(e) => {
+                    failure = Some(format!("{c}: {e}"));
+                    break 'contenders;
+                }
+            }
+        }
+        measured.push((c, m));
+    }
+    // atunnel back as it was, uninstrumented, whatever happened.
+    let restored = bench
+        .restart_wrapped(Contender::Atunnel, flags, Vec::new())
+        .await;
+    if let Some(f) = failure {
+        return Err(f.into());
+    }
+    restored?;
+    for unit in [Unit::IngressHttps, Unit::EgressUpload] {
+        let profile = largest_dump(&dir, &format!("atunnel-{}-callgrind-", unit.name()))
+            .and_then(|dump| cost::annotate_inclusive(&dump, 80).map_err(err));
+        match profile {
+            Ok(p) => std::fs::write(dir.join(format!("profile-atunnel-{}.txt", unit.name())), p)?,
+            Err(e) => notes.push(format!("no profile of atunnel's {}: {e}", unit.name())),
+        }
+    }
+    notes.push("callgrind dumps of every window are in cost/ (callgrind_annotate reads them); profile-atunnel-ingress-https.txt and profile-atunnel-egress-upload.txt are the 2N windows' per-function inclusive counts".into());
+    notes.push("atunnel's HTTP/2 framing (CONNECT streams over one mTLS connection to the gateway) is work a TCP -> TLS relay does not do".into());
+    Ok(ScenarioResult {
+        name: Scenario::Cost.name().into(),
+        rungs: Vec::new(),
+        summary: units_json(&units, bench.quick, &measured),
+        notes,
+    })
+}
+
+/// The callgrind dump of the larger window whose name starts with `prefix`.
+fn largest_dump(dir: &Path, prefix: &str) -> Result<PathBuf, atunnel_process::BoxError> {
+    let mut dumps: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let rest = name.strip_prefix(prefix)?;
+            let n: u64 = rest.split('.').next()?.parse().ok()?;
+            name.ends_with(".callgrind").then(|| (n, e.path()))
+        })
+        .collect();
+    dumps.sort();
+    dumps
+        .pop()
+        .map(|(_, p)| p)
+        .ok_or_else(|| format!("no callgrind dump {prefix}* in {}", dir.display()).into())
+}
+
+/// report.md's tables: per unit, each contender's counts and atunnel's
+/// ratio to it.
+pub fn report_section(summary: &Value) -> String {
+    use std::fmt::Write;
+    let mut md = String::new();
+    let fmt = |v: &Value| match v.as_f64() {
+        Some(x) if x.abs() >= 1000.0 => format!("{:.0}", x),
+        Some(x) => format!("{x:.2}"),
+        None => "n/a".into(),
+    };
+    for unit in summary["units"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "### cost: {} (per {}, N = {})\n",
+            unit["name"].as_str().unwrap_or(""),
+            unit["per"].as_str().unwrap_or(""),
+            unit["n"]
+        );
+        let _ = writeln!(
+            md,
+            "| contender | instructions | syscalls | top {TOP_SYSCALLS} syscalls | context switches | allocations | path |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+        let contenders = unit["contenders"].as_array().cloned().unwrap_or_default();
+        for c in &contenders {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                c["name"].as_str().unwrap_or(""),
+                fmt(&c["instructions"]),
+                fmt(&c["syscalls"]),
+                top_syscalls(&c["syscalls_by_name"]),
+                fmt(&c["context_switches"]),
+                fmt(&c["allocations"]),
+                c["path"].as_str().unwrap_or(""),
+            );
+        }
+        let atunnel = contenders.iter().find(|c| c["name"] == "atunnel");
+        for peer in contenders.iter().filter(|c| c["name"] != "atunnel") {
+            let Some(a) = atunnel else { break };
+            let ratio = |k: &str| match (a[k].as_f64(), peer[k].as_f64()) {
+                (Some(x), Some(y)) if y > 0.0 => format!("{:.2}", x / y),
+                _ => "n/a".into(),
+            };
+            let _ = writeln!(
+                md,
+                "| atunnel / {} | {} | {} | | {} | n/a | |",
+                peer["name"].as_str().unwrap_or(""),
+                ratio("instructions"),
+                ratio("syscalls"),
+                ratio("context_switches"),
+            );
+        }
+        let _ = writeln!(md);
+    }
+    md
+}
+
+/// The top syscalls by name, `name count` each, the most first.
+fn top_syscalls(by_name: &Value) -> String {
+    let mut v: Vec<(&String, f64)> = by_name
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k, v.as_f64()?)))
+        .collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1));
+    v.iter()
+        .take(TOP_SYSCALLS)
+        .map(|(k, n)| format!("{k} {n:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
