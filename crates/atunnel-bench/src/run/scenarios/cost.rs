@@ -576,7 +576,16 @@ fn units_json(
 /// The cost scenario: every unit on atunnel, then on each installed peer
 /// that can do it; atunnel back as it was afterwards.
 pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_process::BoxError> {
-    cost::require_tools().map_err(err)?;
+    // Left out, as a missing peer is, so that the quick run works on a
+    // machine with nothing installed; CI installs both and its test
+    // requires them (`ATUNNEL_REQUIRE_COST_TOOLS`).
+    if let Err(e) = cost::require_tools() {
+        return Ok(ScenarioResult {
+            name: Scenario::Cost.name().into(),
+            notes: vec![format!("left out: {e}")],
+            ..ScenarioResult::default()
+        });
+    }
     let dir = bench.out_dir().join("cost");
     std::fs::create_dir_all(&dir)?;
     // nginx's workers drop to its user (www-data) and write their own
