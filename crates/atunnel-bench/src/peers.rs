@@ -150,7 +150,10 @@ impl Peer {
         }
         let path = setup.dir.join(self.config_file());
         std::fs::write(&path, self.config(setup))?;
-        Ok(path)
+        // Absolute: nginx reads a relative `-c` from its own prefix
+        // (/usr/share/nginx), not from where it was started, and the run
+        // folder is relative by default (`runs/<timestamp>`).
+        std::path::absolute(&path)
     }
 
     /// The arguments that run `binary` in the foreground with `config`.

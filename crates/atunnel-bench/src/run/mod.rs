@@ -117,6 +117,9 @@ pub async fn run(
         atunnel_bench::peers::require_installed()?;
     }
     std::fs::create_dir_all(&out)?;
+    // Absolute: the peers' configurations name files in it, and nginx reads
+    // relative paths from its own prefix (/usr/share/nginx).
+    let out = std::path::absolute(&out)?;
     let pid = std::process::id();
     let names = Names {
         out,
