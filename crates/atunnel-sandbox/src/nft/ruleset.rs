@@ -206,81 +206,27 @@ impl Ruleset {
             name.resize(IFNAMSIZ, 0);
             [Expr::Meta(MetaKey::IifName), eq(name)]
         };
-        let ipv4 = || [Expr::Meta(MetaKey::NfProto), eq(vec![NFPROTO_IPV4])];
+        let family = |nfproto| [Expr::Meta(MetaKey::NfProto), eq(vec![nfproto])];
         let l4 = |proto| [Expr::Meta(MetaKey::L4Proto), eq(vec![proto])];
-        let redirect = [
-            ipv4().as_slice(),
-            &[
-                Expr::Payload {
-                    base: PayloadBase::Network,
-                    offset: IPV4_DADDR,
-                    len: 4,
-                },
-                Expr::Bitwise {
-                    mask: mask.to_be_bytes().to_vec(),
-                    xor: vec![0; 4],
-                },
-                Expr::Cmp {
-                    op: CmpOp::Neq,
-                    data: net.to_be_bytes().to_vec(),
-                },
-            ],
-            &l4(IPPROTO_TCP),
-            &[
-                Expr::Immediate(egress_port.to_be_bytes().to_vec()),
-                Expr::Redirect,
-            ],
-        ]
-        .concat();
-        let tcp_in = [
-            from_actor().as_slice(),
-            &ipv4(),
-            &l4(IPPROTO_TCP),
-            &[Expr::Verdict(Verdict::Accept)],
-        ]
-        .concat();
-        let dns_in = [
-            from_actor().as_slice(),
-            &ipv4(),
-            &l4(IPPROTO_UDP),
-            &[
-                Expr::Payload {
-                    base: PayloadBase::Transport,
-                    offset: L4_DPORT,
-                    len: 2,
-                },
-                eq(dns_port.to_be_bytes().to_vec()),
-                Expr::Verdict(Verdict::Accept),
-            ],
-        ]
-        .concat();
-        let rest_dropped = [from_actor().as_slice(), &[Expr::Verdict(Verdict::Drop)]].concat();
-        let mut prerouting = vec![rule(TABLE, "prerouting", redirect)];
-        let mut input = vec![rule(TABLE, "input", tcp_in), rule(TABLE, "input", dns_in)];
-        if let Some((net6, prefix_len6)) = net6 {
-            if prefix_len6 > 128 {
-                return Err(invalid(format!("IPv6 prefix length {prefix_len6}")));
-            }
-            let mask6 = u128::MAX
-                .checked_shl(128 - u32::from(prefix_len6))
-                .unwrap_or(0);
-            let net6 = u128::from(net6) & mask6;
-            let ipv6 = || [Expr::Meta(MetaKey::NfProto), eq(vec![NFPROTO_IPV6])];
-            let redirect6 = [
-                ipv6().as_slice(),
+        // One family's rules: the same shape for IPv4 and IPv6, but for the
+        // destination's offset and width in the network header.
+        // Redirects TCP to any address outside the sandbox's link.
+        let redirect = |nfproto, daddr_offset, mask: Vec<u8>, net: Vec<u8>| {
+            [
+                family(nfproto).as_slice(),
                 &[
                     Expr::Payload {
                         base: PayloadBase::Network,
-                        offset: IPV6_DADDR,
-                        len: 16,
+                        offset: daddr_offset,
+                        len: mask.len() as u32,
                     },
                     Expr::Bitwise {
-                        mask: mask6.to_be_bytes().to_vec(),
-                        xor: vec![0; 16],
+                        xor: vec![0; mask.len()],
+                        mask,
                     },
                     Expr::Cmp {
                         op: CmpOp::Neq,
-                        data: net6.to_be_bytes().to_vec(),
+                        data: net,
                     },
                 ],
                 &l4(IPPROTO_TCP),
@@ -289,49 +235,66 @@ impl Ruleset {
                     Expr::Redirect,
                 ],
             ]
-            .concat();
-            prerouting.push(rule(TABLE, "prerouting", redirect6));
-            let tcp_in6 = [
-                from_actor().as_slice(),
-                &ipv6(),
-                &l4(IPPROTO_TCP),
-                &[Expr::Verdict(Verdict::Accept)],
-            ]
-            .concat();
-            let dns_in6 = [
-                from_actor().as_slice(),
-                &ipv6(),
-                &l4(IPPROTO_UDP),
-                &[
-                    Expr::Payload {
-                        base: PayloadBase::Transport,
-                        offset: L4_DPORT,
-                        len: 2,
-                    },
-                    eq(dns_port.to_be_bytes().to_vec()),
-                    Expr::Verdict(Verdict::Accept),
-                ],
-            ]
-            .concat();
-            input.push(rule(TABLE, "input", tcp_in6));
-            input.push(rule(TABLE, "input", dns_in6));
+            .concat()
+        };
+        // Accepts from the actor: L4 `proto`, and if given, a transport
+        // header field at `offset` equal to `value`.
+        let accept_in = |nfproto, proto, field: Option<(u32, u32, Vec<u8>)>| {
+            let mut exprs = [from_actor().as_slice(), &family(nfproto), &l4(proto)].concat();
+            if let Some((offset, len, value)) = field {
+                exprs.push(Expr::Payload {
+                    base: PayloadBase::Transport,
+                    offset,
+                    len,
+                });
+                exprs.push(eq(value));
+            }
+            exprs.push(Expr::Verdict(Verdict::Accept));
+            exprs
+        };
+        let dns = || Some((L4_DPORT, 2, dns_port.to_be_bytes().to_vec()));
+        let rest_dropped = [from_actor().as_slice(), &[Expr::Verdict(Verdict::Drop)]].concat();
+        let v4 = NFPROTO_IPV4;
+        let mut prerouting = vec![rule(
+            TABLE,
+            "prerouting",
+            redirect(
+                v4,
+                IPV4_DADDR,
+                mask.to_be_bytes().to_vec(),
+                net.to_be_bytes().to_vec(),
+            ),
+        )];
+        let mut input = vec![
+            rule(TABLE, "input", accept_in(v4, IPPROTO_TCP, None)),
+            rule(TABLE, "input", accept_in(v4, IPPROTO_UDP, dns())),
+        ];
+        if let Some((net6, prefix_len6)) = net6 {
+            if prefix_len6 > 128 {
+                return Err(invalid(format!("IPv6 prefix length {prefix_len6}")));
+            }
+            let mask6 = u128::MAX
+                .checked_shl(128 - u32::from(prefix_len6))
+                .unwrap_or(0);
+            let net6 = u128::from(net6) & mask6;
+            let v6 = NFPROTO_IPV6;
+            prerouting.push(rule(
+                TABLE,
+                "prerouting",
+                redirect(
+                    v6,
+                    IPV6_DADDR,
+                    mask6.to_be_bytes().to_vec(),
+                    net6.to_be_bytes().to_vec(),
+                ),
+            ));
+            input.push(rule(TABLE, "input", accept_in(v6, IPPROTO_TCP, None)));
+            input.push(rule(TABLE, "input", accept_in(v6, IPPROTO_UDP, dns())));
+            // Neighbour discovery: without it the actor cannot resolve the
+            // gateway's IPv6 address, and nothing IPv6 arrives.
             for icmp_type in [ND_NEIGHBOR_SOLICIT, ND_NEIGHBOR_ADVERT] {
-                let nd_in = [
-                    from_actor().as_slice(),
-                    &ipv6(),
-                    &l4(IPPROTO_ICMPV6),
-                    &[
-                        Expr::Payload {
-                            base: PayloadBase::Transport,
-                            offset: ICMP_TYPE,
-                            len: 1,
-                        },
-                        eq(vec![icmp_type]),
-                        Expr::Verdict(Verdict::Accept),
-                    ],
-                ]
-                .concat();
-                input.push(rule(TABLE, "input", nd_in));
+                let nd = Some((ICMP_TYPE, 1, vec![icmp_type]));
+                input.push(rule(TABLE, "input", accept_in(v6, IPPROTO_ICMPV6, nd)));
             }
         }
         input.push(rule(TABLE, "input", rest_dropped));
