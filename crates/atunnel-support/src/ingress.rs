@@ -378,3 +378,33 @@ pub fn tunnel_with_ingress(
     });
     cfg
 }
+
+/// Actor `uid`'s ingress figures; panics if it is not active.
+pub fn actor_figures(ingress: &Ingress, uid: &str) -> atunnel::ingress::ActorIngressStats {
+    ingress
+        .stats()
+        .actors
+        .into_iter()
+        .find(|a| a.actor == uid)
+        .expect("actor's figures")
+}
+
+/// Waits until `check` holds of `uid`'s ingress figures, polling (they are
+/// counters: nothing to await), for at most 10 s; then panics with `what`
+/// and the figures.
+pub async fn until_actor(
+    ingress: &Ingress,
+    uid: &str,
+    what: &str,
+    check: impl Fn(&atunnel::ingress::ActorIngressStats) -> bool,
+) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let f = actor_figures(ingress, uid);
+        if check(&f) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < until, "{uid}: {what}: {f:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -10,7 +10,7 @@
 use atunnel_support::prelude::*;
 use std::time::Duration;
 
-use atunnel::ingress::{ActorIngressStats, Ingress, PoolSettings};
+use atunnel::ingress::{Ingress, PoolSettings};
 use bytes::Bytes;
 use http_body_util::{Full, StreamBody};
 use hyper::body::Frame;
@@ -32,25 +32,12 @@ fn get(
     router.send_request(req, true).expect("send").0
 }
 
-fn of(ingress: &Ingress, uid: &str) -> ActorIngressStats {
-    ingress
-        .stats()
-        .actors
-        .into_iter()
-        .find(|a| a.actor == uid)
-        .expect("actor's figures")
-}
-
 /// Waits (bounded) until `uid` has nothing in flight.
 async fn drained(ingress: &Ingress, uid: &str) {
-    let until = tokio::time::Instant::now() + Duration::from_secs(5);
-    while of(ingress, uid).in_flight != 0 {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{uid}'s in-flight slot never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_actor(ingress, uid, "its in-flight slot never came back", |f| {
+        f.in_flight == 0
+    })
+    .await;
 }
 
 /// An actor that reads a request's head and nothing more, ever; the
@@ -151,11 +138,11 @@ async fn a_response_body_the_actor_stops_sending_is_reset_after_the_idle_bound()
     );
     drained(&running.ingress, "uid-1").await;
     assert_eq!(
-        of(&running.ingress, "uid-1").response_body_idle_ends_total,
+        actor_figures(&running.ingress, "uid-1").response_body_idle_ends_total,
         1
     );
     assert_eq!(
-        of(&running.ingress, "uid-2").response_body_idle_ends_total,
+        actor_figures(&running.ingress, "uid-2").response_body_idle_ends_total,
         0
     );
     // The same router connection still serves.
@@ -200,7 +187,7 @@ async fn over_http1_a_stalled_response_body_closes_the_routers_connection() {
     );
     drained(&running.ingress, "uid-1").await;
     assert_eq!(
-        of(&running.ingress, "uid-1").response_body_idle_ends_total,
+        actor_figures(&running.ingress, "uid-1").response_body_idle_ends_total,
         1
     );
 }
@@ -239,7 +226,7 @@ async fn a_slow_response_body_is_not_an_idle_one() {
     }
     assert_eq!(got, b"012345");
     assert_eq!(
-        of(&running.ingress, "uid-1").response_body_idle_ends_total,
+        actor_figures(&running.ingress, "uid-1").response_body_idle_ends_total,
         0
     );
 }
@@ -289,11 +276,11 @@ async fn a_request_body_the_actor_never_reads_is_ended_after_the_idle_bound() {
         "alpha's connection was closed"
     );
     drained(&running.ingress, "uid-1").await;
-    let alpha = of(&running.ingress, "uid-1");
+    let alpha = actor_figures(&running.ingress, "uid-1");
     assert_eq!(alpha.request_body_idle_ends_total, 1);
     assert_eq!(alpha.response_timeouts_total, 0);
     assert_eq!(
-        of(&running.ingress, "uid-2").request_body_idle_ends_total,
+        actor_figures(&running.ingress, "uid-2").request_body_idle_ends_total,
         0
     );
     served(&mut router).await;
@@ -358,7 +345,7 @@ async fn a_request_body_unread_behind_a_streaming_response_is_reset_after_the_id
     );
     drained(&running.ingress, "uid-1").await;
     assert_eq!(
-        of(&running.ingress, "uid-1").request_body_idle_ends_total,
+        actor_figures(&running.ingress, "uid-1").request_body_idle_ends_total,
         1
     );
     served(&mut router).await;
@@ -393,7 +380,7 @@ async fn an_actor_gets_503_for_a_port_past_its_port_cap() {
     }
     let refused = get(&mut router, "beta", 82).await.expect("answer");
     assert_eq!(refused.status(), 503);
-    let beta = of(&running.ingress, "uid-2");
+    let beta = actor_figures(&running.ingress, "uid-2");
     assert_eq!((beta.ports, beta.refused_ports_total), (2, 1));
     // The ports it has keep working.
     assert_eq!(

@@ -9,7 +9,7 @@ use atunnel_support::prelude::*;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use atunnel::ingress::{ActorIngressStats, Ingress};
+use atunnel::ingress::Ingress;
 use atunnel_core::BufferPool;
 use atunnel_core::overload::OverloadConfig;
 use atunnel_core::relay::RelayBounds;
@@ -50,15 +50,6 @@ async fn echo_actor() -> SocketAddr {
         }
     });
     addr
-}
-
-fn of(ingress: &Ingress, uid: &str) -> ActorIngressStats {
-    ingress
-        .stats()
-        .actors
-        .into_iter()
-        .find(|a| a.actor == uid)
-        .expect("actor's figures")
 }
 
 async fn bounded() -> (IngressPki, RunningIngress) {
@@ -114,7 +105,7 @@ async fn a_tunnel_whose_actor_stops_reading_is_reset_at_the_stalled_write_timeou
     );
     assert!(started.elapsed() >= BOUND, "reset before the bound");
     beta_relays(&pki, &running).await;
-    let alpha = of(&running.ingress, "uid-1");
+    let alpha = actor_figures(&running.ingress, "uid-1");
     assert_eq!(
         (
             alpha.connect_stalled_write_ends_total,
@@ -123,7 +114,7 @@ async fn a_tunnel_whose_actor_stops_reading_is_reset_at_the_stalled_write_timeou
         (1, 0)
     );
     assert_eq!(
-        of(&running.ingress, "uid-2").connect_stalled_write_ends_total,
+        actor_figures(&running.ingress, "uid-2").connect_stalled_write_ends_total,
         0
     );
 }
@@ -143,7 +134,7 @@ async fn a_half_closed_idle_tunnel_is_reset_at_the_half_closed_timeout() {
         .expect("the half-closed tunnel ended within 10 s");
     assert!(read.is_err(), "a reset, not a clean end: {read:?}");
     assert!(started.elapsed() >= BOUND, "reset before the bound");
-    let alpha = of(&running.ingress, "uid-1");
+    let alpha = actor_figures(&running.ingress, "uid-1");
     assert_eq!(
         (
             alpha.connect_stalled_write_ends_total,
@@ -228,7 +219,7 @@ async fn an_actors_connect_tunnels_borrow_from_its_own_share_of_the_pool() {
             .expect("echoed within 30 s")
             .expect("transfer");
     }
-    let alpha = of(&running.ingress, "uid-1");
+    let alpha = actor_figures(&running.ingress, "uid-1");
     assert!(
         alpha.connect_buffers_waited_total > 0,
         "alpha's tunnels never waited for its one buffer"

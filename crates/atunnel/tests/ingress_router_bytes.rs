@@ -7,9 +7,8 @@
 //! CONNECT tunnels take nothing of it (see `docs/isolation.md`).
 
 use atunnel_support::prelude::*;
-use std::time::Duration;
 
-use atunnel::ingress::{ActorIngressStats, Ingress, PoolSettings};
+use atunnel::ingress::{Ingress, PoolSettings};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -19,29 +18,10 @@ const WINDOW: u64 = 256 * 1024;
 /// Four windows, and room for a small body of known length.
 const BOUND: u64 = 4 * WINDOW + 64 * 1024;
 
-fn of(ingress: &Ingress, uid: &str) -> ActorIngressStats {
-    ingress
-        .stats()
-        .actors
-        .into_iter()
-        .find(|a| a.actor == uid)
-        .expect("actor's figures")
-}
-
 /// Waits (bounded) until `uid`'s router bytes are `want`.
 async fn router_bytes_are(ingress: &Ingress, uid: &str, want: u64) {
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let got = of(ingress, uid).router_bytes;
-        if got == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{uid} holds {got} router bytes, not {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = format!("router bytes never {want}");
+    until_actor(ingress, uid, &what, |f| f.router_bytes == want).await;
 }
 
 /// An actor that never reads a request to `/hold` (nor answers it), and
@@ -170,9 +150,12 @@ async fn an_actors_unread_bodies_hold_no_more_than_its_router_bytes_across_conne
     // Another actor on the same connections has its whole bound.
     let large: Vec<u8> = (0..600 * 1024u32).map(|i| (i % 241) as u8).collect();
     assert_eq!(echoed(&mut one, "beta", &large, false).await, (200, large));
-    let f = of(&running.ingress, "uid-1");
+    let f = actor_figures(&running.ingress, "uid-1");
     assert_eq!(f.refused_router_bytes_total, 2, "{f:?}");
-    assert_eq!(of(&running.ingress, "uid-2").refused_router_bytes_total, 0);
+    assert_eq!(
+        actor_figures(&running.ingress, "uid-2").refused_router_bytes_total,
+        0
+    );
     router_bytes_are(&running.ingress, "uid-2", 0).await;
 
     // A CONNECT tunnel takes nothing of it, and carries bytes both ways.
@@ -204,15 +187,8 @@ async fn an_actors_unread_bodies_hold_no_more_than_its_router_bytes_across_conne
 
 /// Waits (bounded) until `uid` has `want` requests in flight.
 async fn in_flight_is(ingress: &Ingress, uid: &str, want: usize) {
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while of(ingress, uid).in_flight != want {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "{uid} has {} in flight, not {want}",
-            of(ingress, uid).in_flight
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = format!("never {want} in flight");
+    until_actor(ingress, uid, &what, |f| f.in_flight == want).await;
 }
 
 fn get(
@@ -273,11 +249,11 @@ async fn an_actor_holds_at_most_its_share_of_a_router_connections_streams() {
     held.push(get(&mut two, "alpha", "/hold"));
     in_flight_is(&running.ingress, "uid-1", SHARE as usize + 1).await;
     assert_eq!(
-        of(&running.ingress, "uid-1").refused_router_streams_total,
+        actor_figures(&running.ingress, "uid-1").refused_router_streams_total,
         1
     );
     assert_eq!(
-        of(&running.ingress, "uid-2").refused_router_streams_total,
+        actor_figures(&running.ingress, "uid-2").refused_router_streams_total,
         0
     );
 
@@ -288,7 +264,7 @@ async fn an_actor_holds_at_most_its_share_of_a_router_connections_streams() {
     held.push(get(&mut one, "alpha", "/hold"));
     in_flight_is(&running.ingress, "uid-1", SHARE as usize + 1).await;
     assert_eq!(
-        of(&running.ingress, "uid-1").refused_router_streams_total,
+        actor_figures(&running.ingress, "uid-1").refused_router_streams_total,
         1
     );
     drop(held);
