@@ -152,3 +152,43 @@ async fn warnings_about_one_actor_are_rate_limited() {
         .count();
     assert_eq!(warned, 10, "{stderr}");
 }
+
+/// The features cargo turns on for the `atunnel` package when building
+/// `selection` (from the workspace root, offline: no build, no network).
+fn atunnel_features(selection: &[&str]) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root)
+        .args(["tree", "--offline", "-e", "features", "-i", "atunnel"])
+        .args(selection)
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A plain `cargo build --release` at the root builds the default members,
+/// which leave the bench out: the production binary has no comparison code
+/// (`--copy-mode`, `--wait-buffer`). With the bench selected, cargo turns
+/// the feature on, which is what this would catch.
+#[test]
+fn a_plain_build_at_the_root_ships_no_comparison_code() {
+    let plain = atunnel_features(&[]);
+    assert!(
+        plain.contains("atunnel v"),
+        "cargo tree did not list atunnel: {plain}"
+    );
+    assert!(
+        !plain.contains("feature \"comparison\""),
+        "a plain build turns on atunnel's comparison feature:\n{plain}"
+    );
+    let with_bench = atunnel_features(&["-p", "atunnel-bench"]);
+    assert!(
+        with_bench.contains("feature \"comparison\""),
+        "the bench's build should turn comparison on (else this test checks nothing):\n{with_bench}"
+    );
+}
