@@ -230,7 +230,7 @@ impl Holdings {
     }
 
     /// Sets what the shedder read of `uid` besides its counts.
-    fn set_sampled(&self, uid: &str, descriptors: u64, bytes: u64) {
+    pub(crate) fn set_sampled(&self, uid: &str, descriptors: u64, bytes: u64) {
         let actors = self.actors.lock().expect("holdings lock poisoned");
         if let Some(hold) = actors.get(uid).and_then(Weak::upgrade) {
             hold.set_sampled(descriptors, bytes);
@@ -295,13 +295,14 @@ pub fn start_budget(
 pub fn check_memory_fit(
     actors_at_budget: u64,
     max_descriptors: u64,
-    budget: &crate::egress::ActorBudget,
+    max_gateway_bytes: u32,
+    max_buffers: usize,
     buffer_size: usize,
     soft: f64,
     memory_limit: u64,
 ) {
-    let per_actor = u64::from(budget.max_gateway_bytes)
-        + (budget.max_buffers * buffer_size) as u64
+    let per_actor = u64::from(max_gateway_bytes)
+        + (max_buffers * buffer_size) as u64
         + max_descriptors.min(1 << 32) * TUNNEL_HELD_BYTES;
     let need = actors_at_budget.saturating_mul(per_actor);
     if need as f64 >= soft * memory_limit as f64 {
@@ -311,77 +312,6 @@ pub fn check_memory_fit(
             memory_limit,
             "that many actors at their byte bounds would pass the overload guard's soft threshold"
         );
-    }
-}
-
-/// The overload guard's view of the actors: what each holds (its counted
-/// holdings, plus its pooled buffers and gateway connections read from
-/// egress and its DNS queries in flight), and shedding through egress and
-/// ingress (DNS queries end at their own timeout). Weak: the guard's task must not
-/// keep egress alive.
-pub(crate) struct ShedActors {
-    pub(crate) egress: Weak<crate::egress::Egress>,
-    /// Each sandbox's DNS relay, by actor uid: its queries in flight are
-    /// the actor's.
-    pub(crate) dns_relays: crate::tunnel::DnsRelays,
-    /// Ingress's activations, when the tunnel serves ingress.
-    pub(crate) ingress: Option<Weak<crate::ingress::Ingress>>,
-    pub(crate) holdings: Weak<Holdings>,
-    pub(crate) buffer_size: u64,
-}
-
-impl atunnel_core::overload::Shed for ShedActors {
-    fn holdings(&self) -> Vec<(String, Held)> {
-        let Some(holdings) = self.holdings.upgrade() else {
-            return Vec::new();
-        };
-        let mut sampled: HashMap<String, Held> = HashMap::new();
-        if let Some(egress) = self.egress.upgrade() {
-            for a in egress.actor_stats() {
-                let connections = a.gateway_connections as u64;
-                let s = sampled.entry(a.actor).or_default();
-                s.descriptors += connections;
-                s.bytes += connections * GATEWAY_CONNECTION_HELD_BYTES
-                    + a.buffers as u64 * self.buffer_size;
-            }
-        }
-        let relays = self.dns_relays.lock().expect("dns relays lock poisoned");
-        for (uid, relay) in relays.iter() {
-            let queries = relay.stats().in_flight;
-            let s = sampled.entry(uid.clone()).or_default();
-            s.descriptors += queries * DNS_QUERY_HELD_DESCRIPTORS;
-            s.bytes += queries * DNS_QUERY_HELD_BYTES;
-        }
-        drop(relays);
-        for (uid, s) in &sampled {
-            holdings.set_sampled(uid, s.descriptors, s.bytes);
-        }
-        holdings.snapshot()
-    }
-
-    fn shed(&self, who: &str) -> Option<atunnel_core::overload::ShedAction> {
-        let held = self
-            .holdings
-            .upgrade()
-            .and_then(|h| h.snapshot().into_iter().find(|(uid, _)| uid == who))
-            .map(|(_, h)| h)
-            .unwrap_or_default();
-        // Both sides of the actor: what it holds is counted across them.
-        let tunnels = self.egress.upgrade().and_then(|e| e.shed(who));
-        let requests = self
-            .ingress
-            .as_ref()
-            .and_then(Weak::upgrade)
-            .and_then(|i| i.shed(who));
-        if tunnels.is_none() && requests.is_none() {
-            return None;
-        }
-        Some(atunnel_core::overload::ShedAction {
-            who: who.to_string(),
-            bytes: held.bytes,
-            tunnels: tunnels.unwrap_or(0) as u64,
-            requests: requests.unwrap_or(0) as u64,
-        })
     }
 }
 

@@ -10,9 +10,11 @@
 //! Depends on every lower crate (core, identity, sandbox, dns, nodeagent,
 //! tls, connect, process); only the bench and tests depend on it.
 
+mod admin;
 #[cfg(feature = "comparison")]
 pub mod comparison;
 pub mod control;
+pub mod dns_relays;
 pub mod egress;
 pub mod holdings;
 pub mod host;
@@ -20,6 +22,7 @@ pub mod ingress;
 pub mod leftovers;
 mod log_limit;
 mod metrics;
+mod shedding;
 pub mod stats;
 pub mod tunnel;
 

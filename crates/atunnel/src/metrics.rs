@@ -645,7 +645,7 @@ fn ingress(out: &mut Out, s: &Stats) -> Fmt {
 
 fn dns(out: &mut Out, s: &Stats) -> Fmt {
     let d = &s.dns_relays;
-    fn id(x: &crate::tunnel::SandboxDnsStats) -> &str {
+    fn id(x: &crate::dns_relays::SandboxDnsStats) -> &str {
         &x.actor
     }
     out.counters(

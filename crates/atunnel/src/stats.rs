@@ -1,19 +1,13 @@
-//! `/stats`: what this process costs, as JSON on a local address.
-//!
-//! `GET /stats` reads the figures; `GET /stats?release=1` first returns free
-//! pool buffers and asks the allocator to give free memory back, so idle
-//! figures are taken the same way every time.
+//! The figures of this process that `/stats` serves as JSON and `/metrics`
+//! renders (the admin module serves both): what it costs and holds.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use atunnel_core::{BufferPool, PoolStats};
-use atunnel_process::AdminLimits;
-use atunnel_process::admin;
 use atunnel_process::admin::{AdminFigures, AdminStats};
 use atunnel_process::process_stats::{ProcessStats, process_stats};
 use serde::Serialize;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use crate::egress::{ActorEgressStats, Egress, EgressStats};
 
@@ -30,7 +24,7 @@ pub struct Stats {
     /// Ingress connections hibernated now, and counts so far.
     pub hibernation: Option<atunnel_tls::HibernationStats>,
     /// Each sandbox's DNS relay: queries, answers, timeouts, drops.
-    pub dns_relays: Vec<crate::tunnel::SandboxDnsStats>,
+    pub dns_relays: Vec<crate::dns_relays::SandboxDnsStats>,
     /// Ingress connections in their TLS handshake on each listener, and
     /// those closed at the cap.
     pub pre_auth: Option<IngressPreAuth>,
@@ -38,7 +32,7 @@ pub struct Stats {
     /// cap taken into the probe reserve.
     pub admin: AdminFigures,
     /// The control socket: connections closed before they were served.
-    pub control: crate::control::listener::ControlFigures,
+    pub control: ControlFigures,
     /// Sandboxes an earlier process left: adopted, removed, pending.
     pub leftovers: Option<crate::leftovers::LeftoverStats>,
 }
@@ -55,10 +49,10 @@ pub(crate) struct StatsSource {
     pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
     pub egress: Option<Arc<Egress>>,
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
-    pub dns_relays: crate::tunnel::DnsRelays,
+    pub dns_relays: crate::dns_relays::DnsRelays,
     pub leftovers: Option<Arc<crate::leftovers::Leftovers>>,
     pub admin: Arc<AdminStats>,
-    pub control: Arc<crate::control::listener::ControlStats>,
+    pub control: Arc<ControlStats>,
     /// Set once the tunnel drains or shuts down.
     pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -80,7 +74,7 @@ impl StatsSource {
             ingress: self.ingress.as_ref().map(|i| i.stats()),
             overload: self.overload.as_ref().map(|o| o.figures()),
             hibernation: self.ingress.as_ref().map(|i| i.hibernation().stats()),
-            dns_relays: crate::tunnel::dns_stats(&self.dns_relays),
+            dns_relays: crate::dns_relays::dns_stats(&self.dns_relays),
             pre_auth: self.ingress.as_ref().map(|i| {
                 let (https, connect) = i.pre_auth();
                 IngressPreAuth { https, connect }
@@ -92,51 +86,40 @@ impl StatsSource {
     }
 }
 
-/// Serves the admin listener (`/stats`, `/metrics`, `/healthz`,
-/// `/readyz`) on `listener`, within `limits`, until `cancel`, then closes
-/// its connections and waits for them.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    limits: AdminLimits,
-    source: Arc<StatsSource>,
-    cancel: CancellationToken,
-) {
-    let admin = source.admin.clone();
-    let metrics = crate::metrics::Metrics::new(source.clone());
-    atunnel_process::admin::serve(
-        listener,
-        limits,
-        &admin,
-        move |req| answer(&source, &metrics, req),
-        cancel,
-    )
-    .await
+/// What the control socket counts: connections it closed before serving
+/// them, by why.
+#[derive(Debug, Default)]
+pub struct ControlStats {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) refused_uid: AtomicU64,
+    pub(crate) preface_timeouts: AtomicU64,
+    pub(crate) evicted: AtomicU64,
+    pub(crate) bad_preface: AtomicU64,
 }
 
-fn answer(
-    source: &StatsSource,
-    metrics: &crate::metrics::Metrics,
-    req: &admin::Request,
-) -> admin::Response {
-    match req.uri().path() {
-        "/stats" => {
-            let release = admin::wants_release(req.uri().query());
-            admin::json(serde_json::to_vec(&source.collect(release)).unwrap_or_default())
+/// What [`ControlStats`] reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ControlFigures {
+    pub accepted_total: u64,
+    /// Closed at accept: the peer's uid is not allowed.
+    pub refused_uid_total: u64,
+    /// Closed at the preface timeout: no preface, or no place, in time.
+    pub preface_timeouts_total: u64,
+    /// Closed while waiting for their preface, to make room for a newer one.
+    pub evicted_total: u64,
+    /// Closed: their first bytes were not the HTTP/2 preface.
+    pub bad_preface_total: u64,
+}
+
+impl ControlStats {
+    pub fn figures(&self) -> ControlFigures {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ControlFigures {
+            accepted_total: load(&self.accepted),
+            refused_uid_total: load(&self.refused_uid),
+            preface_timeouts_total: load(&self.preface_timeouts),
+            evicted_total: load(&self.evicted),
+            bad_preface_total: load(&self.bad_preface),
         }
-        "/metrics" => admin::text(
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.render(),
-        ),
-        // Alive: the process answers.
-        "/healthz" => admin::text("text/plain", "ok\n".into()),
-        // Ready for new work until it drains or stops.
-        "/readyz" => {
-            if source.draining.load(std::sync::atomic::Ordering::Relaxed) {
-                admin::status(503, "draining\n")
-            } else {
-                admin::text("text/plain", "ready\n".into())
-            }
-        }
-        _ => admin::not_found(),
     }
 }

@@ -13,7 +13,7 @@
 //!    actor's tunnels, waits (bounded). Other actors keep theirs.
 //! 7. [`Tunnel::close_sandbox`]: removes the sandbox and everything bound in it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,6 +22,8 @@ use atunnel_connect::GatewayClientConfig;
 use atunnel_core::BufferPool;
 use atunnel_core::overload::{OverloadConfig, OverloadGuard};
 use atunnel_dns::{DnsRelay, RelayConfig};
+
+use crate::dns_relays::{DnsRelays, SandboxDnsStats, dns_stats};
 use atunnel_identity::cert_source::CertificateSource;
 use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
@@ -173,17 +175,6 @@ struct Sandbox {
     tasks: TaskTracker,
 }
 
-/// Each sandbox's DNS relay, by actor uid, for /stats.
-pub(crate) type DnsRelays = Arc<Mutex<BTreeMap<String, DnsRelay>>>;
-
-/// One sandbox's DNS relay figures.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct SandboxDnsStats {
-    pub actor: String,
-    #[serde(flatten)]
-    pub relay: atunnel_dns::DnsRelayStats,
-}
-
 /// atunnel for one worker.
 pub struct Tunnel {
     cfg: TunnelConfig,
@@ -204,7 +195,7 @@ pub struct Tunnel {
     tasks: TaskTracker,
     stats: Option<SocketAddr>,
     /// The control socket's counts, when a daemon serves one; in /stats.
-    control: Arc<crate::control::listener::ControlStats>,
+    control: Arc<crate::stats::ControlStats>,
     overload: Option<Arc<OverloadGuard>>,
 }
 
@@ -227,7 +218,8 @@ impl Tunnel {
             crate::holdings::check_memory_fit(
                 cfg.holdings.actors_at_budget,
                 max_descriptors,
-                &cfg.egress.budget,
+                cfg.egress.budget.max_gateway_bytes,
+                cfg.egress.budget.max_buffers,
                 cfg.pool.buffer_size(),
                 cfg.overload.as_ref().map_or(0.0, |o| o.soft),
                 memory.limit,
@@ -280,7 +272,7 @@ impl Tunnel {
         let tasks = TaskTracker::new();
         let dns_relays = DnsRelays::default();
         if let Some(guard) = &overload {
-            guard.set_shedder(Arc::new(crate::holdings::ShedActors {
+            guard.set_shedder(Arc::new(crate::shedding::ShedActors {
                 egress: Arc::downgrade(&egress),
                 dns_relays: dns_relays.clone(),
                 ingress: ingress.as_ref().map(|(i, _, _)| Arc::downgrade(i)),
@@ -289,7 +281,7 @@ impl Tunnel {
             }));
             tasks.spawn(guard.clone().run(cancel.clone()));
         }
-        let control = Arc::new(crate::control::listener::ControlStats::default());
+        let control = Arc::new(crate::stats::ControlStats::default());
         if let (Some(leftovers), Some(grace)) = (&leftovers, cfg.leftover_grace) {
             tasks.spawn(
                 leftovers
@@ -309,7 +301,7 @@ impl Tunnel {
                 control: control.clone(),
                 draining: draining.clone(),
             });
-            tasks.spawn(crate::stats::serve(
+            tasks.spawn(crate::admin::serve(
                 listener,
                 cfg.stats_limits,
                 source,
@@ -407,7 +399,7 @@ impl Tunnel {
     }
 
     /// What the control socket serving this tunnel counts (zero without one).
-    pub fn control_stats(&self) -> &Arc<crate::control::listener::ControlStats> {
+    pub fn control_stats(&self) -> &Arc<crate::stats::ControlStats> {
         &self.control
     }
 
@@ -798,16 +790,4 @@ async fn resolve_gateway(address: &str) -> Result<(SocketAddr, ServerName<'stati
             .ok_or_else(|| err("no address".into()))?,
     };
     Ok((addr, server_name))
-}
-
-pub(crate) fn dns_stats(relays: &DnsRelays) -> Vec<SandboxDnsStats> {
-    relays
-        .lock()
-        .expect("dns relays lock poisoned")
-        .iter()
-        .map(|(actor, relay)| SandboxDnsStats {
-            actor: actor.clone(),
-            relay: relay.stats(),
-        })
-        .collect()
 }

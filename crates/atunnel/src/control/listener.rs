@@ -139,45 +139,9 @@ fn temp_path(path: &Path) -> PathBuf {
 }
 
 /// The HTTP/2 client preface every gRPC connection opens with.
+pub use crate::stats::{ControlFigures, ControlStats};
+
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// What the control socket counts: connections it closed before serving
-/// them, by why.
-#[derive(Debug, Default)]
-pub struct ControlStats {
-    accepted: AtomicU64,
-    refused_uid: AtomicU64,
-    preface_timeouts: AtomicU64,
-    evicted: AtomicU64,
-    bad_preface: AtomicU64,
-}
-
-/// What [`ControlStats`] reads.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ControlFigures {
-    pub accepted_total: u64,
-    /// Closed at accept: the peer's uid is not allowed.
-    pub refused_uid_total: u64,
-    /// Closed at the preface timeout: no preface, or no place, in time.
-    pub preface_timeouts_total: u64,
-    /// Closed while waiting for their preface, to make room for a newer one.
-    pub evicted_total: u64,
-    /// Closed: their first bytes were not the HTTP/2 preface.
-    pub bad_preface_total: u64,
-}
-
-impl ControlStats {
-    pub fn figures(&self) -> ControlFigures {
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        ControlFigures {
-            accepted_total: load(&self.accepted),
-            refused_uid_total: load(&self.refused_uid),
-            preface_timeouts_total: load(&self.preface_timeouts),
-            evicted_total: load(&self.evicted),
-            bad_preface_total: load(&self.bad_preface),
-        }
-    }
-}
 
 fn count(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
