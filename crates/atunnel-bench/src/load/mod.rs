@@ -17,9 +17,9 @@ pub mod results;
 pub mod schedule;
 pub mod verdict;
 
+pub use plots::write_plots;
 pub use results::{
-    Latency, Results, RungResult, ScenarioResult, write_plots, write_results_json,
-    write_results_txt,
+    Latency, Results, RungResult, ScenarioResult, write_results_json, write_results_txt,
 };
 pub use schedule::{END_GRACE, Rung, RungOutcome, new_histogram, run_rung, run_rung_with_grace};
 pub use verdict::{RungEvidence, Verdict, sustainable_rate, verdict};

@@ -15,6 +15,9 @@
 //! text as `<text>`, which the viewer renders with its own fonts. So the
 //! build needs no fontconfig or freetype and the machine no font file.
 
+use std::path::{Path, PathBuf};
+use std::{fs, io};
+
 use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
 use plotters::element::DashedPathElement;
@@ -22,7 +25,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::Value;
 
-use super::results::{Results, RungResult, ScenarioResult};
+use super::results::{Results, RungResult, ScenarioResult, write_whole};
 use super::verdict::Verdict;
 
 /// A plot could not be drawn (plotters reported an error).
@@ -1276,6 +1279,22 @@ pub fn noisy_neighbour(rows: &[Value], bounds: VictimBounds) -> Result<String, P
         "noisy-neighbour: the victim beside each hostile pattern",
         &panels,
     )
+}
+
+/// Every plot of the run ([`of_results`]: the ladder of each
+/// scenario with rungs, memory per idle connection, hibernation, CPU per
+/// request, bulk throughput, stall memory), written into `dir` beside
+/// report.md; returns their paths. A file is `<scenario>.svg` (the ladder)
+/// or `<scenario>.<figure>.svg`.
+pub fn write_plots(dir: &Path, r: &Results) -> io::Result<Vec<PathBuf>> {
+    fs::create_dir_all(dir)?;
+    let mut paths = Vec::new();
+    for plot in of_results(r).map_err(io::Error::other)? {
+        let path = dir.join(&plot.file);
+        write_whole(&path, plot.svg)?;
+        paths.push(path);
+    }
+    Ok(paths)
 }
 
 #[cfg(test)]

@@ -20,7 +20,6 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::plots;
 use super::schedule::RungOutcome;
 use super::verdict::{Verdict, sustainable_rate};
 use crate::scenario::Scenario;
@@ -591,25 +590,10 @@ fn fmt_ms(us: u64) -> String {
     }
 }
 
-/// Every plot of the run ([`super::plots::of_results`]: the ladder of each
-/// scenario with rungs, memory per idle connection, hibernation, CPU per
-/// request, bulk throughput, stall memory), written into `dir` beside
-/// report.md; returns their paths. A file is `<scenario>.svg` (the ladder)
-/// or `<scenario>.<figure>.svg`.
-pub fn write_plots(dir: &Path, r: &Results) -> io::Result<Vec<PathBuf>> {
-    fs::create_dir_all(dir)?;
-    let mut paths = Vec::new();
-    for plot in plots::of_results(r).map_err(io::Error::other)? {
-        let path = dir.join(&plot.file);
-        write_whole(&path, plot.svg)?;
-        paths.push(path);
-    }
-    Ok(paths)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::plots::{self, write_plots};
     use serde_json::json;
     use std::collections::BTreeSet;
 

@@ -232,7 +232,7 @@ pub async fn run(
     };
     results::write_results_json(&args.out, &results)?;
     results::write_results_txt(&args.out, &results)?;
-    let plots = results::write_plots(&args.out, &results)?;
+    let plots = atunnel_bench::load::plots::write_plots(&args.out, &results)?;
     report::write(&args.out, &info, &results, &plots, &status.events)?;
     Ok(())
 }

@@ -1,0 +1,258 @@
+//! Checks of the workspace as a whole, from its sources and cargo's view
+//! of them: what a plain build ships, and that no module imports run in a
+//! circle. No build, no network, no root.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The features cargo turns on for the `atunnel` package when building
+/// `selection` (from the workspace root, offline: no build, no network).
+fn atunnel_features(selection: &[&str]) -> String {
+    let root = workspace_root();
+    let out = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root)
+        .args(["tree", "--offline", "-e", "features", "-i", "atunnel"])
+        .args(selection)
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A plain `cargo build --release` at the root builds the default members,
+/// which leave the bench out: the production binary has no comparison code
+/// (`--copy-mode`, `--wait-buffer`). With the bench selected, cargo turns
+/// the feature on, which is what this would catch.
+#[test]
+fn a_plain_build_at_the_root_ships_no_comparison_code() {
+    let plain = atunnel_features(&[]);
+    assert!(
+        plain.contains("atunnel v"),
+        "cargo tree did not list atunnel: {plain}"
+    );
+    assert!(
+        !plain.contains("feature \"comparison\""),
+        "a plain build turns on atunnel's comparison feature:\n{plain}"
+    );
+    let with_bench = atunnel_features(&["-p", "atunnel-bench"]);
+    assert!(
+        with_bench.contains("feature \"comparison\""),
+        "the bench's build should turn comparison on (else this test checks nothing):\n{with_bench}"
+    );
+}
+
+/// A module's path inside its crate (`load::plots`), from its file's path
+/// under `src/` (`load/plots.rs`, or `load/mod.rs` for `load`); None for
+/// the crate root.
+fn module_of(rel: &Path) -> Option<Vec<String>> {
+    let mut parts: Vec<String> = rel
+        .with_extension("")
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    match parts.as_slice() {
+        [] => None,
+        [one] if one == "lib" || one == "main" => None,
+        _ => Some(parts),
+    }
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Each module of the crate at `src` and the modules of the same crate it
+/// names (`crate::a::b`, `super::b`), leaving out comments, unit tests,
+/// and its own ancestors (a child naming its parent is how Rust nests).
+fn module_imports(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let modules: BTreeMap<Vec<String>, PathBuf> = files
+        .into_iter()
+        .filter_map(|f| Some((module_of(f.strip_prefix(src).ok()?)?, f)))
+        .collect();
+    let mut graph = BTreeMap::new();
+    for (module, file) in &modules {
+        let text = std::fs::read_to_string(file).expect("read");
+        let code = text
+            .split("#[cfg(test)]\nmod tests")
+            .next()
+            .unwrap_or_default();
+        let mut names = BTreeSet::new();
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (at, _) in line
+                .match_indices("crate::")
+                .chain(line.match_indices("super::"))
+            {
+                let before = line[..at].chars().next_back();
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                    continue;
+                }
+                let path: Vec<&str> = line[at..]
+                    .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                    .next()
+                    .unwrap_or_default()
+                    .split("::")
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                let (mut base, mut rest) = (Vec::new(), &path[..]);
+                if rest.first() == Some(&"crate") {
+                    rest = &rest[1..];
+                } else {
+                    base = module.clone();
+                    while rest.first() == Some(&"super") {
+                        base.pop();
+                        rest = &rest[1..];
+                    }
+                }
+                // The longest prefix that is a module of this crate.
+                let mut named = None;
+                for seg in rest {
+                    base.push(seg.to_string());
+                    if modules.contains_key(&base) {
+                        named = Some(base.clone());
+                    }
+                }
+                if let Some(n) = named
+                    && !module.starts_with(&n)
+                {
+                    names.insert(n);
+                }
+            }
+        }
+        graph.insert(module.clone(), names);
+    }
+    graph
+}
+
+/// The import circles of `graph`: each strongly connected set of more than
+/// one module (Tarjan's algorithm).
+fn circles(graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<String>> {
+    struct State<'g> {
+        graph: &'g BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        index: BTreeMap<&'g Vec<String>, (usize, usize)>,
+        stack: Vec<&'g Vec<String>>,
+        next: usize,
+        found: Vec<Vec<String>>,
+    }
+    fn visit<'g>(s: &mut State<'g>, v: &'g Vec<String>) {
+        s.index.insert(v, (s.next, s.next));
+        s.next += 1;
+        s.stack.push(v);
+        for w in s.graph.get(v).into_iter().flatten() {
+            let Some((w, _)) = s.graph.get_key_value(w) else {
+                continue;
+            };
+            match s.index.get(w).copied() {
+                None => {
+                    visit(s, w);
+                    let low = s.index[w].1.min(s.index[v].1);
+                    s.index.get_mut(v).expect("visited").1 = low;
+                }
+                Some((wi, _)) if s.stack.contains(&w) => {
+                    let low = wi.min(s.index[v].1);
+                    s.index.get_mut(v).expect("visited").1 = low;
+                }
+                Some(_) => {}
+            }
+        }
+        let (vi, vl) = s.index[v];
+        if vi == vl {
+            let mut set = Vec::new();
+            while let Some(w) = s.stack.pop() {
+                set.push(w.join("::"));
+                if w == v {
+                    break;
+                }
+            }
+            if set.len() > 1 {
+                set.sort();
+                s.found.push(set);
+            }
+        }
+    }
+    let mut s = State {
+        graph,
+        index: BTreeMap::new(),
+        stack: Vec::new(),
+        next: 0,
+        found: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !s.index.contains_key(v) {
+            visit(&mut s, v);
+        }
+    }
+    s.found
+}
+
+/// No crate of the workspace has modules that import each other in a
+/// circle: data flows one way through each crate, and a reader can start
+/// at the bottom. Crates never circle (cargo refuses it); modules can.
+#[test]
+fn no_module_imports_run_in_a_circle() {
+    let mut found = Vec::new();
+    let crates = workspace_root().join("crates");
+    for entry in std::fs::read_dir(&crates).expect("crates").flatten() {
+        let src = entry.path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        for circle in circles(&module_imports(&src)) {
+            found.push(format!(
+                "{}: {}",
+                entry.file_name().to_string_lossy(),
+                circle.join(" <-> ")
+            ));
+        }
+    }
+    assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
+}
+
+/// The checker itself: a circle through `super::` and `crate::` paths is
+/// found, a child naming its parent is not a circle, and comments do not
+/// count.
+#[test]
+fn the_circle_check_finds_a_circle_and_only_a_circle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("load")).expect("mkdir");
+    std::fs::write(src.join("lib.rs"), "pub mod load;\npub mod stats;\n").expect("write");
+    std::fs::write(
+        src.join("load/mod.rs"),
+        "pub mod plots;\npub mod results;\n",
+    )
+    .expect("write");
+    std::fs::write(src.join("load/results.rs"), "use super::plots::draw;\n").expect("write");
+    std::fs::write(
+        src.join("load/plots.rs"),
+        "use crate::load::results::Results;\nuse super::Helper;\n// crate::stats::Stats in a comment\n",
+    )
+    .expect("write");
+    std::fs::write(src.join("stats.rs"), "use crate::load::plots::x;\n").expect("write");
+    let graph = module_imports(src);
+    assert_eq!(
+        circles(&graph),
+        vec![vec!["load::plots".to_string(), "load::results".to_string()]]
+    );
+    std::fs::write(src.join("load/results.rs"), "pub struct Results;\n").expect("write");
+    assert!(circles(&module_imports(src)).is_empty());
+}
