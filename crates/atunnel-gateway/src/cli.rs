@@ -80,6 +80,23 @@ pub struct GatewayArgs {
     pub pool: PoolArgs,
 }
 
+/// The `atunnel-gateway` binary's command line: its logging, then the
+/// gateway's flags. Here, not in main.rs, so that the flags table in
+/// docs/operating.md is checked against exactly what `--help` prints.
+#[derive(clap::Parser)]
+#[command(
+    name = "atunnel-gateway",
+    version,
+    about = "atunnel-gateway: the egress gateway",
+    args_override_self = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: atunnel_process::LogArgs,
+    #[command(flatten)]
+    pub args: ForwardArgs,
+}
+
 /// `atunnel-gateway`: the gateway forwarding to allowed destinations.
 #[derive(clap::Parser, Clone, Debug)]
 #[command(

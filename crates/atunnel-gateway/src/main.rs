@@ -2,20 +2,7 @@
 
 use clap::Parser;
 
-use atunnel_gateway::cli::{self, ForwardArgs};
-
-#[derive(Parser)]
-#[command(
-    version,
-    about = "atunnel-gateway: the egress gateway",
-    args_override_self = true
-)]
-struct Cli {
-    #[command(flatten)]
-    log: atunnel_process::LogArgs,
-    #[command(flatten)]
-    args: ForwardArgs,
-}
+use atunnel_gateway::cli::{self, Cli};
 
 fn main() -> std::process::ExitCode {
     // The file's flags go before the command line's, which win.

@@ -256,3 +256,140 @@ fn the_circle_check_finds_a_circle_and_only_a_circle() {
     std::fs::write(src.join("load/results.rs"), "pub struct Results;\n").expect("write");
     assert!(circles(&module_imports(src)).is_empty());
 }
+
+/// Each long flag `--help` lists (but `--help` and `--version`), with its
+/// default if it prints one.
+fn help_flags(help: &str) -> BTreeMap<String, Option<String>> {
+    let mut flags = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in help.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        // Flags sit at a small indent; their descriptions at ten spaces.
+        if indent < 10
+            && let Some(rest) = trimmed
+                .strip_prefix("--")
+                .or_else(|| trimmed.split_once(", --").map(|(_, r)| r))
+        {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            current = (name != "help" && name != "version").then_some(name);
+            if let Some(n) = &current {
+                flags.insert(n.clone(), None);
+            }
+            continue;
+        }
+        if let (Some(n), Some(d)) = (
+            &current,
+            trimmed
+                .strip_prefix("[default: ")
+                .and_then(|d| d.strip_suffix(']')),
+        ) {
+            flags.insert(n.clone(), Some(d.to_string()));
+        }
+    }
+    flags
+}
+
+/// The rows (`| `--flag` | `default` or — | ... |`) of the table under the
+/// heading `### {heading}` in docs/operating.md.
+fn documented_flags(doc: &str, heading: &str) -> BTreeMap<String, Option<String>> {
+    let section = doc
+        .split(&format!("### {heading}\n"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("docs/operating.md has no section {heading}"));
+    let section = section.split("\n#").next().unwrap_or_default();
+    section
+        .lines()
+        .filter_map(|l| {
+            let mut cells = l.strip_prefix("| `--")?.splitn(3, '|');
+            let name = cells.next()?.trim().trim_end_matches('`').to_string();
+            let default = cells.next()?.trim();
+            let default = (default != "—").then(|| default.trim_matches('`').to_string());
+            Some((name, default))
+        })
+        .collect()
+}
+
+fn atunnel_help(command: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+        .args([command, "--help"])
+        .output()
+        .expect("atunnel --help");
+    assert!(out.status.success(), "atunnel {command} --help failed");
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// Flags only a comparison build has (the bench's).
+const COMPARISON_ONLY: [&str; 2] = ["copy-mode", "wait-buffer"];
+
+fn assert_same(
+    what: &str,
+    documented: &BTreeMap<String, Option<String>>,
+    help: &BTreeMap<String, Option<String>>,
+) {
+    let missing: Vec<&String> = help
+        .keys()
+        .filter(|k| !documented.contains_key(*k))
+        .collect();
+    let gone: Vec<&String> = documented
+        .keys()
+        .filter(|k| !help.contains_key(*k) && !COMPARISON_ONLY.contains(&k.as_str()))
+        .collect();
+    let defaults: Vec<String> = documented
+        .iter()
+        .filter_map(|(k, d)| {
+            let h = help.get(k)?;
+            (h != d).then(|| format!("--{k}: documented {d:?}, --help says {h:?}"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty() && gone.is_empty() && defaults.is_empty(),
+        "docs/operating.md's flags of {what} differ from --help:\n\
+         not documented: {missing:?}\nno longer a flag: {gone:?}\n{}",
+        defaults.join("\n")
+    );
+}
+
+/// docs/operating.md's flag tables list every flag of `atunnel serve`,
+/// `atunnel host`, `atunnel ctl` and `atunnel-gateway` with the default
+/// `--help` prints, and no flag that is gone.
+#[test]
+fn the_flag_tables_in_the_docs_match_every_binarys_help() {
+    let doc = std::fs::read_to_string(workspace_root().join("docs/operating.md")).expect("doc");
+    let serve = help_flags(&atunnel_help("serve"));
+    assert!(
+        serve.len() > 50,
+        "parsed only {} flags of serve",
+        serve.len()
+    );
+    assert_same(
+        "atunnel serve",
+        &documented_flags(&doc, "`atunnel serve`"),
+        &serve,
+    );
+    let host_only: BTreeMap<_, _> = help_flags(&atunnel_help("host"))
+        .into_iter()
+        .filter(|(k, _)| !serve.contains_key(k))
+        .collect();
+    assert_same(
+        "atunnel host",
+        &documented_flags(&doc, "`atunnel host`"),
+        &host_only,
+    );
+    assert_same(
+        "atunnel ctl",
+        &documented_flags(&doc, "`atunnel ctl`"),
+        &help_flags(&atunnel_help("ctl")),
+    );
+    let gateway = <atunnel_gateway::cli::Cli as clap::CommandFactory>::command()
+        .render_long_help()
+        .to_string();
+    assert_same(
+        "atunnel-gateway",
+        &documented_flags(&doc, "`atunnel-gateway`"),
+        &help_flags(&gateway),
+    );
+}
