@@ -4,8 +4,9 @@
 //! ([`run_main`]), the flags they all share ([`args`]), and the admin
 //! listener that serves `/stats` ([`admin`]).
 //!
-//! Depends on `atunnel-core`, `atunnel-tls` and hyper only; every binary of the workspace may depend
-//! on it, no library below the binaries' own does.
+//! Depends on `atunnel-core`, `atunnel-tls`, `atunnel-connect` (the HTTP/2
+//! flood limits its shared flags set) and hyper only; every binary of the
+//! workspace may depend on it, no library below the binaries' own does.
 
 pub mod admin;
 pub mod args;

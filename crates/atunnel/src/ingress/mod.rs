@@ -50,6 +50,8 @@ pub const ROUTER_SPIFFE_ID: &str = "spiffe://cluster.local/ns/ate-system/sa/aten
 /// 10 s costs nothing, and a rotated CA is trusted within that.
 pub const TRUST_BUNDLE_POLL: Duration = Duration::from_secs(10);
 
+/// How ingress serves the router: its certificates and trust, the router
+/// it admits, its pools, socket options, timeouts and per-actor bounds.
 #[derive(Clone, Debug)]
 pub struct IngressConfig {
     /// One PEM with the worker's certificate chain and key; re-read when it changes.
