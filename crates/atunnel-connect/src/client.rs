@@ -890,14 +890,7 @@ mod refusal_body_fuzz {
 
     use super::*;
 
-    #[allow(dead_code)]
-    mod chunked {
-        include!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/support/chunked.rs"
-        ));
-    }
-    use chunked::{Chunked, run_bounded};
+    use atunnel_core::test_util::{Chunked, run_bounded};
 
     const GUARD: Duration = Duration::from_secs(10);
     /// The readers' own wait for a body that stalls: the case ends with it.

@@ -66,14 +66,7 @@ mod fuzz {
 
     use super::*;
 
-    #[allow(dead_code)]
-    mod chunked {
-        include!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/support/chunked.rs"
-        ));
-    }
-    use chunked::{Chunked, run_bounded};
+    use atunnel_core::test_util::{Chunked, run_bounded};
 
     const GUARD: Duration = Duration::from_secs(10);
     const PREFIX: usize = H2_MAGIC.len() + H2_FRAME_HEADER;

@@ -8,9 +8,6 @@
 //! no panic, an error for bad input, never more than `MAX_HEAD` bytes read,
 //! and the same answer whatever chunks the bytes arrive in.
 
-#[allow(dead_code)]
-mod support;
-
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -18,8 +15,8 @@ use std::time::Duration;
 use atunnel_connect::http1::{RequestHead, parse_request, parse_response, read_head};
 use atunnel_connect::limits::{MAX_HEAD, MAX_HEADERS};
 use atunnel_connect::parse_destination;
+use atunnel_core::test_util::{Chunked, run_bounded};
 use proptest::prelude::*;
-use support::chunked::{Chunked, run_bounded};
 
 /// A hang becomes a failure after this; no case waits for it.
 const GUARD: Duration = Duration::from_secs(10);

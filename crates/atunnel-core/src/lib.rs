@@ -14,6 +14,8 @@ pub mod overload;
 pub mod pool;
 pub mod relay;
 pub mod sockopt;
+#[cfg(feature = "test-util")]
+pub mod test_util;
 
 pub use endpoint::{Chunk, Endpoint, H2Stream};
 pub use listener::{Listener, ListenerFigures, ListenerStats, RefusalPace};

@@ -1,12 +1,13 @@
-// An in-memory peer for the parsers' property tests, shared by
-// `tests/*.rs` (`mod support`) and the in-crate tests (`include!`).
-//
-// It hands its bytes out in the chunk sizes it is given and returns
-// `Pending` (having woken itself) before every chunk, so each chunk is a
-// real suspension of the reader under test. It records how many bytes were
-// taken and the largest buffer a read offered: a reader that sizes a buffer
-// for the bytes it still waits for (`read_exact` into `vec![0; len]`)
-// shows that size here, so a claimed length can be checked against a limit.
+//! Test fixtures for the crates above, behind the `test-util` feature
+//! (their dev-dependencies turn it on; no production build has it).
+//!
+//! [`Chunked`]: an in-memory peer for the parsers' property tests.
+//! It hands its bytes out in the chunk sizes it is given and returns
+//! `Pending` (having woken itself) before every chunk, so each chunk is a
+//! real suspension of the reader under test. It records how many bytes were
+//! taken and the largest buffer a read offered: a reader that sizes a buffer
+//! for the bytes it still waits for (`read_exact` into `vec![0; len]`)
+//! shows that size here, so a claimed length can be checked against a limit.
 
 /// A scripted peer: `data` in `sizes` chunks (cycled), then end of file or,
 /// if `stalling`, silence for ever.

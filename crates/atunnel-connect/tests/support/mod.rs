@@ -1,3 +1,0 @@
-//! Test fixtures shared by this crate's test binaries.
-
-pub mod chunked;
