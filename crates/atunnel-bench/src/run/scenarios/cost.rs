@@ -131,9 +131,16 @@ impl Unit {
     fn done_by(self, contender: Contender) -> bool {
         match contender {
             Contender::Atunnel => true,
-            // nginx and HAProxy in atunnel's place serve the router's
-            // HTTPS only: no CONNECT listener, no sandboxes, no hibernation.
-            Contender::Nginx | Contender::Haproxy => self == Unit::IngressHttps,
+            // nginx serves the router's HTTPS only: no CONNECT listener,
+            // no sandboxes, no hibernation.
+            Contender::Nginx => self == Unit::IngressHttps,
+            // HAProxy also relays the sandboxes' egress bytes, TCP -> TLS
+            // (no HTTP/2, so no HTTP request on a kept tunnel to compare:
+            // that is the far end's work).
+            Contender::Haproxy => matches!(
+                self,
+                Unit::IngressHttps | Unit::EgressOpen | Unit::EgressUpload | Unit::EgressDownload
+            ),
         }
     }
 }
@@ -518,14 +525,14 @@ async fn measure_contender(
 }
 
 /// The path each contender's units take to the actors' program.
-fn path_of(contender: Contender) -> &'static str {
-    match contender {
-        Contender::Atunnel => {
-            "veth into each actor's sandbox (its nftables rules); egress from inside actor-0's sandbox over HTTP/2 CONNECT to the gateway sink"
-        }
-        Contender::Nginx | Contender::Haproxy => {
-            "loopback to the same actors' program in the worker's namespace (no veth, no nftables)"
-        }
+fn path_of(contender: Contender) -> String {
+    match contender.peer() {
+        None => "ingress: across a veth into each actor's sandbox (its nftables rules); egress: from inside actor-0's sandbox, redirected to atunnel, over HTTP/2 CONNECT on a kept mTLS connection to the gateway sink".into(),
+        Some(peer) if peer.reaches_sandboxes() => format!(
+            "ingress: {}; egress: from inside actor-0's sandbox, redirected to a TCP -> TLS relay (mode tcp) in its gateway namespace, a TLS connection per tunnel to the sink's TLS services",
+            peer.path()
+        ),
+        Some(peer) => format!("ingress: {}", peer.path()),
     }
 }
 
