@@ -662,10 +662,8 @@ mod tests {
         assert_eq!(lines_with(egress, "frontend egress_actor_").len(), 3);
         assert_eq!(
             lines_with(egress, "server far_end "),
-            [
-                "server far_end 198.18.0.2:+7000 ssl verify required \
-                 ca-file /run/x/pki/gateway-ca.pem sni str(gateway.bench) verifyhost gateway.bench"
-            ]
+            ["server far_end 198.18.0.2:+7000 ssl verify required \
+                 ca-file /run/x/pki/gateway-ca.pem sni str(gateway.bench) verifyhost gateway.bench"]
         );
         // The ingress side stays HTTP: its frontend and backends come
         // before the egress defaults.
@@ -681,7 +679,9 @@ mod tests {
             dir: dir.path().join("peers"),
             ..sandboxed(1)
         };
-        let e = Peer::Nginx.write_config(&s).expect_err("nginx has no namespaces");
+        let e = Peer::Nginx
+            .write_config(&s)
+            .expect_err("nginx has no namespaces");
         assert!(e.to_string().contains("nginx cannot enter"), "{e}");
         assert!(Peer::Haproxy.write_config(&s).is_ok());
         assert!(Peer::Haproxy.reaches_sandboxes() && !Peer::Nginx.reaches_sandboxes());

@@ -258,9 +258,22 @@ async fn a_peer_does_atunnels_ingress_job(peer: Peer) {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = write_pki(dir.path());
     let name = format!("atbpeer-{}-{}", peer.name(), std::process::id() % 100_000);
-    in_namespace(&name, peer.reaches_sandboxes(), |exec, ns, sandbox| async move {
-        exercise(peer, &binary, &exec, &ns, sandbox.as_ref(), &pki, dir.path()).await
-    })
+    in_namespace(
+        &name,
+        peer.reaches_sandboxes(),
+        |exec, ns, sandbox| async move {
+            exercise(
+                peer,
+                &binary,
+                &exec,
+                &ns,
+                sandbox.as_ref(),
+                &pki,
+                dir.path(),
+            )
+            .await
+        },
+    )
     .await;
 }
 
@@ -316,7 +329,11 @@ async fn exercise(
         // Across the sandbox's veth, from its gateway side; actor-0's port
         // has nothing listening in the sandbox.
         Some(sb) => vec![
-            backend("bench/actor-0", actor_addr(ACTOR_PORT + 1), Some(&sb.gateway)),
+            backend(
+                "bench/actor-0",
+                actor_addr(ACTOR_PORT + 1),
+                Some(&sb.gateway),
+            ),
             backend("bench/actor-1", actor_addr(ACTOR_PORT), Some(&sb.gateway)),
         ],
         None => vec![
@@ -381,8 +398,8 @@ async fn relay(
         .map_err(|e| e.to_string())?;
     let cancel = tokio_util::sync::CancellationToken::new();
     let _stop_far_end = cancel.clone().drop_guard();
-    let far = sink_tls::spawn(listeners, tls, Default::default(), cancel)
-        .map_err(|e| e.to_string())?;
+    let far =
+        sink_tls::spawn(listeners, tls, Default::default(), cancel).map_err(|e| e.to_string())?;
     let setup = PeerSetup {
         listen: LISTEN,
         cert_bundle: pki.join("worker-credential-bundle.pem"),
