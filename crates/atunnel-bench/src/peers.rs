@@ -177,10 +177,10 @@ impl Peer {
     pub fn path(self) -> &'static str {
         match self {
             Peer::Haproxy => {
-                "across a veth into each actor's sandbox, as atunnel: `namespace <sandbox>-at` on each server line, so it dials 169.254.17.2 from the sandbox's gateway side through its nftables rules"
+                "across a veth into each actor's sandbox, as atunnel (`namespace <sandbox>-at` on its server lines: through the sandbox's nftables rules)"
             }
             Peer::Nginx => {
-                "loopback to the same actors' program in the worker's namespace (nginx cannot enter a namespace: no veth, no nftables)"
+                "on loopback in the worker's namespace (nginx cannot enter a namespace: no veth, no nftables)"
             }
         }
     }
