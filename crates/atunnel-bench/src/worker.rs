@@ -883,7 +883,7 @@ impl Supervisor {
             self.exec = Some(NsExecutor::start()?);
         }
         let exec = self.exec.clone().expect("started above");
-        let (egress_port, ipv6) = self.sandbox_shape()?;
+        let (egress_port, ipv6) = sandbox_shape(&self.args.tunnel_arg)?;
         let mut backends = Vec::with_capacity(self.args.actors);
         for i in 0..self.args.actors {
             let a = actor(i);
@@ -917,23 +917,6 @@ impl Supervisor {
             ca: self.pki.gateway_ca(),
         };
         Ok((backends, Some(egress)))
-    }
-
-    /// The egress port and IPv6 setting atunnel's sandboxes get: its
-    /// defaults, or the worker's `--tunnel-arg`s for them.
-    fn sandbox_shape(&self) -> Result<(u16, bool), atunnel_process::BoxError> {
-        let mut port = atunnel_sandbox::sandbox::DEFAULT_EGRESS_PORT;
-        let mut ipv6 = true;
-        for flag in &self.args.tunnel_arg {
-            match flag.split_once('=') {
-                Some(("--egress-port", v)) => {
-                    port = v.parse().map_err(|e| format!("{flag}: {e}"))?;
-                }
-                _ if flag == "--no-sandbox-ipv6" => ipv6 = false,
-                _ => {}
-            }
-        }
-        Ok((port, ipv6))
     }
 
     /// Where a peer's configuration goes.
@@ -1008,6 +991,23 @@ impl Supervisor {
         }
         role::sweep_namespaces(&self.args.netns_prefix).await;
     }
+}
+
+/// The egress port and IPv6 setting atunnel's sandboxes get with the
+/// worker's `--tunnel-arg`s `flags`: its defaults unless they are named.
+fn sandbox_shape(flags: &[String]) -> Result<(u16, bool), atunnel_process::BoxError> {
+    let mut port = atunnel_sandbox::sandbox::DEFAULT_EGRESS_PORT;
+    let mut ipv6 = true;
+    for flag in flags {
+        match flag.split_once('=') {
+            Some(("--egress-port", v)) => {
+                port = v.parse().map_err(|e| format!("{flag}: {e}"))?;
+            }
+            _ if flag == "--no-sandbox-ipv6" => ipv6 = false,
+            _ => {}
+        }
+    }
+    Ok((port, ipv6))
 }
 
 /// SIGKILLs every process still in `cgroup` (read from `cgroup.procs`).
@@ -1237,6 +1237,16 @@ mod tests {
         assert_eq!(gateway.server_name, "gw");
         assert!(split_gateway(strings(&["--gateway", "x:1"])).is_err());
         assert!(split_gateway(strings(&["--gateway-name=gw"])).is_err());
+    }
+
+    #[test]
+    fn a_peers_sandboxes_are_shaped_as_atunnels_by_the_same_flags() {
+        assert_eq!(sandbox_shape(&[]).expect("defaults"), (15001, true));
+        assert_eq!(
+            sandbox_shape(&strings(&["--egress-port=16000", "--no-sandbox-ipv6"])).expect("named"),
+            (16000, false)
+        );
+        assert!(sandbox_shape(&strings(&["--egress-port=x"])).is_err());
     }
 
     #[test]
