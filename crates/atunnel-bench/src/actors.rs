@@ -42,7 +42,7 @@ pub struct ActorsArgs {
     #[arg(long, default_value_t = LOOPBACK_BASE_PORT)]
     pub loopback_base_port: u16,
     /// Port the actors listen on.
-    #[arg(long, default_value_t = 80)]
+    #[arg(long, default_value_t = ACTOR_PORT)]
     pub port: u16,
     /// Body bytes of each response.
     #[arg(long, default_value_t = 64)]
@@ -57,6 +57,10 @@ pub struct ActorsArgs {
     #[arg(long, default_value_t = 9001)]
     pub hold_port: u16,
 }
+
+/// The port the actors' HTTP server listens on by default (in each
+/// sandbox, at 169.254.17.2).
+pub const ACTOR_PORT: u16 = 80;
 
 static FLOOD: [u8; 64 * 1024] = [b'f'; 64 * 1024];
 

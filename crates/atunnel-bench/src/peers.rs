@@ -10,13 +10,26 @@
 //! This module writes their configuration and finds their programs; the
 //! worker starts them in atunnel's cgroup (`worker.rs`).
 //!
+//! The path to the actors: HAProxy enters the sandboxes as atunnel does
+//! (`namespace <sandbox>-at` on each server line, so it dials the actor at
+//! 169.254.17.2 across the sandbox's veth and nftables rules, from the side
+//! atunnel dials from); nginx cannot enter a namespace and reaches the same
+//! actors' program on loopback ([`Peer::reaches_sandboxes`]).
+//!
+//! HAProxy also does atunnel's egress byte work as a TCP -> TLS relay
+//! ([`EgressRelay`]): a `mode tcp` frontend in each sandbox's gateway
+//! namespace on the port the sandbox's redirect delivers to, relaying over
+//! TLS to the sink's TLS services (`atunnel_support::sink_tls`). It does
+//! no HTTP/2 framing, and makes a TLS handshake per connection where
+//! atunnel opens a stream on a kept connection.
+//!
 //! What they do not do as atunnel does: they check that the router's
 //! certificate chains to the pod CA, not its SPIFFE ID (neither reads a URI
 //! SAN without scripting), and nginx answers a client without a certificate
 //! with `400` after the handshake instead of failing it.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -96,12 +109,46 @@ pub struct PeerSetup {
     pub cert_bundle: PathBuf,
     /// The CA a client certificate must chain to (the pod CA, the router's).
     pub client_ca: PathBuf,
-    /// `ate-target-actor` value (`bench/actor-0`) and that actor's HTTP/1.1
-    /// server, in order.
-    pub backends: Vec<(String, SocketAddr)>,
+    /// Each actor's HTTP/1.1 server, in order.
+    pub backends: Vec<Backend>,
+    /// The egress relay (HAProxy only); none: ingress only.
+    pub egress: Option<EgressRelay>,
     /// The folder the configuration is written to (and nginx's pid and
     /// temporary files go).
     pub dir: PathBuf,
+}
+
+/// One actor's HTTP/1.1 server, as a peer reaches it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backend {
+    /// Its `ate-target-actor` value (`bench/actor-0`).
+    pub actor: String,
+    pub addr: SocketAddr,
+    /// The namespace the peer dials it from: the sandbox's gateway side
+    /// (`<runtime>-at`, where atunnel dials from); none, the peer's own.
+    #[serde(default)]
+    pub netns: Option<String>,
+}
+
+/// HAProxy as a TCP -> TLS relay for the actors' egress: it listens in
+/// each sandbox's gateway namespace where the redirect delivers the
+/// actor's TCP (atunnel's egress port), reads the original destination
+/// (SO_ORIGINAL_DST) and relays over TLS to `far_end` at the original port
+/// plus `port_offset`.
+#[derive(Clone, Debug)]
+pub struct EgressRelay {
+    /// The port the sandboxes' redirect sends the actors' TCP to.
+    pub port: u16,
+    /// Each sandbox's gateway-side namespace (`<runtime>-at`).
+    pub netns: Vec<String>,
+    /// The TLS far end (the sink's address).
+    pub far_end: IpAddr,
+    /// Added to the original destination's port (`sink_tls`'s offset).
+    pub port_offset: u16,
+    /// The name the far end's certificate must carry, also sent as SNI.
+    pub server_name: String,
+    /// The CA the far end's certificate must chain to.
+    pub ca: PathBuf,
 }
 
 impl Peer {
@@ -117,6 +164,24 @@ impl Peer {
         match self {
             Peer::Nginx => "nginx.conf",
             Peer::Haproxy => "haproxy.cfg",
+        }
+    }
+
+    /// Whether the peer can enter a sandbox's namespaces (HAProxy's
+    /// `namespace` on bind and server lines); nginx has no such setting.
+    pub fn reaches_sandboxes(self) -> bool {
+        self == Peer::Haproxy
+    }
+
+    /// How the peer reaches the actors' program, for the report.
+    pub fn path(self) -> &'static str {
+        match self {
+            Peer::Haproxy => {
+                "across a veth into each actor's sandbox, as atunnel (`namespace <sandbox>-at` on its server lines: through the sandbox's nftables rules)"
+            }
+            Peer::Nginx => {
+                "on loopback in the worker's namespace (nginx cannot enter a namespace: no veth, no nftables)"
+            }
         }
     }
 
@@ -143,6 +208,13 @@ impl Peer {
 
     /// Writes the configuration into `setup.dir`; its path.
     pub fn write_config(self, setup: &PeerSetup) -> std::io::Result<PathBuf> {
+        let enters = setup.egress.is_some() || setup.backends.iter().any(|b| b.netns.is_some());
+        if enters && !self.reaches_sandboxes() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} cannot enter a network namespace", self.name()),
+            ));
+        }
         std::fs::create_dir_all(&setup.dir)?;
         if self == Peer::Nginx {
             // Its temporary files (unused by GET answers, created at start).
@@ -248,20 +320,21 @@ fn nginx_conf(s: &PeerSetup) -> String {
          \x20   map $http_ate_target_actor $actor_upstream {{\n\
          \x20       default \"\";\n"
     );
-    for (i, (name, _)) in s.backends.iter().enumerate() {
-        let _ = writeln!(c, "        \"{name}\" {};", backend_name(i));
+    for (i, b) in s.backends.iter().enumerate() {
+        let _ = writeln!(c, "        \"{}\" {};", b.actor, backend_name(i));
     }
     c.push_str("    }\n");
-    for (i, (_, addr)) in s.backends.iter().enumerate() {
+    for (i, b) in s.backends.iter().enumerate() {
         let _ = write!(
             c,
             "    upstream {} {{\n\
-             \x20       server {addr};\n\
+             \x20       server {};\n\
              \x20       keepalive {UPSTREAM_IDLE_PER_ACTOR};\n\
              \x20       keepalive_timeout {UPSTREAM_IDLE_SECS}s;\n\
              \x20       keepalive_requests 1000000000;\n\
              \x20   }}\n",
-            backend_name(i)
+            backend_name(i),
+            b.addr,
         );
     }
     let _ = write!(
@@ -331,8 +404,9 @@ fn haproxy_cfg(s: &PeerSetup) -> String {
         cert = s.cert_bundle.display(),
         ca = s.client_ca.display(),
     );
-    for (i, (name, _)) in s.backends.iter().enumerate() {
+    for (i, backend) in s.backends.iter().enumerate() {
         let b = backend_name(i);
+        let name = &backend.actor;
         let _ = writeln!(c, "    acl {b} req.hdr(ate-target-actor) -m str {name}");
         let _ = writeln!(c, "    use_backend {b} if {b}");
     }
@@ -342,18 +416,61 @@ fn haproxy_cfg(s: &PeerSetup) -> String {
          backend stale\n\
          \x20   http-request return status 421 hdr X-Ate-Assignment-Stale true\n",
     );
-    for (i, (_, addr)) in s.backends.iter().enumerate() {
+    for (i, backend) in s.backends.iter().enumerate() {
         let b = backend_name(i);
+        let addr = backend.addr;
+        // From inside the sandbox's gateway namespace, as atunnel dials.
+        let netns = match &backend.netns {
+            Some(ns) => format!(" namespace {ns}"),
+            None => String::new(),
+        };
         let _ = write!(
             c,
             "\nbackend {b}\n\
              \x20   http-request del-header ate-target-actor\n\
              \x20   http-request del-header X-Ate-Target-Port\n\
              \x20   option forwardfor\n\
-             \x20   server {b} {addr} pool-max-conn {UPSTREAM_IDLE_PER_ACTOR} pool-purge-delay {UPSTREAM_IDLE_SECS}s\n"
+             \x20   server {b} {addr}{netns} pool-max-conn {UPSTREAM_IDLE_PER_ACTOR} pool-purge-delay {UPSTREAM_IDLE_SECS}s\n"
         );
     }
+    if let Some(e) = &s.egress {
+        haproxy_egress(&mut c, e);
+    }
     c
+}
+
+/// The egress relay's sections: its own defaults (TCP), one frontend per
+/// sandbox, one backend to the TLS far end.
+fn haproxy_egress(c: &mut String, e: &EgressRelay) {
+    let ca = e.ca.display();
+    let name = &e.server_name;
+    let _ = write!(
+        c,
+        "\n# Egress: a TCP -> TLS relay in each sandbox, where its redirect delivers the\n\
+         # actor's TCP; the far end's port is the original destination's (SO_ORIGINAL_DST)\n\
+         # plus {offset}.\n\
+         defaults egress\n\
+         \x20   mode tcp\n\
+         \x20   no log\n\
+         \x20   timeout connect 5s\n\
+         \x20   timeout client {CLIENT_IDLE_SECS}s\n\
+         \x20   timeout server {CLIENT_IDLE_SECS}s\n\
+         \n\
+         backend egress_far_end\n\
+         \x20   server far_end {far}:+{offset} ssl verify required ca-file {ca} sni str({name}) verifyhost {name}\n",
+        offset = e.port_offset,
+        far = e.far_end,
+    );
+    for (i, ns) in e.netns.iter().enumerate() {
+        // IPv4: HAProxy reads SO_ORIGINAL_DST for IPv4 sockets only.
+        let _ = write!(
+            c,
+            "\nfrontend egress_actor_{i}\n\
+             \x20   bind 0.0.0.0:{port} namespace {ns}\n\
+             \x20   default_backend egress_far_end\n",
+            port = e.port,
+        );
+    }
 }
 
 #[cfg(test)]
@@ -366,14 +483,38 @@ mod tests {
             cert_bundle: "/run/x/pki/worker-credential-bundle.pem".into(),
             client_ca: "/run/x/pki/pod-ca.pem".into(),
             backends: (0..actors)
-                .map(|i| {
-                    (
-                        format!("bench/actor-{i}"),
-                        SocketAddr::from(([127, 0, 0, 1], 18000 + i as u16)),
-                    )
+                .map(|i| Backend {
+                    actor: format!("bench/actor-{i}"),
+                    addr: SocketAddr::from(([127, 0, 0, 1], 18000 + i as u16)),
+                    netns: None,
                 })
                 .collect(),
+            egress: None,
             dir: "/run/x/peers".into(),
+        }
+    }
+
+    /// As the worker sets HAProxy up: each actor in its sandbox, reached
+    /// from the sandbox's gateway side, and the egress relay.
+    fn sandboxed(actors: usize) -> PeerSetup {
+        let at = |i| format!("atb1-s-uid-{i}-at");
+        PeerSetup {
+            backends: (0..actors)
+                .map(|i| Backend {
+                    actor: format!("bench/actor-{i}"),
+                    addr: "169.254.17.2:80".parse().expect("address"),
+                    netns: Some(at(i)),
+                })
+                .collect(),
+            egress: Some(EgressRelay {
+                port: 15001,
+                netns: (0..actors).map(at).collect(),
+                far_end: "198.18.0.2".parse().expect("address"),
+                port_offset: 7000,
+                server_name: "gateway.bench".into(),
+                ca: "/run/x/pki/gateway-ca.pem".into(),
+            }),
+            ..setup(actors)
         }
     }
 
@@ -473,6 +614,77 @@ mod tests {
             "{c}"
         );
         assert_eq!(lines_with(&c, "http-reuse"), ["http-reuse always"]);
+    }
+
+    #[test]
+    fn haproxy_reaches_each_actor_from_its_sandboxs_gateway_side() {
+        let c = Peer::Haproxy.config(&sandboxed(16));
+        for i in 0..16 {
+            assert_eq!(
+                lines_with(&c, &format!("server actor_{i} ")),
+                [format!(
+                    "server actor_{i} 169.254.17.2:80 namespace atb1-s-uid-{i}-at \
+                     pool-max-conn 128 pool-purge-delay 90s"
+                )]
+            );
+            // Routing by ate-target-actor is unchanged.
+            assert_eq!(
+                lines_with(&c, &format!("use_backend actor_{i} ")),
+                [format!("use_backend actor_{i} if actor_{i}")]
+            );
+        }
+        // Without sandboxes, no namespace anywhere.
+        assert!(!Peer::Haproxy.config(&setup(16)).contains("namespace"));
+    }
+
+    #[test]
+    fn haproxy_relays_each_sandboxs_egress_over_tls_to_the_far_end() {
+        let c = Peer::Haproxy.config(&sandboxed(3));
+        let egress = c
+            .split("defaults egress")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no egress defaults in\n{c}"));
+        assert_eq!(lines_with(egress, "mode "), ["mode tcp"]);
+        for i in 0..3 {
+            let frontend = egress
+                .split(&format!("frontend egress_actor_{i}\n"))
+                .nth(1)
+                .unwrap_or_else(|| panic!("no frontend egress_actor_{i} in\n{c}"));
+            let lines: Vec<&str> = frontend.lines().take(2).map(str::trim).collect();
+            assert_eq!(
+                lines,
+                [
+                    format!("bind 0.0.0.0:15001 namespace atb1-s-uid-{i}-at"),
+                    "default_backend egress_far_end".into()
+                ]
+            );
+        }
+        assert_eq!(lines_with(egress, "frontend egress_actor_").len(), 3);
+        assert_eq!(
+            lines_with(egress, "server far_end "),
+            ["server far_end 198.18.0.2:+7000 ssl verify required \
+                 ca-file /run/x/pki/gateway-ca.pem sni str(gateway.bench) verifyhost gateway.bench"]
+        );
+        // The ingress side stays HTTP: its frontend and backends come
+        // before the egress defaults.
+        let ingress = c.split("defaults egress").next().unwrap_or_default();
+        assert!(ingress.contains("frontend ingress"), "{c}");
+        assert_eq!(lines_with(ingress, "backend actor_").len(), 3 * 2);
+    }
+
+    #[test]
+    fn nginx_refuses_a_setup_that_enters_a_sandbox() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = PeerSetup {
+            dir: dir.path().join("peers"),
+            ..sandboxed(1)
+        };
+        let e = Peer::Nginx
+            .write_config(&s)
+            .expect_err("nginx has no namespaces");
+        assert!(e.to_string().contains("nginx cannot enter"), "{e}");
+        assert!(Peer::Haproxy.write_config(&s).is_ok());
+        assert!(Peer::Haproxy.reaches_sandboxes() && !Peer::Nginx.reaches_sandboxes());
     }
 
     #[test]

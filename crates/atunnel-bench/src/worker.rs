@@ -32,10 +32,15 @@
 //! HAProxy). It runs in atunnel's place: the same cgroup, listening on
 //! atunnel's ingress HTTPS address with the worker's serving certificate,
 //! its configuration written to the peers folder and started from there.
-//! It cannot enter the sandboxes, so the actors' program serves the same
-//! actors on 127.0.0.1 in the worker's namespace for it (one port each);
-//! `ready` is then empty (no /stats, no sandboxes) and `peer` says what
-//! runs. A peer that dies is restarted as atunnel is.
+//! For HAProxy the worker builds each actor's sandbox itself as atunnel
+//! does (the same names, `SandboxNetwork` with its veth and nftables
+//! rules), the actors' program serves inside them, and HAProxy reaches
+//! them from each sandbox's gateway side and relays their egress over TLS
+//! to the sink's TLS services. nginx cannot enter a namespace, so the
+//! actors' program serves the same actors on 127.0.0.1 in the worker's
+//! namespace for it (one port each). `ready` is then empty (no /stats) and
+//! `peer` says what runs and which sandboxes it uses. A peer that dies is
+//! restarted as atunnel is.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
@@ -46,7 +51,8 @@ use atunnel::control::daemon::ServeReady;
 use atunnel::control::proto;
 use atunnel::host::{HostReady, HostedActor};
 use atunnel_bench::cgroup::{Cgroup, CgroupDirs, Limits};
-use atunnel_bench::peers::{Contender, Peer, PeerSetup};
+use atunnel_bench::peers::{Backend, Contender, EgressRelay, Peer, PeerSetup};
+use atunnel_sandbox::{NsExecutor, SandboxNetwork};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -248,9 +254,14 @@ pub struct PeerRunning {
     pub config: PathBuf,
     /// Where it serves the router (atunnel's ingress HTTPS address).
     pub listen: SocketAddr,
-    /// Each actor's `ate-target-actor` value and the loopback server it is
-    /// routed to.
-    pub backends: Vec<(String, SocketAddr)>,
+    /// Each actor's `ate-target-actor` value and the server it is routed to
+    /// (on loopback, or in its sandbox).
+    pub backends: Vec<Backend>,
+    /// The actors' runtime namespaces (sandboxes the worker built for the
+    /// peer, as atunnel builds them); empty when it reaches them on
+    /// loopback.
+    #[serde(default)]
+    pub sandboxes: Vec<String>,
 }
 
 impl WorkerStatus {
@@ -483,6 +494,8 @@ async fn serve(
         tunnel: None,
         control: None,
         actors: None,
+        exec: None,
+        peer_sandboxes: Vec::new(),
         status,
         publish,
     };
@@ -541,6 +554,10 @@ struct Supervisor {
     /// The running atunnel's control API.
     control: Option<Control>,
     actors: Option<Role>,
+    /// Makes the peers' sandboxes (started on first use).
+    exec: Option<NsExecutor>,
+    /// The sandboxes built for a peer (atunnel builds its own).
+    peer_sandboxes: Vec<SandboxNetwork>,
     status: WorkerStatus,
     publish: watch::Sender<WorkerStatus>,
 }
@@ -766,7 +783,8 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Starts `peer` in atunnel's place: the actors on loopback first (its
+    /// Starts `peer` in atunnel's place: the actors first (in sandboxes the
+    /// worker builds for a peer that can enter them, else on loopback: its
     /// backends), then its configuration written to the peers folder, then
     /// the peer from it inside atunnel's cgroup; ready once it accepts
     /// connections on atunnel's ingress HTTPS address.
@@ -777,25 +795,17 @@ impl Supervisor {
                 peer.name()
             )
         })?;
-        let n = self.args.actors;
-        let backends = (0..n)
-            .map(|i| {
-                let a = actor(i);
-                let addr = crate::actors::loopback_addr(crate::actors::LOOPBACK_BASE_PORT, i)?;
-                Ok((format!("{}/{}", a.atespace, a.name), addr))
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        let actors = role::start_with(
-            &["actors".into(), arg("loopback-actors", n)],
-            Some(role::own_process_group()),
-        )
-        .await?;
-        self.actors = Some(actors);
+        let (backends, egress) = if peer.reaches_sandboxes() {
+            self.start_peer_sandboxes().await?
+        } else {
+            (self.start_loopback_actors().await?, None)
+        };
         let setup = PeerSetup {
             listen: self.args.ingress_https,
             cert_bundle: self.pki.worker_bundle(),
             client_ca: self.pki.pod_ca(),
             backends: backends.clone(),
+            egress,
             dir: self.peers_dir(),
         };
         let config = peer.write_config(&setup)?;
@@ -829,8 +839,84 @@ impl Supervisor {
             config,
             listen: self.args.ingress_https,
             backends,
+            sandboxes: self
+                .peer_sandboxes
+                .iter()
+                .map(|s| s.name().to_string())
+                .collect(),
         });
         Ok(())
+    }
+
+    /// The actors' program on loopback, one port per actor (for a peer
+    /// that cannot enter a sandbox); their backends.
+    async fn start_loopback_actors(&mut self) -> Result<Vec<Backend>, atunnel_process::BoxError> {
+        let n = self.args.actors;
+        let backends = (0..n)
+            .map(|i| {
+                let a = actor(i);
+                let addr = crate::actors::loopback_addr(crate::actors::LOOPBACK_BASE_PORT, i)?;
+                Ok(Backend {
+                    actor: format!("{}/{}", a.atespace, a.name),
+                    addr,
+                    netns: None,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let actors = role::start_with(
+            &["actors".into(), arg("loopback-actors", n)],
+            Some(role::own_process_group()),
+        )
+        .await?;
+        self.actors = Some(actors);
+        Ok(backends)
+    }
+
+    /// Each actor's sandbox built as atunnel builds it (its name, egress
+    /// port and IPv6 setting; the veth and the nftables rules), the actors'
+    /// program serving inside them as for atunnel; their backends, reached
+    /// from each sandbox's gateway side, and the egress relay in them.
+    async fn start_peer_sandboxes(
+        &mut self,
+    ) -> Result<(Vec<Backend>, Option<EgressRelay>), atunnel_process::BoxError> {
+        if self.exec.is_none() {
+            self.exec = Some(NsExecutor::start()?);
+        }
+        let exec = self.exec.clone().expect("started above");
+        let (egress_port, ipv6) = sandbox_shape(&self.args.tunnel_arg)?;
+        let mut backends = Vec::with_capacity(self.args.actors);
+        for i in 0..self.args.actors {
+            let a = actor(i);
+            let name = format!("{}{}", self.args.netns_prefix, a.uid);
+            // Pushed at once: stop_children removes what was built.
+            let sandbox = SandboxNetwork::create(&exec, &name, egress_port, ipv6).await?;
+            backends.push(Backend {
+                actor: format!("{}/{}", a.atespace, a.name),
+                addr: atunnel_sandbox::sandbox::actor_addr(crate::actors::ACTOR_PORT),
+                netns: Some(sandbox.gateway.name().to_string()),
+            });
+            self.peer_sandboxes.push(sandbox);
+        }
+        let names: Vec<&str> = self.peer_sandboxes.iter().map(|s| s.name()).collect();
+        let actors = role::start_with(
+            &["actors".into(), arg("netns", names.join(","))],
+            Some(role::own_process_group()),
+        )
+        .await?;
+        self.actors = Some(actors);
+        let egress = EgressRelay {
+            port: egress_port,
+            netns: self
+                .peer_sandboxes
+                .iter()
+                .map(|s| s.gateway.name().to_string())
+                .collect(),
+            far_end: self.args.gateway.ip(),
+            port_offset: atunnel_support::sink_tls::DEFAULT_PORT_OFFSET,
+            server_name: pki::GATEWAY_NAME.to_string(),
+            ca: self.pki.gateway_ca(),
+        };
+        Ok((backends, Some(egress)))
     }
 
     /// Where a peer's configuration goes.
@@ -895,8 +981,33 @@ impl Supervisor {
         self.status.atunnel_control = None;
         self.status.gateway = None;
         self.status.peer = None;
+        if let Some(exec) = &self.exec {
+            for sandbox in self.peer_sandboxes.drain(..) {
+                let name = sandbox.name().to_string();
+                if let Err(e) = sandbox.destroy(exec).await {
+                    eprintln!("atunnel-bench worker: removing sandbox {name}: {e}");
+                }
+            }
+        }
         role::sweep_namespaces(&self.args.netns_prefix).await;
     }
+}
+
+/// The egress port and IPv6 setting atunnel's sandboxes get with the
+/// worker's `--tunnel-arg`s `flags`: its defaults unless they are named.
+fn sandbox_shape(flags: &[String]) -> Result<(u16, bool), atunnel_process::BoxError> {
+    let mut port = atunnel_sandbox::sandbox::DEFAULT_EGRESS_PORT;
+    let mut ipv6 = true;
+    for flag in flags {
+        match flag.split_once('=') {
+            Some(("--egress-port", v)) => {
+                port = v.parse().map_err(|e| format!("{flag}: {e}"))?;
+            }
+            _ if flag == "--no-sandbox-ipv6" => ipv6 = false,
+            _ => {}
+        }
+    }
+    Ok((port, ipv6))
 }
 
 /// SIGKILLs every process still in `cgroup` (read from `cgroup.procs`).
@@ -1126,6 +1237,16 @@ mod tests {
         assert_eq!(gateway.server_name, "gw");
         assert!(split_gateway(strings(&["--gateway", "x:1"])).is_err());
         assert!(split_gateway(strings(&["--gateway-name=gw"])).is_err());
+    }
+
+    #[test]
+    fn a_peers_sandboxes_are_shaped_as_atunnels_by_the_same_flags() {
+        assert_eq!(sandbox_shape(&[]).expect("defaults"), (15001, true));
+        assert_eq!(
+            sandbox_shape(&strings(&["--egress-port=16000", "--no-sandbox-ipv6"])).expect("named"),
+            (16000, false)
+        );
+        assert!(sandbox_shape(&strings(&["--egress-port=x"])).is_err());
     }
 
     #[test]

@@ -1,14 +1,21 @@
 //! The peers `--compare peers` runs in atunnel's place (root: a namespace
 //! of their own): nginx and HAProxy, each started from the configuration
-//! `atunnel_bench::peers` writes, in front of the actors' program on
-//! loopback, do atunnel's ingress HTTPS job. A request as the router (its
-//! certificate, HTTP/2) reaches the actor it names and comes back with the
-//! actor's body; a client without a certificate never reaches an actor; an
-//! actor it does not know gets 421 with `X-Ate-Assignment-Stale`.
+//! `atunnel_bench::peers` writes, do atunnel's ingress HTTPS job. A request
+//! as the router (its certificate, HTTP/2) reaches the actor it names and
+//! comes back with the actor's body; a client without a certificate never
+//! reaches an actor; an actor it does not know gets 421 with
+//! `X-Ate-Assignment-Stale`. nginx reaches the actors' program on loopback;
+//! HAProxy reaches it as atunnel does, inside a sandbox built as atunnel
+//! builds one (veth, nftables), dialling 169.254.17.2 from the sandbox's
+//! gateway side: nothing answers there but across the veth.
 //!
-//! The config routes two actors: actor-1 to a live loopback actor, actor-0
-//! to a port nothing listens on, so that actor-0's 502 (HAProxy: 503)
-//! shows each actor is routed to its own backend.
+//! The config routes two actors: actor-1 to a live actor, actor-0 to a
+//! port nothing listens on, so that actor-0's 502 (HAProxy: 503) shows
+//! each actor is routed to its own backend.
+//!
+//! HAProxy's egress relay: bytes an actor's program sends from inside its
+//! sandbox (redirected as atunnel's egress is) reach the sink's echo over
+//! TLS (the far end counts the handshake) and come back intact.
 //!
 //! Needs `apt-get install nginx haproxy`. README's test command must pass
 //! on a machine with nothing but the Rust toolchain, so without them these
@@ -22,9 +29,10 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel_bench::peers::{Peer, PeerSetup};
+use atunnel_bench::peers::{Backend, EgressRelay, Peer, PeerSetup};
 use atunnel_sandbox::link::Netlink;
-use atunnel_sandbox::{NetNs, NsExecutor};
+use atunnel_sandbox::sandbox::{DEFAULT_EGRESS_PORT, actor_addr};
+use atunnel_sandbox::{NetNs, NsExecutor, SandboxNetwork};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -39,6 +47,10 @@ const LISTEN: SocketAddr =
 /// program).
 const DEAD_PORT: u16 = 18100;
 const LIVE_PORT: u16 = 18101;
+/// The actors' program's port in a sandbox (`actors --port` default).
+const ACTOR_PORT: u16 = 80;
+/// Where the egress relay's far end listens: the sink's ports plus this.
+const FAR_END_OFFSET: u16 = 7000;
 
 /// A TCP connection from inside `ns`.
 async fn connect_in(exec: &NsExecutor, ns: &NetNs, addr: SocketAddr) -> std::io::Result<TcpStream> {
@@ -156,14 +168,15 @@ async fn get(
     Ok((status, stale, body))
 }
 
-/// Runs `peer` from its written configuration in a namespace of its own in
-/// front of one live loopback actor, and checks what the router sees.
-async fn a_peer_does_atunnels_ingress_job(peer: Peer) {
+/// The peer's program, or `None` when it is missing and not required
+/// (the test then says so and passes).
+fn installed(peer: Peer) -> Option<std::path::PathBuf> {
     assert!(
         nix::unistd::geteuid().is_root(),
         "the peers run in a namespace of their own; run the tests as root"
     );
-    let Some(binary) = peer.find() else {
+    let found = peer.find();
+    if found.is_none() {
         let missing = format!(
             "{} is not installed: apt-get install nginx haproxy",
             peer.name()
@@ -173,12 +186,14 @@ async fn a_peer_does_atunnels_ingress_job(peer: Peer) {
             "{missing}"
         );
         eprintln!("not run: {missing} (ATUNNEL_REQUIRE_PEERS=1 makes this a failure)");
-        return;
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let bin = env!("CARGO_BIN_EXE_atunnel-bench");
-    let pki = dir.path().join("pki");
-    let status = std::process::Command::new(bin)
+    }
+    found
+}
+
+/// The PKI `atunnel-bench pki` writes, in `dir`.
+fn write_pki(dir: &Path) -> std::path::PathBuf {
+    let pki = dir.join("pki");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_atunnel-bench"))
         .arg("pki")
         .arg("--out")
         .arg(&pki)
@@ -186,55 +201,100 @@ async fn a_peer_does_atunnels_ingress_job(peer: Peer) {
         .status()
         .expect("pki runs");
     assert!(status.success(), "pki: {status}");
+    pki
+}
 
-    let name = format!("atbpeer-{}-{}", peer.name(), std::process::id() % 100_000);
+/// A namespace for the test (`name`, loopback up) and, if `sandboxed`, a
+/// sandbox built as atunnel builds one (`name-sb`, its gateway side
+/// `name-sb-at`); `body` runs with them, then both are removed and every
+/// process in the namespace killed, whatever happened.
+async fn in_namespace<F, Fut>(name: &str, sandboxed: bool, body: F)
+where
+    F: FnOnce(NsExecutor, NetNs, Option<SandboxNetwork>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
     let exec = NsExecutor::start().expect("netns executor");
-    let ns = exec.create(&name).await.expect("namespace");
+    let ns = exec.create(name).await.expect("namespace");
+    Netlink::open(&exec, &ns)
+        .await
+        .expect("netlink")
+        .up("lo")
+        .await
+        .expect("loopback up");
+    let sandbox = if sandboxed {
+        let sb = SandboxNetwork::create(&exec, &format!("{name}-sb"), DEFAULT_EGRESS_PORT, true)
+            .await
+            .expect("sandbox");
+        Some(sb)
+    } else {
+        None
+    };
     let result = tokio::time::timeout(
         Duration::from_secs(30),
-        exercise(peer, &binary, &exec, &ns, &pki, dir.path()),
+        body(exec.clone(), ns, sandbox.clone()),
     )
     .await;
     // Whatever happened (a timeout drops the children, and a killed
     // nginx master leaves its worker running): nothing outlives the test.
-    kill_processes_in(&name);
-    let _ = exec.delete(&name).await;
+    kill_processes_in(name);
+    let _ = exec.delete(name).await;
+    if let Some(sb) = sandbox {
+        let _ = sb.destroy(&exec).await;
+    }
     match result {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => panic!("{}: {e}", peer.name()),
-        Err(_) => panic!("{}: not done within 30 s", peer.name()),
+        Ok(Err(e)) => panic!("{name}: {e}"),
+        Err(_) => panic!("{name}: not done within 30 s"),
     }
 }
 
-/// The checks; the caller removes the namespace whatever happens here
-/// (the children are killed when dropped).
-async fn exercise(
-    peer: Peer,
-    binary: &Path,
+/// Runs `peer` from its written configuration in a namespace of its own in
+/// front of one live actor (in a sandbox for a peer that enters them, on
+/// loopback for one that cannot), and checks what the router sees.
+async fn a_peer_does_atunnels_ingress_job(peer: Peer) {
+    let Some(binary) = installed(peer) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = write_pki(dir.path());
+    let name = format!("atbpeer-{}-{}", peer.name(), std::process::id() % 100_000);
+    in_namespace(
+        &name,
+        peer.reaches_sandboxes(),
+        |exec, ns, sandbox| async move {
+            exercise(
+                peer,
+                &binary,
+                &exec,
+                &ns,
+                sandbox.as_ref(),
+                &pki,
+                dir.path(),
+            )
+            .await
+        },
+    )
+    .await;
+}
+
+/// The actors' program, started in `ns`, once it says it is ready: in
+/// `sandbox` if given, else one loopback actor on [`LIVE_PORT`].
+async fn start_actors(
     exec: &NsExecutor,
     ns: &NetNs,
-    pki: &Path,
-    dir: &Path,
-) -> Result<(), String> {
-    Netlink::open(exec, ns)
-        .await
-        .map_err(|e| e.to_string())?
-        .up("lo")
-        .await
-        .map_err(|e| e.to_string())?;
+    sandbox: Option<&SandboxNetwork>,
+) -> Result<tokio::process::Child, String> {
     let bin = env!("CARGO_BIN_EXE_atunnel-bench");
-    let mut actors = spawn_in(
-        exec,
-        ns,
-        vec![
-            bin.into(),
-            "actors".into(),
+    let serve = match sandbox {
+        Some(sb) => vec![format!("--netns={}", sb.name())],
+        None => vec![
             "--loopback-actors=1".into(),
             format!("--loopback-base-port={LIVE_PORT}"),
         ],
-        Stdio::piped(),
-    )
-    .await;
+    };
+    let mut args = vec![bin.to_string(), "actors".into()];
+    args.extend(serve);
+    let mut actors = spawn_in(exec, ns, args, Stdio::piped()).await;
     let stdout = actors.stdout.take().ok_or("actors without stdout")?;
     let mut ready = String::new();
     BufReader::new(stdout)
@@ -244,15 +304,49 @@ async fn exercise(
     if !ready.starts_with("ready") {
         return Err(format!("actors did not start: {ready:?}"));
     }
+    Ok(actors)
+}
+
+/// The checks; the caller removes the namespaces whatever happens here
+/// (the children are killed when dropped).
+async fn exercise(
+    peer: Peer,
+    binary: &Path,
+    exec: &NsExecutor,
+    ns: &NetNs,
+    sandbox: Option<&SandboxNetwork>,
+    pki: &Path,
+    dir: &Path,
+) -> Result<(), String> {
+    let actors = start_actors(exec, ns, sandbox).await?;
+    let backend = |actor: &str, addr, netns: Option<&NetNs>| Backend {
+        actor: actor.into(),
+        addr,
+        netns: netns.map(|n| n.name().to_string()),
+    };
     let local = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    let backends = match sandbox {
+        // Across the sandbox's veth, from its gateway side; actor-0's port
+        // has nothing listening in the sandbox.
+        Some(sb) => vec![
+            backend(
+                "bench/actor-0",
+                actor_addr(ACTOR_PORT + 1),
+                Some(&sb.gateway),
+            ),
+            backend("bench/actor-1", actor_addr(ACTOR_PORT), Some(&sb.gateway)),
+        ],
+        None => vec![
+            backend("bench/actor-0", local(DEAD_PORT), None),
+            backend("bench/actor-1", local(LIVE_PORT), None),
+        ],
+    };
     let setup = PeerSetup {
         listen: LISTEN,
         cert_bundle: pki.join("worker-credential-bundle.pem"),
         client_ca: pki.join("pod-ca.pem"),
-        backends: vec![
-            ("bench/actor-0".into(), local(DEAD_PORT)),
-            ("bench/actor-1".into(), local(LIVE_PORT)),
-        ],
+        backends,
+        egress: None,
         dir: dir.join("peers"),
     };
     let config = peer.write_config(&setup).map_err(|e| e.to_string())?;
@@ -260,6 +354,123 @@ async fn exercise(
     let result = check(proxy_ready(proxy, exec, ns, &config).await, exec, ns, pki).await;
     stop(actors).await;
     result
+}
+
+/// HAProxy as atunnel's egress: a connection an actor's program makes from
+/// inside its sandbox to the sink's echo (192.0.2.10:7) is redirected to
+/// HAProxy's frontend in the sandbox's gateway namespace, relayed over TLS
+/// (verified against the gateway CA, SNI set) to the far end's echo at
+/// port 7 + the offset, and a known pattern comes back intact after the
+/// half-close; the far end counts one TLS handshake per connection, the
+/// second resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_relays_a_sandboxs_egress_over_tls_to_the_far_end_and_back() {
+    let Some(binary) = installed(Peer::Haproxy) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = write_pki(dir.path());
+    let name = format!("atbrelay-{}", std::process::id() % 100_000);
+    in_namespace(&name, true, |exec, ns, sandbox| async move {
+        let sb = sandbox.expect("sandboxed");
+        relay(&binary, &exec, &ns, &sb, &pki, dir.path()).await
+    })
+    .await;
+}
+
+async fn relay(
+    binary: &Path,
+    exec: &NsExecutor,
+    ns: &NetNs,
+    sb: &SandboxNetwork,
+    pki: &Path,
+    dir: &Path,
+) -> Result<(), String> {
+    use atunnel_support::sink_tls;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let far_ip = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let listeners = exec
+        .run_in(ns, move || sink_tls::bind(far_ip, FAR_END_OFFSET))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("far end: {e}"))?;
+    let tls = sink_tls::server_config(&pki.join("gateway.pem"), &pki.join("gateway.key"))
+        .map_err(|e| e.to_string())?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let _stop_far_end = cancel.clone().drop_guard();
+    let far =
+        sink_tls::spawn(listeners, tls, Default::default(), cancel).map_err(|e| e.to_string())?;
+    let setup = PeerSetup {
+        listen: LISTEN,
+        cert_bundle: pki.join("worker-credential-bundle.pem"),
+        client_ca: pki.join("pod-ca.pem"),
+        backends: Vec::new(),
+        egress: Some(EgressRelay {
+            port: sb.egress_port(),
+            netns: vec![sb.gateway.name().to_string()],
+            far_end: far_ip,
+            port_offset: FAR_END_OFFSET,
+            server_name: atunnel_support::pki::GATEWAY_NAME.into(),
+            ca: pki.join("servicedns-ca.pem"),
+        }),
+        dir: dir.join("peers"),
+    };
+    let config = Peer::Haproxy
+        .write_config(&setup)
+        .map_err(|e| e.to_string())?;
+    let proxy = spawn_in(
+        exec,
+        ns,
+        Peer::Haproxy.command(binary, &config),
+        Stdio::null(),
+    )
+    .await;
+    let proxy = proxy_ready(proxy, exec, ns, &config).await?;
+    let echo: SocketAddr = atunnel_support::gateway::SINK_ECHO
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let pattern: Vec<u8> = (0..256 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let mut result = Ok(());
+    for round in 0..2 {
+        let s = sb
+            .connect_from_runtime(exec, echo)
+            .await
+            .map_err(|e| format!("dial from the sandbox: {e}"))?;
+        let (mut r, mut w) = s.into_split();
+        let up = pattern.clone();
+        let writer = tokio::spawn(async move {
+            w.write_all(&up).await?;
+            w.shutdown().await
+        });
+        let mut back = Vec::new();
+        let read = r.read_to_end(&mut back).await;
+        let wrote = writer.await.map_err(|e| e.to_string())?;
+        if let Err(e) = read.and(wrote) {
+            result = Err(format!("round {round}: {e}"));
+            break;
+        }
+        if back != pattern {
+            result = Err(format!(
+                "round {round}: {} bytes came back, not the {} sent",
+                back.len(),
+                pattern.len()
+            ));
+            break;
+        }
+    }
+    stop(proxy).await;
+    result?;
+    // One handshake per connection, so the bytes crossed TLS; HAProxy
+    // keeps the first session and resumes it for the second (its default
+    // for a server line: the cost scenario's relay does too).
+    let (full, resumed) = (far.handshakes.full(), far.handshakes.resumed());
+    if (full, resumed) != (1, 1) {
+        return Err(format!(
+            "the far end saw {full} full and {resumed} resumed handshakes for 2 connections, \
+             not 1 and 1"
+        ));
+    }
+    Ok(())
 }
 
 /// The proxy once it accepts connections (neither peer says when it is

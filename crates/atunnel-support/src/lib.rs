@@ -2,6 +2,7 @@
 //!
 //! - [`pki`]: a throwaway PKI shaped like the cluster's;
 //! - [`sink`]: the far end of a bench gateway, answering tunnels by port;
+//! - [`sink_tls`]: the same services over TLS, the far end of a TCP -> TLS relay;
 //! - [`gateway`]: gateways on loopback, and actors' clients of them;
 //! - [`ingress`]: ingress on loopback and the actors behind it;
 //! - [`router`]: the router's client side of ingress;
@@ -19,6 +20,7 @@ pub mod peers;
 pub mod pki;
 pub mod router;
 pub mod sink;
+pub mod sink_tls;
 pub mod stats_client;
 
 /// Every fixture, for a test's one `use`.

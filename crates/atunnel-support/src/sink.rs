@@ -233,6 +233,11 @@ pub struct SinkArgs {
     /// Service for ports without one (default: refuse with 403).
     #[arg(long, value_enum)]
     pub other_ports: Option<Service>,
+    /// Also serve each service over TLS, without a tunnel, on the listen
+    /// address at its port plus this offset (`sink_tls`: the far end of
+    /// the bench's TCP -> TLS relay); off unless given.
+    #[arg(long)]
+    pub tls_services_port_offset: Option<u16>,
 }
 
 /// Runs the sink gateway until `cancel`; prints `listening <addr>` once bound.
@@ -245,5 +250,20 @@ pub async fn run(
         http_body_bytes: args.http_body_bytes,
         other_ports: args.other_ports,
     };
-    atunnel_gateway::cli::run(&args.gateway, sink, cancel).await
+    let Some(offset) = args.tls_services_port_offset else {
+        return atunnel_gateway::cli::run(&args.gateway, sink, cancel).await;
+    };
+    let listeners = crate::sink_tls::bind(args.gateway.listen.ip(), offset)?;
+    let tls = crate::sink_tls::server_config(&args.gateway.cert, &args.gateway.key)?;
+    let services = crate::sink_tls::spawn(listeners, tls, sink, cancel.clone())?;
+    let result = atunnel_gateway::cli::run(&args.gateway, sink, cancel.clone()).await;
+    cancel.cancel();
+    services.tasks.wait().await;
+    // Whether the relay resumed its sessions, for the run's log.
+    eprintln!(
+        "sink: TLS services: {} full handshakes, {} resumed",
+        services.handshakes.full(),
+        services.handshakes.resumed()
+    );
+    result
 }

@@ -3,9 +3,11 @@
 //! a peer in its place), the bench's namespaces and the running atunnel's
 //! sandboxes, the tunnel's cgroup and /stats, and the router's TLS.
 //!
-//! With a peer (nginx, HAProxy) in atunnel's place there are no sandboxes
-//! and no /stats: [`Bench::stats`] fails, and the scenarios a peer runs
-//! check [`Bench::contender`] and leave atunnel's own figures out.
+//! With a peer (nginx, HAProxy) in atunnel's place there is no /stats:
+//! [`Bench::stats`] fails, and the scenarios a peer runs check
+//! [`Bench::contender`] and leave atunnel's own figures out. HAProxy's
+//! actors are in sandboxes the worker built for it (the egress units dial
+//! from them as for atunnel); nginx's are on loopback, with no sandboxes.
 
 use std::path::Path;
 
@@ -28,7 +30,7 @@ pub struct Bench {
     /// The router's TLS settings, built once.
     router: RouterTls,
     /// The actors' runtime namespaces (where their programs dial from);
-    /// none while a peer runs in atunnel's place.
+    /// none while a peer that reaches them on loopback runs.
     pub sandboxes: Vec<NetNs>,
     /// Actors the contender routes to (the sandboxes', or the peer's
     /// backends).
@@ -274,7 +276,8 @@ fn actors_of(status: &WorkerStatus) -> usize {
     }
 }
 
-/// The running atunnel's sandboxes, opened (none for a peer).
+/// The running contender's sandboxes, opened (none for a peer on
+/// loopback).
 fn running(status: &WorkerStatus) -> Result<Vec<NetNs>, atunnel_process::BoxError> {
     if status.state != TunnelState::Running {
         return Err(format!(
@@ -285,8 +288,9 @@ fn running(status: &WorkerStatus) -> Result<Vec<NetNs>, atunnel_process::BoxErro
         )
         .into());
     }
-    if status.contender != Contender::Atunnel {
-        return Ok(Vec::new());
+    if let Some(peer) = &status.peer {
+        let opened = peer.sandboxes.iter().map(|n| NetNs::open(n));
+        return Ok(opened.collect::<Result<_, _>>()?);
     }
     let sandboxes = status
         .host_ready()?

@@ -171,6 +171,11 @@ async fn perform(
         arg("key", pki.gateway_key().display()),
         arg("actor-ca", pki.actor_ca_cert().display()),
         arg("source-bytes", 1u64 << 30),
+        // The far end of HAProxy's egress relay (`--compare peers`, cost).
+        arg(
+            "tls-services-port-offset",
+            atunnel_support::sink_tls::DEFAULT_PORT_OFFSET,
+        ),
     ];
     sink_args.extend(args.sink_arg.iter().cloned());
     let sink = role::start_in(&topo.exec, &topo.sink, &sink_args, None).await?;

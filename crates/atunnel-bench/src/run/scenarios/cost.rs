@@ -29,6 +29,11 @@
 //! - ingress-idle: one router HTTP/1.1 connection, served once before the
 //!   window, left to hibernate and woken by a second request (atunnel with
 //!   `--hibernate-after=1s`).
+//!
+//! nginx does ingress-https; HAProxy ingress-https across the sandboxes'
+//! veths as atunnel, and the egress opens and bytes as a TCP -> TLS relay
+//! in the sandbox (`peers.rs`); each unit's `path` says which way each
+//! contender went.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -131,9 +136,16 @@ impl Unit {
     fn done_by(self, contender: Contender) -> bool {
         match contender {
             Contender::Atunnel => true,
-            // nginx and HAProxy in atunnel's place serve the router's
-            // HTTPS only: no CONNECT listener, no sandboxes, no hibernation.
-            Contender::Nginx | Contender::Haproxy => self == Unit::IngressHttps,
+            // nginx serves the router's HTTPS only: no CONNECT listener,
+            // no sandboxes, no hibernation.
+            Contender::Nginx => self == Unit::IngressHttps,
+            // HAProxy also relays the sandboxes' egress bytes, TCP -> TLS
+            // (no HTTP/2, so no HTTP request on a kept tunnel to compare:
+            // that is the far end's work).
+            Contender::Haproxy => matches!(
+                self,
+                Unit::IngressHttps | Unit::EgressOpen | Unit::EgressUpload | Unit::EgressDownload
+            ),
         }
     }
 }
@@ -517,14 +529,21 @@ async fn measure_contender(
     Ok(())
 }
 
-/// The path each contender's units take to the actors' program.
-fn path_of(contender: Contender) -> &'static str {
-    match contender {
-        Contender::Atunnel => {
-            "veth into each actor's sandbox (its nftables rules); egress from inside actor-0's sandbox over HTTP/2 CONNECT to the gateway sink"
+/// The path `contender` takes for `unit`: to the actors' program
+/// (ingress), or from actor-0's sandbox to the far end (egress).
+fn path_of(contender: Contender, unit: Unit) -> &'static str {
+    let egress = matches!(
+        unit,
+        Unit::EgressOpen | Unit::EgressUpload | Unit::EgressDownload | Unit::EgressHttp
+    );
+    match (contender.peer(), egress) {
+        (None, false) => "across a veth into each actor's sandbox (its nftables rules)",
+        (None, true) => {
+            "redirected from actor-0's sandbox to atunnel; HTTP/2 CONNECT on a kept mTLS connection to the gateway sink"
         }
-        Contender::Nginx | Contender::Haproxy => {
-            "loopback to the same actors' program in the worker's namespace (no veth, no nftables)"
+        (Some(peer), false) => peer.path(),
+        (Some(_), true) => {
+            "redirected from actor-0's sandbox to HAProxy (mode tcp); a TLS connection per tunnel (session resumed) to the sink's TLS services"
         }
     }
 }
@@ -553,7 +572,7 @@ fn units_json(
                         .collect();
                     Some(json!({
                         "name": c.name(),
-                        "path": path_of(*c),
+                        "path": path_of(*c, *u),
                         "instructions": r.instructions.map(f64::round),
                         "syscalls": r.syscalls.map(round2),
                         "syscalls_by_name": by_name,
@@ -641,7 +660,7 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
         }
     }
     notes.push("callgrind dumps of every window are in cost/ (callgrind_annotate reads them); profile-atunnel-ingress-https.txt and profile-atunnel-egress-upload.txt are the 2N windows' per-function inclusive counts".into());
-    notes.push("atunnel's HTTP/2 framing (CONNECT streams over one mTLS connection to the gateway) is work a TCP -> TLS relay does not do".into());
+    notes.push("egress on HAProxy: a TCP -> TLS relay (mode tcp) listening where actor-0's sandbox redirects its TCP, dialled by the same code from the same sandbox-side socket as atunnel. atunnel's HTTP/2 framing (CONNECT streams over one kept mTLS connection to the gateway) is work the relay does not do; the relay makes a TLS handshake per tunnel instead, resuming the session it kept from its first (HAProxy's default for a server; the sink's log counts full and resumed handshakes)".into());
     Ok(ScenarioResult {
         name: Scenario::Cost.name().into(),
         rungs: Vec::new(),

@@ -154,8 +154,9 @@ pub(super) async fn ingress_https(
     if bench.is_atunnel() {
         summary["new_upstream_conns_per_1000"] = json!((per_1000 * 100.0).round() / 100.0);
     } else {
+        let path = bench.contender().peer().map_or("", |p| p.path());
         notes.push(format!(
-            "{} in atunnel's place, in its cgroup, routing to the same actors' program on 127.0.0.1 in the worker's namespace (atunnel crosses a veth into each sandbox); no /stats figures",
+            "{} in atunnel's place, in its cgroup, routing to the same actors' program {path}; no /stats figures",
             bench.contender()
         ));
     }

@@ -579,8 +579,9 @@ fn peer_result(
         }),
         rungs,
         notes: vec![format!(
-            "{} in atunnel's place, fresh for each case: {n} router connections per case, each served one request, then idle for as long as atunnel's pass with hibernation off; cgroup bytes per connection (its heap is not in /stats); no CONNECT case (it has no CONNECT listener) and no hibernation",
-            bench.contender()
+            "{} in atunnel's place, fresh for each case, reaching the actors {}: {n} router connections per case, each served one request, then idle for as long as atunnel's pass with hibernation off; cgroup bytes per connection (its heap is not in /stats); no CONNECT case (it has no CONNECT listener) and no hibernation",
+            bench.contender(),
+            bench.contender().peer().map_or("", |p| p.path()),
         )],
     }
 }
