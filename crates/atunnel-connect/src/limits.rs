@@ -99,6 +99,20 @@ pub const MAX_CONCURRENT_RESET_STREAMS: usize = 50;
 /// RFC 9113's default stays.
 pub const TUNNEL_MAX_FRAME_SIZE: u32 = 16 * 1024;
 
+/// Largest HTTP/2 frame the gateway takes from atunnel (the gateway's
+/// `--max-frame-size`): the upload direction's DATA frames. At 32 KiB a
+/// relay chunk (one 32 KiB pooled buffer) goes out as one DATA frame,
+/// which rustls seals as two records and tokio-rustls writes with one
+/// `writev`, where 16 KiB frames took a `writev` each. Per MiB up
+/// (`atunnel-bench run --quick --scenarios cost`, unit egress-upload):
+/// 3.96 M instructions and 121 system calls (65 `writev`) at 16 KiB, 3.76 M
+/// and 94 (39 `writev`) at 32 KiB, 3.85 M and 94 at 64 KiB. The download
+/// direction keeps [`TUNNEL_MAX_FRAME_SIZE`]: larger frames there cut its
+/// system calls but raised its instruction count 10 % (docs/design.md,
+/// "Where egress throughput goes"). What a gateway connection's read
+/// buffer may grow to, per actor connection.
+pub const GATEWAY_MAX_FRAME_SIZE: u32 = 32 * 1024;
+
 /// Bytes h2 may queue to send on one tunnel stream, on the CONNECT servers
 /// and the gateway client (h2's default, explicit). The relay sends only
 /// what flow control granted (`H2Stream` waits for capacity, and h2 grants

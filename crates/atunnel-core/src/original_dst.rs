@@ -32,25 +32,49 @@ pub enum OriginalDstError {
 
 /// Returns the original destination of a redirected connection.
 pub fn original_dst(stream: &TcpStream) -> Result<SocketAddr, OriginalDstError> {
-    let local = stream.local_addr().map_err(|source| OriginalDstError::Io {
+    let local = local_addr(stream)?;
+    let addr = ask(stream, asks_ipv4_table(local)).map_err(|e| lookup_error(local, e))?;
+    nonzero_port(local, addr)
+}
+
+/// [`original_dst`] of a connection accepted from `peer` (the address
+/// accept returned): a connection's two ends are of one family, v4-mapped
+/// included, so the table is chosen from the peer and no getsockname is
+/// made for it. The local address is read only to name it in an error.
+pub fn original_dst_from(
+    stream: &TcpStream,
+    peer: SocketAddr,
+) -> Result<SocketAddr, OriginalDstError> {
+    match ask(stream, asks_ipv4_table(peer)) {
+        Ok(addr) if addr.port() != 0 => Ok(addr),
+        asked => {
+            let local = local_addr(stream)?;
+            nonzero_port(local, asked.map_err(|e| lookup_error(local, e))?)
+        }
+    }
+}
+
+fn local_addr(stream: &TcpStream) -> Result<SocketAddr, OriginalDstError> {
+    stream.local_addr().map_err(|source| OriginalDstError::Io {
         local: SocketAddr::from(([0, 0, 0, 0], 0)),
         source,
-    })?;
+    })
+}
+
+/// Asks conntrack's IPv4 or IPv6 table.
+fn ask(stream: &TcpStream, ipv4: bool) -> io::Result<SocketAddr> {
     let sock = SockRef::from(stream);
-    let result = if asks_ipv4_table(local) {
+    let addr = if ipv4 {
         sock.original_dst_v4()
     } else {
         sock.original_dst_v6()
-    };
-    let addr = result.map_err(|source| lookup_error(local, source))?;
-    let addr = addr.as_socket().ok_or_else(|| OriginalDstError::Io {
-        local,
-        source: io::Error::new(
+    }?;
+    addr.as_socket().ok_or_else(|| {
+        io::Error::new(
             io::ErrorKind::InvalidData,
             "original destination is not an IP address",
-        ),
-    })?;
-    nonzero_port(local, addr)
+        )
+    })
 }
 
 /// Whether conntrack's IPv4 table (`SO_ORIGINAL_DST`) holds the connection
@@ -174,7 +198,17 @@ mod tests {
             "{local}"
         );
         assert!(asks_ipv4_table(local), "{local}");
+        // The peer accept gave is v4-mapped too: it picks the same table.
+        let peer = s.peer_addr().expect("peer");
+        assert!(asks_ipv4_table(peer), "{peer}");
         is_not_redirected(&s);
+        match original_dst_from(&s, peer).expect_err("not redirected") {
+            OriginalDstError::NotRedirected { local: l, source } => {
+                assert_eq!(l, local);
+                assert_eq!(source.raw_os_error(), Some(libc::ENOENT));
+            }
+            other => panic!("expected NotRedirected, got {other:?}"),
+        }
     }
 
     #[tokio::test]

@@ -1,10 +1,14 @@
 //! Socket options every accepted or dialed TCP socket gets.
 //!
 //! `TCP_NOTSENT_LOWAT` keeps data behind a slow reader upstream, under the
-//! relay's flow control, instead of in the kernel send queue. It is set on
-//! each accepted socket itself: a listener's value is not reliably inherited
-//! (MPTCP, for one, drops it). Fixed buffer sizes are off by default because
-//! they disable autotuning and cut throughput at a few ms of round trip.
+//! relay's flow control, instead of in the kernel send queue. Fixed buffer
+//! sizes are off by default because they disable autotuning and cut
+//! throughput at a few ms of round trip.
+//!
+//! A listener's options are not reliably inherited by what it accepts
+//! (MPTCP, for one, drops them), so an accepted socket gets its own unless
+//! [`ListenerOptions`] has seen its listener pass them on: then the four
+//! setsockopt calls of each accepted connection are not made at all.
 //!
 //! Network-side sockets also find a peer that vanished without a FIN (a
 //! node gone, a NAT or conntrack entry expired): TCP keepalive probes an
@@ -17,7 +21,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use socket2::{SockRef, TcpKeepalive};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// Default `TCP_NOTSENT_LOWAT`: 16 KiB of unsent data per socket.
 pub const DEFAULT_NOTSENT_LOWAT: u32 = 16 * 1024;
@@ -116,7 +120,10 @@ impl SocketOptions {
     /// Applies the options to an accepted or connected socket. Nagle is
     /// turned off: the relay writes whole chunks and latency matters more.
     pub fn apply(&self, stream: &TcpStream) -> io::Result<()> {
-        let sock = SockRef::from(stream);
+        self.set(SockRef::from(stream))
+    }
+
+    fn set(&self, sock: SockRef<'_>) -> io::Result<()> {
         sock.set_tcp_nodelay(true)?;
         if let Some(lowat) = self.notsent_lowat {
             sock.set_tcp_notsent_lowat(lowat)?;
@@ -167,6 +174,78 @@ impl SocketOptions {
     }
 }
 
+/// How many accepted sockets [`ListenerOptions`] compares with their
+/// listener before it stops looking and sets the options on each: one
+/// accepted before the listener had its options may differ, every one of a
+/// kernel that does not pass them on does.
+const INHERIT_CHECKS: u8 = 4;
+
+/// Socket options for what one listener accepts, set on the listener so
+/// that each accepted socket inherits them (Linux copies a TCP listener's
+/// `TCP_NODELAY`, `TCP_NOTSENT_LOWAT`, buffer sizes and keepalive into the
+/// sockets it accepts) instead of taking four setsockopt calls of its own.
+/// Whether the kernel does is checked, not assumed: accepted sockets are
+/// compared with the listener (getsockopt) until one matches, and until then
+/// each gets the options set on it as before.
+#[derive(Debug)]
+pub struct ListenerOptions {
+    options: SocketOptions,
+    /// What the listener reports, to compare accepted sockets with; `None`
+    /// if it could not be set or read (then every socket gets its own).
+    listener: Option<ReadBack>,
+    inherits: Inherits,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Inherits {
+    /// Not known yet; this many checks are left.
+    Checking(u8),
+    Yes,
+    No,
+}
+
+impl ListenerOptions {
+    /// Sets `options` on `listener` (before it accepts a socket of ours).
+    pub fn new(options: SocketOptions, listener: &TcpListener) -> Self {
+        let set = options
+            .set(SockRef::from(listener))
+            .and_then(|()| read_back_sock(SockRef::from(listener)));
+        let (listener, inherits) = match set {
+            Ok(back) => (Some(back), Inherits::Checking(INHERIT_CHECKS)),
+            Err(e) => {
+                tracing::debug!(error = %e, "socket options on the listener");
+                (None, Inherits::No)
+            }
+        };
+        Self {
+            options,
+            listener,
+            inherits,
+        }
+    }
+
+    /// The options an accepted socket still needs set on it: `None` once
+    /// its listener is known to have passed them on.
+    pub fn for_accepted(&mut self, accepted: &TcpStream) -> Option<SocketOptions> {
+        match self.inherits {
+            Inherits::Yes => None,
+            Inherits::No => Some(self.options),
+            Inherits::Checking(left) => {
+                let inherited = read_back(accepted).ok();
+                if inherited.is_some() && inherited == self.listener {
+                    self.inherits = Inherits::Yes;
+                    return None;
+                }
+                self.inherits = match left {
+                    0 | 1 => Inherits::No,
+                    n => Inherits::Checking(n - 1),
+                };
+                Some(self.options)
+            }
+        }
+    }
+}
+
 /// The options as the kernel reports them, for tests and /stats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadBack {
@@ -181,7 +260,10 @@ pub struct ReadBack {
 }
 
 pub fn read_back(stream: &TcpStream) -> io::Result<ReadBack> {
-    let sock = SockRef::from(stream);
+    read_back_sock(SockRef::from(stream))
+}
+
+fn read_back_sock(sock: SockRef<'_>) -> io::Result<ReadBack> {
     Ok(ReadBack {
         notsent_lowat: sock.tcp_notsent_lowat()?,
         send_buffer: sock.send_buffer_size()?,
@@ -264,5 +346,70 @@ mod tests {
             .expect("dial");
         // 0 on the socket means "not set: use net.ipv4.tcp_notsent_lowat".
         assert_eq!(read_back(&dialed).expect("getsockopt").notsent_lowat, 0);
+    }
+
+    /// Dials `addr` and accepts the connection on `listener`.
+    async fn accept_one(listener: &TcpListener) -> (TcpStream, TcpStream) {
+        let addr = listener.local_addr().expect("addr");
+        let (dialed, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (dialed.expect("dial"), accepted.expect("accept").0)
+    }
+
+    /// What a socket given `opts` reports (Linux doubles buffer sizes).
+    fn assert_has(s: &TcpStream, opts: SocketOptions) {
+        let rb = read_back(s).expect("getsockopt");
+        assert_eq!(Some(rb.notsent_lowat), opts.notsent_lowat);
+        assert!(rb.nodelay);
+        assert_eq!(Some(rb.send_buffer), opts.send_buffer.map(|n| 2 * n));
+        assert_eq!(Some(rb.recv_buffer), opts.recv_buffer.map(|n| 2 * n));
+    }
+
+    #[tokio::test]
+    async fn sockets_a_listener_accepts_inherit_its_options_and_need_no_setsockopt() {
+        let opts = SocketOptions::from_flags(4096, 64 * 1024, 96 * 1024);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let mut options = ListenerOptions::new(opts, &listener);
+        for _ in 0..3 {
+            let (_dialed, accepted) = accept_one(&listener).await;
+            assert_eq!(options.for_accepted(&accepted), None);
+            assert_has(&accepted, opts);
+        }
+    }
+
+    #[tokio::test]
+    async fn sockets_accepted_before_the_listener_had_its_options_get_them_set() {
+        let opts = SocketOptions::from_flags(4096, 64 * 1024, 96 * 1024);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // Established (in the accept queue) before the listener has them.
+        let mut early = Vec::new();
+        for _ in 0..INHERIT_CHECKS + 1 {
+            early.push(TcpStream::connect(addr).await.expect("dial"));
+        }
+        let mut options = ListenerOptions::new(opts, &listener);
+        for _ in 0..INHERIT_CHECKS + 1 {
+            let (accepted, _) = listener.accept().await.expect("accept");
+            let set = options.for_accepted(&accepted).expect("options to set");
+            set.apply(&accepted).expect("apply");
+            assert_has(&accepted, opts);
+        }
+        // Checked as many as it checks and none matched: it stops looking
+        // and sets them on every socket, inherited or not.
+        let (_dialed, accepted) = accept_one(&listener).await;
+        assert_eq!(options.for_accepted(&accepted), Some(opts));
+    }
+
+    #[tokio::test]
+    async fn one_socket_accepted_early_does_not_stop_the_next_from_inheriting() {
+        let opts = SocketOptions::sandbox_default();
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let _early = TcpStream::connect(addr).await.expect("dial");
+        let mut options = ListenerOptions::new(opts, &listener);
+        let (accepted, _) = listener.accept().await.expect("accept");
+        assert_eq!(options.for_accepted(&accepted), Some(opts));
+        let (_dialed, accepted) = accept_one(&listener).await;
+        assert_eq!(options.for_accepted(&accepted), None);
+        assert_has(&accepted, opts);
     }
 }

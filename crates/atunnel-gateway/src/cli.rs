@@ -47,7 +47,7 @@ pub struct GatewayArgs {
     pub connection_window: u32,
     /// Largest HTTP/2 frame a client may send, in bytes: a tunnel's bytes
     /// per write, and what one connection's read buffer may grow to.
-    #[arg(long, default_value_t = atunnel_connect::limits::TUNNEL_MAX_FRAME_SIZE,
+    #[arg(long, default_value_t = atunnel_connect::limits::GATEWAY_MAX_FRAME_SIZE,
           value_parser = clap::value_parser!(u32).range(16384..=(1 << 24) - 1))]
     pub max_frame_size: u32,
     /// Address to serve `GET /stats` on (JSON: the process's heap, the

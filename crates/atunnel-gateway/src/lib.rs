@@ -189,7 +189,7 @@ impl GatewayConfig {
             max_concurrent_streams: MAX_CONCURRENT_STREAMS,
             stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
             connection_window: atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
-            max_frame_size: atunnel_connect::limits::TUNNEL_MAX_FRAME_SIZE,
+            max_frame_size: atunnel_connect::limits::GATEWAY_MAX_FRAME_SIZE,
             handshake_timeout: atunnel_connect::limits::HANDSHAKE_TIMEOUT,
             pre_auth: atunnel_tls::PreAuthLimits::default(),
             h2_floods: atunnel_connect::flood::FloodLimits::default(),

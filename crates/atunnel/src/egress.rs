@@ -17,10 +17,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use atunnel_core::endpoint::ReadReady;
-use atunnel_core::original_dst::original_dst;
+use atunnel_core::original_dst::original_dst_from;
 use atunnel_core::overload::{Held, OverloadGuard};
 use atunnel_core::relay::{Op, RelayBounds, RelayError, relay_within};
-use atunnel_core::sockopt::SocketOptions;
+use atunnel_core::sockopt::{ListenerOptions, SocketOptions};
 use atunnel_core::{BufferPool, Listener, ListenerStats, RefusalPace};
 use atunnel_identity::cert_source::CertificateSource;
 use atunnel_identity::identity::ActorRef;
@@ -769,11 +769,14 @@ impl Egress {
         dest: Destination,
         cancel: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        // Set on the listener, so that the actors' sockets inherit them
+        // rather than take four setsockopt calls each.
+        let mut options = ListenerOptions::new(self.cfg.sandbox_socket, &listener);
         let mut listener =
             Listener::new(listener, "egress").with_refusal_pace(binding.refusals.clone());
         async move {
             listener
-                .serve(&cancel, &self.listener_stats, |tcp, _| {
+                .serve(&cancel, &self.listener_stats, |tcp, peer| {
                     let Some(activation) = binding.current().filter(|a| a.admits()) else {
                         // Closed with no bytes: inactive, deactivated or expired.
                         self.counters.rejected.fetch_add(1, Ordering::Relaxed);
@@ -809,7 +812,7 @@ impl Egress {
                     // `Destination` and the address for the tunnel's life.
                     let to = match dest {
                         Destination::Fixed(addr) => addr,
-                        Destination::Original => match original_dst(&tcp) {
+                        Destination::Original => match original_dst_from(&tcp, peer) {
                             Ok(addr) => addr,
                             Err(e) => {
                                 tracing::warn!(error = %e, "egress connection has no original destination");
@@ -817,10 +820,15 @@ impl Egress {
                             }
                         },
                     };
-                    Some(
-                        self.clone()
-                            .tunnel(tcp, activation, to, drained, (slot, opening), cut),
-                    )
+                    let options = options.for_accepted(&tcp);
+                    Some(self.clone().tunnel(
+                        tcp,
+                        activation,
+                        to,
+                        drained,
+                        (slot, opening, options),
+                        cut,
+                    ))
                 })
                 .await
         }
@@ -838,7 +846,7 @@ impl Egress {
         activation: Arc<Activation>,
         dest: SocketAddr,
         drained: TaskTrackerToken,
-        (slot, opening): (Slot, Opening),
+        (slot, opening, options): (Slot, Opening, Option<SocketOptions>),
         cut: CancellationToken,
     ) -> impl Future<Output = ()> + Send + 'static {
         // Counted from acceptance: a deactivation that begins before the
@@ -851,7 +859,7 @@ impl Egress {
             actor,
             activation.clone(),
             dest,
-            opening,
+            (opening, options),
             cut,
         ));
         async move {
@@ -908,19 +916,20 @@ impl Egress {
         }
     }
 
-    /// Opens `actor`'s tunnel to `dest`: its socket options, then the
-    /// CONNECT through the activation's gateway client, unless `cut` comes
-    /// first (a connection accepted as deactivation begins sends no
-    /// CONNECT). Hands back the actor's socket, the tunnel and the cut.
+    /// Opens `actor`'s tunnel to `dest`: the socket options it did not
+    /// inherit from its listener (`options`), then the CONNECT through the
+    /// activation's gateway client, unless `cut` comes first (a connection
+    /// accepted as deactivation begins sends no CONNECT). Hands back the
+    /// actor's socket, the tunnel and the cut.
     async fn open_tunnel(
         self: Arc<Self>,
         actor: TcpStream,
         activation: Arc<Activation>,
         dest: SocketAddr,
-        opening: Opening,
+        (opening, options): (Opening, Option<SocketOptions>),
         cut: CancellationToken,
     ) -> Option<(TcpStream, GatewayTunnel, CancellationToken)> {
-        if let Err(e) = self.cfg.sandbox_socket.apply(&actor) {
+        if let Some(Err(e)) = options.map(|o| o.apply(&actor)) {
             tracing::warn!(error = %e, "egress socket options");
             return None;
         }
