@@ -132,40 +132,13 @@ pub fn parse_destination(authority: &str) -> Result<SocketAddr, OpenError> {
 }
 
 /// `dest` as a CONNECT authority, as its `Display` writes it
-/// (`192.0.2.1:443`, `[2001:db8::1]:443`). IPv4 by hand: `Display` took
-/// some 1,900 instructions an address, and every tunnel opened wrote one
-/// (twice, with a parse between, before; egress-open in
-/// `docs/design.md`).
+/// (`192.0.2.1:443`, `[2001:db8::1]:443`), without `fmt` for IPv4: every
+/// tunnel opened writes one (egress-open in `docs/design.md`).
 fn authority(dest: SocketAddr) -> String {
-    let SocketAddr::V4(v4) = dest else {
-        return dest.to_string();
-    };
-    fn decimal(out: &mut String, n: u16) {
-        let mut digits = [0u8; 5];
-        let mut at = digits.len();
-        let mut n = n;
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        for &d in &digits[at..] {
-            out.push(char::from(d));
-        }
-    }
-    let mut out = String::with_capacity(21);
-    for (i, octet) in v4.ip().octets().into_iter().enumerate() {
-        if i > 0 {
-            out.push('.');
-        }
-        decimal(&mut out, u16::from(octet));
-    }
-    out.push(':');
-    decimal(&mut out, v4.port());
-    out
+    let mut out = Vec::with_capacity(24);
+    atunnel_core::addr_text::push_socket_addr(&mut out, dest);
+    // ASCII digits, dots, colons and brackets only.
+    String::from_utf8(out).unwrap_or_else(|_| dest.to_string())
 }
 
 /// A pooled HTTP/2 connection to the gateway.

@@ -6,6 +6,7 @@
 //!
 //! Depends on no other atunnel crate; every other one may depend on it.
 
+pub mod addr_text;
 pub mod alloc;
 pub mod endpoint;
 pub mod listener;
