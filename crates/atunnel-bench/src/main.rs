@@ -44,7 +44,7 @@ enum Command {
     /// atunnel as a daemon the worker drives over its control API (`atunnel serve`).
     Serve(Box<atunnel::control::daemon::ServeArgs>),
     /// The egress gateway in bench mode (answers by destination port).
-    Sink(atunnel_support::sink::SinkArgs),
+    Sink(atunnel_support::sink_role::SinkArgs),
     /// The production egress gateway (forwarding to allowed destinations).
     Gateway(atunnel_gateway::cli::ForwardArgs),
     /// The actors' programs: an HTTP server in every sandbox (ingress far end).
@@ -87,7 +87,7 @@ fn main() -> std::process::ExitCode {
                 Command::Actors(args) => actors::run(args, cancel).await,
                 Command::Tunnel(args) => atunnel::host::run(*args, cancel).await,
                 Command::Serve(args) => atunnel::control::daemon::run(*args, cancel).await,
-                Command::Sink(args) => atunnel_support::sink::run(args, cancel).await,
+                Command::Sink(args) => atunnel_support::sink_role::run(args, cancel).await,
                 Command::Gateway(args) => atunnel_gateway::cli::run_forward(&args, cancel).await,
                 Command::CostProbe => unreachable!("run before the runtime"),
                 Command::Pki { out } => {

@@ -20,6 +20,7 @@ pub mod peers;
 pub mod pki;
 pub mod router;
 pub mod sink;
+pub mod sink_role;
 pub mod sink_tls;
 pub mod stats_client;
 
