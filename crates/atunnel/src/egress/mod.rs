@@ -19,7 +19,7 @@ use std::time::Duration;
 use atunnel_core::endpoint::ReadReady;
 use atunnel_core::original_dst::original_dst_from;
 use atunnel_core::overload::{Held, OverloadGuard};
-use atunnel_core::relay::{Op, RelayBounds, RelayError, relay_within};
+use atunnel_core::relay::{Op, RelayError, relay_within};
 use atunnel_core::sockopt::{ListenerOptions, SocketOptions};
 use atunnel_core::{BufferPool, Listener, ListenerStats, RefusalPace};
 use atunnel_identity::cert_source::CertificateSource;
@@ -34,6 +34,14 @@ use atunnel_identity::clock::Clock;
 use atunnel_identity::credential::{ActorCredential, CredentialError, renew_until_cancelled};
 
 use crate::holdings::{ActorHold, Holdings, TUNNEL_HELD_BYTES};
+
+mod budget;
+mod config;
+mod stats;
+
+pub use budget::*;
+pub use config::EgressConfig;
+pub use stats::{ActorEgressStats, EgressStats, OPEN_LATENCY_BOUNDS_US, OpenLatency};
 
 /// How long deactivation waits for an actor's tunnels to finish.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -157,81 +165,6 @@ impl Activation {
     }
 }
 
-/// What one actor may make egress hold at once. Past a bound its new
-/// connections are reset, counted for it in /stats; other actors see no
-/// change and its established tunnels go on. Past its buffer share, its
-/// relays wait (backpressure on that actor alone).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ActorBudget {
-    /// Concurrent egress tunnels (open and opening).
-    pub max_tunnels: usize,
-    /// Tunnels being opened (dialling or waiting for the gateway's answer).
-    pub max_opening: usize,
-    /// Pooled relay buffers in use at once, of the shared pool's.
-    pub max_buffers: usize,
-    /// Connections refused a second (over a budget, overloaded, inactive)
-    /// before its listener stops accepting for a while; 0 does not pace.
-    pub max_refusals_per_second: u32,
-    /// Bytes all of its gateway connections together may leave unread:
-    /// each connection's receive window is this divided by the most
-    /// connections its tunnel budget can open (one per
-    /// `MAX_CONCURRENT_STREAMS` tunnels), at least 64 KiB.
-    pub max_gateway_bytes: u32,
-}
-
-/// Default of [`ActorBudget::max_tunnels`]: 4,096 tunnels, a sixteenth of
-/// what one sandbox's source ports allow; idle they cost 6 MB, stalled at
-/// most 64 KiB each.
-pub const DEFAULT_ACTOR_MAX_TUNNELS: usize = 4096;
-/// Default of [`ActorBudget::max_opening`]: 256 opens in flight; a pooled
-/// gateway connection answers an open in about a round trip.
-pub const DEFAULT_ACTOR_MAX_OPENING: usize = 256;
-/// Default of [`ActorBudget::max_buffers`]: 256 of the pool's 4,096
-/// (8 MiB at 32 KiB), so sixteen actors moving bytes at once cannot take
-/// the whole pool; a relay holds one only while bytes move.
-pub const DEFAULT_ACTOR_MAX_BUFFERS: usize = 256;
-/// Default of [`ActorBudget::max_refusals_per_second`]: an accept and a
-/// reset cost atunnel some 10-20 us, so 1,000 a second is at most about 2%
-/// of a core per actor, where an unpaced flood took 0.3 core; an actor's
-/// own program that retries a refused connect sees a refusal at once
-/// within that rate and a slower connect past it.
-pub const DEFAULT_ACTOR_MAX_REFUSALS_PER_SECOND: u32 = 1000;
-/// Default of [`ActorBudget::max_gateway_bytes`]: 16 MiB, 64 stalled
-/// stream windows. It was 16 MiB per gateway connection, up to five at the
-/// default tunnel budget (80 MiB).
-pub const DEFAULT_ACTOR_MAX_GATEWAY_BYTES: u32 = 16 * 1024 * 1024;
-
-impl ActorBudget {
-    /// The most gateway connections the tunnel budget can open (a
-    /// gateway allows `MAX_CONCURRENT_STREAMS` tunnels on one).
-    pub fn max_gateway_connections(&self) -> u32 {
-        let per = atunnel_connect::limits::MAX_CONCURRENT_STREAMS as usize;
-        u32::try_from(self.max_tunnels.div_ceil(per).max(1)).unwrap_or(u32::MAX)
-    }
-
-    /// The receive window of each of the actor's gateway connections:
-    /// [`max_gateway_bytes`](Self::max_gateway_bytes) shared by the most
-    /// connections it can open, no more than `connection_window`, and at
-    /// least HTTP/2's initial 65,535 (a window cannot start lower).
-    pub fn gateway_connection_window(&self, connection_window: u32) -> u32 {
-        (self.max_gateway_bytes / self.max_gateway_connections())
-            .min(connection_window)
-            .max(65_535)
-    }
-}
-
-impl Default for ActorBudget {
-    fn default() -> Self {
-        Self {
-            max_tunnels: DEFAULT_ACTOR_MAX_TUNNELS,
-            max_opening: DEFAULT_ACTOR_MAX_OPENING,
-            max_buffers: DEFAULT_ACTOR_MAX_BUFFERS,
-            max_refusals_per_second: DEFAULT_ACTOR_MAX_REFUSALS_PER_SECOND,
-            max_gateway_bytes: DEFAULT_ACTOR_MAX_GATEWAY_BYTES,
-        }
-    }
-}
-
 /// Why a connection was refused before it became a tunnel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Refusal {
@@ -250,43 +183,6 @@ struct Usage {
     refused_opening: AtomicU64,
     refused_overload: AtomicU64,
     shed: AtomicU64,
-}
-
-/// An actor's figures in /stats.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct ActorEgressStats {
-    pub actor: String,
-    pub tunnels: usize,
-    pub opening: usize,
-    pub buffers: usize,
-    /// Connections reset because the actor had `max_tunnels` open.
-    pub refused_tunnels_total: u64,
-    /// Connections reset because the actor had `max_opening` opening.
-    pub refused_opening_total: u64,
-    /// Connections reset because the process was overloaded.
-    pub refused_overload_total: u64,
-    /// Tunnels reset by the overload guard shedding this actor.
-    pub shed_total: u64,
-    /// Relay borrows that waited for the actor's buffer share.
-    pub buffer_waits_total: u64,
-    /// Times its listener stopped accepting, its refusals past
-    /// `max_refusals_per_second`.
-    pub refusal_pauses_total: u64,
-    /// Pooled HTTP/2 connections to the gateway of its current activation.
-    pub gateway_connections: usize,
-    /// Descriptors the actor holds across egress tunnels and ingress
-    /// requests and CONNECTs (its per-actor descriptor budget's count).
-    pub held_descriptors: u64,
-    /// Bytes it holds, estimated from the same (fixed costs per tunnel and
-    /// per request; buffers and gateway connections are the overload
-    /// shedder's to add).
-    pub held_bytes: u64,
-    /// New tunnels and ingress requests refused for its descriptor budget.
-    pub refused_descriptors_total: u64,
-    /// Of those, closed for having had no tunnel for the idle timeout.
-    pub gateway_idle_closed_total: u64,
-    /// Gateway connections ended for an HTTP/2 control-frame flood.
-    pub gateway_h2_floods_total: u64,
 }
 
 /// A place in an actor's tunnel budget; given back when dropped.
@@ -382,104 +278,6 @@ impl Binding {
             .expect("binding lock poisoned")
             .clone()
     }
-}
-
-#[derive(Clone, Copy, Debug)]
-pub struct EgressConfig {
-    /// Network side: the gateway connections.
-    pub socket: SocketOptions,
-    /// Sandbox side: the actors' accepted connections.
-    pub sandbox_socket: SocketOptions,
-    pub drain_timeout: Duration,
-    /// What each actor may make egress hold.
-    pub budget: ActorBudget,
-    /// Receive window per tunnel on the gateway connections: what one
-    /// tunnel whose actor stopped reading can make atunnel hold.
-    pub stream_window: u32,
-    /// Receive window per gateway connection: the most one actor's tunnels
-    /// on it hold unread together.
-    pub connection_window: u32,
-    /// Largest HTTP/2 frame the gateway may send.
-    pub max_frame_size: u32,
-    /// A pooled gateway connection with no tunnel for this long closes.
-    pub pool_idle_timeout: Duration,
-    /// Pooled gateway connections are pinged this often (zero: never)
-    pub pool_ping_interval: Duration,
-    /// and retired if a ping goes unanswered this long.
-    pub pool_ping_timeout: Duration,
-    /// When tunnels that cannot finish are reset.
-    pub relay: RelayBounds,
-    /// Each pooled gateway connection's HTTP/2 control-frame budget.
-    pub h2_floods: atunnel_connect::flood::FloodLimits,
-    /// How tunnels relay when the bench compares designs (lean otherwise).
-    #[cfg(feature = "comparison")]
-    pub comparison: crate::comparison::RelayVariant,
-}
-
-impl Default for EgressConfig {
-    fn default() -> Self {
-        Self {
-            socket: SocketOptions::default(),
-            sandbox_socket: SocketOptions::sandbox_default(),
-            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
-            budget: ActorBudget::default(),
-            stream_window: atunnel_connect::limits::TUNNEL_STREAM_WINDOW,
-            connection_window: atunnel_connect::limits::TUNNEL_CONNECTION_WINDOW,
-            max_frame_size: atunnel_connect::limits::TUNNEL_MAX_FRAME_SIZE,
-            pool_idle_timeout: atunnel_connect::limits::POOL_IDLE_TIMEOUT,
-            pool_ping_interval: atunnel_connect::limits::POOL_PING_INTERVAL,
-            pool_ping_timeout: atunnel_connect::limits::POOL_PING_TIMEOUT,
-            relay: RelayBounds::default(),
-            h2_floods: atunnel_connect::flood::FloodLimits::default(),
-            #[cfg(feature = "comparison")]
-            comparison: crate::comparison::RelayVariant::default(),
-        }
-    }
-}
-
-/// Counters for /stats.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct EgressStats {
-    pub tunnels_open: u64,
-    pub tunnels_total: u64,
-    /// `tunnels_total` by the destination's family (an IPv4-mapped
-    /// destination is IPv4: the gateway dials it over IPv4).
-    pub tunnels_ipv4_total: u64,
-    pub tunnels_ipv6_total: u64,
-    /// Connections closed with no bytes: actor inactive or certificate invalid.
-    pub rejected_total: u64,
-    /// Tunnels whose CONNECT failed or was refused.
-    pub open_failed_total: u64,
-    /// Tunnels reset because a write made no progress for the stalled-write timeout.
-    pub stalled_write_ends_total: u64,
-    /// Tunnels reset because they stayed half-closed and idle past the half-closed timeout.
-    pub half_closed_ends_total: u64,
-    /// Bytes from actors to the gateway and back, of tunnels that have
-    /// ended (a tunnel's count is added when it ends).
-    pub bytes_up_total: u64,
-    pub bytes_down_total: u64,
-    /// Time from an actor's connection to its tunnel open (the CONNECT
-    /// answered), for tunnels that opened.
-    pub open_latency: OpenLatency,
-    /// Size of one tunnel's task future (its state lives in the task's one
-    /// heap allocation), for the memory accounting in docs/memory.md.
-    pub tunnel_future_bytes: usize,
-}
-
-/// Upper bounds of the open-latency buckets, in microseconds: 0.25 ms
-/// (a pooled connection on loopback) to 10 s (the open timeout).
-pub const OPEN_LATENCY_BOUNDS_US: [u64; 14] = [
-    250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
-    2_500_000, 10_000_000,
-];
-
-/// A histogram of open latencies: how many opens took at most each of
-/// [`OPEN_LATENCY_BOUNDS_US`] (cumulative), all of them, and their sum.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct OpenLatency {
-    pub at_most_us: [u64; 14],
-    pub count: u64,
-    pub sum_us: u64,
 }
 
 #[derive(Default)]
