@@ -285,13 +285,14 @@ pub fn annotate_inclusive(dump: &Path, lines: usize) -> Result<String, CostError
 pub struct SyscallCounts {
     /// Every system call entered (`raw_syscalls:sys_enter`).
     pub syscalls: u64,
-    /// `sched:sched_switch` events of the counted threads that went to
-    /// sleep (`prev_state & 3`: waiting for an event, a lock, I/O): what
-    /// the contender's design decides.
+    /// `sched:sched_switch` events of the counted threads: each time one
+    /// was switched out (blocking included).
     pub context_switches: u64,
-    /// The rest of their `sched:sched_switch` events: switched out while
-    /// runnable (preempted at the end of a time slice, which a neighbour
-    /// on the core brings about in proportion to wall time) or exiting.
+    /// Those of them where the thread was still runnable (not
+    /// `prev_state & 3`, asleep): preempted, most often by the process it
+    /// just woke (the peer of a write) or a neighbour's time slice. Whether
+    /// a thread blocks or is preempted first moves with the scheduling;
+    /// their sum, `context_switches`, moves less.
     pub preemptions: u64,
     /// Calls by name (`syscalls:sys_enter_<name>`), the ones made.
     pub by_name: BTreeMap<String, u64>,
@@ -325,9 +326,13 @@ pub fn parse_perf_stat(text: &str) -> SyscallCounts {
             }
         }
     }
-    if let [sleeps, all] = switches[..] {
-        c.context_switches = sleeps;
-        c.preemptions = all.saturating_sub(sleeps);
+    match switches[..] {
+        [sleeps, all] => {
+            c.context_switches = all;
+            c.preemptions = all.saturating_sub(sleeps);
+        }
+        [all] => c.context_switches = all,
+        _ => {}
     }
     let named: u64 = c.by_name.values().sum();
     if c.syscalls > named {
@@ -631,8 +636,9 @@ mod tests {
             5,,syscalls:sys_enter_write,1,100.00,,\n";
         let c = parse_perf_stat(text);
         assert_eq!(c.syscalls, 187);
-        // The first sched_switch is the filtered one: into sleep.
-        assert_eq!(c.context_switches, 7);
+        // The first sched_switch is the filtered one (into sleep), the
+        // second all of them.
+        assert_eq!(c.context_switches, 11);
         assert_eq!(c.preemptions, 4);
         assert_eq!(
             c.by_name,

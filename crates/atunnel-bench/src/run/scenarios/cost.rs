@@ -55,6 +55,10 @@ use crate::traffic::{DISCARD, ECHO, HTTP, SOURCE};
 /// pair catches something else (a ping, a late close); their spread is
 /// reported beside it.
 const ROUNDS: usize = 3;
+/// ingress-idle's pairs: each of its windows waits out the hibernation
+/// (~6 s a window either pass), so two, to keep the quick run near 4
+/// minutes.
+const ROUNDS_IDLE: usize = 2;
 /// A window closes once the contender ran nothing for this long
 /// (`cost::settle`), so that what the last unit asked of it (closes) is
 /// inside, whatever the machine's load; a fixed wait was either long or,
@@ -556,7 +560,12 @@ async fn measure_contender(
                     format!("{contender}-{}-{pass_name}-r{round}-{}", unit.name(), k * n)
                 };
                 let r = results.entry(unit.name()).or_default();
-                for round in 1..=ROUNDS {
+                let rounds = if unit == Unit::IngressIdle {
+                    ROUNDS_IDLE
+                } else {
+                    ROUNDS
+                };
+                for round in 1..=rounds {
                     let small = window(bench, pass, unit, n, dir, &label(round, 1)).await?;
                     let big = window(bench, pass, unit, 2 * n, dir, &label(round, 2)).await?;
                     if let (Some(a), Some(b)) = (small.instructions, big.instructions) {
@@ -680,7 +689,7 @@ fn units_json(
                 "name": u.name(),
                 "per": u.per(),
                 "n": u.count(quick),
-                "rounds": ROUNDS,
+                "rounds": if *u == Unit::IngressIdle { ROUNDS_IDLE } else { ROUNDS },
                 "contenders": contenders,
             })
         })
@@ -708,8 +717,8 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
     let flags = bench.tunnel_args().to_vec();
     let mut notes = vec![
-        format!("per unit: (counts of a window of 2N units - counts of a window of N) / N, so what a window costs whatever its size cancels; the median of {ROUNDS} such pairs, their minimum..maximum in brackets; a window closes once the contender ran nothing for {} ms ({} ms under callgrind); instructions from callgrind (user space, the contender under valgrind), syscalls and context switches from perf's tracepoints on the contender's processes as they are, allocations from atunnel's counting allocator (a peer's: n/a)", QUIET.as_millis(), QUIET_CALLGRIND.as_millis()),
-        "context switches: a thread of the contender going to sleep (sched_switch with prev_state & 3: waiting for an event, a lock or I/O); preemptions (switched out while runnable, at the end of a time slice a neighbour on the core asked for) are counted apart, as they follow the machine's load, not the unit".to_string(),
+        format!("per unit: (counts of a window of 2N units - counts of a window of N) / N, so what a window costs whatever its size cancels; the median of {ROUNDS} such pairs ({ROUNDS_IDLE} for ingress-idle, whose windows wait out the hibernation), their minimum..maximum in brackets; a window closes once the contender ran nothing for {} ms ({} ms under callgrind); instructions from callgrind (user space, the contender under valgrind), syscalls and context switches from perf's tracepoints on the contender's processes as they are, allocations from atunnel's counting allocator (a peer's: n/a)", QUIET.as_millis(), QUIET_CALLGRIND.as_millis()),
+        "context switches: every sched_switch of the contender's threads; preemptions: those where the thread was still runnable (not prev_state & 3), most often preempted by the process its write woke or by a neighbour's time slice; whether a thread blocks or is preempted first moves with the scheduling, their sum less".to_string(),
         format!("atunnel runs here with {}: its work per second of wall time (the overload guard's 4 samples a second, the trust bundle's poll) would otherwise land in a window in proportion to how long it took", QUIET_FLAGS.join(" ")),
     ];
     let mut contenders = vec![Contender::Atunnel];
