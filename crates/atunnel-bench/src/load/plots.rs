@@ -1567,9 +1567,11 @@ mod tests {
         assert!(svg.contains("n/a"), "{svg}");
     }
 
-    /// The series-coloured `<rect>`s wider than a legend swatch, as
-    /// (series, x, y, width, height) in pixels.
-    fn bars_drawn(svg: &str, series: usize) -> Vec<(usize, f64, f64, f64, f64)> {
+    /// A bar's rect: (series, x, y, width, height) in pixels.
+    type Drawn = (usize, f64, f64, f64, f64);
+
+    /// The series-coloured `<rect>`s wider than a legend swatch.
+    fn bars_drawn(svg: &str, series: usize) -> Vec<Drawn> {
         let attr = |l: &str, a: &str| -> f64 {
             let start = l.find(&format!(" {a}=\"")).expect("attribute") + a.len() + 3;
             l[start..]
@@ -1623,7 +1625,7 @@ mod tests {
         let mut columns: Vec<(f64, f64)> = drawn.iter().map(|r| (r.1, r.3)).collect();
         columns.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
         columns.dedup();
-        let columns: Vec<Vec<(usize, f64, f64, f64, f64)>> = columns
+        let columns: Vec<Vec<Drawn>> = columns
             .into_iter()
             .map(|(x, w)| {
                 drawn
