@@ -195,6 +195,56 @@ fn run_bounded(cmd: &mut Command, timeout: Duration) -> Result<std::process::Out
     }
 }
 
+/// CPU time and time slices so far of every thread of `pids`
+/// (`/proc/<pid>/task/*/schedstat`'s first and third fields), summed.
+fn cpu_so_far(pids: &[u32]) -> Result<(u64, u64), CostError> {
+    let (mut ns, mut slices) = (0u64, 0u64);
+    for pid in pids {
+        let dir = format!("/proc/{pid}/task");
+        let tasks = std::fs::read_dir(&dir).map_err(io(dir.clone()))?;
+        for t in tasks.filter_map(|e| e.ok()) {
+            // A thread that ended since the listing has nothing more to add.
+            let Ok(text) = std::fs::read_to_string(t.path().join("schedstat")) else {
+                continue;
+            };
+            let mut f = text
+                .split_whitespace()
+                .map(|v| v.parse::<u64>().unwrap_or(0));
+            ns += f.next().unwrap_or(0);
+            slices += f.nth(1).unwrap_or(0);
+        }
+    }
+    Ok((ns, slices))
+}
+
+/// Waits until `pids` are quiescent: no thread of theirs ran for `quiet`
+/// (their CPU time and time slices unchanged), so that what the last unit
+/// asked of them (closes, a dump) is inside the window and nothing is cut
+/// off half done; at most `max`. How long it took.
+pub fn settle(pids: &[u32], quiet: Duration, max: Duration) -> Result<Duration, CostError> {
+    let start = Instant::now();
+    // The kernel adds a running thread's time at least every tick (4 ms
+    // at HZ=250): a tenth of `quiet` between reads sees any that ran.
+    let step = (quiet / 10).max(Duration::from_millis(2));
+    let mut last = cpu_so_far(pids)?;
+    let mut since = Instant::now();
+    loop {
+        std::thread::sleep(step);
+        let now = cpu_so_far(pids)?;
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= quiet {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > max {
+            return Err(CostError::Tool(format!(
+                "processes {pids:?} still ran {max:?} after the last unit"
+            )));
+        }
+    }
+}
+
 /// The instructions of a callgrind dump: its `totals:` line (`summary:`
 /// in older dumps), the first event (Ir).
 pub fn callgrind_totals(dump: &str) -> Option<u64> {
@@ -238,14 +288,23 @@ pub struct SyscallCounts {
     /// `sched:sched_switch` events of the counted threads: each time one
     /// was switched out (blocking included).
     pub context_switches: u64,
+    /// Those of them where the thread was still runnable (not
+    /// `prev_state & 3`, asleep): preempted, most often by the process it
+    /// just woke (the peer of a write) or a neighbour's time slice. Whether
+    /// a thread blocks or is preempted first moves with the scheduling;
+    /// their sum, `context_switches`, moves less.
+    pub preemptions: u64,
     /// Calls by name (`syscalls:sys_enter_<name>`), the ones made.
     pub by_name: BTreeMap<String, u64>,
 }
 
 /// Parses `perf stat -x,` output: `<count>,<unit>,<event>,...` lines; a
-/// `<not counted>` or `<not supported>` event counts 0.
+/// `<not counted>` or `<not supported>` event counts 0. `sched:sched_switch`
+/// comes twice, as [`PerfWindow`] asks for it: first filtered to the
+/// switches into sleep, then all of them (perf prints no filter).
 pub fn parse_perf_stat(text: &str) -> SyscallCounts {
     let mut c = SyscallCounts::default();
+    let mut switches = Vec::new();
     for line in text.lines() {
         let mut fields = line.split(',');
         let (Some(count), Some(_unit), Some(event)) = (fields.next(), fields.next(), fields.next())
@@ -257,7 +316,7 @@ pub fn parse_perf_stat(text: &str) -> SyscallCounts {
         };
         match event {
             "raw_syscalls:sys_enter" => c.syscalls += n,
-            "sched:sched_switch" => c.context_switches += n,
+            "sched:sched_switch" => switches.push(n),
             e => {
                 if let Some(name) = e.strip_prefix("syscalls:sys_enter_")
                     && n > 0
@@ -266,6 +325,14 @@ pub fn parse_perf_stat(text: &str) -> SyscallCounts {
                 }
             }
         }
+    }
+    match switches[..] {
+        [sleeps, all] => {
+            c.context_switches = all;
+            c.preemptions = all.saturating_sub(sleeps);
+        }
+        [all] => c.context_switches = all,
+        _ => {}
     }
     let named: u64 = c.by_name.values().sum();
     if c.syscalls > named {
@@ -373,7 +440,11 @@ impl PerfWindow {
                 ctl_path.display(),
                 ack_path.display()
             ))
-            .args(["-e", "raw_syscalls:sys_enter", "-e", "sched:sched_switch"])
+            .args(["-e", "raw_syscalls:sys_enter"])
+            // Switches into sleep (TASK_INTERRUPTIBLE or _UNINTERRUPTIBLE),
+            // then all: preemptions are the difference (`parse_perf_stat`).
+            .args(["-e", "sched:sched_switch", "--filter", "prev_state & 3"])
+            .args(["-e", "sched:sched_switch"])
             .args(
                 NAMED_SYSCALLS
                     .iter()
@@ -557,6 +628,7 @@ mod tests {
     fn perf_stat_output_is_read_by_event_and_name() {
         let text = "# started on Fri Dec  4 09:29:12 2026\n\n\
             187,,raw_syscalls:sys_enter,13360006,100.00,,\n\
+            7,,sched:sched_switch,13360006,100.00,,\n\
             11,,sched:sched_switch,13360006,100.00,,\n\
             40,,syscalls:sys_enter_mmap,13360006,100.00,,\n\
             0,,syscalls:sys_enter_iopl,13360006,100.00,,\n\
@@ -564,7 +636,10 @@ mod tests {
             5,,syscalls:sys_enter_write,1,100.00,,\n";
         let c = parse_perf_stat(text);
         assert_eq!(c.syscalls, 187);
+        // The first sched_switch is the filtered one (into sleep), the
+        // second all of them.
         assert_eq!(c.context_switches, 11);
+        assert_eq!(c.preemptions, 4);
         assert_eq!(
             c.by_name,
             BTreeMap::from([

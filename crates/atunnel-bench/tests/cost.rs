@@ -151,3 +151,41 @@ fn a_callgrind_window_counts_the_loop_inside_it_and_not_start_up() {
     let profile = cost::annotate_inclusive(&dir.path().join("one.out"), 40).expect("annotate");
     assert!(profile.contains("Ir"), "{profile}");
 }
+
+#[test]
+fn settling_waits_for_the_work_asked_for_before_it_returns() {
+    if !tools() {
+        return;
+    }
+    let mut probe = Probe::start(&[]);
+    // A loop of a few hundred milliseconds, asked for and not waited on.
+    writeln!(probe.stdin, "0 400000000").expect("probe input");
+    probe.stdin.flush().expect("probe input");
+    let took = cost::settle(
+        &[probe.child.id()],
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(30),
+    )
+    .expect("the probe settles");
+    // Settled means done: its answer is already there to read.
+    let mut fds = [libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(probe.stdout.get_ref()),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: poll(2) on one live pollfd, without waiting.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
+    assert_eq!(
+        ready, 1,
+        "settled after {took:?} with the loop still running"
+    );
+    assert_eq!(probe.line(), "done");
+    // And a quiet process settles in about the quiet period.
+    let took = cost::settle(
+        &[probe.child.id()],
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(30),
+    )
+    .expect("the idle probe settles");
+    assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+}

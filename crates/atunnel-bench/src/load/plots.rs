@@ -2,8 +2,10 @@
 //!
 //! Two layers. The shapes take plain data and return SVG text:
 //! [`line_chart`] (numeric x, a line and markers per series), [`bar_chart`]
-//! (grouped bars: categories along x, a bar per series in each) and
-//! [`render`], panels of either stacked in one file. [`xy`] picks the shape
+//! (grouped bars: categories along x, a bar per series in each),
+//! [`Panel::stacked_bars`] (one bar per category, a segment per series on
+//! top of the one before) and [`render`], panels of any of them one under
+//! the other in one file. [`xy`] picks the shape
 //! the way issue 15 asks: lines when some series has two or more x values,
 //! else bars, one group per x value — a line through one point says
 //! nothing. Then one builder per figure reads what the scenarios put in
@@ -117,6 +119,9 @@ pub struct Panel {
 pub enum Shape {
     Lines(Vec<Series>),
     Bars(Bars),
+    /// One bar per category, its series' values stacked (a part of a whole
+    /// each: negative or missing parts add nothing), the total on top.
+    StackedBars(Bars),
 }
 
 impl Panel {
@@ -132,6 +137,14 @@ impl Panel {
         Panel {
             axes,
             shape: Shape::Bars(bars),
+            limits: Vec::new(),
+        }
+    }
+
+    pub fn stacked_bars(axes: Axes, bars: Bars) -> Self {
+        Panel {
+            axes,
+            shape: Shape::StackedBars(bars),
             limits: Vec::new(),
         }
     }
@@ -227,14 +240,16 @@ fn legend_rows(labels: usize) -> u32 {
 fn labels_of(panel: &Panel) -> Vec<String> {
     match &panel.shape {
         Shape::Lines(s) => s.iter().map(|s| s.label.clone()).collect(),
-        Shape::Bars(b) => b.series.iter().map(|s| s.label.clone()).collect(),
+        Shape::Bars(b) | Shape::StackedBars(b) => {
+            b.series.iter().map(|s| s.label.clone()).collect()
+        }
     }
 }
 
 fn category_lines(panel: &Panel) -> u32 {
     match &panel.shape {
         Shape::Lines(_) => 1,
-        Shape::Bars(b) => b
+        Shape::Bars(b) | Shape::StackedBars(b) => b
             .categories
             .iter()
             .map(|c| wrap(c, b.categories.len()).len().max(1) as u32)
@@ -328,6 +343,15 @@ fn draw_panel(area: &Area, panel: &Panel, caption: bool) -> DrawResult {
             bars,
             &panel.limits,
             category_lines(panel),
+            false,
+        )?,
+        Shape::StackedBars(bars) => draw_bars(
+            &chart_area,
+            axes,
+            bars,
+            &panel.limits,
+            category_lines(panel),
+            true,
         )?,
     }
     draw_legend(&legend_area, &labels)
@@ -438,15 +462,34 @@ fn draw_bars(
     bars: &Bars,
     limits: &[Limit],
     category_lines: u32,
+    stacked: bool,
 ) -> DrawResult {
     let n = bars.categories.len().max(1);
     let value = |v: &Option<f64>| v.filter(|v| v.is_finite());
-    let y_range = y_range(
-        bars.series
+    // A stacked bar's parts: the positive ones (a part below zero would
+    // overlap the one under it), None when the category has none at all.
+    let parts = |k: usize| -> Option<Vec<(usize, f64)>> {
+        let parts: Vec<(usize, f64)> = bars
+            .series
             .iter()
-            .flat_map(|s| s.values.iter().filter_map(value)),
-        limits,
-    );
+            .enumerate()
+            .filter_map(|(i, s)| Some((i, value(s.values.get(k)?)?)))
+            .collect();
+        (!parts.is_empty()).then(|| parts.into_iter().filter(|p| p.1 > 0.0).collect())
+    };
+    let y_range = if stacked {
+        y_range(
+            (0..bars.categories.len()).filter_map(|k| Some(parts(k)?.iter().map(|p| p.1).sum())),
+            limits,
+        )
+    } else {
+        y_range(
+            bars.series
+                .iter()
+                .flat_map(|s| s.values.iter().filter_map(value)),
+            limits,
+        )
+    };
     let x_range = 0.0..n as f64;
     let mut builder = ChartBuilder::on(area);
     if !axes.title.is_empty() {
@@ -472,7 +515,39 @@ fn draw_bars(
     let bar_w = 0.8 / groups;
     let base = 0.0f64.max(y_range.start);
     let label_style = TextStyle::from((FONT, 13).into_font());
-    for (i, s) in bars.series.iter().enumerate() {
+    if stacked {
+        for k in 0..bars.categories.len() {
+            let (x0, x1) = (k as f64 + 0.25, k as f64 + 0.75);
+            let mid = k as f64 + 0.5;
+            let Some(parts) = parts(k) else {
+                chart.draw_series(std::iter::once(Text::new(
+                    "n/a",
+                    (mid, base),
+                    label_style
+                        .clone()
+                        .color(&LIMIT_COLOR)
+                        .pos(Pos::new(HPos::Center, VPos::Bottom)),
+                )))?;
+                continue;
+            };
+            let mut top = base;
+            for (i, v) in parts {
+                chart.draw_series(std::iter::once(Rectangle::new(
+                    [(x0, top), (x1, top + v)],
+                    color(i).filled(),
+                )))?;
+                top += v;
+            }
+            chart.draw_series(std::iter::once(Text::new(
+                tick(top - base),
+                (mid, top),
+                label_style
+                    .clone()
+                    .pos(Pos::new(HPos::Center, VPos::Bottom)),
+            )))?;
+        }
+    }
+    for (i, s) in bars.series.iter().enumerate().filter(|_| !stacked) {
         let c = color(i);
         for (k, v) in s.values.iter().take(bars.categories.len()).enumerate() {
             let x0 = k as f64 + 0.1 + i as f64 * bar_w;
@@ -626,9 +701,10 @@ pub fn of_results(r: &Results) -> Result<Vec<Plot>, PlotError> {
     Ok(plots)
 }
 
-/// One cost unit: a panel per cost kind (instructions; syscalls stacked by
-/// name, the top five and the rest; context switches; allocations), the
-/// contenders side by side in each.
+/// One cost unit: a panel per cost kind (instructions; syscalls, one bar
+/// per contender stacked by name, the five names the contenders make most
+/// and the rest; context switches and allocations), the contenders side by
+/// side in each.
 pub fn cost_unit(unit: &Value) -> Result<String, PlotError> {
     let contenders = unit["contenders"].as_array().cloned().unwrap_or_default();
     let names: Vec<String> = contenders
@@ -665,7 +741,12 @@ pub fn cost_unit(unit: &Value) -> Result<String, PlotError> {
                 k.clone(),
                 contenders
                     .iter()
-                    .map(|c| f(&c["syscalls"]).map(|_| f(&c["syscalls_by_name"][k]).unwrap_or(0.0)))
+                    .map(|c| {
+                        // A name's per-unit difference can come out a hair
+                        // below zero; as a part of the stack it is none.
+                        f(&c["syscalls"])
+                            .map(|_| f(&c["syscalls_by_name"][k]).unwrap_or(0.0).max(0.0))
+                    })
                     .collect(),
             )
         })
@@ -678,7 +759,7 @@ pub fn cost_unit(unit: &Value) -> Result<String, PlotError> {
                 let total = f(&c["syscalls"])?;
                 let named: f64 = top
                     .iter()
-                    .map(|(k, _)| f(&c["syscalls_by_name"][k]).unwrap_or(0.0))
+                    .map(|(k, _)| f(&c["syscalls_by_name"][k]).unwrap_or(0.0).max(0.0))
                     .sum();
                 Some((total - named).max(0.0))
             })
@@ -691,7 +772,17 @@ pub fn cost_unit(unit: &Value) -> Result<String, PlotError> {
                 "user-space instructions (callgrind)",
                 vec![kind("instructions")],
             ),
-            panel("system calls by name (perf), side by side", by_name),
+            Panel::stacked_bars(
+                Axes::new(
+                    "system calls (perf), stacked by name",
+                    "contender",
+                    format!("per {per}"),
+                ),
+                Bars {
+                    categories: names.clone(),
+                    series: by_name,
+                },
+            ),
             panel(
                 "context switches and heap allocations",
                 vec![kind("context_switches"), kind("allocations")],
@@ -1474,6 +1565,113 @@ mod tests {
         }
         // nginx's instructions and allocations were not measured.
         assert!(svg.contains("n/a"), "{svg}");
+    }
+
+    /// A bar's rect: (series, x, y, width, height) in pixels.
+    type Drawn = (usize, f64, f64, f64, f64);
+
+    /// The series-coloured `<rect>`s wider than a legend swatch.
+    fn bars_drawn(svg: &str, series: usize) -> Vec<Drawn> {
+        let attr = |l: &str, a: &str| -> f64 {
+            let start = l.find(&format!(" {a}=\"")).expect("attribute") + a.len() + 3;
+            l[start..]
+                .split('"')
+                .next()
+                .expect("value")
+                .parse()
+                .expect("a number")
+        };
+        svg.lines()
+            .filter(|l| l.starts_with("<rect"))
+            .filter_map(|l| {
+                let i = (0..series).find(|&i| l.contains(&format!(r#"fill="{}""#, hex(i))))?;
+                let r = (
+                    i,
+                    attr(l, "x"),
+                    attr(l, "y"),
+                    attr(l, "width"),
+                    attr(l, "height"),
+                );
+                (r.3 > 20.0).then_some(r)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cost_units_syscalls_are_one_stacked_bar_per_contender_summing_to_its_total() {
+        // Top five over both: recvfrom 6, epoll_wait 4, getpid 3, sendto 3,
+        // writev 2; atunnel's futex, close and other are its rest.
+        let unit = json!({
+            "name": "egress-open",
+            "per": "tunnel",
+            "n": 64,
+            "contenders": [
+                {"name": "atunnel", "instructions": 90000.0, "syscalls": 10.0,
+                 "syscalls_by_name": {"writev": 2.0, "recvfrom": 2.0, "epoll_wait": 2.0,
+                     "sendto": 1.0, "futex": 1.0, "close": 0.5, "other": 1.5},
+                 "context_switches": 5.0, "allocations": 19.0},
+                {"name": "haproxy", "instructions": null, "syscalls": 12.0,
+                 "syscalls_by_name": {"recvfrom": 4.0, "sendto": 2.0, "epoll_wait": 2.0,
+                     "getpid": 3.0, "other": 1.0},
+                 "context_switches": 4.0, "allocations": null},
+            ],
+        });
+        let svg = cost_unit(&unit).expect("drawn");
+        check(&svg);
+        // The stacked panel's bars are the only ones drawn as columns of
+        // several rects of one x and width: (recvfrom, epoll_wait, getpid, sendto,
+        // writev, rest) are series 0-5.
+        let drawn = bars_drawn(&svg, 6);
+        let mut columns: Vec<(f64, f64)> = drawn.iter().map(|r| (r.1, r.3)).collect();
+        columns.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        columns.dedup();
+        let columns: Vec<Vec<Drawn>> = columns
+            .into_iter()
+            .map(|(x, w)| {
+                drawn
+                    .iter()
+                    .copied()
+                    .filter(|r| (r.1, r.3) == (x, w))
+                    .collect::<Vec<_>>()
+            })
+            .filter(|c| c.len() >= 2)
+            .collect();
+        assert_eq!(columns.len(), 2, "a stacked bar per contender: {drawn:?}");
+        let mut heights = Vec::new();
+        for column in &columns {
+            // Each segment starts where the one before it ends (y grows
+            // downwards), from the axis up.
+            for pair in column.windows(2) {
+                let (below, above) = (pair[0], pair[1]);
+                assert!(
+                    (above.2 + above.4 - below.2).abs() <= 1.0,
+                    "segments apart: {column:?}"
+                );
+            }
+            heights.push(column.iter().map(|r| r.4).sum::<f64>());
+        }
+        // atunnel: 2 + 2 + 1 + 2 + a rest of 3 = 10; haproxy: 4 + 2 + 3 + 2
+        // + a rest of 1 = 12: the segments sum to each one's total.
+        let ratio = heights[0] / heights[1];
+        assert!((ratio - 10.0 / 12.0).abs() < 0.02, "{heights:?}");
+        let rest = columns[0]
+            .iter()
+            .find(|r| r.0 == 5)
+            .expect("atunnel's rest");
+        assert!(
+            (rest.4 / heights[0] - 0.3).abs() < 0.02,
+            "{rest:?} of {heights:?}"
+        );
+        assert!(
+            !columns[0].iter().any(|r| r.0 == 2),
+            "atunnel makes no getpid"
+        );
+        // The other panels kept.
+        assert!(svg.contains("user-space instructions"), "{svg}");
+        assert!(
+            svg.contains("context switches and heap allocations"),
+            "{svg}"
+        );
     }
 
     fn plot(r: &Results, file: &str) -> String {

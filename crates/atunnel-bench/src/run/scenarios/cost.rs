@@ -4,10 +4,11 @@
 //! switches (perf, on the uninstrumented contender), heap allocations
 //! (atunnel's counting allocator; a peer has none to read).
 //!
-//! Each unit runs in two windows, N units and 2N, and the figure per unit is
-//! their difference over N: what a window costs whatever its size (the
-//! window's own switches, the settling wait after the last unit, a timer
-//! that fires once) cancels. A zero-unit baseline would cancel the same,
+//! Each unit runs in pairs of windows, N units and 2N, and the figure per
+//! unit is their difference over N: what a window costs whatever its size
+//! (the window's own switches, the settling after the last unit) cancels.
+//! [`ROUNDS`] pairs per unit and pass; the figure is their median, reported
+//! with the pairs' minimum and maximum, so a reader sees how firm it is. A zero-unit baseline would cancel the same,
 //! but not the first unit's warm-up of a connection or pool, which both
 //! windows share here because everything a unit reuses is set up and used
 //! once before either window. Instructions come from a pass with the
@@ -55,12 +56,33 @@ use crate::run::bench::Bench;
 use crate::run::router::Alpn;
 use crate::traffic::{DISCARD, ECHO, HTTP, SOURCE};
 
-/// What the units cost to set up, whichever pass: the window's own work is
-/// cancelled by differencing, so this wait only has to let the contender
-/// finish what the last unit asked of it (closes) before the window closes.
-const SETTLE: Duration = Duration::from_millis(300);
-/// The same under callgrind, ~50x slower.
-const SETTLE_CALLGRIND: Duration = Duration::from_secs(3);
+/// Pairs of windows per unit and pass. The median of three stands when one
+/// pair catches something else (a ping, a late close); their spread is
+/// reported beside it.
+const ROUNDS: usize = 3;
+/// ingress-idle's pairs: each of its windows waits out the hibernation
+/// (~6 s a window either pass), so two, to keep the quick run near 4
+/// minutes.
+const ROUNDS_IDLE: usize = 2;
+/// A window closes once the contender ran nothing for this long
+/// (`cost::settle`), so that what the last unit asked of it (closes) is
+/// inside, whatever the machine's load; a fixed wait was either long or,
+/// under a neighbour, short.
+const QUIET: Duration = Duration::from_millis(60);
+/// The same under callgrind, ~50x slower and one thread at a time.
+const QUIET_CALLGRIND: Duration = Duration::from_millis(250);
+/// How long settling may take before the window is an error.
+const SETTLE_MAX: Duration = Duration::from_secs(60);
+/// atunnel's work that runs in proportion to wall time, off in this
+/// scenario: it is a cost per second, not per unit, and a window of 2N
+/// lasts longer than one of N (under callgrind ~50x longer), so it did not
+/// cancel. The overload guard samples memory and descriptors 4 times a
+/// second (openat, read, close, prlimit64 of /proc; ~0.2 syscalls per kept
+/// egress request and, under callgrind, 5-10 % of a CONNECT tunnel's
+/// instructions moving with how long its window took); the trust bundle's
+/// file is polled every 10 s (statx). Pings (15 s and more) stay: rare
+/// beside a window, and part of how a connection is kept.
+const QUIET_FLAGS: [&str; 2] = ["--no-overload-guard", "--trust-bundle-poll-interval=0"];
 /// atunnel's hibernation period for the ingress-idle unit, and how long the
 /// connections stay idle in its window (a connection hibernates one to two
 /// periods after its last byte).
@@ -150,14 +172,53 @@ impl Unit {
     }
 }
 
-/// One contender's counts per unit.
+/// One contender's figures per unit: each count's per-unit estimate from
+/// every pair of windows (keys: `instructions`, `syscalls`,
+/// `context_switches`, `preemptions`, `allocations`, and `sys:<name>` per
+/// syscall name).
 #[derive(Clone, Debug, Default)]
 struct PerUnit {
-    instructions: Option<f64>,
-    syscalls: Option<f64>,
-    syscalls_by_name: BTreeMap<String, f64>,
-    context_switches: Option<f64>,
-    allocations: Option<f64>,
+    rounds: BTreeMap<String, Vec<f64>>,
+}
+
+impl PerUnit {
+    fn push(&mut self, key: impl Into<String>, v: f64) {
+        self.rounds.entry(key.into()).or_default().push(v);
+    }
+
+    /// The median of `key`'s estimates and their minimum and maximum.
+    fn get(&self, key: &str) -> Option<Spread> {
+        Spread::of(self.rounds.get(key)?)
+    }
+}
+
+/// A count's median over the pairs of windows, and their range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(v: &[f64]) -> Option<Spread> {
+        let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let mid = v.len() / 2;
+        let median = if v.len() % 2 == 1 {
+            v[mid]
+        } else {
+            (v[mid - 1] + v[mid]) / 2.0
+        };
+        Some(Spread {
+            median,
+            min: v[0],
+            max: v[v.len() - 1],
+        })
+    }
 }
 
 /// What one window counted (each pass fills its part).
@@ -348,15 +409,20 @@ async fn window(
     match pass {
         Pass::Perf => {
             let file = dir.join(format!("{label}.perf.txt"));
+            let p = pids.clone();
             let mut perf = tokio::task::spawn_blocking(move || {
-                let mut w = PerfWindow::attach(&pids, &file)?;
+                // What came before (the last window's connections closing,
+                // this one's set-up) finishes outside the window.
+                cost::settle(&p, QUIET, SETTLE_MAX)?;
+                let mut w = PerfWindow::attach(&p, &file)?;
                 w.enable()?;
                 Ok::<_, cost::CostError>(w)
             })
             .await??;
             let result = work(bench, unit, &mut prepared, n).await;
-            tokio::time::sleep(SETTLE).await;
+            let p = pids.clone();
             let counts = tokio::task::spawn_blocking(move || {
+                cost::settle(&p, QUIET, SETTLE_MAX)?;
                 perf.disable()?;
                 perf.finish()
             })
@@ -373,12 +439,16 @@ async fn window(
                 })
                 .collect();
             let p = procs.clone();
-            tokio::task::spawn_blocking(move || p.iter().try_for_each(|c| c.open_window()))
-                .await??;
+            let settled = pids.clone();
+            tokio::task::spawn_blocking(move || {
+                cost::settle(&settled, QUIET_CALLGRIND, SETTLE_MAX)?;
+                p.iter().try_for_each(|c| c.open_window())
+            })
+            .await??;
             let result = work(bench, unit, &mut prepared, n).await;
-            tokio::time::sleep(SETTLE_CALLGRIND).await;
             let (d, l) = (dir.to_path_buf(), label.to_string());
             let total = tokio::task::spawn_blocking(move || {
+                cost::settle(&pids, QUIET_CALLGRIND, SETTLE_MAX)?;
                 let mut total = 0;
                 for c in &procs {
                     let keep = d.join(format!("{l}.{}.callgrind", c.pid));
@@ -463,7 +533,11 @@ async fn measure_contender(
                 continue;
             }
             let flags = if contender == Contender::Atunnel {
-                flags
+                QUIET_FLAGS
+                    .iter()
+                    .map(|f| f.to_string())
+                    .chain(flags)
+                    .collect()
             } else {
                 Vec::new()
             };
@@ -494,34 +568,62 @@ async fn measure_contender(
                     Pass::Perf => "perf",
                     Pass::Callgrind => "callgrind",
                 };
-                let label = |k: u64| format!("{contender}-{}-{pass_name}-{}", unit.name(), k * n);
-                let small = window(bench, pass, unit, n, dir, &label(1)).await?;
-                let big = window(bench, pass, unit, 2 * n, dir, &label(2)).await?;
+                let label = |round: usize, k: u64| {
+                    format!("{contender}-{}-{pass_name}-r{round}-{}", unit.name(), k * n)
+                };
                 let r = results.entry(unit.name()).or_default();
-                if let (Some(a), Some(b)) = (small.instructions, big.instructions) {
-                    r.instructions = Some(per(a, b, n));
-                }
-                if let (Some(a), Some(b)) = (&small.sys, &big.sys) {
-                    r.syscalls = Some(per(a.syscalls, b.syscalls, n));
-                    r.context_switches = Some(per(a.context_switches, b.context_switches, n));
-                    let names: std::collections::BTreeSet<&String> =
-                        a.by_name.keys().chain(b.by_name.keys()).collect();
-                    r.syscalls_by_name = names
-                        .into_iter()
-                        .map(|k| {
+                let rounds = if unit == Unit::IngressIdle {
+                    ROUNDS_IDLE
+                } else {
+                    ROUNDS
+                };
+                for round in 1..=rounds {
+                    let small = window(bench, pass, unit, n, dir, &label(round, 1)).await?;
+                    let big = window(bench, pass, unit, 2 * n, dir, &label(round, 2)).await?;
+                    if let (Some(a), Some(b)) = (small.instructions, big.instructions) {
+                        r.push("instructions", per(a, b, n));
+                    }
+                    if let (Some(a), Some(b)) = (&small.sys, &big.sys) {
+                        r.push("syscalls", per(a.syscalls, b.syscalls, n));
+                        r.push(
+                            "context_switches",
+                            per(a.context_switches, b.context_switches, n),
+                        );
+                        r.push("preemptions", per(a.preemptions, b.preemptions, n));
+                        // Every name either window made, 0 where the other
+                        // made none, so that each round has each name.
+                        let names: std::collections::BTreeSet<&String> =
+                            a.by_name.keys().chain(b.by_name.keys()).collect();
+                        for k in names {
                             let get = |c: &SyscallCounts| c.by_name.get(k).copied().unwrap_or(0);
-                            (k.clone(), per(get(a), get(b), n))
-                        })
-                        .filter(|(_, v)| v.abs() >= 0.005)
-                        .collect();
+                            r.push(format!("sys:{k}"), per(get(a), get(b), n));
+                        }
+                    }
+                    // From the perf pass only: the contender as it is.
+                    if let (Pass::Perf, Some(a), Some(b)) =
+                        (pass, small.allocations, big.allocations)
+                    {
+                        r.push("allocations", per(a, b, n));
+                    }
                 }
-                if let (Some(a), Some(b)) = (small.allocations, big.allocations) {
-                    r.allocations = Some(per(a, b, n));
-                }
+                let show = |k: &str| {
+                    r.get(k)
+                        .map(|s| format!("{k} {:.2} ({:.2}..{:.2})", s.median, s.min, s.max))
+                };
                 eprintln!(
-                    "         cost: {contender} {} ({pass_name}): {:?}",
+                    "         cost: {contender} {} ({pass_name}): {}",
                     unit.name(),
-                    r
+                    [
+                        "instructions",
+                        "syscalls",
+                        "context_switches",
+                        "preemptions",
+                        "allocations"
+                    ]
+                    .iter()
+                    .filter_map(|k| show(k))
+                    .collect::<Vec<_>>()
+                    .join(", ")
                 );
             }
         }
@@ -566,18 +668,39 @@ fn units_json(
                 .filter_map(|(c, m)| {
                     let r = m.get(u.name())?;
                     let by_name: serde_json::Map<String, Value> = r
-                        .syscalls_by_name
-                        .iter()
-                        .map(|(k, v)| (k.clone(), json!(round2(*v))))
+                        .rounds
+                        .keys()
+                        .filter_map(|k| {
+                            let name = k.strip_prefix("sys:")?;
+                            let v = r.get(k)?.median;
+                            (v.abs() >= 0.005).then(|| (name.to_string(), json!(round2(v))))
+                        })
                         .collect();
+                    let median = |k: &str, round: fn(f64) -> f64| r.get(k).map(|s| round(s.median));
+                    // [min, max] of the pairs' estimates, beside each median.
+                    let spread: serde_json::Map<String, Value> = [
+                        ("instructions", f64::round as fn(f64) -> f64),
+                        ("syscalls", round2),
+                        ("context_switches", round2),
+                        ("preemptions", round2),
+                        ("allocations", round2),
+                    ]
+                    .into_iter()
+                    .filter_map(|(k, round)| {
+                        let s = r.get(k)?;
+                        Some((k.to_string(), json!([round(s.min), round(s.max)])))
+                    })
+                    .collect();
                     Some(json!({
                         "name": c.name(),
                         "path": path_of(*c, *u),
-                        "instructions": r.instructions.map(f64::round),
-                        "syscalls": r.syscalls.map(round2),
+                        "instructions": median("instructions", f64::round),
+                        "syscalls": median("syscalls", round2),
                         "syscalls_by_name": by_name,
-                        "context_switches": r.context_switches.map(round2),
-                        "allocations": r.allocations.map(round2),
+                        "context_switches": median("context_switches", round2),
+                        "preemptions": median("preemptions", round2),
+                        "allocations": median("allocations", round2),
+                        "spread": spread,
                     }))
                 })
                 .collect();
@@ -585,6 +708,7 @@ fn units_json(
                 "name": u.name(),
                 "per": u.per(),
                 "n": u.count(quick),
+                "rounds": if *u == Unit::IngressIdle { ROUNDS_IDLE } else { ROUNDS },
                 "contenders": contenders,
             })
         })
@@ -612,7 +736,9 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
     let flags = bench.tunnel_args().to_vec();
     let mut notes = vec![
-        "per unit: (counts of a window of 2N units - counts of a window of N) / N, so what a window costs whatever its size cancels; instructions from callgrind (user space, the contender under valgrind), syscalls and context switches from perf's tracepoints on the contender's processes as they are, allocations from atunnel's counting allocator (a peer's: n/a)".to_string(),
+        format!("per unit: (counts of a window of 2N units - counts of a window of N) / N, so what a window costs whatever its size cancels; the median of {ROUNDS} such pairs ({ROUNDS_IDLE} for ingress-idle, whose windows wait out the hibernation), their minimum..maximum in brackets; a window closes once the contender ran nothing for {} ms ({} ms under callgrind); instructions from callgrind (user space, the contender under valgrind), syscalls and context switches from perf's tracepoints on the contender's processes as they are, allocations from atunnel's counting allocator (a peer's: n/a)", QUIET.as_millis(), QUIET_CALLGRIND.as_millis()),
+        "context switches: every sched_switch of the contender's threads; preemptions: those where the thread was still runnable (not prev_state & 3), most often preempted by the process its write woke or by a neighbour's time slice; whether a thread blocks or is preempted first moves with the scheduling, their sum less".to_string(),
+        format!("atunnel runs here with {}: its work per second of wall time (the overload guard's 4 samples a second, the trust bundle's poll) would otherwise land in a window in proportion to how long it took", QUIET_FLAGS.join(" ")),
     ];
     let mut contenders = vec![Contender::Atunnel];
     for peer in [Contender::Nginx, Contender::Haproxy] {
@@ -652,7 +778,7 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
     }
     restored?;
     for unit in [Unit::IngressHttps, Unit::EgressUpload] {
-        let profile = largest_dump(&dir, &format!("atunnel-{}-callgrind-", unit.name()))
+        let profile = largest_dump(&dir, &format!("atunnel-{}-callgrind-r1-", unit.name()))
             .and_then(|dump| cost::annotate_inclusive(&dump, 80).map_err(err));
         match profile {
             Ok(p) => std::fs::write(dir.join(format!("profile-atunnel-{}.txt", unit.name())), p)?,
@@ -687,40 +813,53 @@ fn largest_dump(dir: &Path, prefix: &str) -> Result<PathBuf, atunnel_process::Bo
         .ok_or_else(|| format!("no callgrind dump {prefix}* in {}", dir.display()).into())
 }
 
-/// report.md's tables: per unit, each contender's counts and atunnel's
-/// ratio to it.
+/// report.md's tables: per unit, each contender's counts (the median over
+/// the pairs of windows, their range in brackets) and atunnel's ratio to it.
 pub fn report_section(summary: &Value) -> String {
     use std::fmt::Write;
     let mut md = String::new();
-    let fmt = |v: &Value| match v.as_f64() {
+    let num = |v: &Value| match v.as_f64() {
         Some(x) if x.abs() >= 1000.0 => format!("{:.0}", x),
         Some(x) => format!("{x:.2}"),
         None => "n/a".into(),
     };
+    // `key`'s median and, when the pairs disagreed, their min..max.
+    let fmt = |c: &Value, key: &str| {
+        let median = num(&c[key]);
+        match c["spread"][key]
+            .as_array()
+            .map(|r| (num(&r[0]), num(&r[1])))
+        {
+            Some((lo, hi)) if lo != hi || lo != median => format!("{median} ({lo}..{hi})"),
+            _ => median,
+        }
+    };
     for unit in summary["units"].as_array().into_iter().flatten() {
         let _ = writeln!(
             md,
-            "### cost: {} (per {}, N = {})\n",
+            "### cost: {} (per {}, N = {}, median of {} pairs of windows)\n",
             unit["name"].as_str().unwrap_or(""),
             unit["per"].as_str().unwrap_or(""),
-            unit["n"]
+            unit["n"],
+            unit["rounds"].as_u64().unwrap_or(1),
         );
         let _ = writeln!(
             md,
-            "| contender | instructions | syscalls | top {TOP_SYSCALLS} syscalls | context switches | allocations | path |"
+            "| contender | instructions | syscalls | top {TOP_SYSCALLS} syscalls | context switches | preemptions | allocations | path |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
         let contenders = unit["contenders"].as_array().cloned().unwrap_or_default();
         for c in &contenders {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 c["name"].as_str().unwrap_or(""),
-                fmt(&c["instructions"]),
-                fmt(&c["syscalls"]),
+                fmt(c, "instructions"),
+                fmt(c, "syscalls"),
                 top_syscalls(&c["syscalls_by_name"]),
-                fmt(&c["context_switches"]),
-                fmt(&c["allocations"]),
+                fmt(c, "context_switches"),
+                fmt(c, "preemptions"),
+                fmt(c, "allocations"),
                 c["path"].as_str().unwrap_or(""),
             );
         }
@@ -733,7 +872,7 @@ pub fn report_section(summary: &Value) -> String {
             };
             let _ = writeln!(
                 md,
-                "| atunnel / {} | {} | {} | | {} | n/a | |",
+                "| atunnel / {} | {} | {} | | {} | | n/a | |",
                 peer["name"].as_str().unwrap_or(""),
                 ratio("instructions"),
                 ratio("syscalls"),
@@ -759,4 +898,63 @@ fn top_syscalls(by_name: &Value) -> String {
         .map(|(k, n)| format!("{k} {n:.2}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_figure_is_the_median_of_the_pairs_with_their_range() {
+        let s = Spread::of(&[84_500.0, 84_300.0, 91_000.0]).expect("some");
+        assert_eq!(
+            s,
+            Spread {
+                median: 84_500.0,
+                min: 84_300.0,
+                max: 91_000.0
+            }
+        );
+        assert_eq!(Spread::of(&[2.0, 4.0]).map(|s| s.median), Some(3.0));
+        assert_eq!(Spread::of(&[f64::NAN]), None);
+    }
+
+    #[test]
+    fn the_report_carries_each_figures_spread_beside_it_and_json_keeps_its_fields() {
+        let mut r = PerUnit::default();
+        for (i, s, c) in [
+            (84_500.0, 6.0, 2.0),
+            (84_300.0, 6.1, 2.0),
+            (91_000.0, 6.0, 2.0),
+        ] {
+            r.push("instructions", i);
+            r.push("syscalls", s);
+            r.push("context_switches", c);
+            r.push("sys:writev", 2.0);
+        }
+        let measured = vec![(
+            Contender::Atunnel,
+            BTreeMap::from([(Unit::IngressHttps.name(), r)]),
+        )];
+        let summary = units_json(&[Unit::IngressHttps], true, &measured);
+        let c = &summary["units"][0]["contenders"][0];
+        for key in [
+            "name",
+            "instructions",
+            "syscalls",
+            "syscalls_by_name",
+            "context_switches",
+            "allocations",
+        ] {
+            assert!(c.get(key).is_some(), "{key} missing: {c}");
+        }
+        assert_eq!(c["instructions"], json!(84_500.0));
+        assert_eq!(c["spread"]["instructions"], json!([84_300.0, 91_000.0]));
+        assert_eq!(c["syscalls_by_name"]["writev"], json!(2.0));
+        let md = report_section(&summary);
+        assert!(md.contains("| 84500 (84300..91000) |"), "{md}");
+        assert!(md.contains("| 6.00 (6.00..6.10) |"), "{md}");
+        // A count every pair agreed on stands alone.
+        assert!(md.contains("| 2.00 |"), "{md}");
+    }
 }
