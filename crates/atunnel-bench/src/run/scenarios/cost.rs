@@ -7,7 +7,7 @@
 //! Each unit runs in pairs of windows, N units and 2N, and the figure per
 //! unit is their difference over N: what a window costs whatever its size
 //! (the window's own switches, the settling after the last unit) cancels.
-//! [`ROUNDS`] pairs per unit and pass; the figure is their median, reported
+//! [`rounds`] pairs per unit and pass; the figure is their median, reported
 //! with the pairs' minimum and maximum, so a reader sees how firm it is. A zero-unit baseline would cancel the same,
 //! but not the first unit's warm-up of a connection or pool, which both
 //! windows share here because everything a unit reuses is set up and used
@@ -58,12 +58,16 @@ use crate::traffic::{DISCARD, ECHO, HTTP, SOURCE};
 
 /// Pairs of windows per unit and pass. The median of three stands when one
 /// pair catches something else (a ping, a late close); their spread is
-/// reported beside it.
-const ROUNDS: usize = 3;
-/// ingress-idle's pairs: each of its windows waits out the hibernation
-/// (~6 s a window either pass), so two, to keep the quick run near 4
-/// minutes.
-const ROUNDS_IDLE: usize = 2;
+/// reported beside it. ingress-idle's windows each wait out the
+/// hibernation (~6 s either pass), so it takes one pair fewer. The quick
+/// run takes one pair fewer again, as three kept it over its 15 minutes
+/// (the cost scenario alone took 371 s with three; the figure is then the
+/// mean of two, with both in its range).
+fn rounds(unit: Unit, quick: bool) -> usize {
+    let full = if unit == Unit::IngressIdle { 2 } else { 3 };
+    if quick { full - 1 } else { full }
+}
+
 /// A window closes once the contender ran nothing for this long
 /// (`cost::settle`), so that what the last unit asked of it (closes) is
 /// inside, whatever the machine's load; a fixed wait was either long or,
@@ -572,11 +576,7 @@ async fn measure_contender(
                     format!("{contender}-{}-{pass_name}-r{round}-{}", unit.name(), k * n)
                 };
                 let r = results.entry(unit.name()).or_default();
-                let rounds = if unit == Unit::IngressIdle {
-                    ROUNDS_IDLE
-                } else {
-                    ROUNDS
-                };
+                let rounds = rounds(unit, bench.quick);
                 for round in 1..=rounds {
                     let small = window(bench, pass, unit, n, dir, &label(round, 1)).await?;
                     let big = window(bench, pass, unit, 2 * n, dir, &label(round, 2)).await?;
@@ -708,7 +708,7 @@ fn units_json(
                 "name": u.name(),
                 "per": u.per(),
                 "n": u.count(quick),
-                "rounds": if *u == Unit::IngressIdle { ROUNDS_IDLE } else { ROUNDS },
+                "rounds": rounds(*u, quick),
                 "contenders": contenders,
             })
         })
@@ -736,7 +736,7 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
     let flags = bench.tunnel_args().to_vec();
     let mut notes = vec![
-        format!("per unit: (counts of a window of 2N units - counts of a window of N) / N, so what a window costs whatever its size cancels; the median of {ROUNDS} such pairs ({ROUNDS_IDLE} for ingress-idle, whose windows wait out the hibernation), their minimum..maximum in brackets; a window closes once the contender ran nothing for {} ms ({} ms under callgrind); instructions from callgrind (user space, the contender under valgrind), syscalls and context switches from perf's tracepoints on the contender's processes as they are, allocations from atunnel's counting allocator (a peer's: n/a)", QUIET.as_millis(), QUIET_CALLGRIND.as_millis()),
+        format!("per unit: (counts of a window of 2N units - counts of a window of N) / N, so what a window costs whatever its size cancels; the median of {} such pairs ({} for ingress-idle, whose windows wait out the hibernation), their minimum..maximum in brackets; a window closes once the contender ran nothing for {} ms ({} ms under callgrind); instructions from callgrind (user space, the contender under valgrind), syscalls and context switches from perf's tracepoints on the contender's processes as they are, allocations from atunnel's counting allocator (a peer's: n/a)", rounds(Unit::EgressHttp, bench.quick), rounds(Unit::IngressIdle, bench.quick), QUIET.as_millis(), QUIET_CALLGRIND.as_millis()),
         "context switches: every sched_switch of the contender's threads; preemptions: those where the thread was still runnable (not prev_state & 3), most often preempted by the process its write woke or by a neighbour's time slice; whether a thread blocks or is preempted first moves with the scheduling, their sum less".to_string(),
         format!("atunnel runs here with {}: its work per second of wall time (the overload guard's 4 samples a second, the trust bundle's poll) would otherwise land in a window in proportion to how long it took", QUIET_FLAGS.join(" ")),
     ];
