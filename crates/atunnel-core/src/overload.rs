@@ -946,7 +946,8 @@ fn nofile_soft_limit() -> io::Result<u64> {
 /// Open descriptors: the size of /proc/self/fd where the kernel reports
 /// the count there (Linux >= 6.2, from the descriptor bitmap: 4 µs at
 /// 20,000 descriptors, and no descriptor taken to ask), else its entries.
-fn open_descriptors() -> io::Result<u64> {
+/// /stats counts them this way too: it runs on the data path's threads.
+pub fn open_descriptors() -> io::Result<u64> {
     match std::fs::metadata("/proc/self/fd") {
         // Never 0 when reported: the runtime itself holds descriptors.
         Ok(meta) if meta.len() > 0 => Ok(meta.len()),
