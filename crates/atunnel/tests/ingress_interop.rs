@@ -145,6 +145,15 @@ async fn curl_over_http1_1_with_a_client_certificate_gets_its_upload_back() {
     curl_echo("--http1.1").await;
 }
 
+/// `nghttp` with the router's certificate, addressing `actor`.
+fn nghttp_as_router(nghttp: &Path, pki: &IngressPki, actor: &str) -> Command {
+    let mut cmd = Command::new(nghttp);
+    cmd.arg(format!("--cert={}", pki.path("router.pem").display()))
+        .arg(format!("--key={}", pki.path("router.key").display()))
+        .arg(format!("--header=ate-target-actor: {actor}"));
+    cmd
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nghttp_with_a_client_certificate_gets_its_upload_back() {
     let Some(nghttp) = client("nghttp", "nghttp2-client") else {
@@ -153,11 +162,8 @@ async fn nghttp_with_a_client_certificate_gets_its_upload_back() {
     let pki = IngressPki::new();
     let running = echoing_ingress(&pki).await;
     let (upload, data) = upload_file(pki.dir.path());
-    let mut cmd = Command::new(nghttp);
-    cmd.arg(format!("--cert={}", pki.path("router.pem").display()))
-        .arg(format!("--key={}", pki.path("router.key").display()))
-        .arg(format!("--header=ate-target-actor: {ACTOR}"))
-        .arg(format!("--data={}", upload.display()))
+    let mut cmd = nghttp_as_router(&nghttp, &pki, ACTOR);
+    cmd.arg(format!("--data={}", upload.display()))
         .arg(format!("https://127.0.0.1:{}/echo", running.https.port()));
     let answer = run(cmd).await;
     assert!(
@@ -168,11 +174,8 @@ async fn nghttp_with_a_client_certificate_gets_its_upload_back() {
     );
     // A routing mistake is a 421 with an empty body: checked to fail here,
     // so the echo above is the actor's and not an error page.
-    let mut stale = Command::new(client("nghttp", "nghttp2-client").expect("found above"));
+    let mut stale = nghttp_as_router(&nghttp, &pki, "team-a/nobody");
     stale
-        .arg(format!("--cert={}", pki.path("router.pem").display()))
-        .arg(format!("--key={}", pki.path("router.key").display()))
-        .arg("--header=ate-target-actor: team-a/nobody")
         .arg("--stat")
         .arg("-v")
         .arg(format!("https://127.0.0.1:{}/echo", running.https.port()));

@@ -515,19 +515,33 @@ fn draw_bars(
     let bar_w = 0.8 / groups;
     let base = 0.0f64.max(y_range.start);
     let label_style = TextStyle::from((FONT, 13).into_font());
+    // A bar's figure above it, and "n/a" on the axis where a contender has
+    // none: the same for stacked and grouped bars.
+    let total = |v: f64, x: f64, y: f64| {
+        Text::new(
+            tick(v),
+            (x, y),
+            label_style
+                .clone()
+                .pos(Pos::new(HPos::Center, VPos::Bottom)),
+        )
+    };
+    let not_available = |x: f64| {
+        Text::new(
+            "n/a",
+            (x, base),
+            label_style
+                .clone()
+                .color(&LIMIT_COLOR)
+                .pos(Pos::new(HPos::Center, VPos::Bottom)),
+        )
+    };
     if stacked {
         for k in 0..bars.categories.len() {
             let (x0, x1) = (k as f64 + 0.25, k as f64 + 0.75);
             let mid = k as f64 + 0.5;
             let Some(parts) = parts(k) else {
-                chart.draw_series(std::iter::once(Text::new(
-                    "n/a",
-                    (mid, base),
-                    label_style
-                        .clone()
-                        .color(&LIMIT_COLOR)
-                        .pos(Pos::new(HPos::Center, VPos::Bottom)),
-                )))?;
+                chart.draw_series(std::iter::once(not_available(mid)))?;
                 continue;
             };
             let mut top = base;
@@ -538,13 +552,7 @@ fn draw_bars(
                 )))?;
                 top += v;
             }
-            chart.draw_series(std::iter::once(Text::new(
-                tick(top - base),
-                (mid, top),
-                label_style
-                    .clone()
-                    .pos(Pos::new(HPos::Center, VPos::Bottom)),
-            )))?;
+            chart.draw_series(std::iter::once(total(top - base, mid, top)))?;
         }
     }
     for (i, s) in bars.series.iter().enumerate().filter(|_| !stacked) {
@@ -559,23 +567,10 @@ fn draw_bars(
                         [(x0, base), (x1, v)],
                         c.filled(),
                     )))?;
-                    chart.draw_series(std::iter::once(Text::new(
-                        tick(v),
-                        (mid, v),
-                        label_style
-                            .clone()
-                            .pos(Pos::new(HPos::Center, VPos::Bottom)),
-                    )))?;
+                    chart.draw_series(std::iter::once(total(v, mid, v)))?;
                 }
                 None => {
-                    chart.draw_series(std::iter::once(Text::new(
-                        "n/a",
-                        (mid, base),
-                        label_style
-                            .clone()
-                            .color(&LIMIT_COLOR)
-                            .pos(Pos::new(HPos::Center, VPos::Bottom)),
-                    )))?;
+                    chart.draw_series(std::iter::once(not_available(mid)))?;
                 }
             }
         }
