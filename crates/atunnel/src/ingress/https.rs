@@ -23,6 +23,7 @@ use hyper::body::{Body, Frame, Incoming};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
+use super::http1_pool::ActorBody;
 use super::routes::{ActorRoute, RouterBytes, Routes};
 use atunnel_connect::limits::PROXY_STREAM_WINDOW;
 
@@ -239,33 +240,36 @@ async fn forward(
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
-    // h2 sends the URI's authority as `:authority`, so gRPC keeps the
-    // router's there (its h2c client dials by port, whatever the URI says);
-    // HTTP/1.1 keeps it in Host, and its client dials the URI's port.
-    let authority = match host
-        .as_ref()
-        .filter(|_| grpc)
-        .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
-    {
-        Some(a) => a,
-        None => actor_authority(port),
-    };
     // The router's path and query as parsed, not written out and parsed
     // again.
-    let mut target = http::uri::Parts::default();
-    target.scheme = Some(http::uri::Scheme::HTTP);
-    target.authority = Some(authority);
-    target.path_and_query = Some(
-        parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-    );
-    let Ok(uri) = http::Uri::from_parts(target) else {
-        return text(StatusCode::BAD_REQUEST, "bad request target\n");
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    parts.uri = if grpc {
+        // h2 sends the URI's authority as `:authority`, so gRPC keeps the
+        // router's there (its h2c client dials by port, whatever the URI
+        // says).
+        let authority = match host
+            .as_ref()
+            .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
+        {
+            Some(a) => a,
+            None => actor_authority(port),
+        };
+        let mut target = http::uri::Parts::default();
+        target.scheme = Some(http::uri::Scheme::HTTP);
+        target.authority = Some(authority);
+        target.path_and_query = Some(path);
+        let Ok(uri) = http::Uri::from_parts(target) else {
+            return text(StatusCode::BAD_REQUEST, "bad request target\n");
+        };
+        uri
+    } else {
+        // HTTP/1.1 in origin form; the authority goes in Host.
+        http::Uri::from(path)
     };
-    parts.uri = uri;
     parts.version = if grpc {
         Version::HTTP_2
     } else {
@@ -280,6 +284,14 @@ async fn forward(
         headers.remove(header::HOST);
     } else if let Some(host) = &host {
         headers.insert(header::HOST, host.clone());
+    } else {
+        // As an HTTP/1.1 client writes it from the URI: the port only if
+        // not the default.
+        let a = actor_authority(port);
+        let value = if port == 80 { a.host() } else { a.as_str() };
+        if let Ok(v) = HeaderValue::from_str(value) {
+            headers.insert(header::HOST, v);
+        }
     }
     set_forwarded(headers, client, host.as_ref());
 
@@ -306,12 +318,17 @@ async fn forward(
         .boxed_unsync()
     };
     let upstream = Request::from_parts(parts, body);
-    let h2c;
-    let pool = if grpc {
-        h2c = activation.h2c(port);
-        &h2c
-    } else {
-        activation.http1()
+    let http1 = (!grpc).then(|| activation.http1().clone());
+    let h2c = grpc.then(|| activation.h2c(port));
+    let request = async move {
+        match (http1, h2c) {
+            (Some(pool), _) => pool.request(port, upstream).await,
+            (None, Some(client)) => match client.request(upstream).await {
+                Ok(r) => Ok(r.map(ActorBody::plain)),
+                Err(e) => Err(e.into()),
+            },
+            (None, None) => Err("no client for the request".into()),
+        }
     };
     let mut watch = Box::pin(Watch::new(
         activation.work_token().cancelled_owned(),
@@ -319,7 +336,7 @@ async fn forward(
         (response_idle, request_idle),
         upload,
     ));
-    let mut request = std::pin::pin!(pool.request(upstream));
+    let mut request = std::pin::pin!(request);
     // Dropping the request on any of these closes the actor's connection
     // (hyper's HTTP/1.1 client does when the response is not waited for).
     let response = std::future::poll_fn(|cx| {
@@ -623,7 +640,7 @@ const FRAMES_PER_LOOK: u64 = 32;
 /// the actor is deactivated or a body stops moving for its bound, and
 /// keeps the activation's in-flight count until it is done.
 struct Activated {
-    inner: Incoming,
+    inner: ActorBody,
     watch: Pin<Box<Watch>>,
     activation: Arc<ActorRoute>,
     _token: super::routes::InFlight,

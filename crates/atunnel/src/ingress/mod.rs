@@ -5,6 +5,7 @@
 
 mod actor_io;
 mod connect;
+mod http1_pool;
 mod https;
 mod router_conn;
 mod routes;

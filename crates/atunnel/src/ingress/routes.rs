@@ -29,6 +29,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use crate::holdings::{ActorHold, Holdings, REQUEST_HELD_BYTES};
 
 use super::actor_io::{ActorIo, ActorStream};
+use super::http1_pool::Http1Pool;
 use atunnel_connect::flood::{FloodCount, FloodGuard, Role};
 use atunnel_connect::limits::{
     ACTOR_DIAL_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
@@ -151,10 +152,21 @@ impl tower_service::Service<Uri> for ActivationConnector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let shared = self.activation.clone();
         let port = self.port.or(uri.port_u16()).unwrap_or(80);
+        Box::pin(self.clone().connect(port))
+    }
+}
+
+impl ActivationConnector {
+    /// Dials the actor's `port`, bounded, refused once the activation is
+    /// cancelled.
+    pub(crate) fn connect(
+        &self,
+        port: u16,
+    ) -> impl Future<Output = io::Result<ActorIo>> + Send + 'static {
+        let shared = self.activation.clone();
         let h2c = self.h2c;
-        Box::pin(async move {
+        async move {
             let dial = async {
                 tokio::time::timeout(shared.upstream.pools.dial_timeout, shared.dialer.dial(port))
                     .await
@@ -185,7 +197,7 @@ impl tower_service::Service<Uri> for ActivationConnector {
             // by then (and counted); this closes the connection.
             let stall = shared.upstream.pools.request_body_idle * 2;
             Ok(ActorIo::new(stream, stall))
-        })
+        }
     }
 }
 
@@ -207,7 +219,7 @@ pub struct ActorRoute {
     /// HTTP/1.1 to the actor (everything but gRPC), by the URI's port;
     /// made on first use, and boxed: a client and its pool cost about
     /// 650 B, which an actor that is never sent a request need not hold.
-    http1: OnceLock<Box<Client<ActivationConnector, UpstreamBody>>>,
+    http1: OnceLock<Arc<Http1Pool>>,
     /// h2c with prior knowledge (gRPC), one client per actor port, each
     /// made on first use. The port is the client's, not the URI's, so that
     /// the URI keeps the router's authority: h2 sends it as `:authority`.
@@ -648,15 +660,20 @@ impl ActorRoute {
         &self.shared.upstream.pools
     }
 
-    /// The HTTP/1.1 client to the actor.
-    pub(crate) fn http1(&self) -> &Client<ActivationConnector, UpstreamBody> {
+    /// The HTTP/1.1 connections to the actor.
+    pub(crate) fn http1(&self) -> &Arc<Http1Pool> {
         self.http1.get_or_init(|| {
             let connector = ActivationConnector {
                 activation: self.shared.clone(),
                 port: None,
                 h2c: false,
             };
-            Box::new(client(connector, self.pools(), false))
+            let pools = self.pools();
+            Arc::new(Http1Pool::new(
+                connector,
+                pools.max_idle_per_actor,
+                pools.idle_timeout,
+            ))
         })
     }
 
