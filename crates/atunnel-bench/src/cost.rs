@@ -515,6 +515,11 @@ impl PerfWindow {
     }
 
     /// Switches counting on; returns once perf acknowledged it.
+    /// perf's own pid (to leave it out of what it counts runs beside).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn enable(&mut self) -> Result<(), CostError> {
         self.command("enable")
     }

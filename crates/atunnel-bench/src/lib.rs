@@ -6,6 +6,7 @@
 pub mod cgroup;
 pub mod cost;
 pub mod load;
+pub mod lockstep;
 pub mod peers;
 pub mod scenario;
 pub mod sockmem;

@@ -112,6 +112,17 @@ pub async fn connect_in(
     ns: &NetNs,
     addr: SocketAddr,
 ) -> std::io::Result<TcpStream> {
+    connect_in_with(exec, ns, addr, None).await
+}
+
+/// [`connect_in`], with the socket's receive buffer fixed at
+/// `receive_buffer` bytes if given (the kernel's autotuning off for it).
+pub async fn connect_in_with(
+    exec: &NsExecutor,
+    ns: &NetNs,
+    addr: SocketAddr,
+    receive_buffer: Option<usize>,
+) -> std::io::Result<TcpStream> {
     let socket = exec
         .run_in(ns, move || {
             let s = socket2::Socket::new(
@@ -120,6 +131,9 @@ pub async fn connect_in(
                 None,
             )?;
             s.set_nonblocking(true)?;
+            if let Some(bytes) = receive_buffer {
+                s.set_recv_buffer_size(bytes)?;
+            }
             Ok::<std::net::TcpStream, std::io::Error>(s.into())
         })
         .await

@@ -46,6 +46,9 @@ pub struct Bench {
     sink_pid: Option<u32>,
     /// The run folder (scenarios that keep files write below it).
     out: std::path::PathBuf,
+    /// Whether the cost scenario's windows run the bench's processes in
+    /// lockstep on one CPU (`atunnel_bench::lockstep`).
+    pub cost_lockstep: bool,
 }
 
 impl Bench {
@@ -81,6 +84,7 @@ impl Bench {
             status,
             sink_pid,
             out: std::path::PathBuf::from("."),
+            cost_lockstep: true,
         })
     }
 

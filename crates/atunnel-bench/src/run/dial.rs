@@ -32,4 +32,17 @@ impl Actors {
         let ns = &self.sandboxes[actor as usize % self.sandboxes.len()];
         crate::topology::connect_in(&self.exec, ns, dest).await
     }
+
+    /// [`Self::dial`] from a socket whose receive buffer is fixed at
+    /// `receive_buffer` bytes.
+    pub(super) async fn dial_with_receive_buffer(
+        &self,
+        actor: u64,
+        dest: &str,
+        receive_buffer: usize,
+    ) -> std::io::Result<TcpStream> {
+        let dest: SocketAddr = dest.parse().map_err(std::io::Error::other)?;
+        let ns = &self.sandboxes[actor as usize % self.sandboxes.len()];
+        crate::topology::connect_in_with(&self.exec, ns, dest, Some(receive_buffer)).await
+    }
 }

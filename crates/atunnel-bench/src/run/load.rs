@@ -46,6 +46,9 @@ pub struct LoadArgs {
     /// A setting to compare across variants (see `run --compare`).
     #[arg(long, value_enum)]
     pub compare: Option<Compare>,
+    /// The cost scenario's windows under the normal scheduler (see `run`).
+    #[arg(long)]
+    pub cost_free_scheduling: bool,
 }
 
 /// Settings `--compare` sweeps, each variant on a fresh atunnel (or a peer
@@ -160,6 +163,7 @@ pub async fn run(
     )
     .await?;
     bench.set_out_dir(&std::fs::canonicalize(&args.out)?);
+    bench.cost_lockstep = !args.cost_free_scheduling;
     let names: Vec<&str> = chosen.iter().map(|s| s.name()).collect();
     println!(
         "{}",

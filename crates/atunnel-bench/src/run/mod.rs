@@ -82,6 +82,11 @@ pub struct RunArgs {
     /// (repeatable), e.g. `--sink-arg=--stream-window=65536`.
     #[arg(long, allow_hyphen_values = true)]
     pub sink_arg: Vec<String>,
+    /// The cost scenario's windows under the normal scheduler, the chain
+    /// spread over the CPUs, instead of in lockstep on one CPU (see
+    /// `lockstep.rs`): to see what lockstep holds still.
+    #[arg(long)]
+    pub cost_free_scheduling: bool,
 }
 
 /// What `run` started, so that it can all be stopped whatever happened.
@@ -220,6 +225,9 @@ async fn perform(
     }
     if args.quick {
         load_args.push("--quick".into());
+    }
+    if args.cost_free_scheduling {
+        load_args.push("--cost-free-scheduling".into());
     }
     if let Some(n) = args.idle_conns {
         load_args.push(arg("idle-conns", n));

@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use atunnel_bench::cost::{self, CallgrindProcess, PerfWindow, SyscallCounts};
 use atunnel_bench::load::results::ScenarioResult;
+use atunnel_bench::lockstep::Lockstep;
 use atunnel_bench::peers::Contender;
 use atunnel_bench::scenario::Scenario;
 use atunnel_support::stats_client::num;
@@ -92,6 +93,9 @@ const QUIET_FLAGS: [&str; 2] = ["--no-overload-guard", "--trust-bundle-poll-inte
 /// periods after its last byte).
 const HIBERNATE_AFTER: Duration = Duration::from_secs(1);
 const IDLE: Duration = Duration::from_millis(3500);
+/// The download's reader's receive buffer (`SO_RCVBUF`; the kernel doubles
+/// it for its own bookkeeping).
+const DOWNLOAD_RECEIVE_BUFFER: usize = 256 * 1024;
 /// The top syscalls by name the report lists per unit.
 pub const TOP_SYSCALLS: usize = 5;
 
@@ -153,7 +157,12 @@ impl Unit {
             Unit::IngressHttps | Unit::EgressHttp => 200,
             Unit::IngressConnect | Unit::EgressOpen => 64,
             Unit::IngressIdle => 32,
-            Unit::EgressUpload | Unit::EgressDownload => 8,
+            // 32: a switch more or less in a window is 1/32 per MiB, and
+            // a peer's are a fraction of one per MiB. Twice that in the
+            // full run (a 2N window of 128 MiB takes ~30 s under callgrind).
+            Unit::EgressUpload | Unit::EgressDownload => {
+                return if quick { 32 } else { 64 };
+            }
         };
         if quick { n } else { 5 * n }
     }
@@ -248,6 +257,8 @@ enum Prepared {
     Connect(h2::client::SendRequest<Bytes>),
     Egress,
     KeptTunnel(tokio::net::TcpStream),
+    /// An egress tunnel for bytes, opened before the window.
+    Tunnel(tokio::net::TcpStream),
     Idle(Vec<hyper::client::conn::http1::SendRequest<Empty<Bytes>>>),
 }
 
@@ -269,11 +280,38 @@ async fn prepare(bench: &Bench, unit: Unit, n: u64) -> Result<Prepared, atunnel_
             connect_exchange(send.clone(), 0).await?;
             Prepared::Connect(send)
         }
-        Unit::EgressOpen | Unit::EgressUpload | Unit::EgressDownload => {
+        Unit::EgressOpen => {
             // actor-0's pooled gateway connection exists before either
             // window (shared by all its tunnels).
             open_and_close(&actors).await?;
             Prepared::Egress
+        }
+        Unit::EgressUpload | Unit::EgressDownload => {
+            open_and_close(&actors).await?;
+            // The tunnel is opened before the window, so that the window
+            // holds bytes only: a TLS relay's handshake per tunnel
+            // (HAProxy's, resumed or in full as the far end's tickets
+            // allow) moved its instructions per MiB by 10 % between
+            // windows otherwise.
+            let mut s = if unit == Unit::EgressUpload {
+                actors.dial(0, DISCARD).await?
+            } else {
+                // The source streams without end: a window moves n MiB
+                // plus however much more the buffers behind the contender
+                // hold at its end than at its start. With the kernel's
+                // autotuning, the reader's buffer grew between windows
+                // (one window of 32 MiB carried 15 % more than another);
+                // fixed, it is full at both ends.
+                actors
+                    .dial_with_receive_buffer(0, SOURCE, DOWNLOAD_RECEIVE_BUFFER)
+                    .await?
+            };
+            if unit == Unit::EgressDownload {
+                // The source is streaming once a byte arrives.
+                let mut first = [0u8; 1];
+                s.read_exact(&mut first).await?;
+            }
+            Prepared::Tunnel(s)
         }
         Unit::EgressHttp => {
             let mut s = actors.dial(0, HTTP).await?;
@@ -306,6 +344,19 @@ async fn open_and_close(
     s.shutdown().await?;
     let mut rest = [0u8; 16];
     while s.read(&mut rest).await? > 0 {}
+    Ok(())
+}
+
+/// `bytes` written into the tunnel `s` (left open: the window ends once the
+/// contender relayed them all and went quiet).
+async fn upload_on(s: &mut tokio::net::TcpStream, bytes: u64) -> std::io::Result<()> {
+    let zeros = vec![0u8; 256 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        s.write_all(&zeros[..n]).await?;
+        left -= n as u64;
+    }
     Ok(())
 }
 
@@ -351,11 +402,10 @@ async fn work(
                 open_and_close(&actors).await?;
             }
         }
-        (Unit::EgressUpload, Prepared::Egress) => {
-            crate::traffic::upload(actors.dial(0, DISCARD).await?, n << 20).await?;
+        (Unit::EgressUpload, Prepared::Tunnel(s)) => {
+            upload_on(s, n << 20).await?;
         }
-        (Unit::EgressDownload, Prepared::Egress) => {
-            let mut s = actors.dial(0, SOURCE).await?;
+        (Unit::EgressDownload, Prepared::Tunnel(s)) => {
             let mut buf = vec![0u8; 256 * 1024];
             let mut left = n << 20;
             while left > 0 {
@@ -407,6 +457,7 @@ async fn window(
 ) -> Result<Window, atunnel_process::BoxError> {
     let mut prepared = prepare(bench, unit, n).await?;
     let pids = bench.contender_pids()?;
+    let lockstep = bench.cost_lockstep;
     let allocs0 = allocations(bench).await?;
     let hib0 = hibernations(bench, unit).await?;
     let mut out = Window::default();
@@ -414,13 +465,14 @@ async fn window(
         Pass::Perf => {
             let file = dir.join(format!("{label}.perf.txt"));
             let p = pids.clone();
-            let mut perf = tokio::task::spawn_blocking(move || {
+            let (mut perf, step) = tokio::task::spawn_blocking(move || {
                 // What came before (the last window's connections closing,
                 // this one's set-up) finishes outside the window.
                 cost::settle(&p, QUIET, SETTLE_MAX)?;
                 let mut w = PerfWindow::attach(&p, &file)?;
+                let step = engage(lockstep, &[w.pid()])?;
                 w.enable()?;
-                Ok::<_, cost::CostError>(w)
+                Ok::<_, atunnel_process::BoxError>((w, step))
             })
             .await??;
             let result = work(bench, unit, &mut prepared, n).await;
@@ -428,6 +480,7 @@ async fn window(
             let counts = tokio::task::spawn_blocking(move || {
                 cost::settle(&p, QUIET, SETTLE_MAX)?;
                 perf.disable()?;
+                drop(step);
                 perf.finish()
             })
             .await??;
@@ -444,9 +497,11 @@ async fn window(
                 .collect();
             let p = procs.clone();
             let settled = pids.clone();
-            tokio::task::spawn_blocking(move || {
+            let step = tokio::task::spawn_blocking(move || {
                 cost::settle(&settled, QUIET_CALLGRIND, SETTLE_MAX)?;
-                p.iter().try_for_each(|c| c.open_window())
+                let step = engage(lockstep, &[])?;
+                p.iter().try_for_each(|c| c.open_window())?;
+                Ok::<_, atunnel_process::BoxError>(step)
             })
             .await??;
             let result = work(bench, unit, &mut prepared, n).await;
@@ -458,6 +513,7 @@ async fn window(
                     let keep = d.join(format!("{l}.{}.callgrind", c.pid));
                     total += c.close_window(&keep)?;
                 }
+                drop(step);
                 Ok::<_, cost::CostError>(total)
             })
             .await??;
@@ -479,6 +535,20 @@ async fn window(
         .into());
     }
     Ok(out)
+}
+
+/// Puts the run's processes (the `run` process that started this one, and
+/// everything below it but `spare`) in lockstep on one CPU for a window, if
+/// `on` (`atunnel_bench::lockstep`); released when dropped.
+fn engage(on: bool, spare: &[u32]) -> Result<Option<Lockstep>, atunnel_process::BoxError> {
+    if !on {
+        return Ok(None);
+    }
+    // The load role is a child of `run`, beside the worker (atunnel, the
+    // actors) and the sink: its parent is the root of every process a unit
+    // of work passes through.
+    let root = nix::unistd::getppid().as_raw() as u32;
+    Ok(Some(Lockstep::engage(root, spare)?))
 }
 
 /// atunnel's hibernations so far, for the ingress-idle unit (which fails
@@ -740,6 +810,12 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
         "context switches: every sched_switch of the contender's threads; preemptions: those where the thread was still runnable (not prev_state & 3), most often preempted by the process its write woke or by a neighbour's time slice; whether a thread blocks or is preempted first moves with the scheduling, their sum less".to_string(),
         format!("atunnel runs here with {}: its work per second of wall time (the overload guard's 4 samples a second, the trust bundle's poll) would otherwise land in a window in proportion to how long it took", QUIET_FLAGS.join(" ")),
     ];
+    notes.push("egress-upload and -download: the tunnel is opened before each window, which holds bytes only; the download's reader has a fixed 256 KiB SO_RCVBUF, so that the buffers behind the contender are as full at a window's end as at its start".to_string());
+    notes.push(if bench.cost_lockstep {
+        "windows in lockstep (atunnel_bench::lockstep): for each window every thread of the run's processes (the load, the contender, the actors, the sink) on one CPU under SCHED_FIFO at one priority, real-time throttling off, so that each step runs until it blocks, in the same order whatever the neighbours do; counts are those of that regime (each read takes all that is there), for every contender alike".to_string()
+    } else {
+        "windows under the normal scheduler (--cost-free-scheduling): the chain spread over the CPUs, its reads' sizes and wake-ups following who ran when".to_string()
+    });
     let mut contenders = vec![Contender::Atunnel];
     for peer in [Contender::Nginx, Contender::Haproxy] {
         match peer.peer().and_then(|p| p.find()) {
