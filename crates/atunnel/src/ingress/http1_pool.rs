@@ -22,8 +22,21 @@ use hyper::body::{Body, Frame, Incoming};
 use hyper::client::conn::http1::{Builder, SendRequest};
 use tokio::time::Instant;
 
-use super::routes::{ActivationConnector, UpstreamBody};
+use super::actor_io::ActorIo;
 use atunnel_connect::limits::PROXY_H1_MAX_BUFFER;
+
+/// Body type sent to actors.
+pub(crate) type UpstreamBody =
+    http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, hyper::Error>;
+
+/// How the pool reaches its actor: a new connection to `port` (the
+/// activation's bounded dial, `routes::ActivationConnector`).
+pub(crate) trait Dial: Send + Sync + 'static {
+    fn dial(
+        &self,
+        port: u16,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<ActorIo>> + Send>>;
+}
 
 /// The idle connections of one port, most recently used last.
 struct PortIdle {
@@ -45,7 +58,7 @@ struct Idle {
 }
 
 pub(crate) struct Http1Pool {
-    connector: ActivationConnector,
+    connector: Box<dyn Dial>,
     /// Idle connections kept per port.
     max_idle: usize,
     idle_timeout: Duration,
@@ -53,11 +66,7 @@ pub(crate) struct Http1Pool {
 }
 
 impl Http1Pool {
-    pub(crate) fn new(
-        connector: ActivationConnector,
-        max_idle: usize,
-        idle_timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(connector: Box<dyn Dial>, max_idle: usize, idle_timeout: Duration) -> Self {
         Self {
             connector,
             max_idle,
@@ -99,7 +108,7 @@ impl Http1Pool {
             }
         }
         self.keep_oldest(port, busy);
-        let io = self.connector.connect(port).await?;
+        let io = self.connector.dial(port).await?;
         let (mut send, conn) = Builder::new()
             .max_buf_size(PROXY_H1_MAX_BUFFER)
             .handshake(io)

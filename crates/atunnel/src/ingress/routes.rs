@@ -16,7 +16,6 @@ use std::time::Duration;
 use atunnel_core::BufferPool;
 use atunnel_core::relay::{Op, RelayBounds, RelayError};
 use atunnel_sandbox::{NsExecutor, SandboxNetwork};
-use http_body_util::combinators::UnsyncBoxBody;
 use hyper::Uri;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -29,16 +28,13 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use crate::holdings::{ActorHold, Holdings, REQUEST_HELD_BYTES};
 
 use super::actor_io::{ActorIo, ActorStream};
-use super::http1_pool::Http1Pool;
+use super::http1_pool::{Dial, Http1Pool, UpstreamBody};
 use atunnel_connect::flood::{FloodCount, FloodGuard, Role};
 use atunnel_connect::limits::{
     ACTOR_DIAL_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
     MAX_PENDING_ACCEPT_RESET_STREAMS, PROXY_ACTOR_CONNECTION_WINDOW, PROXY_H1_MAX_BUFFER,
     PROXY_MAX_HEADER_LIST, PROXY_MAX_SEND_BUF, PROXY_STREAM_WINDOW,
 };
-
-/// Body type sent to actors.
-pub(crate) type UpstreamBody = UnsyncBoxBody<bytes::Bytes, hyper::Error>;
 
 /// Reaches the actor's program on a port.
 pub trait ActorDialer: Send + Sync + 'static {
@@ -154,6 +150,12 @@ impl tower_service::Service<Uri> for ActivationConnector {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let port = self.port.or(uri.port_u16()).unwrap_or(80);
         Box::pin(self.clone().connect(port))
+    }
+}
+
+impl Dial for ActivationConnector {
+    fn dial(&self, port: u16) -> Pin<Box<dyn Future<Output = io::Result<ActorIo>> + Send>> {
+        Box::pin(self.connect(port))
     }
 }
 
@@ -670,7 +672,7 @@ impl ActorRoute {
             };
             let pools = self.pools();
             Arc::new(Http1Pool::new(
-                connector,
+                Box::new(connector),
                 pools.max_idle_per_actor,
                 pools.idle_timeout,
             ))
