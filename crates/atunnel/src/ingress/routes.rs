@@ -32,8 +32,8 @@ use super::http1_pool::{Dial, Http1Pool, UpstreamBody};
 use atunnel_connect::flood::{FloodCount, FloodGuard, Role};
 use atunnel_connect::limits::{
     ACTOR_DIAL_TIMEOUT, MAX_CONCURRENT_RESET_STREAMS, MAX_LOCAL_ERROR_RESET_STREAMS,
-    MAX_PENDING_ACCEPT_RESET_STREAMS, PROXY_ACTOR_CONNECTION_WINDOW, PROXY_H1_MAX_BUFFER,
-    PROXY_MAX_HEADER_LIST, PROXY_MAX_SEND_BUF, PROXY_STREAM_WINDOW,
+    MAX_PENDING_ACCEPT_RESET_STREAMS, PROXY_ACTOR_CONNECTION_WINDOW, PROXY_MAX_HEADER_LIST,
+    PROXY_MAX_SEND_BUF, PROXY_STREAM_WINDOW,
 };
 
 /// Reaches the actor's program on a port.
@@ -688,7 +688,7 @@ impl ActorRoute {
                 port: Some(port),
                 h2c: true,
             };
-            client(connector, self.pools(), true)
+            h2c_client(connector, self.pools())
         });
         client.clone()
     }
@@ -717,10 +717,11 @@ impl ActorRoute {
     }
 }
 
-fn client(
+/// The h2c (gRPC) client to one actor port; HTTP/1.1 goes through
+/// `http1_pool`.
+fn h2c_client(
     connector: ActivationConnector,
     pools: &PoolSettings,
-    http2: bool,
 ) -> Client<ActivationConnector, UpstreamBody> {
     let mut builder = Client::builder(TokioExecutor::new());
     if !pools.ping_interval.is_zero() {
@@ -731,11 +732,10 @@ fn client(
             .http2_keep_alive_while_idle(false);
     }
     builder
-        .http1_max_buf_size(PROXY_H1_MAX_BUFFER)
         .pool_idle_timeout(pools.idle_timeout)
         .pool_max_idle_per_host(pools.max_idle_per_actor)
         .pool_timer(hyper_util::rt::TokioTimer::new())
-        .http2_only(http2)
+        .http2_only(true)
         // What a router that stops reading a gRPC stream leaves queued here.
         // The connection window may be smaller than its streams' windows:
         // the connection is this actor's alone, so stalled streams that
