@@ -44,6 +44,9 @@ pub async fn h1_connect(pki: &IngressPki, addr: SocketAddr, head: &str) -> (Rout
         .await
         .expect("TLS");
     tls.write_all(head.as_bytes()).await.expect("write head");
+    // Written may mean taken into rustls only (tokio's cooperative budget
+    // can refuse the socket write): flushed, so it goes out now.
+    tls.flush().await.expect("flush head");
     let head = atunnel_connect::http1::read_head(&mut tls)
         .await
         .expect("response head");

@@ -176,6 +176,7 @@ async fn a_router_closing_a_hibernated_connection_is_seen() {
     tls.write_all(b"GET /short HTTP/1.1\r\nhost: w\r\nate-target-actor: team-a/alpha\r\n\r\n")
         .await
         .expect("write");
+    tls.flush().await.expect("flush");
     let (_, body) = read_response(&mut tls).await;
     assert_eq!(body, b"short");
     settled(&h, "hibernated", |s| s.hibernating == 1).await;
@@ -233,6 +234,12 @@ async fn get_in_tunnel(tunnel: &mut RouterTls, path: &str) -> Vec<u8> {
         .write_all(format!("GET {path} HTTP/1.1\r\nhost: actor\r\n\r\n").as_bytes())
         .await
         .expect("write");
+    // tokio-rustls takes the bytes into rustls and reports them written
+    // when the socket cannot take them yet: its first write of this poll
+    // can be refused by tokio's cooperative budget (every 16th of the 50
+    // tunnels served in one task here), and nothing sends them later
+    // unless flushed.
+    tunnel.flush().await.expect("flush");
     let (head, body) = read_response(tunnel).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     body
