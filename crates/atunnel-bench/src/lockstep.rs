@@ -28,7 +28,15 @@
 //! `cpu.rt_runtime_us`), a cgroup's threads may be real-time only with a
 //! runtime of their own: each such cgroup holding a thread of the tree gets
 //! [`GROUP_RT_RUNTIME_US`] for the span. Everything goes back as it was on
-//! release. Where `SCHED_FIFO` is refused (cgroup v2 with real-time group
+//! release. What the span changes beyond the tree's own threads (the
+//! sysctl, the cgroups' runtimes) is written to a journal first
+//! ([`JOURNAL`]), so that if the load role is killed inside a window (an
+//! interrupted run stops it; SIGKILL), `run` puts it back as it clears up,
+//! or the next run or span does ([`recover_if_idle`]); the threads die
+//! with their processes. One span runs at a time on the machine (a lock,
+//! which the kernel drops with its holder): a second one would take the
+//! first's changed values for the ones to put back.
+//! Where `SCHED_FIFO` is refused (cgroup v2 with real-time group
 //! scheduling), the threads are pinned only, and [`Lockstep::fifo`] says
 //! so.
 
@@ -45,6 +53,14 @@ pub const GROUP_RT_RUNTIME_US: u64 = 400_000;
 
 /// The machine-wide real-time throttling setting.
 const RT_RUNTIME_SYSCTL: &str = "/proc/sys/kernel/sched_rt_runtime_us";
+
+/// Where a span's machine-wide changes are journalled (each file and the
+/// content it gets back), from before the first until after the last is
+/// put back.
+pub const JOURNAL: &str = "/run/atunnel-bench-lockstep";
+
+/// The lock a span holds ([`SpanLock`]).
+const LOCK: &str = "/run/atunnel-bench-lockstep.lock";
 
 /// The real-time priority of every thread of the tree: one for all, so that
 /// none preempts another.
@@ -70,6 +86,8 @@ struct Saved {
 
 /// A process tree in lockstep until [`Lockstep::release`] (or drop).
 pub struct Lockstep {
+    /// Dropped once everything is put back.
+    lock: Option<SpanLock>,
     root: u32,
     spare: BTreeSet<u32>,
     cpu: usize,
@@ -99,7 +117,14 @@ impl Lockstep {
             .rev()
             .find(|&c| all_cpus.is_set(c).unwrap_or(false))
             .ok_or(LockstepError::NoCpu)?;
+        let lock = SpanLock::take(true)
+            .map_err(|source| LockstepError::Io {
+                what: LOCK.into(),
+                source,
+            })?
+            .expect("a waiting lock is taken or fails");
         let mut ls = Lockstep {
+            lock: Some(lock),
             root,
             spare: spare.iter().copied().collect(),
             cpu,
@@ -109,6 +134,10 @@ impl Lockstep {
             fifo: true,
             released: false,
         };
+        // A span killed before it was put back: first put that back.
+        for line in recover(Path::new(JOURNAL)) {
+            eprintln!("atunnel-bench: {line}");
+        }
         ls.raise_group_runtime()?;
         ls.set_file(Path::new(RT_RUNTIME_SYSCTL), "-1")?;
         let mut one = CpuSet::new();
@@ -167,17 +196,16 @@ impl Lockstep {
                 let _ = nix::sched::sched_setaffinity(Pid::from_raw(tid as i32), &self.all_cpus);
             }
         }
-        // In reverse: throttling back on first, then children before
-        // parents (a parent's runtime may not drop below theirs).
-        for (file, old) in self.rt_runtime.drain(..).rev() {
-            if let Err(e) = std::fs::write(&file, &old) {
-                eprintln!(
-                    "atunnel-bench: putting {} back to {}: {e}",
-                    file.display(),
-                    old.trim()
-                );
-            }
+        let changed = std::mem::take(&mut self.rt_runtime);
+        for line in put_back(changed) {
+            eprintln!("atunnel-bench: {line}");
         }
+        if let Err(e) = std::fs::remove_file(JOURNAL)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!("atunnel-bench: removing {JOURNAL}: {e}");
+        }
+        self.lock = None;
     }
 
     /// Every thread of the tree but the spared processes' and theirs.
@@ -232,10 +260,17 @@ impl Lockstep {
         Ok(())
     }
 
-    /// Writes `value` to `file`, its former content kept to put back.
+    /// Writes `value` to `file`, its former content kept to put back (and
+    /// journalled before the write).
     fn set_file(&mut self, file: &Path, value: &str) -> Result<(), LockstepError> {
         let old = std::fs::read_to_string(file).map_err(|source| LockstepError::Io {
             what: format!("reading {}", file.display()),
+            source,
+        })?;
+        let mut journal = self.rt_runtime.clone();
+        journal.push((file.to_path_buf(), old.clone()));
+        write_journal(Path::new(JOURNAL), &journal).map_err(|source| LockstepError::Io {
+            what: format!("writing {JOURNAL}"),
             source,
         })?;
         std::fs::write(file, value).map_err(|source| LockstepError::Io {
@@ -251,6 +286,99 @@ impl Drop for Lockstep {
     fn drop(&mut self) {
         self.restore();
     }
+}
+
+/// Puts each file back to its content, last written first: throttling
+/// back on first, then children before parents (a parent's runtime may
+/// not drop below theirs). Returns what failed, to be said.
+fn put_back(changed: Vec<(PathBuf, String)>) -> Vec<String> {
+    let mut failed = Vec::new();
+    for (file, old) in changed.into_iter().rev() {
+        if let Err(e) = std::fs::write(&file, &old) {
+            failed.push(format!(
+                "putting {} back to {}: {e}",
+                file.display(),
+                old.trim()
+            ));
+        }
+    }
+    failed
+}
+
+/// One line per file: its path, a tab, and the content to put back (a
+/// number: the sysctl and `cpu.rt_runtime_us` hold one).
+fn write_journal(journal: &Path, changed: &[(PathBuf, String)]) -> std::io::Result<()> {
+    let mut text = String::new();
+    for (file, old) in changed {
+        text.push_str(&format!("{}\t{}\n", file.display(), old.trim()));
+    }
+    std::fs::write(journal, text)
+}
+
+/// Puts back what a span that never ended (its process killed) left
+/// changed, unless a span is running now (in this or another process).
+/// Returns what it did, to be said; nothing if there was no such span.
+pub fn recover_if_idle() -> Vec<String> {
+    match SpanLock::take(false) {
+        Ok(Some(_held)) => recover(Path::new(JOURNAL)),
+        Ok(None) => Vec::new(),
+        Err(e) => vec![format!("{LOCK}: {e}")],
+    }
+}
+
+/// Held for a span, from before its first change until after its last is
+/// put back: one span at a time on the machine (a test beside a bench
+/// run), as a second one would take the first's changed values for the
+/// ones to put back. The kernel drops it with its process, however that
+/// ends, so a journal found with the lock free is a killed span's.
+struct SpanLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+impl SpanLock {
+    /// Waits for the lock if `wait`, else `None` when another holds it.
+    fn take(wait: bool) -> std::io::Result<Option<Self>> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(LOCK)?;
+        let arg = if wait {
+            nix::fcntl::FlockArg::LockExclusive
+        } else {
+            nix::fcntl::FlockArg::LockExclusiveNonblock
+        };
+        match nix::fcntl::Flock::lock(file, arg) {
+            Ok(lock) => Ok(Some(Self(lock))),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(e.into()),
+        }
+    }
+}
+
+/// Puts back what `journal` says a killed span left changed, and removes
+/// it. The caller holds the [`SpanLock`].
+fn recover(journal: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(journal) else {
+        return Vec::new();
+    };
+    let changed: Vec<(PathBuf, String)> = text
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(file, old)| (PathBuf::from(file), old.to_string()))
+        .collect();
+    let mut said: Vec<String> = changed
+        .iter()
+        .map(|(file, old)| {
+            format!(
+                "a cost window's lockstep was killed before it ended; putting {} back to {old}",
+                file.display()
+            )
+        })
+        .collect();
+    said.extend(put_back(changed));
+    if let Err(e) = std::fs::remove_file(journal) {
+        said.push(format!("removing {}: {e}", journal.display()));
+    }
+    said
 }
 
 /// `root` and its descendants (from each process's parent in
@@ -399,6 +527,32 @@ mod tests {
             let _ = nix::sys::signal::kill(Pid::from_raw(*pid as i32), nix::sys::signal::SIGKILL);
         }
         let _ = shell.wait();
+    }
+
+    /// What a killed span left changed is put back from its journal, the
+    /// last change first, and the journal goes.
+    #[test]
+    fn a_killed_spans_journal_puts_its_files_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (parent, child) = (dir.path().join("parent"), dir.path().join("child"));
+        std::fs::write(&parent, "400000\n").unwrap();
+        std::fs::write(&child, "400000\n").unwrap();
+        let journal = dir.path().join("journal");
+        write_journal(
+            &journal,
+            &[
+                (parent.clone(), "0\n".to_string()),
+                (child.clone(), "0\n".to_string()),
+            ],
+        )
+        .unwrap();
+        let said = recover(&journal);
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert_eq!(std::fs::read_to_string(&parent).unwrap(), "0");
+        assert_eq!(std::fs::read_to_string(&child).unwrap(), "0");
+        assert!(!journal.exists());
+        // No journal: nothing to do, nothing said.
+        assert!(recover(&journal).is_empty());
     }
 
     #[test]

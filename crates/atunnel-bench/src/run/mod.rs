@@ -132,6 +132,8 @@ pub async fn run(
         cgroup: format!("atunnel-bench-{pid}/tunnel"),
     };
     eprintln!("atunnel-bench run: folder {}", names.out.display());
+    // What a run killed inside a cost window left changed.
+    recover_lockstep();
     let started = Instant::now();
     let mut stage = Stage::default();
     let outcome = tokio::select! {
@@ -258,6 +260,9 @@ impl Stage {
             sink.stop().await;
         }
         let killed = role::kill_processes_in_namespaces(&names.prefix);
+        // A load role stopped inside a cost window left the machine's
+        // real-time throttling off.
+        recover_lockstep();
         if killed > 0 {
             eprintln!("atunnel-bench run: killed {killed} processes left in the run's namespaces");
         }
@@ -272,6 +277,14 @@ impl Stage {
         role::sweep_namespaces(&names.prefix).await;
         remove_socket(&names.out.join("worker.sock"));
         remove_socket(&names.out.join("ateom-support.sock"));
+    }
+}
+
+/// Puts back what a cost window's lockstep left changed if its process
+/// was killed inside it (`atunnel_bench::lockstep::recover_if_idle`).
+fn recover_lockstep() {
+    for line in atunnel_bench::lockstep::recover_if_idle() {
+        eprintln!("atunnel-bench run: {line}");
     }
 }
 
