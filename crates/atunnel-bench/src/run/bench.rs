@@ -49,6 +49,11 @@ pub struct Bench {
     /// Whether the cost scenario's windows run the bench's processes in
     /// lockstep on one CPU (`atunnel_bench::lockstep`).
     pub cost_lockstep: bool,
+    /// The cost scenario's units by name (empty: every one).
+    pub cost_units: Vec<String>,
+    /// The cost scenario's contenders (empty: atunnel and the peers
+    /// installed).
+    pub cost_contenders: Vec<atunnel_bench::peers::Contender>,
 }
 
 impl Bench {
@@ -85,6 +90,8 @@ impl Bench {
             sink_pid,
             out: std::path::PathBuf::from("."),
             cost_lockstep: true,
+            cost_units: Vec::new(),
+            cost_contenders: Vec::new(),
         })
     }
 

@@ -49,6 +49,12 @@ pub struct LoadArgs {
     /// The cost scenario's windows under the normal scheduler (see `run`).
     #[arg(long)]
     pub cost_free_scheduling: bool,
+    /// The cost scenario's units (see `run`).
+    #[arg(long, value_delimiter = ',', value_parser = super::scenarios::cost::parse_unit)]
+    pub cost_units: Vec<String>,
+    /// The cost scenario's contenders (see `run`).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub cost_contenders: Vec<atunnel_bench::peers::Contender>,
 }
 
 /// Settings `--compare` sweeps, each variant on a fresh atunnel (or a peer
@@ -164,6 +170,8 @@ pub async fn run(
     .await?;
     bench.set_out_dir(&std::fs::canonicalize(&args.out)?);
     bench.cost_lockstep = !args.cost_free_scheduling;
+    bench.cost_units = args.cost_units.clone();
+    bench.cost_contenders = args.cost_contenders.clone();
     let names: Vec<&str> = chosen.iter().map(|s| s.name()).collect();
     println!(
         "{}",

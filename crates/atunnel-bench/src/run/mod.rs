@@ -87,6 +87,14 @@ pub struct RunArgs {
     /// `lockstep.rs`): to see what lockstep holds still.
     #[arg(long)]
     pub cost_free_scheduling: bool,
+    /// The cost scenario's units, comma-separated (default: every one), to
+    /// count a change on the units it touches in a few minutes.
+    #[arg(long, value_delimiter = ',', value_parser = scenarios::cost::parse_unit)]
+    pub cost_units: Vec<String>,
+    /// The cost scenario's contenders, comma-separated (default: atunnel
+    /// and every peer installed).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub cost_contenders: Vec<atunnel_bench::peers::Contender>,
 }
 
 /// What `run` started, so that it can all be stopped whatever happened.
@@ -231,6 +239,13 @@ async fn perform(
     if args.cost_free_scheduling {
         load_args.push("--cost-free-scheduling".into());
     }
+    if !args.cost_units.is_empty() {
+        load_args.push(arg("cost-units", args.cost_units.join(",")));
+    }
+    if !args.cost_contenders.is_empty() {
+        let names: Vec<&str> = args.cost_contenders.iter().map(|c| c.name()).collect();
+        load_args.push(arg("cost-contenders", names.join(",")));
+    }
     if let Some(n) = args.idle_conns {
         load_args.push(arg("idle-conns", n));
     }
@@ -347,5 +362,32 @@ mod tests {
             [Scenario::SocketMemory, Scenario::EgressIdle]
         );
         assert!(Run::try_parse_from(["run", "--scenarios", "egress"]).is_err());
+    }
+
+    #[test]
+    fn cost_units_and_contenders_parse_their_names_and_refuse_others() {
+        let run = Run::try_parse_from([
+            "run",
+            "--cost-units",
+            "egress-upload,ingress-idle",
+            "--cost-contenders=atunnel,haproxy",
+        ])
+        .expect("known names");
+        assert_eq!(run.args.cost_units, ["egress-upload", "ingress-idle"]);
+        assert_eq!(
+            run.args.cost_contenders,
+            [
+                atunnel_bench::peers::Contender::Atunnel,
+                atunnel_bench::peers::Contender::Haproxy
+            ]
+        );
+        let err = Run::try_parse_from(["run", "--cost-units", "egress-up"])
+            .err()
+            .expect("an unknown unit is refused")
+            .to_string();
+        assert!(err.contains("egress-upload"), "names the units: {err}");
+        assert!(Run::try_parse_from(["run", "--cost-contenders", "envoy"]).is_err());
+        let run = Run::try_parse_from(["run"]).expect("no flags");
+        assert!(run.args.cost_units.is_empty() && run.args.cost_contenders.is_empty());
     }
 }

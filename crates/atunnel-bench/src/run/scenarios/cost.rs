@@ -57,16 +57,35 @@ use crate::run::bench::Bench;
 use crate::run::router::Alpn;
 use crate::traffic::{DISCARD, ECHO, HTTP, SOURCE};
 
-/// Pairs of windows per unit and pass. The median of three stands when one
-/// pair catches something else (a ping, a late close); their spread is
+/// Pairs of windows per unit and pass. The median of several stands when
+/// one pair catches something else (a ping, a late close); their spread is
 /// reported beside it. ingress-idle's windows each wait out the
-/// hibernation (~6 s either pass), so it takes one pair fewer. The quick
-/// run takes one pair fewer again, as three kept it over its 15 minutes
-/// (the cost scenario alone took 371 s with three; the figure is then the
-/// mean of two, with both in its range).
-fn rounds(unit: Unit, quick: bool) -> usize {
-    let full = if unit == Unit::IngressIdle { 2 } else { 3 };
-    if quick { full - 1 } else { full }
+/// hibernation (~6 s either pass), so it takes one pair fewer. Under
+/// callgrind the quick run takes one pair fewer again, as three kept it
+/// over its 15 minutes (the cost scenario alone took 371 s with three; the
+/// figure is then the mean of two, with both in its range). The perf pass
+/// takes nine: its windows take about a second at most, and a relay's
+/// reads and sleeps per MiB move from pair to pair (HAProxy's switches per
+/// MiB down spread 0.63..0.80 over five pairs of 256 and 512 MiB, its
+/// syscalls per MiB down 199..217 over two pairs of 32 and 64).
+fn rounds(unit: Unit, pass: Pass, quick: bool) -> usize {
+    match (unit, pass) {
+        (Unit::IngressIdle, _) => {
+            if quick {
+                1
+            } else {
+                2
+            }
+        }
+        (_, Pass::Perf) => 9,
+        (_, Pass::Callgrind) => {
+            if quick {
+                2
+            } else {
+                3
+            }
+        }
+    }
 }
 
 /// A window closes once the contender ran nothing for this long
@@ -98,6 +117,17 @@ const IDLE: Duration = Duration::from_millis(3500);
 const DOWNLOAD_RECEIVE_BUFFER: usize = 256 * 1024;
 /// The top syscalls by name the report lists per unit.
 pub const TOP_SYSCALLS: usize = 5;
+
+/// `--cost-units`' parser: a unit's name.
+pub fn parse_unit(name: &str) -> Result<String, String> {
+    match Unit::by_name(name) {
+        Some(u) => Ok(u.name().to_string()),
+        None => Err(format!(
+            "no cost unit {name:?}; the units: {}",
+            Unit::ALL.map(Unit::name).join(", ")
+        )),
+    }
+}
 
 /// A unit of work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,6 +164,10 @@ impl Unit {
         }
     }
 
+    pub fn by_name(name: &str) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| u.name() == name)
+    }
+
     /// What one unit is.
     pub fn per(self) -> &'static str {
         match self {
@@ -147,8 +181,8 @@ impl Unit {
         }
     }
 
-    /// N: units in the smaller window (the larger has 2N).
-    fn count(self, quick: bool) -> u64 {
+    /// N: units in the smaller window (the larger has 2N), in `pass`.
+    fn count(self, pass: Pass, quick: bool) -> u64 {
         // Large enough that what runs in proportion to the window's length
         // (the contender's timers, ~50x longer under callgrind) stays small
         // beside the units: 16 opens moved their instructions by 8-10 %
@@ -156,12 +190,36 @@ impl Unit {
         let n = match self {
             Unit::IngressHttps | Unit::EgressHttp => 200,
             Unit::IngressConnect | Unit::EgressOpen => 64,
-            Unit::IngressIdle => 32,
-            // 32: a switch more or less in a window is 1/32 per MiB, and
-            // a peer's are a fraction of one per MiB. Twice that in the
-            // full run (a 2N window of 128 MiB takes ~30 s under callgrind).
+            // Under perf 64 in the quick run too: what moves with wall
+            // time (the trim task's 1 s tick, how many of the idle checks'
+            // 125 ms grid ticks the connections' last requests spread
+            // over) is a wake-up or two per window, which over 32
+            // connections made 0.13 of 2 switches per connection between
+            // two runs. Under callgrind 32: the set-up serves each
+            // connection once, one after the other, ~50x slower, and with
+            // 128 the first ones hibernated before their window opened
+            // (105,157 instructions per connection against 128,156).
+            Unit::IngressIdle => {
+                return match pass {
+                    Pass::Perf if quick => 64,
+                    Pass::Perf => 160,
+                    Pass::Callgrind => 32,
+                };
+            }
+            // 64 under callgrind: HAProxy's choice between copying a
+            // buffer and forwarding it, which follows where its buffers
+            // stood, moved its instructions per MiB down by 6 % between
+            // pairs of 32 and 64 MiB windows (its 64 MiB windows agreed
+            // within 0.3 %); a 2N window of 128 MiB takes ~30 s there.
+            // 256 under perf, where it takes a second: a switch more or
+            // less in a window is then 1/256 per MiB, and HAProxy makes
+            // about a third of one per MiB (up, 0.33 and 0.38 in two runs
+            // with N = 64: three switches a window).
             Unit::EgressUpload | Unit::EgressDownload => {
-                return if quick { 32 } else { 64 };
+                return match pass {
+                    Pass::Perf => 256,
+                    Pass::Callgrind => 64,
+                };
             }
         };
         if quick { n } else { 5 * n }
@@ -235,10 +293,12 @@ impl Spread {
 }
 
 /// What one window counted (each pass fills its part).
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 struct Window {
     instructions: Option<u64>,
-    sys: Option<SyscallCounts>,
+    /// perf's counts, read once it has stopped (`StoppingPerf`): the
+    /// windows after it go on meanwhile.
+    sys: Option<tokio::task::JoinHandle<Result<SyscallCounts, cost::CostError>>>,
     allocations: Option<u64>,
 }
 
@@ -477,15 +537,15 @@ async fn window(
             .await??;
             let result = work(bench, unit, &mut prepared, n).await;
             let p = pids.clone();
-            let counts = tokio::task::spawn_blocking(move || {
+            let stopping = tokio::task::spawn_blocking(move || {
                 cost::settle(&p, QUIET, SETTLE_MAX)?;
                 perf.disable()?;
                 drop(step);
-                perf.finish()
+                Ok::<_, cost::CostError>(perf.stop())
             })
             .await??;
+            out.sys = Some(tokio::task::spawn_blocking(move || stopping.wait()));
             result?;
-            out.sys = Some(counts);
         }
         Pass::Callgrind => {
             let procs: Vec<CallgrindProcess> = pids
@@ -637,7 +697,7 @@ async fn measure_contender(
                     .await?;
             }
             for unit in these {
-                let n = unit.count(bench.quick);
+                let n = unit.count(pass, bench.quick);
                 let pass_name = match pass {
                     Pass::Perf => "perf",
                     Pass::Callgrind => "callgrind",
@@ -646,14 +706,23 @@ async fn measure_contender(
                     format!("{contender}-{}-{pass_name}-r{round}-{}", unit.name(), k * n)
                 };
                 let r = results.entry(unit.name()).or_default();
-                let rounds = rounds(unit, bench.quick);
+                let rounds = rounds(unit, pass, bench.quick);
+                let mut pairs = Vec::with_capacity(rounds);
                 for round in 1..=rounds {
                     let small = window(bench, pass, unit, n, dir, &label(round, 1)).await?;
                     let big = window(bench, pass, unit, 2 * n, dir, &label(round, 2)).await?;
+                    pairs.push((small, big));
+                }
+                for (mut small, mut big) in pairs {
                     if let (Some(a), Some(b)) = (small.instructions, big.instructions) {
                         r.push("instructions", per(a, b, n));
                     }
-                    if let (Some(a), Some(b)) = (&small.sys, &big.sys) {
+                    let counts = |w: &mut Window| w.sys.take();
+                    let (a, b) = match (counts(&mut small), counts(&mut big)) {
+                        (Some(a), Some(b)) => (Some(a.await??), Some(b.await??)),
+                        _ => (None, None),
+                    };
+                    if let (Some(a), Some(b)) = (&a, &b) {
                         r.push("syscalls", per(a.syscalls, b.syscalls, n));
                         r.push(
                             "context_switches",
@@ -777,8 +846,10 @@ fn units_json(
             json!({
                 "name": u.name(),
                 "per": u.per(),
-                "n": u.count(quick),
-                "rounds": rounds(*u, quick),
+                "n": u.count(Pass::Callgrind, quick),
+                "n_perf": u.count(Pass::Perf, quick),
+                "rounds": rounds(*u, Pass::Callgrind, quick),
+                "rounds_perf": rounds(*u, Pass::Perf, quick),
                 "contenders": contenders,
             })
         })
@@ -806,7 +877,7 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
     let flags = bench.tunnel_args().to_vec();
     let mut notes = vec![
-        format!("per unit: (counts of a window of 2N units - counts of a window of N) / N, so what a window costs whatever its size cancels; the median of {} such pairs ({} for ingress-idle, whose windows wait out the hibernation), their minimum..maximum in brackets; a window closes once the contender ran nothing for {} ms ({} ms under callgrind); instructions from callgrind (user space, the contender under valgrind), syscalls and context switches from perf's tracepoints on the contender's processes as they are, allocations from atunnel's counting allocator (a peer's: n/a)", rounds(Unit::EgressHttp, bench.quick), rounds(Unit::IngressIdle, bench.quick), QUIET.as_millis(), QUIET_CALLGRIND.as_millis()),
+        format!("per unit: (counts of a window of 2N units - counts of a window of N) / N, so what a window costs whatever its size cancels; the median of {} such pairs under callgrind and {} under perf ({} for ingress-idle, whose windows wait out the hibernation), their minimum..maximum in brackets; a window closes once the contender ran nothing for {} ms ({} ms under callgrind); instructions from callgrind (user space, the contender under valgrind), syscalls and context switches from perf's tracepoints on the contender's processes as they are, allocations from atunnel's counting allocator (a peer's: n/a)", rounds(Unit::EgressHttp, Pass::Callgrind, bench.quick), rounds(Unit::EgressHttp, Pass::Perf, bench.quick), rounds(Unit::IngressIdle, Pass::Perf, bench.quick), QUIET.as_millis(), QUIET_CALLGRIND.as_millis()),
         "context switches: every sched_switch of the contender's threads; preemptions: those where the thread was still runnable (not prev_state & 3), most often preempted by the process its write woke or by a neighbour's time slice; whether a thread blocks or is preempted first moves with the scheduling, their sum less".to_string(),
         format!("atunnel runs here with {}: its work per second of wall time (the overload guard's 4 samples a second, the trust bundle's poll) would otherwise land in a window in proportion to how long it took", QUIET_FLAGS.join(" ")),
     ];
@@ -816,14 +887,29 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
     } else {
         "windows under the normal scheduler (--cost-free-scheduling): the chain spread over the CPUs, its reads' sizes and wake-ups following who ran when".to_string()
     });
-    let mut contenders = vec![Contender::Atunnel];
-    for peer in [Contender::Nginx, Contender::Haproxy] {
-        match peer.peer().and_then(|p| p.find()) {
-            Some(_) => contenders.push(peer),
-            None => notes.push(format!("{peer} is not installed: left out")),
+    let chosen = if bench.cost_contenders.is_empty() {
+        Contender::ALL.to_vec()
+    } else {
+        bench.cost_contenders.clone()
+    };
+    let mut contenders = Vec::new();
+    for c in chosen {
+        match c.peer() {
+            Some(p) if p.find().is_none() => notes.push(format!("{c} is not installed: left out")),
+            _ => contenders.push(c),
         }
     }
-    let units = Unit::ALL;
+    let units: Vec<Unit> = Unit::ALL
+        .into_iter()
+        .filter(|u| bench.cost_units.is_empty() || bench.cost_units.iter().any(|n| n == u.name()))
+        .collect();
+    if units.len() < Unit::ALL.len() || contenders.len() < Contender::ALL.len() {
+        notes.push(format!(
+            "this run counted {} of the units and {} of the contenders (--cost-units, --cost-contenders)",
+            units.len(),
+            contenders.len()
+        ));
+    }
     let mut measured = Vec::new();
     let mut failure = None;
     'contenders: for &c in &contenders {
@@ -853,7 +939,10 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
         return Err(f.into());
     }
     restored?;
-    for unit in [Unit::IngressHttps, Unit::EgressUpload] {
+    let profiled = [Unit::IngressHttps, Unit::EgressUpload, Unit::EgressDownload]
+        .into_iter()
+        .filter(|u| units.contains(u) && contenders.contains(&Contender::Atunnel));
+    for unit in profiled {
         let profile = largest_dump(&dir, &format!("atunnel-{}-callgrind-r1-", unit.name()))
             .and_then(|dump| cost::annotate_inclusive(&dump, 80).map_err(err));
         match profile {
@@ -861,7 +950,7 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
             Err(e) => notes.push(format!("no profile of atunnel's {}: {e}", unit.name())),
         }
     }
-    notes.push("callgrind dumps of every window are in cost/ (callgrind_annotate reads them); profile-atunnel-ingress-https.txt and profile-atunnel-egress-upload.txt are the 2N windows' per-function inclusive counts".into());
+    notes.push("callgrind dumps of every window are in cost/ (callgrind_annotate reads them); profile-atunnel-ingress-https.txt, profile-atunnel-egress-upload.txt and profile-atunnel-egress-download.txt are the 2N windows' per-function inclusive counts".into());
     notes.push("egress on HAProxy: a TCP -> TLS relay (mode tcp) listening where actor-0's sandbox redirects its TCP, dialled by the same code from the same sandbox-side socket as atunnel. atunnel's HTTP/2 framing (CONNECT streams over one kept mTLS connection to the gateway) is work the relay does not do; the relay makes a TLS handshake per tunnel instead, resuming the session it kept from its first (HAProxy's default for a server; the sink's log counts full and resumed handshakes)".into());
     Ok(ScenarioResult {
         name: Scenario::Cost.name().into(),
@@ -913,11 +1002,13 @@ pub fn report_section(summary: &Value) -> String {
     for unit in summary["units"].as_array().into_iter().flatten() {
         let _ = writeln!(
             md,
-            "### cost: {} (per {}, N = {}, median of {} pairs of windows)\n",
+            "### cost: {} (per {}; N = {} under callgrind, median of {} pairs of windows; N = {} under perf, median of {})\n",
             unit["name"].as_str().unwrap_or(""),
             unit["per"].as_str().unwrap_or(""),
             unit["n"],
             unit["rounds"].as_u64().unwrap_or(1),
+            unit["n_perf"],
+            unit["rounds_perf"].as_u64().unwrap_or(1),
         );
         let _ = writeln!(
             md,
