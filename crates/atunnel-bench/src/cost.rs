@@ -343,7 +343,7 @@ pub fn parse_perf_stat(text: &str) -> SyscallCounts {
 
 /// The system calls counted by name: those the contenders made in the
 /// cost scenario's windows (atunnel, nginx and HAProxy, December 2026: 21
-/// names), and a few of the same families. Each named one is a tracepoint
+/// names) and `readv`, `mmap` and `munmap`. Each named one is a tracepoint
 /// perf sets up and, when the window ends, tears down with an RCU grace
 /// period each, one perf after another: ~38 ms each on this machine, so
 /// the 60 named before took 2.2 s a window, most of the scenario's time
@@ -356,9 +356,6 @@ pub const NAMED_SYSCALLS: &[&str] = &[
     "writev",
     "recvfrom",
     "sendto",
-    "recvmsg",
-    "sendmsg",
-    "splice",
     "accept4",
     "connect",
     "socket",
@@ -368,7 +365,6 @@ pub const NAMED_SYSCALLS: &[&str] = &[
     "setsockopt",
     "getsockname",
     "epoll_wait",
-    "epoll_pwait",
     "epoll_ctl",
     "futex",
     "mmap",
