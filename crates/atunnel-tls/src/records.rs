@@ -398,7 +398,24 @@ impl Direction {
         padding: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), TlsError> {
-        let body_len = plaintext.len() + 1 + padding + TAG_LEN;
+        self.seal_with(content_type, plaintext.len(), padding, out, |out| {
+            out.extend_from_slice(plaintext)
+        })
+    }
+
+    /// Appends one protected record of `content_type` whose `len` bytes of
+    /// plaintext `fill` appends to `out` (so they are copied once, from
+    /// wherever they are, into the record they are sealed in), followed by
+    /// `padding` zeros.
+    fn seal_with(
+        &mut self,
+        content_type: u8,
+        len: usize,
+        padding: usize,
+        out: &mut Vec<u8>,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<(), TlsError> {
+        let body_len = len + 1 + padding + TAG_LEN;
         assert!(
             body_len <= usize::from(u16::MAX),
             "a record's length is 16 bits"
@@ -408,7 +425,12 @@ impl Direction {
         let start = out.len();
         out.reserve(HEADER_LEN + body_len);
         out.extend_from_slice(&header);
-        out.extend_from_slice(plaintext);
+        fill(out);
+        debug_assert_eq!(
+            out.len(),
+            start + HEADER_LEN + len,
+            "fill appends len bytes"
+        );
         out.push(content_type);
         out.resize(out.len() + padding, 0);
         let tag = self
@@ -534,41 +556,267 @@ enum State {
     Failed,
 }
 
+/// What one record opened by [`RecordReader::open`] carried.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// Application data, at this range of the record.
+    Data(Range<usize>),
+    /// The peer's close_notify.
+    Closed,
+    /// The peer updated its keys (see [`Read::KeyUpdate`]).
+    KeyUpdate { requested: bool },
+    /// Nothing for the application: an empty record, a warning, part of a
+    /// handshake message, a session ticket skipped.
+    Nothing,
+}
+
+/// Opens whole records one at a time, wherever the caller buffers them, and
+/// handles what is not application data: alerts, key updates and (on a
+/// client) session tickets. Holds no buffer.
+pub struct RecordReader {
+    rx: Direction,
+    /// The first bytes of a handshake message that continues in the next
+    /// record (handshake messages may be fragmented, 5.1): its type and
+    /// length, four bytes at most.
+    hs: [u8; 4],
+    hs_len: u8,
+    /// Accept NewSessionTicket messages and skip them (a client; a server
+    /// never receives one).
+    tickets: bool,
+    /// Bytes of a skipped NewSessionTicket still to come.
+    skip: u16,
+    empty_in_row: u8,
+    key_updates: u8,
+    warnings: u8,
+}
+
+/// Largest handshake message rustls accepts (its `MAX_HANDSHAKE_SIZE`); a
+/// session ticket is far smaller.
+const MAX_TICKET_MESSAGE: usize = 0xffff;
+const HANDSHAKE_NEW_SESSION_TICKET: u8 = 4;
+
+impl RecordReader {
+    /// A server's reader: key updates and alerts only.
+    pub fn new(rx: Direction) -> Self {
+        Self {
+            rx,
+            hs: [0; 4],
+            hs_len: 0,
+            tickets: false,
+            skip: 0,
+            empty_in_row: 0,
+            key_updates: 0,
+            warnings: 0,
+        }
+    }
+
+    /// A client's reader: also skips the session tickets a server may send
+    /// at any time after the handshake (4.6.1), which a client that never
+    /// resumes does not keep (rustls drops them too).
+    pub fn for_client(rx: Direction) -> Self {
+        Self {
+            tickets: true,
+            ..Self::new(rx)
+        }
+    }
+
+    /// Drops the derived key.
+    pub fn sleep(&mut self) {
+        self.rx.sleep();
+    }
+
+    /// Opens, in place, the whole record `record` (its length found by
+    /// [`record_len`]) and says what it carried.
+    pub fn open(&mut self, record: &mut [u8]) -> Result<Opened, TlsError> {
+        let (content_type, content) = self.rx.open(record)?;
+        if (self.hs_len > 0 || self.skip > 0) && content_type != CONTENT_HANDSHAKE {
+            return Err(TlsError::unexpected(
+                "TLS record interleaved with a fragmented handshake message",
+            ));
+        }
+        if content_type != CONTENT_APPLICATION_DATA && content.is_empty() {
+            // 5.4: only application data may be empty.
+            return Err(TlsError::unexpected(format!(
+                "empty TLS record of content type {content_type}"
+            )));
+        }
+        match content_type {
+            CONTENT_APPLICATION_DATA if content.is_empty() => {
+                // Legal (5.4); bounded as rustls does.
+                self.empty_in_row += 1;
+                if self.empty_in_row > MAX_EMPTY_IN_ROW {
+                    return Err(TlsError::unexpected("too many empty TLS records in a row"));
+                }
+                Ok(Opened::Nothing)
+            }
+            CONTENT_APPLICATION_DATA => {
+                self.empty_in_row = 0;
+                self.key_updates = 0;
+                Ok(Opened::Data(content))
+            }
+            CONTENT_ALERT => {
+                self.empty_in_row = 0;
+                let alert = <[u8; 2]>::try_from(&record[content]).ok();
+                self.alert(alert)
+            }
+            CONTENT_HANDSHAKE => {
+                self.empty_in_row = 0;
+                self.handshake(&record[content])
+            }
+            // A protected change_cipher_spec is unexpected (5, like
+            // rustls), and so is every other type.
+            other => Err(TlsError::unexpected(format!(
+                "unexpected TLS content type {other}"
+            ))),
+        }
+    }
+
+    fn alert(&mut self, alert: Option<[u8; 2]>) -> Result<Opened, TlsError> {
+        let Some([level, description]) = alert else {
+            return Err(TlsError::alert(ALERT_DECODE_ERROR, "malformed TLS alert"));
+        };
+        if level != LEVEL_WARNING && level != LEVEL_FATAL {
+            // An invalid enum (6, as rustls).
+            return Err(TlsError::alert(
+                ALERT_ILLEGAL_PARAMETER,
+                format!("TLS alert of unknown level {level}"),
+            ));
+        }
+        match (level, description) {
+            (_, ALERT_CLOSE_NOTIFY) => Ok(Opened::Closed),
+            // A closure alert that precedes a close_notify (6.1); rustls
+            // ignores it at warning level, four times at most.
+            (LEVEL_WARNING, ALERT_USER_CANCELED) => {
+                self.warnings += 1;
+                if self.warnings > MAX_WARNINGS {
+                    return Err(TlsError::unexpected("too many TLS warning alerts"));
+                }
+                Ok(Opened::Nothing)
+            }
+            // Every other alert is an error alert whatever its level (6);
+            // it is not answered. (rustls answers a warning-level one with
+            // decode_error.)
+            (_, description) => Err(TlsError {
+                alert: None,
+                kind: io::ErrorKind::ConnectionAborted,
+                message: format!(
+                    "peer sent TLS alert {description} ({})",
+                    alert_name(description)
+                ),
+            }),
+        }
+    }
+
+    /// Post-handshake messages: KeyUpdate, and NewSessionTicket on a
+    /// client, skipped (this side never asks for a certificate after the
+    /// handshake, and a server is never sent a ticket). `content` is one
+    /// record's content: several messages, or part of one.
+    fn handshake(&mut self, mut rest: &[u8]) -> Result<Opened, TlsError> {
+        loop {
+            if self.skip > 0 {
+                let n = usize::from(self.skip).min(rest.len());
+                self.skip -= n as u16;
+                rest = &rest[n..];
+            }
+            if rest.is_empty() {
+                return Ok(Opened::Nothing);
+            }
+            let take = (4 - usize::from(self.hs_len)).min(rest.len());
+            let hs_len = usize::from(self.hs_len);
+            self.hs[hs_len..hs_len + take].copy_from_slice(&rest[..take]);
+            self.hs_len += take as u8;
+            rest = &rest[take..];
+            match self.hs[0] {
+                HANDSHAKE_NEW_SESSION_TICKET if self.tickets => {
+                    if self.hs_len < 4 {
+                        return Ok(Opened::Nothing);
+                    }
+                    let len = usize::from(self.hs[1]) << 16
+                        | usize::from(self.hs[2]) << 8
+                        | usize::from(self.hs[3]);
+                    if len > MAX_TICKET_MESSAGE {
+                        return Err(TlsError::alert(
+                            ALERT_DECODE_ERROR,
+                            "TLS NewSessionTicket too large",
+                        ));
+                    }
+                    self.hs_len = 0;
+                    self.skip = len as u16;
+                }
+                HANDSHAKE_KEY_UPDATE => return self.key_update(rest),
+                other => {
+                    return Err(TlsError::unexpected(format!(
+                        "unexpected TLS handshake message {other} after the handshake"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// A KeyUpdate whose header is in `hs` (once all four bytes are) and
+    /// whose body starts `rest`.
+    fn key_update(&mut self, rest: &[u8]) -> Result<Opened, TlsError> {
+        if self.hs_len < 4 {
+            return Ok(Opened::Nothing);
+        }
+        if self.hs[1..4] != [0, 0, 1] {
+            return Err(TlsError::alert(
+                ALERT_DECODE_ERROR,
+                "malformed TLS KeyUpdate",
+            ));
+        }
+        let Some((&request, after)) = rest.split_first() else {
+            return Ok(Opened::Nothing);
+        };
+        self.hs_len = 0;
+        // "Handshake messages MUST NOT span key changes" (5.1): the
+        // key update must end its record.
+        if !after.is_empty() {
+            return Err(TlsError::unexpected(
+                "TLS KeyUpdate not at the end of its record",
+            ));
+        }
+        let requested = match request {
+            UPDATE_NOT_REQUESTED => false,
+            UPDATE_REQUESTED => true,
+            other => {
+                return Err(TlsError::alert(
+                    ALERT_ILLEGAL_PARAMETER,
+                    format!("TLS KeyUpdate with request {other}"),
+                ));
+            }
+        };
+        self.key_updates += 1;
+        if self.key_updates > MAX_KEY_UPDATES_BETWEEN_DATA {
+            return Err(TlsError::unexpected("too many TLS key updates"));
+        }
+        self.rx.next_generation()?;
+        Ok(Opened::KeyUpdate { requested })
+    }
+}
+
 /// The receiving side: bytes from the socket in, plaintext out. Holds a
 /// buffer of one record's size ([`MAX_RECORD`]) only while bytes of a
 /// record or plaintext are in it.
 pub struct Inbound {
-    rx: Direction,
+    reader: RecordReader,
     /// `buf[..filled]` was read; records not yet opened start at `start`;
     /// plaintext not yet handed out is `buf[plain]`.
     buf: Option<Box<[u8; MAX_RECORD]>>,
     filled: u16,
     start: u16,
     plain: (u16, u16),
-    /// The first bytes of a handshake message that continues in the next
-    /// record (handshake messages may be fragmented, 5.1; a KeyUpdate is
-    /// five bytes, so four at most wait here).
-    hs: [u8; 4],
-    hs_len: u8,
-    empty_in_row: u8,
-    key_updates: u8,
-    warnings: u8,
     state: State,
 }
 
 impl Inbound {
     pub fn new(rx: Direction) -> Self {
         Self {
-            rx,
+            reader: RecordReader::new(rx),
             buf: None,
             filled: 0,
             start: 0,
             plain: (0, 0),
-            hs: [0; 4],
-            hs_len: 0,
-            empty_in_row: 0,
-            key_updates: 0,
-            warnings: 0,
             state: State::Open,
         }
     }
@@ -617,7 +865,7 @@ impl Inbound {
 
     /// Drops the derived key and, if nothing is in it, the buffer.
     pub fn sleep(&mut self) {
-        self.rx.sleep();
+        self.reader.sleep();
         self.release_if_idle();
     }
 
@@ -707,148 +955,16 @@ impl Inbound {
                 return Ok(Read::More);
             };
             self.start += len as u16;
-            let (content_type, content) = self.rx.open(&mut buf[at..at + len])?;
-            let content = at + content.start..at + content.end;
-            if self.hs_len > 0 && content_type != CONTENT_HANDSHAKE {
-                return Err(TlsError::unexpected(
-                    "TLS record interleaved with a fragmented handshake message",
-                ));
-            }
-            if content_type != CONTENT_APPLICATION_DATA && content.is_empty() {
-                // 5.4: only application data may be empty.
-                return Err(TlsError::unexpected(format!(
-                    "empty TLS record of content type {content_type}"
-                )));
-            }
-            match content_type {
-                CONTENT_APPLICATION_DATA if content.is_empty() => {
-                    // Legal (5.4); bounded as rustls does.
-                    self.empty_in_row += 1;
-                    if self.empty_in_row > MAX_EMPTY_IN_ROW {
-                        return Err(TlsError::unexpected("too many empty TLS records in a row"));
-                    }
-                }
-                CONTENT_APPLICATION_DATA => {
-                    self.empty_in_row = 0;
-                    self.key_updates = 0;
-                    self.plain = (content.start as u16, content.end as u16);
+            match self.reader.open(&mut buf[at..at + len])? {
+                Opened::Data(content) => {
+                    self.plain = ((at + content.start) as u16, (at + content.end) as u16);
                     return Ok(Read::Data);
                 }
-                CONTENT_ALERT => {
-                    self.empty_in_row = 0;
-                    let alert = <[u8; 2]>::try_from(&buf[content]).ok();
-                    if let Some(read) = self.alert(alert)? {
-                        return Ok(read);
-                    }
-                }
-                CONTENT_HANDSHAKE => {
-                    self.empty_in_row = 0;
-                    if let Some(read) = self.handshake(content)? {
-                        return Ok(read);
-                    }
-                }
-                // A protected change_cipher_spec is unexpected (5, like
-                // rustls), and so is every other type.
-                other => {
-                    return Err(TlsError::unexpected(format!(
-                        "unexpected TLS content type {other}"
-                    )));
-                }
+                Opened::Closed => return Ok(Read::Closed),
+                Opened::KeyUpdate { requested } => return Ok(Read::KeyUpdate { requested }),
+                Opened::Nothing => {}
             }
         }
-    }
-
-    fn alert(&mut self, alert: Option<[u8; 2]>) -> Result<Option<Read>, TlsError> {
-        let Some([level, description]) = alert else {
-            return Err(TlsError::alert(ALERT_DECODE_ERROR, "malformed TLS alert"));
-        };
-        if level != LEVEL_WARNING && level != LEVEL_FATAL {
-            // An invalid enum (6, as rustls).
-            return Err(TlsError::alert(
-                ALERT_ILLEGAL_PARAMETER,
-                format!("TLS alert of unknown level {level}"),
-            ));
-        }
-        match (level, description) {
-            (_, ALERT_CLOSE_NOTIFY) => Ok(Some(Read::Closed)),
-            // A closure alert that precedes a close_notify (6.1); rustls
-            // ignores it at warning level, four times at most.
-            (LEVEL_WARNING, ALERT_USER_CANCELED) => {
-                self.warnings += 1;
-                if self.warnings > MAX_WARNINGS {
-                    return Err(TlsError::unexpected("too many TLS warning alerts"));
-                }
-                Ok(None)
-            }
-            // Every other alert is an error alert whatever its level (6);
-            // it is not answered. (rustls answers a warning-level one with
-            // decode_error.)
-            (_, description) => Err(TlsError {
-                alert: None,
-                kind: io::ErrorKind::ConnectionAborted,
-                message: format!(
-                    "peer sent TLS alert {description} ({})",
-                    alert_name(description)
-                ),
-            }),
-        }
-    }
-
-    /// Post-handshake messages a server may receive: KeyUpdate only (this
-    /// side never asks for a certificate after the handshake). The record's
-    /// content is `buf[content]`.
-    fn handshake(&mut self, content: Range<usize>) -> Result<Option<Read>, TlsError> {
-        let buf = self.buf.as_ref().expect("a record was just opened");
-        // One message at most: a KeyUpdate must end its record, and
-        // anything else is refused at its first byte.
-        let mut rest = &buf[content];
-        let take = (4 - usize::from(self.hs_len)).min(rest.len());
-        let hs_len = usize::from(self.hs_len);
-        self.hs[hs_len..hs_len + take].copy_from_slice(&rest[..take]);
-        self.hs_len += take as u8;
-        rest = &rest[take..];
-        if self.hs[0] != HANDSHAKE_KEY_UPDATE {
-            return Err(TlsError::unexpected(format!(
-                "unexpected TLS handshake message {} after the handshake",
-                self.hs[0]
-            )));
-        }
-        if self.hs_len < 4 {
-            return Ok(None);
-        }
-        if self.hs[1..4] != [0, 0, 1] {
-            return Err(TlsError::alert(
-                ALERT_DECODE_ERROR,
-                "malformed TLS KeyUpdate",
-            ));
-        }
-        let Some((&request, after)) = rest.split_first() else {
-            return Ok(None);
-        };
-        self.hs_len = 0;
-        // "Handshake messages MUST NOT span key changes" (5.1): the
-        // key update must end its record.
-        if !after.is_empty() {
-            return Err(TlsError::unexpected(
-                "TLS KeyUpdate not at the end of its record",
-            ));
-        }
-        let requested = match request {
-            UPDATE_NOT_REQUESTED => false,
-            UPDATE_REQUESTED => true,
-            other => {
-                return Err(TlsError::alert(
-                    ALERT_ILLEGAL_PARAMETER,
-                    format!("TLS KeyUpdate with request {other}"),
-                ));
-            }
-        };
-        self.key_updates += 1;
-        if self.key_updates > MAX_KEY_UPDATES_BETWEEN_DATA {
-            return Err(TlsError::unexpected("too many TLS key updates"));
-        }
-        self.rx.next_generation()?;
-        Ok(Some(Read::KeyUpdate { requested }))
     }
 }
 
@@ -912,6 +1028,41 @@ impl Outbound {
             self.key_update(UPDATE_REQUESTED, out)?;
         }
         self.tx.seal(CONTENT_APPLICATION_DATA, data, out)
+    }
+
+    /// Appends one record carrying the first `len` bytes (at most
+    /// [`MAX_PLAINTEXT`]) of `bufs` after skipping `skip` of them, copied
+    /// straight from the slices into the record: a writer's frame header
+    /// and payload travel in one record rather than one each.
+    pub fn seal_data_gathered(
+        &mut self,
+        bufs: &[io::IoSlice<'_>],
+        skip: usize,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), TlsError> {
+        self.owed(out)?;
+        if self.tx.seq > 0 && self.tx.seq.saturating_add(1) >= self.limit {
+            self.key_update(UPDATE_REQUESTED, out)?;
+        }
+        self.tx
+            .seal_with(CONTENT_APPLICATION_DATA, len, 0, out, |out| {
+                let (mut skip, mut left) = (skip, len);
+                for b in bufs {
+                    if left == 0 {
+                        break;
+                    }
+                    if skip >= b.len() {
+                        skip -= b.len();
+                        continue;
+                    }
+                    let part = &b[skip..];
+                    skip = 0;
+                    let n = part.len().min(left);
+                    out.extend_from_slice(&part[..n]);
+                    left -= n;
+                }
+            })
     }
 
     /// Appends an alert (close_notify at warning level, the rest fatal).
