@@ -2,6 +2,8 @@
 //!
 //! - [`admission`]: where every mutual-TLS listener admits a client (a
 //!   bounded handshake, then the validity check rustls skips on resumption).
+//! - [`client`]: the client TLS stream of gateway connections: rustls for
+//!   the handshake, then TLS 1.3 records opened in place.
 //! - [`stream`]: the server TLS stream that, once idle, trades its rustls
 //!   session (about 8 KiB) for its TLS 1.3 traffic secrets.
 //! - [`records`]: the TLS 1.3 record layer that stream goes on with.
@@ -16,6 +18,7 @@
 //! the gateway and ingress depend on it.
 
 pub mod admission;
+pub mod client;
 pub mod hibernate;
 pub mod pre_auth;
 pub mod provider;
