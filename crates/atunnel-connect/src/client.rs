@@ -18,13 +18,11 @@ use atunnel_core::{BufferPool, H2Stream};
 use bytes::Bytes;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{Notify, watch};
-use tokio_rustls::TlsConnector;
-use tokio_rustls::client::TlsStream;
 use tokio_util::task::TaskTracker;
 
 use atunnel_identity::credential::ActorCredential;
+use atunnel_tls::client::ClientTls;
 
 use crate::flood::{FloodCount, FloodGuard, FloodLimits, Role};
 use crate::http1;
@@ -224,7 +222,7 @@ pub enum GatewayTunnel {
         _slot: StreamSlot,
     },
     /// Boxed: a TLS session is large and most tunnels are HTTP/2.
-    H1(Box<TlsStream<TcpStream>>),
+    H1(Box<ClientTls>),
 }
 
 impl GatewayTunnel {
@@ -292,7 +290,7 @@ enum Dialed {
     /// A connection and the stream slot claimed on it; `true` if it came
     /// from the pool.
     H2(Arc<H2Conn>, StreamSlot, bool),
-    H1(Box<TlsStream<TcpStream>>),
+    H1(Box<ClientTls>),
 }
 
 /// What the pool has for a new stream.
@@ -552,7 +550,7 @@ impl GatewayClient {
         _serialised: Option<tokio::sync::MutexGuard<'_, ()>>,
     ) -> Result<Dialed, OpenError> {
         let tls = self.dial_tls().await?;
-        if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+        if tls.alpn_protocol() != Some(b"h2") {
             self.gateway_is_h1.store(true, Ordering::Relaxed);
             return Ok(Dialed::H1(Box::new(tls)));
         }
@@ -629,7 +627,7 @@ impl GatewayClient {
         Ok(Dialed::H2(conn, slot, false))
     }
 
-    async fn dial_tls(&self) -> Result<TlsStream<TcpStream>, OpenError> {
+    async fn dial_tls(&self) -> Result<ClientTls, OpenError> {
         let addr = self.cfg.address;
         let tcp = self
             .cfg
@@ -638,8 +636,7 @@ impl GatewayClient {
             .await
             .map_err(|source| OpenError::GatewayUnreachable { addr, source })?;
         let tls = tls_config(&self.cfg, &self.credential).map_err(|e| self.handshake_error(e))?;
-        TlsConnector::from(Arc::new(tls))
-            .connect(self.cfg.server_name.clone(), tcp)
+        atunnel_tls::client::connect(tls, self.cfg.server_name.clone(), tcp)
             .await
             .map_err(|e| self.handshake_error(e))
     }
@@ -698,7 +695,7 @@ impl GatewayClient {
 
     async fn connect_h1(
         &self,
-        mut tls: Box<TlsStream<TcpStream>>,
+        mut tls: Box<ClientTls>,
         authority: &str,
     ) -> Result<GatewayTunnel, OpenError> {
         let request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
@@ -710,8 +707,8 @@ impl GatewayClient {
         let head = http1::read_head(&mut tls)
             .await
             .map_err(|e| match e.kind() {
-                // tokio-rustls reports TLS failures (alerts) as InvalidData
-                // too; only our own head parser's complaint is a protocol error.
+                // TLS failures (alerts, rustls's or the record layer's) are
+                // InvalidData too; only our own head parser's complaint is a protocol error.
                 io::ErrorKind::InvalidData if !is_tls_error(&e) => OpenError::Protocol {
                     addr: self.cfg.address,
                     reason: e.to_string(),
@@ -795,7 +792,7 @@ impl IdleRetirement {
 }
 
 fn is_tls_error(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>())
+    atunnel_tls::client::is_tls_error(e)
 }
 
 enum H2Failure {
