@@ -137,6 +137,18 @@ fn alert_name(a: u8) -> &'static str {
         ALERT_ILLEGAL_PARAMETER => "illegal_parameter",
         ALERT_DECODE_ERROR => "decode_error",
         ALERT_INTERNAL_ERROR => "internal_error",
+        // What a gateway may end a client's connection with just after the
+        // handshake, when it refuses the client's certificate (6.2).
+        40 => "handshake_failure",
+        42 => "bad_certificate",
+        43 => "unsupported_certificate",
+        44 => "certificate_revoked",
+        45 => "certificate_expired",
+        46 => "certificate_unknown",
+        48 => "unknown_ca",
+        49 => "access_denied",
+        51 => "decrypt_error",
+        116 => "certificate_required",
         _ => "other",
     }
 }
@@ -1129,6 +1141,66 @@ mod tests {
         assert_eq!(rx.read().expect("data"), Read::Data);
         assert_eq!(rx.plaintext(), b"after");
         assert_eq!(tx.seq(), 1, "the data went out with the new key, at 0");
+    }
+
+    /// Seals a record with `tx` and opens it with `reader`.
+    fn through(
+        tx: &mut Direction,
+        reader: &mut RecordReader,
+        t: u8,
+        content: &[u8],
+    ) -> Result<Opened, TlsError> {
+        let mut out = Vec::new();
+        tx.seal(t, content, &mut out).expect("seal");
+        reader.open(&mut out)
+    }
+
+    #[test]
+    fn a_client_skips_session_tickets_however_they_are_split_and_a_server_refuses_them() {
+        let mut tx = Direction::new(Suite::Aes128Gcm, &secret(9), 0).expect("suite");
+        let rx = Direction::new(Suite::Aes128Gcm, &secret(9), 0).expect("suite");
+        let mut client = RecordReader::for_client(rx);
+        // Two tickets of 300 bytes in one record, then a third split over
+        // three records (header cut in two), then data.
+        let ticket = |n: u8| {
+            let mut m = vec![HANDSHAKE_NEW_SESSION_TICKET, 0, 1, 44];
+            m.extend(std::iter::repeat_n(n, 300));
+            m
+        };
+        let mut two = ticket(1);
+        two.extend(ticket(2));
+        let third = ticket(3);
+        assert_eq!(
+            through(&mut tx, &mut client, CONTENT_HANDSHAKE, &two),
+            Ok(Opened::Nothing)
+        );
+        for part in [&third[..2], &third[2..100], &third[100..]] {
+            assert_eq!(
+                through(&mut tx, &mut client, CONTENT_HANDSHAKE, part),
+                Ok(Opened::Nothing)
+            );
+        }
+        let mut out = Vec::new();
+        tx.seal(CONTENT_APPLICATION_DATA, b"data", &mut out)
+            .expect("seal");
+        let Ok(Opened::Data(r)) = client.open(&mut out) else {
+            panic!("data after the tickets");
+        };
+        assert_eq!(&out[r], b"data");
+        // Data in the middle of a ticket is refused.
+        assert_eq!(
+            through(&mut tx, &mut client, CONTENT_HANDSHAKE, &third[..50]),
+            Ok(Opened::Nothing)
+        );
+        let e =
+            through(&mut tx, &mut client, CONTENT_APPLICATION_DATA, b"x").expect_err("interleaved");
+        assert_eq!(e.alert, Some(ALERT_UNEXPECTED_MESSAGE));
+        // A server is never sent a ticket.
+        let mut tx = Direction::new(Suite::Aes128Gcm, &secret(9), 0).expect("suite");
+        let rx = Direction::new(Suite::Aes128Gcm, &secret(9), 0).expect("suite");
+        let mut server = RecordReader::new(rx);
+        let e = through(&mut tx, &mut server, CONTENT_HANDSHAKE, &ticket(1)).expect_err("refused");
+        assert_eq!(e.alert, Some(ALERT_UNEXPECTED_MESSAGE));
     }
 
     #[test]
