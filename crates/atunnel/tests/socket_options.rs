@@ -123,11 +123,20 @@ fn assert_carries(what: &str, got: ReadBack, opts: SocketOptions, untouched: Rea
         opts.send_buffer.map_or(untouched.send_buffer, |n| 2 * n),
         "{what}: SO_SNDBUF"
     );
-    assert_eq!(
-        got.recv_buffer,
-        opts.recv_buffer.map_or(untouched.recv_buffer, |n| 2 * n),
-        "{what}: SO_RCVBUF"
-    );
+    match opts.recv_buffer {
+        Some(n) => assert_eq!(got.recv_buffer, 2 * n, "{what}: SO_RCVBUF"),
+        // Left to autotuning, the receive buffer starts at the kernel's
+        // default and grows when the application drains more than it
+        // within a round trip: the gateway client's TLS stream reads
+        // several records (up to 66 KiB) at once, and the 64 KiB echoed
+        // below grows it (150 KB measured). A fixed size would not grow.
+        None => assert!(
+            got.recv_buffer >= untouched.recv_buffer,
+            "{what}: SO_RCVBUF {} under the kernel's default {}",
+            got.recv_buffer,
+            untouched.recv_buffer
+        ),
+    }
 }
 
 /// Which socket a check is about.
