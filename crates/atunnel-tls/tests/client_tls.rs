@@ -385,7 +385,8 @@ async fn a_forged_record_fails_the_connection_with_an_alert() {
     let mut buf = [0u8; 100];
     let e = client.read(&mut buf).await.expect_err("a bad record");
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
-    // The server gets the client's alert.
+    // The server gets the client's alert, then the end of the connection.
+    drop(client);
     let mut wire = Vec::new();
     counting.tcp.read_to_end(&mut wire).await.expect("read");
     conn.read_tls(&mut &wire[..]).expect("read_tls");
@@ -447,4 +448,48 @@ async fn a_tls12_only_server_still_works() {
         receive(&mut sr, 2 * MIB),
         receive(&mut cr, 2 * MIB),
     );
+}
+
+#[tokio::test]
+async fn data_the_server_sends_with_its_finished_is_kept_for_the_record_layer() {
+    use std::io::{Read, Write};
+    let pki = pki();
+    let mut cfg = (*server_config(&pki, &[&rustls::version::TLS13])).clone();
+    // The server's first records come in the same flight as its Finished,
+    // so the client reads them together with the handshake's last record.
+    cfg.send_half_rtt_data = true;
+    let cfg = Arc::new(cfg);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = std::thread::spawn(move || {
+        let (mut sock, _) = listener.accept().expect("accept");
+        let mut conn = rustls::ServerConnection::new(cfg).expect("server");
+        conn.writer()
+            .write_all(&pattern(0, 3000))
+            .expect("half-RTT data");
+        while conn.is_handshaking() {
+            conn.complete_io(&mut sock).expect("server handshake");
+        }
+        let mut got = [0u8; 5];
+        rustls::Stream::new(&mut conn, &mut sock)
+            .read_exact(&mut got)
+            .expect("the client's answer");
+        got
+    });
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let mut client = atunnel_tls::client::connect(
+        client_config(&pki),
+        ServerName::try_from("gateway.test").expect("name"),
+        tcp,
+    )
+    .await
+    .expect("client handshake");
+    assert!(client.is_records());
+    receive(&mut client, 3000).await;
+    client.write_all(b"thank").await.expect("write");
+    client.flush().await.expect("flush");
+    let got = tokio::task::spawn_blocking(move || server.join().expect("server thread"))
+        .await
+        .expect("join");
+    assert_eq!(&got, b"thank");
 }
