@@ -23,8 +23,8 @@
 //! or anything unusual at the end of the handshake, stays with
 //! tokio-rustls for the connection's life.
 //!
-//! Buffers: reads go into a buffer of several records ([`READ_BUFFER`]),
-//! kept while records arrive and released when a read finds the socket
+//! Buffers: reads go into a buffer of several records ([`READ_BUFFER`],
+//! after a first small one, [`FIRST_READ`]), kept while records arrive and released when a read finds the socket
 //! empty with nothing buffered; writes gather the writer's slices into
 //! full records, at most [`WRITE_BATCH`] of plaintext sealed at a time and
 //! sent with one write, the next write waiting until they are out. The
@@ -52,6 +52,15 @@ use crate::secrets::Secret;
 /// the front when the buffer runs out is moved once per three records or
 /// more.
 pub const READ_BUFFER: usize = 4 * MAX_RECORD;
+
+/// The buffer a read starts with after the connection was idle: small
+/// enough for the allocator's thread cache (jemalloc keeps classes up to 32
+/// KiB there; a 66 KiB buffer is a large allocation, about 4,000
+/// instructions to take and give back, which a request and its answer on a
+/// kept tunnel paid for each time). A read that fills it, or a record that
+/// does not fit, moves to the full [`READ_BUFFER`]: a download pays one
+/// more read per burst for it.
+pub const FIRST_READ: usize = 8 * 1024;
 
 /// Most plaintext one write seals and sends at once (rustls's own send
 /// buffer limit is the same 64 KiB): all a gateway that stops reading makes
@@ -476,6 +485,21 @@ impl RecordClient {
         }
     }
 
+    /// Whether the read buffer must make room before the next read: the
+    /// first, small buffer once it is full or too short for the record at
+    /// its front; the full-size one once under a record's room is left,
+    /// so its reads stay large.
+    fn needs_room(&self) -> bool {
+        let (cap, len) = (self.inbuf.capacity(), self.inbuf.len());
+        if cap >= READ_BUFFER {
+            return cap - len < MAX_RECORD;
+        }
+        let record = self.inbuf[self.start..]
+            .first_chunk::<{ records::HEADER_LEN }>()
+            .map(|h| records::HEADER_LEN + usize::from(u16::from_be_bytes([h[3], h[4]])));
+        len == cap || record.is_some_and(|r| self.start + r > cap)
+    }
+
     fn poll_send_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.sent < self.out.len() {
             let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out[self.sent..]))?;
@@ -563,11 +587,15 @@ impl RecordClient {
                 // An idle connection's buffer waits for the socket to have
                 // something.
                 ready!(self.tcp.poll_read_ready(cx))?;
-                self.inbuf.reserve_exact(READ_BUFFER);
-            } else if self.inbuf.capacity() - self.inbuf.len() < MAX_RECORD {
-                // The partial record (under one record) to the front.
+                self.inbuf.reserve_exact(FIRST_READ);
+            } else if self.needs_room() {
+                // The partial record (under one record) to the front, into
+                // the full-size buffer if this is still the first one.
                 self.inbuf.drain(..self.start);
                 self.start = 0;
+                if self.inbuf.capacity() < READ_BUFFER {
+                    self.inbuf.reserve_exact(READ_BUFFER - self.inbuf.len());
+                }
             }
             match tokio_util::io::poll_read_buf(Pin::new(&mut self.tcp), cx, &mut self.inbuf) {
                 Poll::Pending => {
