@@ -102,8 +102,9 @@ pub const TUNNEL_MAX_FRAME_SIZE: u32 = 16 * 1024;
 /// Largest HTTP/2 frame the gateway takes from atunnel (the gateway's
 /// `--max-frame-size`): the upload direction's DATA frames. At 32 KiB a
 /// relay chunk (one 32 KiB pooled buffer) goes out as one DATA frame,
-/// which rustls seals as two records and tokio-rustls writes with one
-/// `writev`, where 16 KiB frames took a `writev` each. Per MiB up
+/// sealed as two records and written with one call (rustls and
+/// tokio-rustls when this was measured; `atunnel_tls::client` since), where
+/// 16 KiB frames took a `writev` each. Per MiB up
 /// (`atunnel-bench run --quick --scenarios cost`, unit egress-upload):
 /// 3.96 M instructions and 121 system calls (65 `writev`) at 16 KiB, 3.76 M
 /// and 94 (39 `writev`) at 32 KiB, 3.85 M and 94 at 64 KiB. The download
