@@ -102,6 +102,10 @@ const CLIENT_IDLE_SECS: u64 = 3600;
 /// limit; HAProxy refuses to start when it cannot raise its own to fit).
 const MAX_CONNS: u32 = 9000;
 
+/// The egress relay's sandbox-side socket buffers (`SO_RCVBUF`,
+/// `SO_SNDBUF`): atunnel's on its sandbox-side sockets.
+const SANDBOX_BUFFER: usize = atunnel_core::sockopt::DEFAULT_SANDBOX_BUFFER;
+
 /// Where a peer listens, with which credentials, and where each actor is.
 #[derive(Clone, Debug)]
 pub struct PeerSetup {
@@ -385,8 +389,23 @@ fn haproxy_cfg(s: &PeerSetup) -> String {
          \x20   tune.h2.max-concurrent-streams {MAX_CONCURRENT_STREAMS}\n\
          \x20   ssl-default-bind-options ssl-min-ver TLSv1.2\n\
          \x20   # The router makes full handshakes (as atunnel sees it): no resumption state.\n\
-         \x20   tune.ssl.cachesize 0\n\
-         \n\
+         \x20   tune.ssl.cachesize 0\n"
+    );
+    if s.egress.is_some() {
+        // The relay's client sockets are the sandbox side: fixed buffers,
+        // as atunnel's sandbox-side sockets have. HAProxy 2.6 sets them
+        // for every client socket, the router's too (autotuned in
+        // atunnel), which the ingress units' 64 B answers do not fill.
+        let _ = write!(
+            c,
+            "\x20   # Client sockets' buffers fixed, as atunnel's sandbox-side sockets are.\n\
+             \x20   tune.rcvbuf.client {SANDBOX_BUFFER}\n\
+             \x20   tune.sndbuf.client {SANDBOX_BUFFER}\n"
+        );
+    }
+    let _ = write!(
+        c,
+        "\n\
          defaults\n\
          \x20   mode http\n\
          \x20   # No log line per request (atunnel writes none either).\n\
@@ -672,6 +691,25 @@ mod tests {
         let ingress = c.split("defaults egress").next().unwrap_or_default();
         assert!(ingress.contains("frontend ingress"), "{c}");
         assert_eq!(lines_with(ingress, "backend actor_").len(), 3 * 2);
+    }
+
+    #[test]
+    fn haproxy_fixes_its_client_buffers_as_atunnels_sandbox_side_only_when_it_relays() {
+        let relay = Peer::Haproxy.config(&sandboxed(2));
+        let global = relay.split("defaults").next().unwrap_or_default();
+        assert_eq!(
+            lines_with(global, "tune.")[2..],
+            ["tune.rcvbuf.client 65536", "tune.sndbuf.client 65536"],
+            "{relay}"
+        );
+        // Ingress alone: the configuration `--compare peers` has always
+        // written, every socket autotuned.
+        let ingress = Peer::Haproxy.config(&setup(2));
+        assert_eq!(
+            lines_with(&ingress, "buf."),
+            Vec::<&str>::new(),
+            "{ingress}"
+        );
     }
 
     #[test]

@@ -112,16 +112,23 @@ pub async fn connect_in(
     ns: &NetNs,
     addr: SocketAddr,
 ) -> std::io::Result<TcpStream> {
-    connect_in_with(exec, ns, addr, None).await
+    connect_in_with(exec, ns, addr, FixedBuffers::default()).await
 }
 
-/// [`connect_in`], with the socket's receive buffer fixed at
-/// `receive_buffer` bytes if given (the kernel's autotuning off for it).
+/// A socket's buffers in bytes where fixed (`SO_RCVBUF`, `SO_SNDBUF`; the
+/// kernel's autotuning off for that one); none: autotuned.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FixedBuffers {
+    pub receive: Option<usize>,
+    pub send: Option<usize>,
+}
+
+/// [`connect_in`], with the socket's buffers fixed as `buffers` says.
 pub async fn connect_in_with(
     exec: &NsExecutor,
     ns: &NetNs,
     addr: SocketAddr,
-    receive_buffer: Option<usize>,
+    buffers: FixedBuffers,
 ) -> std::io::Result<TcpStream> {
     let socket = exec
         .run_in(ns, move || {
@@ -131,8 +138,11 @@ pub async fn connect_in_with(
                 None,
             )?;
             s.set_nonblocking(true)?;
-            if let Some(bytes) = receive_buffer {
+            if let Some(bytes) = buffers.receive {
                 s.set_recv_buffer_size(bytes)?;
+            }
+            if let Some(bytes) = buffers.send {
+                s.set_send_buffer_size(bytes)?;
             }
             Ok::<std::net::TcpStream, std::io::Error>(s.into())
         })

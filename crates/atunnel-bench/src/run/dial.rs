@@ -33,16 +33,16 @@ impl Actors {
         crate::topology::connect_in(&self.exec, ns, dest).await
     }
 
-    /// [`Self::dial`] from a socket whose receive buffer is fixed at
-    /// `receive_buffer` bytes.
-    pub(super) async fn dial_with_receive_buffer(
+    /// [`Self::dial`] from a socket whose buffers are fixed as `buffers`
+    /// says.
+    pub(super) async fn dial_with_buffers(
         &self,
         actor: u64,
         dest: &str,
-        receive_buffer: usize,
+        buffers: crate::topology::FixedBuffers,
     ) -> std::io::Result<TcpStream> {
         let dest: SocketAddr = dest.parse().map_err(std::io::Error::other)?;
         let ns = &self.sandboxes[actor as usize % self.sandboxes.len()];
-        crate::topology::connect_in_with(&self.exec, ns, dest, Some(receive_buffer)).await
+        crate::topology::connect_in_with(&self.exec, ns, dest, buffers).await
     }
 }

@@ -55,6 +55,7 @@ use super::egress::http_exchange;
 use super::ingress::{connect_exchange, h2_client, hyper_h2, routed_request};
 use crate::run::bench::Bench;
 use crate::run::router::Alpn;
+use crate::topology::FixedBuffers;
 use crate::traffic::{DISCARD, ECHO, HTTP, SOURCE};
 
 /// Pairs of windows per unit and pass. The median of several stands when
@@ -125,6 +126,8 @@ const IDLE: Duration = Duration::from_millis(3500);
 /// The download's reader's receive buffer (`SO_RCVBUF`; the kernel doubles
 /// it for its own bookkeeping).
 const DOWNLOAD_RECEIVE_BUFFER: usize = 256 * 1024;
+/// The upload's writer's send buffer (`SO_SNDBUF`).
+const UPLOAD_SEND_BUFFER: usize = 256 * 1024;
 /// The top syscalls by name the report lists per unit.
 pub const TOP_SYSCALLS: usize = 5;
 
@@ -364,7 +367,21 @@ async fn prepare(bench: &Bench, unit: Unit, n: u64) -> Result<Prepared, atunnel_
             // allow) moved its instructions per MiB by 10 % between
             // windows otherwise.
             let mut s = if unit == Unit::EgressUpload {
-                actors.dial(0, DISCARD).await?
+                // The writer's send buffer is fixed, as the download's
+                // reader's receive buffer is: autotuned, how much of the
+                // window's bytes a relay found waiting per wake-up moved
+                // with it (HAProxy's switches per MiB up spread 0.44..0.70
+                // over five pairs; fixed, 1.98..2.02).
+                actors
+                    .dial_with_buffers(
+                        0,
+                        DISCARD,
+                        FixedBuffers {
+                            send: Some(UPLOAD_SEND_BUFFER),
+                            receive: None,
+                        },
+                    )
+                    .await?
             } else {
                 // The source streams without end: a window moves n MiB
                 // plus however much more the buffers behind the contender
@@ -373,7 +390,14 @@ async fn prepare(bench: &Bench, unit: Unit, n: u64) -> Result<Prepared, atunnel_
                 // (one window of 32 MiB carried 15 % more than another);
                 // fixed, it is full at both ends.
                 actors
-                    .dial_with_receive_buffer(0, SOURCE, DOWNLOAD_RECEIVE_BUFFER)
+                    .dial_with_buffers(
+                        0,
+                        SOURCE,
+                        FixedBuffers {
+                            receive: Some(DOWNLOAD_RECEIVE_BUFFER),
+                            send: None,
+                        },
+                    )
                     .await?
             };
             if unit == Unit::EgressDownload {
@@ -891,7 +915,7 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
         "context switches: every sched_switch of the contender's threads; preemptions: those where the thread was still runnable (not prev_state & 3), most often preempted by the process its write woke or by a neighbour's time slice; whether a thread blocks or is preempted first moves with the scheduling, their sum less".to_string(),
         format!("atunnel runs here with {}: its work per second of wall time (the overload guard's 4 samples a second, the trust bundle's poll) would otherwise land in a window in proportion to how long it took", QUIET_FLAGS.join(" ")),
     ];
-    notes.push("egress-upload and -download: the tunnel is opened before each window, which holds bytes only; the download's reader has a fixed 256 KiB SO_RCVBUF, so that the buffers behind the contender are as full at a window's end as at its start".to_string());
+    notes.push("egress-upload and -download: the tunnel is opened before each window, which holds bytes only; the download's reader has a fixed 256 KiB SO_RCVBUF, so that the buffers behind the contender are as full at a window's end as at its start, and the upload's writer a fixed 256 KiB SO_SNDBUF".to_string());
     notes.push(if bench.cost_lockstep {
         "windows in lockstep (atunnel_bench::lockstep): for each window every thread of the run's processes (the load, the contender, the actors, the sink) on one CPU under SCHED_FIFO at one priority, real-time throttling off, so that each step runs until it blocks, in the same order whatever the neighbours do; counts are those of that regime (each read takes all that is there), for every contender alike".to_string()
     } else {
@@ -961,7 +985,7 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
         }
     }
     notes.push("callgrind dumps of every window are in cost/ (callgrind_annotate reads them); profile-atunnel-ingress-https.txt, profile-atunnel-egress-upload.txt and profile-atunnel-egress-download.txt are the 2N windows' per-function inclusive counts".into());
-    notes.push("egress on HAProxy: a TCP -> TLS relay (mode tcp) listening where actor-0's sandbox redirects its TCP, dialled by the same code from the same sandbox-side socket as atunnel. atunnel's HTTP/2 framing (CONNECT streams over one kept mTLS connection to the gateway) is work the relay does not do; the relay makes a TLS handshake per tunnel instead, resuming the session it kept from its first (HAProxy's default for a server; the sink's log counts full and resumed handshakes)".into());
+    notes.push("egress on HAProxy: a TCP -> TLS relay (mode tcp) listening where actor-0's sandbox redirects its TCP, dialled by the same code from the same sandbox-side socket as atunnel, its sandbox-side buffers fixed at atunnel's 64 KiB (tune.rcvbuf.client, tune.sndbuf.client). atunnel's HTTP/2 framing (CONNECT streams over one kept mTLS connection to the gateway) is work the relay does not do; the relay makes a TLS handshake per tunnel instead, resuming the session it kept from its first (HAProxy's default for a server; the sink's log counts full and resumed handshakes)".into());
     Ok(ScenarioResult {
         name: Scenario::Cost.name().into(),
         rungs: Vec::new(),
