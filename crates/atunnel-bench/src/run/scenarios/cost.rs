@@ -372,40 +372,36 @@ async fn prepare(bench: &Bench, unit: Unit, n: u64) -> Result<Prepared, atunnel_
             // (HAProxy's, resumed or in full as the far end's tickets
             // allow) moved its instructions per MiB by 10 % between
             // windows otherwise.
-            let mut s = if unit == Unit::EgressUpload {
-                // The writer's send buffer is fixed, as the download's
-                // reader's receive buffer is: autotuned, how much of the
-                // window's bytes a relay found waiting per wake-up moved
-                // with it (HAProxy's switches per MiB up spread 0.44..0.70
-                // over five pairs; fixed, 1.98..2.02).
-                actors
-                    .dial_with_buffers(
-                        0,
-                        DISCARD,
-                        FixedBuffers {
-                            send: Some(UPLOAD_SEND_BUFFER),
-                            receive: None,
-                        },
-                    )
-                    .await?
+            // The writer's send buffer is fixed, as the download's reader's
+            // receive buffer is: autotuned, how much of the window's bytes
+            // a relay found waiting per wake-up moved with it (HAProxy's
+            // switches per MiB up spread 0.44..0.70 over five pairs; fixed,
+            // 1.98..2.02). The source streams without end: a window moves n
+            // MiB plus however much more the buffers behind the contender
+            // hold at its end than at its start. With the kernel's
+            // autotuning, the reader's buffer grew between windows (one
+            // window of 32 MiB carried 15 % more than another); fixed, it
+            // is full at both ends.
+            let (dest, buffers) = if unit == Unit::EgressUpload {
+                let send = Some(UPLOAD_SEND_BUFFER);
+                (
+                    DISCARD,
+                    FixedBuffers {
+                        send,
+                        receive: None,
+                    },
+                )
             } else {
-                // The source streams without end: a window moves n MiB
-                // plus however much more the buffers behind the contender
-                // hold at its end than at its start. With the kernel's
-                // autotuning, the reader's buffer grew between windows
-                // (one window of 32 MiB carried 15 % more than another);
-                // fixed, it is full at both ends.
-                actors
-                    .dial_with_buffers(
-                        0,
-                        SOURCE,
-                        FixedBuffers {
-                            receive: Some(DOWNLOAD_RECEIVE_BUFFER),
-                            send: None,
-                        },
-                    )
-                    .await?
+                let receive = Some(DOWNLOAD_RECEIVE_BUFFER);
+                (
+                    SOURCE,
+                    FixedBuffers {
+                        receive,
+                        send: None,
+                    },
+                )
             };
+            let mut s = actors.dial_with_buffers(0, dest, buffers).await?;
             if unit == Unit::EgressDownload {
                 // The source is streaming once a byte arrives.
                 let mut first = [0u8; 1];
