@@ -667,8 +667,11 @@ async fn a_peer_whose_uid_is_not_allowed_is_closed_at_accept_and_changes_nothing
             std::error::Error::source(&e).is_some_and(|s| s.is::<tonic::transport::Error>());
         assert!(transport, "{e:?}");
     }
+    // Each refusal is counted before its connection closes, but tonic may
+    // fail a call on the broken connection of the one before without
+    // dialling again: four calls make one to four connections, all refused.
     let figures = d.tunnel.control_stats().figures();
-    assert!(figures.refused_uid_total >= 4, "{figures:?}");
+    assert!((1..=4).contains(&figures.refused_uid_total), "{figures:?}");
     assert_eq!(figures.accepted_total, figures.refused_uid_total);
     let actor = ActorRef::new(&a.atespace, &a.name, &a.uid).expect("actor");
     assert!(
