@@ -41,6 +41,8 @@ pub struct Hibernation {
     wakes: AtomicU64,
     /// Set when memory was freed since the allocator last trimmed.
     trim_wanted: AtomicBool,
+    /// Times the allocator was asked to hand memory back.
+    trims: AtomicU64,
     changed: Notify,
 }
 
@@ -50,6 +52,8 @@ pub struct HibernationStats {
     pub hibernating: usize,
     pub hibernations: u64,
     pub wakes: u64,
+    /// Times the allocator was asked to hand freed memory back.
+    pub trims: u64,
 }
 
 impl Hibernation {
@@ -61,6 +65,7 @@ impl Hibernation {
             hibernations: AtomicU64::new(0),
             wakes: AtomicU64::new(0),
             trim_wanted: AtomicBool::new(false),
+            trims: AtomicU64::new(0),
             changed: Notify::new(),
         })
     }
@@ -87,6 +92,7 @@ impl Hibernation {
             hibernating: self.sleeping.load(Ordering::Relaxed),
             hibernations: self.hibernations.load(Ordering::Relaxed),
             wakes: self.wakes.load(Ordering::Relaxed),
+            trims: self.trims.load(Ordering::Relaxed),
         }
     }
 
@@ -114,23 +120,47 @@ impl Hibernation {
 
     /// Returns freed memory to the system, at most once per period and only
     /// after something hibernated: malloc_trim walks the whole heap, so it
-    /// is batched rather than run per connection.
+    /// is batched rather than run per connection. A batch ends with a tick
+    /// in which nothing more hibernated (or after [`TRIM_DEFERRALS`] ticks
+    /// that each saw more): connections that went quiet together hibernate
+    /// over a few of the idle checks' grid ticks, and a trim between them
+    /// would walk the heap twice for one batch. It also gives the bench's
+    /// ingress-idle window exactly one trim to count.
     pub async fn trim_until(self: Arc<Self>, cancel: CancellationToken) {
         let Some(after) = self.after else { return };
         let period = after.clamp(Duration::from_millis(50), Duration::from_secs(1));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen = self.hibernations.load(Ordering::Relaxed);
+        let mut deferred = 0;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if self.trim_wanted.swap(false, Ordering::Relaxed) {
-                atunnel_core::alloc::release_free_memory();
+            let now = self.hibernations.load(Ordering::Relaxed);
+            let more = now != seen;
+            seen = now;
+            if !self.trim_wanted.load(Ordering::Relaxed) {
+                continue;
             }
+            if more && deferred < TRIM_DEFERRALS {
+                deferred += 1;
+                continue;
+            }
+            deferred = 0;
+            // Cleared before the trim, so memory freed during it asks for
+            // the next one.
+            self.trim_wanted.store(false, Ordering::Relaxed);
+            atunnel_core::alloc::release_free_memory();
+            self.trims.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
+
+/// Trim ticks a batch of hibernations may put its trim off by, so that a
+/// steady trickle of hibernations still trims every few seconds.
+const TRIM_DEFERRALS: u32 = 3;
 
 /// A hibernated connection; dropping it counts the wake.
 pub struct Sleeping(Arc<Hibernation>);
@@ -417,6 +447,40 @@ impl AsyncWrite for ActivityIo {
 mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
+
+    #[tokio::test(start_paused = true)]
+    async fn hibernations_over_consecutive_ticks_are_trimmed_once_after_them() {
+        let period = Duration::from_secs(1);
+        let h = Hibernation::new(period);
+        let cancel = CancellationToken::new();
+        let trimmer = tokio::spawn(h.clone().trim_until(cancel.clone()));
+        // The interval's first tick, at once, finds nothing to trim.
+        tokio::time::sleep(period / 2).await;
+        let mut asleep = Vec::new();
+        // Hibernations in two consecutive tick intervals: one batch.
+        asleep.push(h.enter());
+        tokio::time::sleep(period).await;
+        asleep.push(h.enter());
+        tokio::time::sleep(period).await;
+        assert_eq!(h.stats().trims, 0, "trimmed inside the batch");
+        tokio::time::sleep(period).await;
+        assert_eq!(h.stats().trims, 1, "one trim once a tick saw no more");
+        // Nothing more hibernated: no more trims.
+        tokio::time::sleep(period * 3).await;
+        assert_eq!(h.stats().trims, 1);
+        // A steady trickle still trims, after TRIM_DEFERRALS ticks.
+        for _ in 0..=TRIM_DEFERRALS {
+            asleep.push(h.enter());
+            tokio::time::sleep(period).await;
+        }
+        assert_eq!(
+            h.stats().trims,
+            2,
+            "a trickle defers a trim a bounded number of ticks"
+        );
+        cancel.cancel();
+        trimmer.await.expect("trimmer");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_asked_to_hibernate_is_not_polled_again_until_its_next_io() {

@@ -249,6 +249,12 @@ fn process(out: &mut Out, s: &Stats) -> Fmt {
             None,
             h.wakes,
         )?;
+        out.counter(
+            "ingress_hibernation_trims",
+            "Times the allocator was asked to return memory hibernation freed",
+            None,
+            h.trims,
+        )?;
     }
     if let Some(o) = &s.overload {
         let state = match o.state {
