@@ -58,6 +58,18 @@ impl Contender {
         }
     }
 
+    /// Whether it relays the sandboxes' egress bytes (HAProxy as a TCP ->
+    /// TLS relay, [`EgressRelay`]; IPv4 only, as HAProxy reads the original
+    /// destination of IPv4 sockets only).
+    pub fn relays_egress(self) -> bool {
+        matches!(self, Contender::Atunnel | Contender::Haproxy)
+    }
+
+    /// Whether it relays IPv6 egress too.
+    pub fn relays_egress_ipv6(self) -> bool {
+        self == Contender::Atunnel
+    }
+
     /// The peer, unless it is atunnel.
     pub fn peer(self) -> Option<Peer> {
         match self {

@@ -184,7 +184,7 @@ fn ingress_comparison_table(c: &Comparison) -> String {
                 .as_f64()
         }
     };
-    let figures: [Column; 7] = [
+    let figures: [Column; 8] = [
         (
             "req/s",
             Box::new(|v| {
@@ -204,6 +204,13 @@ fn ingress_comparison_table(c: &Comparison) -> String {
             Box::new(|v| idle_case(v, "http2-one-request", "cgroup_bytes_per_conn")),
         ),
         (
+            "egress MB/CPU-s",
+            Box::new(|v| {
+                v.summary(Scenario::EgressTcp, "mb_per_tunnel_cpu_s_median")?
+                    .as_f64()
+            }),
+        ),
+        (
             "hibernated h1",
             Box::new(|v| {
                 idle_case(
@@ -214,8 +221,8 @@ fn ingress_comparison_table(c: &Comparison) -> String {
             }),
         ),
     ];
-    // Ratios for the first six; the hibernated figure is atunnel's alone.
-    const WITH_RATIO: usize = 6;
+    // Ratios for the first seven; the hibernated figure is atunnel's alone.
+    const WITH_RATIO: usize = 7;
     let base = c.variants.first();
     let fmt = |x: Option<f64>| x.map_or("-".to_string(), |x| trim_float(x, 1));
     let ratio = |x: Option<f64>, i: usize| {
@@ -264,6 +271,15 @@ fn ingress_comparison_table(c: &Comparison) -> String {
             out,
             "sat: {} requests in flight, closed-loop (ingress-https's summary says whose CPU ran out first)",
             trim_float(n, 0)
+        );
+    }
+    if c.variants.iter().any(|v| {
+        v.summary(Scenario::EgressTcp, "mb_per_tunnel_cpu_s_median")
+            .is_some()
+    }) {
+        let _ = writeln!(
+            out,
+            "egress MB/CPU-s: egress-tcp's MB per CPU-second of the contender's cgroup, median of 3 IPv4 runs (HAProxy as a TCP -> TLS relay, without atunnel's HTTP/2 framing)"
         );
     }
     out
@@ -714,39 +730,48 @@ mod tests {
                        cpu: f64,
                        (sat_rps, sat_cpu): (f64, f64),
                        h1: f64,
-                       hibernated: Option<f64>| {
+                       hibernated: Option<f64>,
+                       egress: Option<f64>| {
             let mut h1_case = json!({"case": "http1-keepalive-short", "cgroup_bytes_per_conn": h1});
             if let Some(b) = hibernated {
                 h1_case["hibernated_cgroup_bytes_per_conn"] = json!(b);
             }
+            let mut scenarios = vec![
+                ScenarioResult {
+                    name: "ingress-https".into(),
+                    // Kept up with 1,000/s and 2,000/s (CPU per
+                    // request `cpu` at 2,000/s), not 4,000/s.
+                    rungs: [1000.0, 2000.0, 4000.0]
+                        .into_iter()
+                        .map(|offered: f64| RungResult {
+                            achieved: offered.min(rps),
+                            tunnel_cpu_cores: cpu * offered.min(rps) / 1e6,
+                            ..rung(offered, Verdict::Ok)
+                        })
+                        .collect(),
+                    summary: json!({"sustainable_rps": rps, "cpu_us_per_request": 999.0,
+                            "saturated": {"streams_in_flight": 128, "rps": sat_rps,
+                                "cpu_us_per_request": sat_cpu}}),
+                    ..ScenarioResult::default()
+                },
+                ScenarioResult {
+                    name: "ingress-idle".into(),
+                    summary: json!({"cases": [h1_case,
+                            {"case": "http2-one-request", "cgroup_bytes_per_conn": 2.0 * h1}]}),
+                    ..ScenarioResult::default()
+                },
+            ];
+            if let Some(mb) = egress {
+                scenarios.push(ScenarioResult {
+                    name: "egress-tcp".into(),
+                    summary: json!({"mb_per_tunnel_cpu_s_median": mb}),
+                    ..ScenarioResult::default()
+                });
+            }
             Variant {
                 label: label.to_string(),
                 flags: Vec::new(),
-                scenarios: vec![
-                    ScenarioResult {
-                        name: "ingress-https".into(),
-                        // Kept up with 1,000/s and 2,000/s (CPU per
-                        // request `cpu` at 2,000/s), not 4,000/s.
-                        rungs: [1000.0, 2000.0, 4000.0]
-                            .into_iter()
-                            .map(|offered: f64| RungResult {
-                                achieved: offered.min(rps),
-                                tunnel_cpu_cores: cpu * offered.min(rps) / 1e6,
-                                ..rung(offered, Verdict::Ok)
-                            })
-                            .collect(),
-                        summary: json!({"sustainable_rps": rps, "cpu_us_per_request": 999.0,
-                            "saturated": {"streams_in_flight": 128, "rps": sat_rps,
-                                "cpu_us_per_request": sat_cpu}}),
-                        ..ScenarioResult::default()
-                    },
-                    ScenarioResult {
-                        name: "ingress-idle".into(),
-                        summary: json!({"cases": [h1_case,
-                            {"case": "http2-one-request", "cgroup_bytes_per_conn": 2.0 * h1}]}),
-                        ..ScenarioResult::default()
-                    },
-                ],
+                scenarios,
             }
         };
         let c = Comparison {
@@ -759,9 +784,18 @@ mod tests {
                     (50000.0, 20.0),
                     8000.0,
                     Some(2000.0),
+                    Some(1050.0),
                 ),
-                variant("nginx", 4000.0, 13.2, (40000.0, 10.0), 25000.0, None),
-                variant("haproxy", 2000.0, 7.5, (80000.0, 8.0), 26000.0, None),
+                variant("nginx", 4000.0, 13.2, (40000.0, 10.0), 25000.0, None, None),
+                variant(
+                    "haproxy",
+                    2000.0,
+                    7.5,
+                    (80000.0, 8.0),
+                    26000.0,
+                    None,
+                    Some(840.0),
+                ),
             ],
         };
         let txt = render_txt(&Results {
@@ -781,27 +815,29 @@ mod tests {
                 .collect()
         };
         assert!(txt.contains("sat: 128 requests in flight"), "{txt}");
+        assert!(txt.contains("egress MB/CPU-s: egress-tcp's"), "{txt}");
         // label, req/s, ratio, CPU, ratio, saturated req/s, ratio, saturated
-        // CPU, ratio, h1, ratio, h2, ratio, hibernated
+        // CPU, ratio, h1, ratio, h2, ratio, egress MB per CPU-second, ratio,
+        // hibernated
         assert_eq!(
             row("atunnel"),
             [
                 "atunnel", "4000", "1.00", "17.1", "1.00", "50000", "1.00", "20", "1.00", "8000",
-                "1.00", "16000", "1.00", "2000"
+                "1.00", "16000", "1.00", "1050", "1.00", "2000"
             ]
         );
         assert_eq!(
             row("nginx"),
             [
                 "nginx", "4000", "1.00", "13.2", "1.30", "40000", "1.25", "10", "2.00", "25000",
-                "0.32", "50000", "0.32", "-"
+                "0.32", "50000", "0.32", "-", "-", "-"
             ]
         );
         assert_eq!(
             row("haproxy"),
             [
                 "haproxy", "2000", "2.00", "7.5", "2.28", "80000", "0.62", "8", "2.50", "26000",
-                "0.31", "52000", "0.31", "-"
+                "0.31", "52000", "0.31", "840", "1.25", "-"
             ]
         );
     }

@@ -97,16 +97,23 @@ impl Compare {
         }
     }
 
-    /// The scenarios it runs under each variant: those every variant can
-    /// run (a peer does only ingress HTTPS).
-    pub fn scenarios(self) -> &'static [Scenario] {
+    /// The scenarios it runs under a variant with `contender` in atunnel's
+    /// place: the peers do ingress, and HAProxy egress-tcp too (as a TCP ->
+    /// TLS relay, the nearest peer doing its byte work).
+    pub fn scenarios(self, contender: Contender) -> Vec<Scenario> {
         match self {
-            Compare::CopyMode | Compare::WaitBuffer => &[
+            Compare::CopyMode | Compare::WaitBuffer => vec![
                 Scenario::EgressIdle,
                 Scenario::EgressHttp,
                 Scenario::EgressTcp,
             ],
-            Compare::Peers => &[Scenario::IngressHttps, Scenario::IngressIdle],
+            Compare::Peers => {
+                let mut s = vec![Scenario::IngressHttps, Scenario::IngressIdle];
+                if contender.relays_egress() {
+                    s.push(Scenario::EgressTcp);
+                }
+                s
+            }
         }
     }
 
@@ -213,7 +220,7 @@ pub async fn run(
                 flags: spec.flags,
                 scenarios: Vec::new(),
             };
-            for &scenario in compare.scenarios() {
+            for scenario in compare.scenarios(spec.contender) {
                 let Some(result) = run_scenario(&mut bench, scenario, &cancel).await else {
                     break 'variants;
                 };
@@ -307,23 +314,30 @@ mod tests {
     }
 
     #[test]
-    fn the_peers_comparison_runs_each_contender_on_the_ingress_scenarios() {
+    fn the_peers_comparison_runs_each_contender_on_ingress_and_the_relays_on_egress_tcp() {
         let variants = Compare::Peers.variants();
         let labels: Vec<&str> = variants.iter().map(|v| v.label.as_str()).collect();
         assert_eq!(labels, ["atunnel", "nginx", "haproxy"]);
         let contenders: Vec<Contender> = variants.iter().map(|v| v.contender).collect();
         assert_eq!(contenders, Contender::ALL);
         assert!(variants.iter().all(|v| v.flags.is_empty()));
-        assert_eq!(
-            Compare::Peers.scenarios(),
-            [Scenario::IngressHttps, Scenario::IngressIdle]
-        );
+        let ingress = [Scenario::IngressHttps, Scenario::IngressIdle];
+        assert_eq!(Compare::Peers.scenarios(Contender::Nginx), ingress);
+        for relay in [Contender::Atunnel, Contender::Haproxy] {
+            assert_eq!(
+                Compare::Peers.scenarios(relay),
+                [ingress[0], ingress[1], Scenario::EgressTcp]
+            );
+        }
         // The other comparisons vary atunnel's flags on egress.
         for v in Compare::CopyMode.variants() {
             assert_eq!(v.contender, Contender::Atunnel);
             assert_eq!(v.flags.len(), 1);
         }
-        assert_eq!(Compare::WaitBuffer.scenarios()[0], Scenario::EgressIdle);
+        assert_eq!(
+            Compare::WaitBuffer.scenarios(Contender::Atunnel)[0],
+            Scenario::EgressIdle
+        );
     }
 
     #[test]

@@ -133,8 +133,23 @@ pub(super) async fn egress_tcp(
     bench: &mut Bench,
 ) -> Result<ScenarioResult, atunnel_process::BoxError> {
     let mut summary = serde_json::Map::new();
+    let mut notes = vec![
+        "one TCP connection from actor-0's sandbox to the sink's discard port, through the tunnel's HTTP/2 CONNECT path".to_string(),
+        "three runs per family: the unsuffixed keys to 192.0.2.10:9 over IPv4, the _ipv6 keys to [2001:db8::10]:9 over IPv6 (the sandbox's IPv6 redirect, CONNECT [addr]:port)".into(),
+        "when the tunnel is well under its quota, the sink (TLS decryption) or the generator, sharing the machine's other core, is the limit: compare tunnel_cores with sink_cores; mb_per_tunnel_cpu_s is each run's MB per CPU-second of the tunnel's cgroup, and its median the figure to compare".into(),
+    ];
+    let contender = bench.contender();
+    if contender != atunnel_bench::peers::Contender::Atunnel {
+        notes[0] = format!(
+            "one TCP connection from actor-0's sandbox to the sink's discard port, through {contender} in atunnel's place: a TCP -> TLS relay to the sink's TLS discard service (no HTTP/2 framing; a TLS connection per tunnel)"
+        );
+    }
     let bytes: u64 = if bench.quick { 128 << 20 } else { 512 << 20 };
     for (family, suffix, dest) in FAMILIES {
+        if family == "ipv6" && !contender.relays_egress_ipv6() {
+            notes.push(format!("{contender} relays IPv4 only: no _ipv6 runs"));
+            continue;
+        }
         eprintln!("         {family}");
         let runs = egress_tcp_runs(bench, dest, bytes).await?;
         for (key, v) in runs {
@@ -146,11 +161,7 @@ pub(super) async fn egress_tcp(
         name: Scenario::EgressTcp.name().into(),
         rungs: Vec::new(),
         summary: serde_json::Value::Object(summary),
-        notes: vec![
-            "one TCP connection from actor-0's sandbox to the sink's discard port, through the tunnel's HTTP/2 CONNECT path".into(),
-            "three runs per family: the unsuffixed keys to 192.0.2.10:9 over IPv4, the _ipv6 keys to [2001:db8::10]:9 over IPv6 (the sandbox's IPv6 redirect, CONNECT [addr]:port)".into(),
-            "when the tunnel is well under its quota, the sink (TLS decryption) or the generator, sharing the machine's other core, is the limit: compare tunnel_cores with sink_cores".into(),
-        ],
+        notes,
     })
 }
 
@@ -188,8 +199,20 @@ async fn egress_tcp_runs(
             generator_cores[run]
         );
     }
+    let mut per_cpu_s: Vec<f64> = mbps
+        .iter()
+        .zip(&cores)
+        .map(|(mb, c)| if *c > 0.0 { (mb / c).round() } else { 0.0 })
+        .collect();
+    let per_cpu_s_runs = per_cpu_s.clone();
+    per_cpu_s.sort_by(f64::total_cmp);
     Ok(vec![
         ("mb_per_s", json!(mbps)),
+        ("mb_per_tunnel_cpu_s", json!(per_cpu_s_runs)),
+        (
+            "mb_per_tunnel_cpu_s_median",
+            json!(per_cpu_s[per_cpu_s.len() / 2]),
+        ),
         ("tunnel_cores", json!(cores)),
         ("sink_cores", json!(sink_cores)),
         ("generator_cores", json!(generator_cores)),
