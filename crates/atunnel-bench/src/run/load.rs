@@ -66,7 +66,8 @@ pub enum Compare {
     /// Waiting for data by readiness vs with a 512 B to 4 KiB wait buffer.
     WaitBuffer,
     /// atunnel vs nginx and HAProxy in its place (ingress-https,
-    /// ingress-idle); needs `apt-get install nginx haproxy`.
+    /// ingress-idle; HAProxy egress-tcp too, as a TCP -> TLS relay); needs
+    /// `apt-get install nginx haproxy`.
     Peers,
 }
 

@@ -46,12 +46,14 @@ const WORKER_GRACE: Duration = Duration::from_secs(25);
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct RunArgs {
-    /// The short run (under 3 minutes): small ladders, 1,000 idle connections.
+    /// The short run (about 14 minutes here, the cost scenario's windows
+    /// most of it): small ladders, 1,000 idle connections.
     #[arg(long)]
     pub quick: bool,
     /// Also run egress-idle, egress-http and egress-tcp under each variant of
     /// one setting (`peers`: ingress-https and ingress-idle with atunnel,
-    /// nginx and HAProxy in atunnel's place) and print them side by side
+    /// nginx and HAProxy in atunnel's place, egress-tcp with atunnel and
+    /// HAProxy as a TCP -> TLS relay) and print them side by side
     /// (alone unless --scenarios).
     #[arg(long, value_enum)]
     pub compare: Option<load::Compare>,
