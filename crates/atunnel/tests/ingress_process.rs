@@ -148,7 +148,9 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
             }
         })
     };
-    // Up: 100 MiB streamed from a static buffer.
+    // Up: 100 MiB streamed from a static buffer. The connection takes the
+    // next request only once its task has finished the last exchange.
+    up.ready().await.expect("ready for the upload");
     let resp = up
         .send_request(request("POST", "/upload").body(sized_body(N)).expect("req"))
         .await
