@@ -61,7 +61,7 @@ use crate::traffic::{DISCARD, ECHO, HTTP, SOURCE};
 /// Pairs of windows per unit and pass. The median of several stands when
 /// one pair catches something else (a ping, a late close); their spread is
 /// reported beside it. ingress-idle's windows each wait out the
-/// hibernation (~5 s under perf, ~12 s under callgrind), so it takes one pair fewer. Under
+/// hibernation (~7 s under perf, ~13 s under callgrind), so it takes one pair fewer. Under
 /// callgrind the quick run takes one pair fewer again, as three kept it
 /// over its 15 minutes (the cost scenario alone took 371 s with three; the
 /// figure is then the mean of two, with both in its range). The perf pass
@@ -592,10 +592,7 @@ async fn window(
                 Ok::<_, atunnel_process::BoxError>((w, step))
             })
             .await??;
-            let result = match opened(bench, unit, hib0).await {
-                Ok(()) => work(bench, pass, unit, &mut prepared, n).await,
-                Err(e) => Err(e),
-            };
+            let result = opened_then_work(bench, pass, unit, &mut prepared, n, hib0).await;
             let p = pids.clone();
             let stopping = tokio::task::spawn_blocking(move || {
                 cost::settle(&p, QUIET, SETTLE_MAX)?;
@@ -624,10 +621,7 @@ async fn window(
                 Ok::<_, atunnel_process::BoxError>(step)
             })
             .await??;
-            let result = match opened(bench, unit, hib0).await {
-                Ok(()) => work(bench, pass, unit, &mut prepared, n).await,
-                Err(e) => Err(e),
-            };
+            let result = opened_then_work(bench, pass, unit, &mut prepared, n, hib0).await;
             let (d, l) = (dir.to_path_buf(), label.to_string());
             let total = tokio::task::spawn_blocking(move || {
                 cost::settle(&pids, QUIET_CALLGRIND, SETTLE_MAX)?;
@@ -668,6 +662,19 @@ async fn window(
         }
     }
     Ok(out)
+}
+
+/// The window's work, once `opened` found nothing hibernated too early.
+async fn opened_then_work(
+    bench: &Bench,
+    pass: Pass,
+    unit: Unit,
+    prepared: &mut Prepared,
+    n: u64,
+    hib0: Option<Asleep>,
+) -> Result<(), atunnel_process::BoxError> {
+    opened(bench, unit, hib0).await?;
+    work(bench, pass, unit, prepared, n).await
 }
 
 /// For ingress-idle, read as the window has just opened: an error if a
