@@ -758,3 +758,91 @@ async fn a_router_connection_that_stops_answering_pings_is_closed() {
         .expect("driver");
     driver.await.expect("driver").expect("closed");
 }
+
+/// An actor written byte by byte: each request's path picks the answer it
+/// gets, exactly as written here, so the framings hyper would not produce
+/// (and the ones a proxy must refuse) reach ingress's HTTP/1.1 client.
+async fn scripted_actor() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        let mut chunk = [0u8; 4096];
+                        match tcp.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end + 4);
+                    let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                    let (answer, close): (&[u8], bool) = match path.as_str() {
+                        "/close" => (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", true),
+                        "/chunked" => (
+                            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;x=y\r\n world\r\n0\r\nx-sum: 7\r\n\r\n",
+                            false,
+                        ),
+                        "/interim" => (
+                            b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+                            false,
+                        ),
+                        "/smuggle" => (
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                            true,
+                        ),
+                        "/bye" => (b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbye", true),
+                        _ => (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", false),
+                    };
+                    if tcp.write_all(answer).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actor_responses_are_framed_as_http1_says_and_ambiguous_ones_refused() {
+    let pki = IngressPki::new();
+    let running = ingress(&pki).await;
+    let actor = scripted_actor().await;
+    running.activate_alpha(&[(80, actor.port())]);
+    let mut conn = RouterConn::open(&pki, running.https, true).await;
+    let mut send = async |path: &str| {
+        let resp = conn
+            .send(empty(get(path, Some("team-a/alpha"))))
+            .await
+            .expect("response");
+        let status = resp.status();
+        let collected = resp.into_body().collect().await.expect("body");
+        let trailers = collected.trailers().cloned();
+        (status, collected.to_bytes(), trailers)
+    };
+
+    let (status, body, _) = send("/close").await;
+    assert_eq!((status.as_u16(), &body[..]), (200, &b"until the end"[..]));
+    let (status, body, trailers) = send("/chunked").await;
+    assert_eq!((status.as_u16(), &body[..]), (200, &b"hello world"[..]));
+    assert_eq!(trailers.expect("the chunked body's trailers")["x-sum"], "7");
+    let (status, body, _) = send("/interim").await;
+    assert_eq!((status.as_u16(), &body[..]), (200, &b"hi"[..]), "103 skipped");
+    let (status, _, _) = send("/smuggle").await;
+    assert_eq!(status, 502, "Transfer-Encoding with Content-Length is refused");
+    // The actor closes the connection after this answer; the next request
+    // must not be lost on it.
+    let (status, body, _) = send("/bye").await;
+    assert_eq!((status.as_u16(), &body[..]), (200, &b"bye"[..]));
+    for _ in 0..3 {
+        let (status, body, _) = send("/").await;
+        assert_eq!((status.as_u16(), &body[..]), (200, &b"ok"[..]));
+    }
+}

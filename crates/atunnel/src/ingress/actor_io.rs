@@ -16,6 +16,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use atunnel_connect::flood::FloodGuard;
+use bytes::BytesMut;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
@@ -150,6 +151,46 @@ impl ActorIo {
             )));
         }
         Poll::Pending
+    }
+
+    /// Reads what the actor sent onto the end of `buf` (`http1_pool`).
+    pub(crate) fn poll_read_buf(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+    ) -> Poll<io::Result<usize>> {
+        tokio_util::io::poll_read_buf(Pin::new(self.io.inner_mut()), cx, buf)
+    }
+
+    /// Writes as much of `bufs` as the socket takes, blocked no longer than
+    /// the bound (`http1_pool`).
+    pub(crate) fn poll_write_gathered(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(self.io.inner_mut()).poll_write_vectored(cx, bufs);
+        self.wrote(r, cx)
+    }
+
+    /// Makes closing the connection reset it.
+    pub(crate) fn reset_on_close(&self) {
+        let _ = self.io.inner().tcp().set_zero_linger();
+    }
+
+    /// Whether an idle connection is still open: the actor has neither
+    /// closed it nor sent anything since its last response. Costs no system
+    /// call unless the reactor saw it become readable.
+    pub(crate) fn idle_and_open(&mut self) -> bool {
+        let tcp = self.io.inner().tcp();
+        match tcp.poll_read_ready(&mut Context::from_waker(std::task::Waker::noop())) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => {
+                let mut byte = [0u8; 1];
+                matches!(tcp.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
     }
 
     fn wrote<T>(&mut self, r: Poll<io::Result<T>>, cx: &mut Context<'_>) -> Poll<io::Result<T>> {

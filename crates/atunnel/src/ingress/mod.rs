@@ -6,6 +6,7 @@
 mod actor_io;
 mod connect;
 mod http1_pool;
+mod http1_wire;
 mod https;
 mod router_conn;
 mod routes;
