@@ -237,6 +237,13 @@ impl Activity {
         InFlight(self.clone())
     }
 
+    /// Whether [`with_hibernation`] is waiting for the stream's next idle
+    /// read to hibernate it: a connection that polls its stream only when
+    /// its own waker fired must read once now.
+    pub fn sleep_requested(&self) -> bool {
+        self.sleep_requested.load(Ordering::Relaxed)
+    }
+
     /// Requests begun on the connection so far.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)

@@ -834,9 +834,16 @@ async fn actor_responses_are_framed_as_http1_says_and_ambiguous_ones_refused() {
     assert_eq!((status.as_u16(), &body[..]), (200, &b"hello world"[..]));
     assert_eq!(trailers.expect("the chunked body's trailers")["x-sum"], "7");
     let (status, body, _) = send("/interim").await;
-    assert_eq!((status.as_u16(), &body[..]), (200, &b"hi"[..]), "103 skipped");
+    assert_eq!(
+        (status.as_u16(), &body[..]),
+        (200, &b"hi"[..]),
+        "103 skipped"
+    );
     let (status, _, _) = send("/smuggle").await;
-    assert_eq!(status, 502, "Transfer-Encoding with Content-Length is refused");
+    assert_eq!(
+        status, 502,
+        "Transfer-Encoding with Content-Length is refused"
+    );
     // The actor closes the connection after this answer; the next request
     // must not be lost on it.
     let (status, body, _) = send("/bye").await;

@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::{Method, Request, Response};
+use http::Response;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::Instant;
 
@@ -33,7 +33,7 @@ use atunnel_connect::limits::PROXY_H1_MAX_BUFFER;
 
 /// Body type sent to actors.
 pub(crate) type UpstreamBody =
-    http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, hyper::Error>;
+    http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, crate::BoxError>;
 
 /// How the pool reaches its actor: a new connection to `port` (the
 /// activation's bounded dial, `routes::ActivationConnector`).
@@ -85,22 +85,20 @@ impl Http1Pool {
         }
     }
 
-    /// Sends `req` to the actor's `port` on an idle connection, or on a new
-    /// one, and returns the response once its head is here. A request with
+    /// Sends a request (its head written by the proxy with the body's
+    /// framing, `http1_wire::encode_request_head`) to the actor's `port` on
+    /// an idle connection, or on a new one, and returns the response once
+    /// its head is here. A request with
     /// no body that an idle connection failed before any answer (the actor
     /// had closed it) goes on the next one.
     pub(crate) async fn request(
         self: &Arc<Self>,
         port: u16,
-        req: Request<UpstreamBody>,
+        head: Vec<u8>,
+        head_request: bool,
+        body: Option<UpstreamBody>,
     ) -> Result<Response<ActorBody>, crate::BoxError> {
-        let (parts, body) = req.into_parts();
-        let head_request = parts.method == Method::HEAD;
-        let body = (!body.is_end_stream()).then_some(body);
         let length = body.as_ref().map(|b| b.size_hint().exact());
-        let mut head = Vec::with_capacity(512);
-        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        http1_wire::encode_request_head(&mut head, &parts.method, path, &parts.headers, length);
         let mut upload = Upload::new(head, body, length.flatten());
         loop {
             let (io, reused) = match self.checkout(port) {
@@ -333,7 +331,7 @@ impl Upload {
                         self.end(None)?;
                     }
                     Poll::Ready(Some(Err(e))) => {
-                        return Poll::Ready(Err(SendError::Router(e.into())));
+                        return Poll::Ready(Err(SendError::Router(e)));
                     }
                     // The head goes now, without waiting for the body.
                     Poll::Pending if self.head_sent < self.head.len() => {}

@@ -38,16 +38,18 @@ pub(crate) enum WireError {
     Upgrade,
 }
 
-/// Writes the request head: the request line in origin form, the headers
-/// as they are (the proxy rewrote them), and the body's framing.
-/// `body`: `None` without a body (the headers are written as sent),
-/// `Some(Some(n))` for a body of `n` bytes, `Some(None)` for a body of
-/// unknown length (sent chunked).
+/// Writes the request head: the request line in origin form, the
+/// router's headers but those `skip` names, the `extra` ones, and the
+/// body's framing. `body`: `None` without a body (a Content-Length the
+/// router sent is written as sent), `Some(Some(n))` for a body of `n`
+/// bytes, `Some(None)` for a body of unknown length (sent chunked).
 pub(crate) fn encode_request_head(
     out: &mut Vec<u8>,
     method: &Method,
     path_and_query: &str,
     headers: &HeaderMap,
+    skip: impl Fn(&HeaderName) -> bool,
+    extra: &[(&[u8], &[u8])],
     body: Option<Option<u64>>,
 ) {
     out.extend_from_slice(method.as_str().as_bytes());
@@ -55,23 +57,35 @@ pub(crate) fn encode_request_head(
     out.extend_from_slice(path_and_query.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in headers {
-        if body.is_some() && (name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING) {
+        if skip(name)
+            || (body.is_some()
+                && (name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING))
+        {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        field(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    for (name, value) in extra {
+        field(out, name, value);
     }
     match body {
         None => {}
         Some(Some(n)) => {
-            out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-            out.extend_from_slice(b"\r\n");
+            field(
+                out,
+                b"content-length",
+                itoa::Buffer::new().format(n).as_bytes(),
+            );
         }
-        Some(None) => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Some(None) => field(out, b"transfer-encoding", b"chunked"),
     }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -87,10 +101,7 @@ pub(crate) fn last_chunk(trailers: Option<&HeaderMap>) -> Bytes {
     };
     let mut out = b"0\r\n".to_vec();
     for (name, value) in trailers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        field(&mut out, name.as_str().as_bytes(), value.as_bytes());
     }
     out.extend_from_slice(b"\r\n");
     Bytes::from(out)
@@ -412,20 +423,31 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("host", HeaderValue::from_static("app"));
         h.insert("content-length", HeaderValue::from_static("99"));
+        h.insert("x-gone", HeaderValue::from_static("1"));
+        let skip = |n: &HeaderName| n == "x-gone";
+        let extra: &[(&[u8], &[u8])] = &[(b"x-added", b"2")];
         let mut out = Vec::new();
-        encode_request_head(&mut out, &Method::POST, "/a?b", &h, Some(Some(5)));
+        encode_request_head(
+            &mut out,
+            &Method::POST,
+            "/a?b",
+            &h,
+            skip,
+            extra,
+            Some(Some(5)),
+        );
         assert_eq!(
             out,
-            b"POST /a?b HTTP/1.1\r\nhost: app\r\ncontent-length: 5\r\n\r\n"
+            b"POST /a?b HTTP/1.1\r\nhost: app\r\nx-added: 2\r\ncontent-length: 5\r\n\r\n"
         );
         out.clear();
-        encode_request_head(&mut out, &Method::PUT, "/", &h, Some(None));
+        encode_request_head(&mut out, &Method::PUT, "/", &h, skip, &[], Some(None));
         assert_eq!(
             out,
             b"PUT / HTTP/1.1\r\nhost: app\r\ntransfer-encoding: chunked\r\n\r\n"
         );
         out.clear();
-        encode_request_head(&mut out, &Method::GET, "/", &h, None);
+        encode_request_head(&mut out, &Method::GET, "/", &h, skip, &[], None);
         assert_eq!(
             out,
             b"GET / HTTP/1.1\r\nhost: app\r\ncontent-length: 99\r\n\r\n"

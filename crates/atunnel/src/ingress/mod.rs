@@ -9,6 +9,7 @@ mod http1_pool;
 mod http1_wire;
 mod https;
 mod router_conn;
+mod router_h2;
 mod routes;
 pub(crate) mod tls;
 

@@ -35,19 +35,14 @@ use atunnel_core::endpoint::ReadReady;
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::server::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 use super::https::{self, ProxyBody};
 use super::routes::Routes;
-use atunnel_connect::flood::{FloodGuard, Role};
-use atunnel_connect::limits::{
-    MAX_LOCAL_ERROR_RESET_STREAMS, MAX_PENDING_ACCEPT_RESET_STREAMS, PROXY_H1_MAX_BUFFER,
-    PROXY_MAX_HEADER_LIST, PROXY_MAX_SEND_BUF, PROXY_ROUTER_CONNECTION_WINDOW,
-    PROXY_ROUTER_MAX_CONCURRENT_STREAMS, PROXY_STREAM_WINDOW,
-};
+use atunnel_connect::limits::PROXY_H1_MAX_BUFFER;
 use atunnel_connect::preface::read_h2_preface;
 use atunnel_tls::hibernate::InFlight;
 use atunnel_tls::{Activity, ActivityIo, Hibernation, RustlsStream, ServerTls, with_hibernation};
@@ -83,7 +78,9 @@ pub async fn serve(
             let _ = io.shutdown().await;
             return;
         }
-        let mut conn = Box::pin(serve_h2(io, routes, client, cancel));
+        let mut conn = Box::pin(super::router_h2::serve(
+            io, &activity, routes, client, cancel,
+        ));
         with_hibernation(conn.as_mut(), &activity, &hibernation).await
     } else {
         serve_h1(
@@ -96,44 +93,6 @@ pub async fn serve(
             cancel,
         )
         .await
-    }
-}
-
-async fn serve_h2(
-    io: ActivityIo,
-    routes: Arc<Routes>,
-    client: SocketAddr,
-    cancel: CancellationToken,
-) {
-    let ping = routes.router_ping();
-    let io = FloodGuard::new(io, Role::Server, routes.router_h2_floods().clone());
-    let service =
-        hyper::service::service_fn(move |req| https::proxy(routes.clone(), client, req, true));
-    let mut builder = http2::Builder::new(TokioExecutor::new());
-    builder.timer(TokioTimer::new());
-    if !ping.interval.is_zero() {
-        builder
-            .keep_alive_interval(ping.interval)
-            .keep_alive_timeout(ping.timeout);
-    }
-    let conn = builder
-        // The connection's window covers every stream's, so one actor's
-        // unread bodies never hold another actor's streams back.
-        .max_concurrent_streams(PROXY_ROUTER_MAX_CONCURRENT_STREAMS)
-        .initial_stream_window_size(PROXY_STREAM_WINDOW)
-        .initial_connection_window_size(PROXY_ROUTER_CONNECTION_WINDOW)
-        .max_header_list_size(PROXY_MAX_HEADER_LIST)
-        .max_send_buf_size(PROXY_MAX_SEND_BUF)
-        .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
-        .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESET_STREAMS)
-        .serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => {}
-        _ = cancel.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
-        }
     }
 }
 
@@ -167,6 +126,7 @@ async fn serve_h1(
             let in_flight = activity.request();
             let routes = routes.clone();
             Box::pin(async move {
+                let req = req.map(https::RouterBody::H1);
                 let response = https::proxy(routes, client, req, false).await?;
                 Ok(response.map(|body| Tracked {
                     body,

@@ -820,7 +820,10 @@ pub struct ActorIngressStats {
 
 /// The registry of active actors, keyed by `<atespace>/<name>`.
 pub(crate) struct Routes {
-    active: Mutex<HashMap<(String, String), Arc<ActorRoute>>>,
+    /// Keyed by `<atespace>/<actor>`, as the router names it in
+    /// `ate-target-actor`: a request's lookup takes the header's text as it
+    /// is (only valid names are ever keys), with no allocation.
+    active: Mutex<HashMap<String, Arc<ActorRoute>>>,
     upstream: Arc<Upstream>,
     /// New connections of activations already gone, so totals never drop.
     retired_connections: AtomicU64,
@@ -913,7 +916,7 @@ impl Routes {
         uid: &str,
         dialer: Box<dyn ActorDialer>,
     ) -> Result<(), RouteError> {
-        let key = (atespace.to_string(), name.to_string());
+        let key = format!("{atespace}/{name}");
         let activation = Arc::new(ActorRoute::new(
             uid,
             dialer,
@@ -925,10 +928,7 @@ impl Routes {
             if let Some(existing) = active.get(&key)
                 && existing.uid == uid
             {
-                return Err(RouteError::AlreadyActive(
-                    format!("{atespace}/{name}"),
-                    uid.to_string(),
-                ));
+                return Err(RouteError::AlreadyActive(key, uid.to_string()));
             }
             active.insert(key, activation)
         };
@@ -949,7 +949,7 @@ impl Routes {
     /// Stops routing to the actor if `uid` matches, cancels its in-flight
     /// requests and tunnels, and waits for them up to `drain`. Idempotent.
     pub(crate) async fn deactivate(&self, atespace: &str, name: &str, uid: &str, drain: Duration) {
-        let key = (atespace.to_string(), name.to_string());
+        let key = format!("{atespace}/{name}");
         let removed = {
             let mut active = self.active.lock().expect("routes lock poisoned");
             match active.get(&key) {
@@ -996,10 +996,15 @@ impl Routes {
     }
 
     pub(crate) fn lookup(&self, atespace: &str, name: &str) -> Option<Arc<ActorRoute>> {
+        self.lookup_target(&format!("{atespace}/{name}"))
+    }
+
+    /// The actor named `<atespace>/<actor>`, if active.
+    pub(crate) fn lookup_target(&self, target: &str) -> Option<Arc<ActorRoute>> {
         self.active
             .lock()
             .expect("routes lock poisoned")
-            .get(&(atespace.to_string(), name.to_string()))
+            .get(target)
             .cloned()
     }
 
