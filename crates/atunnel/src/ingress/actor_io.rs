@@ -3,12 +3,11 @@
 //! cannot flood its HTTP/2 client with control frames), and with writes
 //! the actor cannot block forever.
 //!
-//! hyper's HTTP/1.1 client flushes what it has buffered before it closes a
-//! connection, so one whose request was ended because the actor stopped
-//! reading its body would otherwise wait on that actor for as long as it
-//! likes, holding a descriptor and hyper's buffers outside every budget. A
-//! write blocked for the bound fails instead, and hyper drops the
-//! connection.
+//! A request body the actor stops reading would otherwise hold its write
+//! (and hyper's h2c client its flush before closing) for as long as the
+//! actor likes, with a descriptor and buffers outside every budget. A write
+//! blocked for the bound fails instead and the connection closes with a
+//! reset (a FIN would wait behind the unread bytes).
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
