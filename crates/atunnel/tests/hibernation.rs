@@ -205,8 +205,8 @@ async fn idle_http2_connections_shrink_when_hibernated_and_serve_the_next_stream
 /// What a hibernated HTTP/2 connection keeps, whole: the heap this process
 /// grew by for each connection (the router's client side here too, the
 /// same in every build) once each served one request and hibernated. The
-/// actor answers with a `date` header, which HPACK indexes: a value that
-/// were a slice of the actor's read buffer would keep that buffer (16 KiB)
+/// actor answers with a `date` header, which HPACK indexes: were its value
+/// a slice of the actor's read buffer, it would keep that buffer (16 KiB)
 /// for the connection's life (then ~133 KB here, against ~116 KB).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hibernated_http2_connection_keeps_no_buffer_of_its_requests() {
