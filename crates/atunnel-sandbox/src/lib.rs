@@ -5,7 +5,8 @@
 //!
 //! Everything here needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN).
 //!
-//! Depends on `atunnel-core` only; the tunnel (and the bench) depend on it.
+//! Depends on no other atunnel crate (its tests use `atunnel-core`'s
+//! original-destination reader); the tunnel and the bench depend on it.
 
 pub mod link;
 pub mod netns;

@@ -393,3 +393,72 @@ fn the_flag_tables_in_the_docs_match_every_binarys_help() {
         &help_flags(&gateway),
     );
 }
+
+/// The atunnel crates `manifest` names under `[dependencies]`, short
+/// (`atunnel-core` -> `core`; `atunnel` itself stays `atunnel`).
+fn atunnel_dependencies(manifest: &str) -> BTreeSet<String> {
+    let doc: toml::Table = manifest.parse().expect("Cargo.toml parses");
+    doc.get("dependencies")
+        .and_then(|d| d.as_table())
+        .map(|deps| {
+            deps.keys()
+                .filter(|k| *k == "atunnel" || k.starts_with("atunnel-"))
+                .map(|k| k.strip_prefix("atunnel-").unwrap_or(k).to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// design.md's crate map says what each crate depends on; a manifest that
+/// gains or drops an atunnel crate without the map following fails here
+/// (the map once said `atunnel-sandbox` depends on `atunnel-core`, which
+/// only its tests did).
+#[test]
+fn the_crate_map_in_design_md_matches_the_manifests() {
+    let root = workspace_root();
+    let design = std::fs::read_to_string(root.join("docs/design.md")).expect("docs/design.md");
+    let section = design
+        .split("## Crates follow the data path")
+        .nth(1)
+        .expect("design.md has its crate map");
+    let mut rows = BTreeMap::new();
+    for line in section.lines().take_while(|l| !l.starts_with("## ")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // | `name` | owns | depends on |
+        let [_, name, _, deps, _] = cells[..] else {
+            continue;
+        };
+        let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) else {
+            continue;
+        };
+        rows.insert(name.to_string(), deps.to_string());
+    }
+    let crates = std::fs::read_dir(root.join("crates")).expect("crates/");
+    let mut seen = 0;
+    for dir in crates {
+        let dir = dir.expect("crates/ entry").path();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).expect("Cargo.toml");
+        let actual = atunnel_dependencies(&manifest);
+        let written = rows
+            .get(&name)
+            .unwrap_or_else(|| panic!("design.md's crate map has no row for {name}"));
+        let written: BTreeSet<String> = match written.as_str() {
+            "none" => BTreeSet::new(),
+            // The bench depends on whatever it measures.
+            "all" => continue,
+            list => list.split(',').map(|d| d.trim().to_string()).collect(),
+        };
+        assert_eq!(
+            written, actual,
+            "design.md's crate map and crates/{name}/Cargo.toml disagree on its atunnel dependencies"
+        );
+        seen += 1;
+    }
+    assert!(seen >= 10, "only {seen} crates checked");
+    assert_eq!(
+        rows.len(),
+        seen + 1,
+        "design.md lists a crate that is not in crates/: {rows:?}"
+    );
+}

@@ -271,19 +271,20 @@ impl Ingress {
         )?)
     }
 
-    /// Reads the credential and trust bundles again: connections accepted
-    /// from now on, on both listeners, handshake with them (open ones keep
-    /// theirs). A bundle that fails to load changes nothing.
     /// The ingress configuration it runs with.
     pub fn config(&self) -> &IngressConfig {
         &self.cfg
     }
 
+    /// Reads the credential and trust bundles again: connections accepted
+    /// from now on, on both listeners, handshake with them (open ones keep
+    /// theirs). A bundle that fails to load changes nothing.
     pub fn reload_tls(&self) -> Result<(), IngressError> {
         self.tls.replace(Self::server_config(&self.cfg)?);
         Ok(())
     }
 
+    /// The pre-authentication figures of the HTTPS and the CONNECT listener.
     pub fn pre_auth(&self) -> (PreAuthFigures, PreAuthFigures) {
         (self.https_pre_auth.figures(), self.connect.pre_auth())
     }
