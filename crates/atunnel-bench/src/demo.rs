@@ -14,14 +14,13 @@ use std::sync::Arc;
 
 use atunnel::host::{HostReady, Network};
 use atunnel_sandbox::{NsExecutor, SandboxNetwork};
-use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::pki;
 use crate::role::{self, Role};
 use crate::traffic::{DISCARD, ECHO, SOURCE, upload};
-use atunnel_support::stats_client::{fetch, num};
+use atunnel_support::stats_client::{Stats, fetch_stats};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DemoArgs {
@@ -289,12 +288,12 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<u64, atunnel_process::BoxError>>,
 {
-    let before = fetch(stats, false).await?;
+    let before = fetch_stats(stats, false).await?;
     let started = Instant::now();
     let bytes = f().await?;
     let elapsed = started.elapsed().as_secs_f64();
-    let after = fetch(stats, false).await?;
-    let cpu = |v: &Value| num(v, &["process", "cpu_user_s"]) + num(v, &["process", "cpu_system_s"]);
+    let after = fetch_stats(stats, false).await?;
+    let cpu = |s: &Stats| s.process.cpu_user_s + s.process.cpu_system_s;
     Ok(Throughput {
         mb_per_s: bytes as f64 / 1e6 / elapsed,
         tunnel_cores: (cpu(&after) - cpu(&before)) / elapsed,
@@ -339,7 +338,7 @@ async fn hold_idle(
         crate::traffic::ping(&mut s).await?;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = fetch(ready.stats, true).await?;
+    let before = fetch_stats(ready.stats, true).await?;
     let mut held = Vec::with_capacity(n);
     for batch in (0..n).collect::<Vec<_>>().chunks(200) {
         let opens = batch.iter().map(|&i| {
@@ -356,25 +355,25 @@ async fn hold_idle(
     }
     // Let the last acknowledgements and window updates settle.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let during = fetch(ready.stats, true).await?;
-    let per = |path: &[&str]| (num(&during, path) - num(&before, path)) / n as f64;
+    let during = fetch_stats(ready.stats, true).await?;
+    let per = |f: fn(&Stats) -> f64| (f(&during) - f(&before)) / n as f64;
     let idle = Idle {
         conns: n,
-        heap_per_conn: per(&["process", "heap_bytes"]),
-        tasks_per_conn: per(&["process", "tasks"]),
-        rss_per_conn: per(&["process", "rss_bytes"]),
-        pool_in_use: num(&during, &["pool", "in_use"]),
+        heap_per_conn: per(|s| s.process.heap_bytes as f64),
+        tasks_per_conn: per(|s| s.process.tasks as f64),
+        rss_per_conn: per(|s| s.process.rss_bytes as f64),
+        pool_in_use: during.pool.in_use as f64,
         heap_after_close_delta: 0.0,
     };
     drop(held);
     // Wait for the tunnel to see every close.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let now = fetch(ready.stats, true).await?;
-        if num(&now, &["egress", "tunnels_open"]) == 0.0 || Instant::now() > deadline {
+        let now = fetch_stats(ready.stats, true).await?;
+        if now.egress.is_none_or(|e| e.tunnels_open == 0) || Instant::now() > deadline {
             return Ok(Idle {
-                heap_after_close_delta: num(&now, &["process", "heap_bytes"])
-                    - num(&before, &["process", "heap_bytes"]),
+                heap_after_close_delta: now.process.heap_bytes as f64
+                    - before.process.heap_bytes as f64,
                 ..idle
             });
         }

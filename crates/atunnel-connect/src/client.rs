@@ -302,7 +302,7 @@ enum Pooled {
 }
 
 /// Counters for /stats.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ClientStats {
     pub h2_connections: usize,
     pub h2_streams: usize,

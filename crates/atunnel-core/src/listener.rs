@@ -37,7 +37,7 @@ pub struct ListenerStats {
 }
 
 /// What [`ListenerStats`] reads.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ListenerFigures {
     pub accepted_total: u64,
     pub accept_errors_total: u64,

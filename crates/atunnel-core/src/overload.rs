@@ -92,7 +92,9 @@ impl Default for OverloadConfig {
 }
 
 /// How loaded the process is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OverloadState {
     Normal,
@@ -103,7 +105,7 @@ pub enum OverloadState {
 }
 
 /// A resource the guard watches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Resource {
     /// Bytes charged to the cgroup, less reclaimable page cache.
@@ -170,7 +172,7 @@ pub enum OverloadError {
 }
 
 /// What the caller shed, for the figures and the log.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShedAction {
     /// Who was shed (an actor, a client identity).
     pub who: String,
@@ -185,7 +187,7 @@ pub struct ShedAction {
 /// What one consumer holds of each resource the guard watches: open
 /// descriptors, and bytes (an estimate: the caller counts what it can see
 /// without touching its per-byte path).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Held {
     pub descriptors: u64,
     pub bytes: u64,
@@ -215,7 +217,7 @@ pub trait Shed: Send + Sync {
 }
 
 /// One resource's reading.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ResourceReading {
     /// Bytes (memory) or descriptors.
     pub used: u64,
@@ -225,7 +227,7 @@ pub struct ResourceReading {
 }
 
 /// What the guard reports on /stats.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OverloadFigures {
     pub state: OverloadState,
     /// The resource that set the state (none when normal).

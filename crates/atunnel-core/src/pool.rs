@@ -67,7 +67,7 @@ impl Share {
 }
 
 /// A share's figures, for /stats.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShareStats {
     pub in_use: usize,
     pub max: usize,
@@ -98,7 +98,7 @@ struct Free {
 }
 
 /// Counters read by /stats and by tests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolStats {
     /// Buffers currently borrowed.
     pub in_use: usize,

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A snapshot of a relay's counters, since it was created.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DnsRelayStats {
     /// Datagrams received on UDP listening sockets, including those dropped.
     pub udp_queries: u64,

@@ -72,7 +72,7 @@ impl Drop for Admitted {
 }
 
 /// Figures for /stats.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct BudgetStats {
     /// Identities with a tunnel open.
     pub identities: usize,

@@ -16,6 +16,7 @@ pub mod budget;
 pub mod cli;
 pub mod policy;
 mod stats;
+pub use stats::Stats;
 
 use std::future::Future;
 use std::io;

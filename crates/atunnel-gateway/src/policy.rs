@@ -387,7 +387,7 @@ impl Policy {
 }
 
 /// Figures for /stats.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct PolicyStats {
     /// CONNECTs refused (403), by the rule that refused them.
     pub refused_by_rule: BTreeMap<String, u64>,

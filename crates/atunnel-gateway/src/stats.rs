@@ -13,12 +13,14 @@ use std::sync::Arc;
 use atunnel_core::{BufferPool, ListenerFigures, PoolStats};
 use atunnel_process::admin::{self, AdminFigures, AdminLimits, AdminStats};
 use atunnel_process::process_stats::{ProcessStats, process_stats};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Serialize)]
-pub(crate) struct Stats {
+/// What the gateway's `/stats` serves; readers deserialize it, so a renamed
+/// field fails their build rather than reading 0.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Stats {
     pub process: ProcessStats,
     pub pool: PoolStats,
     /// The CONNECT listener's figures.

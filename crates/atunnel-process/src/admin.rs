@@ -134,7 +134,7 @@ pub struct AdminStats {
 }
 
 /// What [`AdminStats`] reads.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AdminFigures {
     #[serde(flatten)]
     pub listener: ListenerFigures,

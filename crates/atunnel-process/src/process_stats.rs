@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct ProcessStats {
     pub pid: u32,
     pub cpu_user_s: f64,

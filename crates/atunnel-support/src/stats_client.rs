@@ -2,22 +2,47 @@
 
 use std::net::SocketAddr;
 
-/// Reads a `/stats` endpoint (after releasing free memory when `release`).
-///
-/// A few lines of HTTP/1.0 by hand: one GET to a loopback endpoint of our
-/// own, where a client library would add nothing but weight.
-pub async fn fetch(
+pub use atunnel::stats::Stats;
+
+/// atunnel's `/stats` as its own type: a field that the tunnel renames or
+/// drops fails the reader's build (or this parse), where a JSON path would
+/// read 0.
+pub async fn fetch_stats(
     addr: SocketAddr,
     release: bool,
-) -> Result<serde_json::Value, atunnel_process::BoxError> {
-    fetch_over(tokio::net::TcpStream::connect(addr).await?, release).await
+) -> Result<Stats, atunnel_process::BoxError> {
+    fetch_stats_over(tokio::net::TcpStream::connect(addr).await?, release).await
 }
 
-/// [`fetch`] over a connection the caller made (from another namespace, say).
-pub async fn fetch_over(
+/// [`fetch_stats`] over a connection the caller made.
+pub async fn fetch_stats_over(
+    s: tokio::net::TcpStream,
+    release: bool,
+) -> Result<Stats, atunnel_process::BoxError> {
+    fetch_as_over(s, release).await
+}
+
+/// A `/stats` read as `T` (atunnel's [`Stats`], the gateway's
+/// [`atunnel_gateway::Stats`]) over a connection the caller made.
+pub async fn fetch_as_over<T: serde::de::DeserializeOwned>(
+    s: tokio::net::TcpStream,
+    release: bool,
+) -> Result<T, atunnel_process::BoxError> {
+    let body = stats_body(s, release).await?;
+    serde_json::from_slice(&body).map_err(|e| {
+        format!(
+            "/stats does not parse as {}: {e}",
+            std::any::type_name::<T>()
+        )
+        .into()
+    })
+}
+
+/// The body of one `GET /stats`.
+async fn stats_body(
     mut s: tokio::net::TcpStream,
     release: bool,
-) -> Result<serde_json::Value, atunnel_process::BoxError> {
+) -> Result<Vec<u8>, atunnel_process::BoxError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let query = if release { "?release=1" } else { "" };
     s.write_all(format!("GET /stats{query} HTTP/1.0\r\nHost: stats\r\n\r\n").as_bytes())
@@ -29,7 +54,8 @@ pub async fn fetch_over(
         .position(|w| w == b"\r\n\r\n")
         .ok_or("stats answer has no body")?
         + 4;
-    Ok(serde_json::from_slice(&raw[body_at..])?)
+    raw.drain(..body_at);
+    Ok(raw)
 }
 
 /// `GET path` on an admin listener: the status and the body.
@@ -50,13 +76,4 @@ pub async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), atunnel_
         .and_then(|s| s.parse().ok())
         .ok_or("an answer with no status")?;
     Ok((status, body.to_string()))
-}
-
-/// A number at a JSON path like `["process", "heap_bytes"]`, or 0.
-pub fn num(v: &serde_json::Value, path: &[&str]) -> f64 {
-    let mut cur = v;
-    for key in path {
-        cur = &cur[*key];
-    }
-    cur.as_f64().unwrap_or(0.0)
 }

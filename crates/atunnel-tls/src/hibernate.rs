@@ -47,7 +47,7 @@ pub struct Hibernation {
 }
 
 /// What /stats reports.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct HibernationStats {
     pub hibernating: usize,
     pub hibernations: u64,

@@ -80,7 +80,7 @@ impl Held {
 }
 
 /// What [`PreAuthGate`] reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PreAuthFigures {
     pub handshaking: usize,
     /// New connections closed at once: their source was at its cap.

@@ -10,7 +10,7 @@ use atunnel_dns::DnsRelay;
 pub(crate) type DnsRelays = Arc<Mutex<BTreeMap<String, DnsRelay>>>;
 
 /// One sandbox's DNS relay figures.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SandboxDnsStats {
     pub actor: String,
     #[serde(flatten)]

@@ -51,7 +51,7 @@ pub enum LeftoverError {
 }
 
 /// Counts for /stats.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LeftoverStats {
     /// Namespaces found at start that no ServeSandbox has claimed yet.
     pub pending: u64,

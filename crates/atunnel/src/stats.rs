@@ -11,7 +11,11 @@ use serde::Serialize;
 
 use crate::egress::{ActorEgressStats, Egress, EgressStats};
 
-#[derive(Debug, Serialize)]
+/// One snapshot of the figures: `/stats` serves it as JSON and `/metrics`
+/// renders it. Readers (the bench, the tests) deserialize it, so a renamed
+/// field fails their build rather than reading 0. `Default` is the
+/// all-zero snapshot a reader uses when it has none.
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
 pub struct Stats {
     pub process: ProcessStats,
     pub pool: PoolStats,
@@ -37,7 +41,7 @@ pub struct Stats {
     pub leftovers: Option<crate::leftovers::LeftoverStats>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct IngressPreAuth {
     pub https: atunnel_tls::PreAuthFigures,
     pub connect: atunnel_tls::PreAuthFigures,
@@ -98,7 +102,7 @@ pub struct ControlStats {
 }
 
 /// What [`ControlStats`] reads.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ControlFigures {
     pub accepted_total: u64,
     /// Closed at accept: the peer's uid is not allowed.

@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use atunnel::control::client::connect;
 use atunnel::control::daemon::ServeReady;
 use atunnel::control::proto::{self, control_client::ControlClient};
+use atunnel::leftovers::LeftoverStats;
 use atunnel_sandbox::netns::list_prefixed;
 use atunnel_sandbox::{NetNs, NsExecutor, require_root};
-use atunnel_support::stats_client::fetch;
+use atunnel_support::stats_client::fetch_stats;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::Channel;
@@ -174,9 +175,11 @@ impl Serve {
         served.runtime_netns
     }
 
-    async fn leftovers(&self) -> serde_json::Value {
-        let figures = fetch(self.ready.stats, false).await.expect("/stats");
-        figures["leftovers"].clone()
+    async fn leftovers(&self) -> LeftoverStats {
+        let figures = fetch_stats(self.ready.stats, false).await.expect("/stats");
+        figures
+            .leftovers
+            .expect("/stats has the leftovers' figures")
     }
 
     fn connect_addr(&self) -> SocketAddr {
@@ -346,7 +349,7 @@ async fn a_killed_daemon_is_replaced_by_one_that_serves_the_same_actors() {
     // dead one's lock), finds what it left.
     let mut second = setup.start(&[]).await;
     let leftovers = second.leftovers().await;
-    assert_eq!(leftovers["pending"], 6, "{leftovers}");
+    assert_eq!(leftovers.pending, 6, "{leftovers:?}");
     // A third process on the same prefix (its own control socket), while
     // the second lives, refuses to start rather than take the second's
     // sandboxes.
@@ -377,8 +380,8 @@ async fn a_killed_daemon_is_replaced_by_one_that_serves_the_same_actors() {
         );
     }
     let leftovers = second.leftovers().await;
-    assert_eq!(leftovers["adopted_total"], 2, "{leftovers}");
-    assert_eq!(leftovers["pending"], 2, "gamma's two wait: {leftovers}");
+    assert_eq!(leftovers.adopted_total, 2, "{leftovers:?}");
+    assert_eq!(leftovers.pending, 2, "gamma's two wait: {leftovers:?}");
     let (status, metrics) = atunnel_support::stats_client::get(second.ready.stats, "/metrics")
         .await
         .expect("/metrics");
@@ -441,20 +444,20 @@ async fn leftovers_no_actor_claims_are_removed_after_the_grace_period() {
     let mut serve = setup.start(&["--netns-leftover-grace=3s".into()]).await;
     let leftovers = serve.leftovers().await;
     assert_eq!(
-        leftovers["pending"], 3,
-        "not removed before the grace period: {leftovers}"
+        leftovers.pending, 3,
+        "not removed before the grace period: {leftovers:?}"
     );
     assert_eq!(list_prefixed(p).expect("list").len(), 3);
     let started = Instant::now();
     loop {
         let leftovers = serve.leftovers().await;
-        if leftovers["removed_total"] == 3 {
-            assert_eq!(leftovers["pending"], 0, "{leftovers}");
+        if leftovers.removed_total == 3 {
+            assert_eq!(leftovers.pending, 0, "{leftovers:?}");
             break;
         }
         assert!(
             started.elapsed() < Duration::from_secs(15),
-            "leftovers not removed: {leftovers}"
+            "leftovers not removed: {leftovers:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -597,11 +600,11 @@ async fn sigterm_with_stuck_requests_and_tunnels_ends_within_the_manifests_grace
     }
     freeze.cancel();
     writers.extend(hung.into_iter().map(write_until_stuck));
-    let stats = fetch(serve.ready.stats, false).await.expect("/stats");
+    let stats = fetch_stats(serve.ready.stats, false).await.expect("/stats");
     assert_eq!(
-        stats["egress"]["tunnels_open"],
-        (ACTORS + HUNG) as u64,
-        "{stats}"
+        stats.egress.map(|e| e.tunnels_open),
+        Some((ACTORS + HUNG) as u64),
+        "{stats:?}"
     );
 
     let started = Instant::now();

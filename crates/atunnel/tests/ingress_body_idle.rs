@@ -435,7 +435,7 @@ async fn an_actor_keeps_at_most_its_idle_bound_of_connections_per_port() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_ended_at_its_bound_is_counted_in_stats_and_metrics() {
-    use atunnel_support::stats_client::{fetch, get as admin_get};
+    use atunnel_support::stats_client::{fetch_stats, get as admin_get};
     let pki = IngressPki::new();
     let mut cfg = tunnel_with_ingress(&pki, &Pki::new(), Duration::from_secs(1));
     cfg.stats = Some("127.0.0.1:0".parse().expect("addr"));
@@ -463,11 +463,11 @@ async fn a_body_ended_at_its_bound_is_counted_in_stats_and_metrics() {
     drained(&ingress, "uid-alpha").await;
 
     let addr = tunnel.stats_addr().expect("/stats");
-    let stats = fetch(addr, false).await.expect("/stats");
-    let alpha = &stats["ingress"]["actors"][0];
-    assert_eq!(alpha["actor"], "uid-alpha");
-    assert_eq!(alpha["response_body_idle_ends_total"], 1);
-    assert_eq!(alpha["request_body_idle_ends_total"], 0);
+    let stats = fetch_stats(addr, false).await.expect("/stats");
+    let alpha = &stats.ingress.expect("ingress figures").actors[0];
+    assert_eq!(alpha.actor, "uid-alpha");
+    assert_eq!(alpha.response_body_idle_ends_total, 1);
+    assert_eq!(alpha.request_body_idle_ends_total, 0);
     let (status, metrics) = admin_get(addr, "/metrics").await.expect("/metrics");
     assert_eq!(status, 200);
     let sample = "atunnel_ingress_actor_response_body_idle_ends_total{actor=\"uid-alpha\"} 1";

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use atunnel::host::HostReady;
-use atunnel_support::stats_client::{fetch, num};
+use atunnel_support::stats_client::fetch_stats;
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -127,10 +127,11 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
         .await
         .expect("warm upload");
     let _ = warm.into_body().collect().await;
-    let baseline = num(
-        &fetch(ready.stats, true).await.expect("stats"),
-        &["process", "heap_bytes"],
-    ) as u64;
+    let baseline = fetch_stats(ready.stats, true)
+        .await
+        .expect("stats")
+        .process
+        .heap_bytes as u64;
 
     let peak = Arc::new(AtomicU64::new(0));
     let sampler = {
@@ -138,11 +139,8 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
         let stats = ready.stats;
         tokio::spawn(async move {
             loop {
-                if let Ok(v) = fetch(stats, false).await {
-                    peak.fetch_max(
-                        num(&v, &["process", "heap_bytes"]) as u64,
-                        Ordering::Relaxed,
-                    );
+                if let Ok(s) = fetch_stats(stats, false).await {
+                    peak.fetch_max(s.process.heap_bytes as u64, Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -184,16 +182,16 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
     assert!(growth < 512 << 10, "atunnel's heap grew {growth} bytes");
     // /stats reports the listeners' unauthenticated connections: none now,
     // none refused.
-    let v = fetch(ready.stats, false).await.expect("stats");
-    for listener in ["https", "connect"] {
-        let figures = &v["pre_auth"][listener];
+    let pre_auth = fetch_stats(ready.stats, false)
+        .await
+        .expect("stats")
+        .pre_auth
+        .expect("ingress pre-authentication figures");
+    for (listener, figures) in [("https", pre_auth.https), ("connect", pre_auth.connect)] {
         assert_eq!(
-            (
-                figures["handshaking"].as_u64(),
-                figures["refused_total"].as_u64()
-            ),
-            (Some(0), Some(0)),
-            "{listener}: {figures}"
+            (figures.handshaking, figures.refused_total),
+            (0, 0),
+            "{listener}: {figures:?}"
         );
     }
 }

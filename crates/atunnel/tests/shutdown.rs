@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use atunnel::tunnel::Tunnel;
 use atunnel_support::prelude::*;
-use atunnel_support::stats_client::fetch;
+use atunnel_support::stats_client::fetch_stats;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -65,8 +65,9 @@ async fn shutdown_retires_ingress_and_waits_for_every_task_it_started() {
     let mut idle_router = router_tls(&pki, https, None, None, &[b"http/1.1"])
         .await
         .expect("TLS to the HTTPS listener");
-    let figures = fetch(stats, false).await.expect("/stats answers");
-    assert_eq!(figures["ingress"]["active_actors"], 1, "{figures}");
+    let figures = fetch_stats(stats, false).await.expect("/stats answers");
+    let routes = figures.ingress.expect("ingress figures");
+    assert_eq!(routes.active_actors, 1, "{routes:?}");
     let mut idle_stats = TcpStream::connect(stats).await.expect("connect /stats");
     assert!(
         alive_tasks() > before,

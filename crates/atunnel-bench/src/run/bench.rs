@@ -14,6 +14,7 @@ use std::path::Path;
 use atunnel_bench::cgroup::CgroupSample;
 use atunnel_bench::peers::Contender;
 use atunnel_sandbox::NetNs;
+use atunnel_support::stats_client::Stats;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -244,16 +245,13 @@ impl Bench {
 
     /// atunnel's /stats, read from the load namespace (after releasing free
     /// memory when `release`).
-    pub async fn stats(
-        &self,
-        release: bool,
-    ) -> Result<serde_json::Value, atunnel_process::BoxError> {
+    pub async fn stats(&self, release: bool) -> Result<Stats, atunnel_process::BoxError> {
         if !self.is_atunnel() {
             return Err(format!("{} runs in atunnel's place: no /stats", self.contender()).into());
         }
         let addr = self.status.host_ready()?.stats;
         let s = self.topo.connect_in(&self.topo.load, addr).await?;
-        atunnel_support::stats_client::fetch_over(s, release).await
+        atunnel_support::stats_client::fetch_stats_over(s, release).await
     }
 
     /// TLS to atunnel's ingress `port` from the load namespace, as the

@@ -8,7 +8,6 @@ use atunnel_bench::cgroup::CgroupSample;
 use atunnel_bench::load::results::{Latency, RungResult};
 use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung, run_saturated};
 use atunnel_bench::load::verdict::{RungEvidence, Verdict, sustainable_rate, verdict};
-use atunnel_support::stats_client::num;
 
 use super::bench::Bench;
 use crate::role::process_cpu_seconds;
@@ -38,7 +37,11 @@ impl Window {
         let secs = self.t0.elapsed().as_secs_f64().max(1e-3);
         let cg = bench.cgroup_sample();
         let alive = bench.check_tunnel().await.unwrap_or(false);
-        let stats = bench.stats(false).await.unwrap_or_default();
+        // A peer has no /stats: its heap is not known (0).
+        let heap = bench
+            .stats(false)
+            .await
+            .map_or(0, |s| s.process.heap_bytes as u64);
         // The machine's cores not given to the tunnel are shared by the
         // generator and the far end.
         let others = (cores() - bench.tunnel_cpus()).max(0.5);
@@ -69,7 +72,7 @@ impl Window {
         );
         RungResult {
             tunnel_cpu_cores: evidence.tunnel_cpu_cores,
-            tunnel_heap_bytes: num(&stats, &["process", "heap_bytes"]) as u64,
+            tunnel_heap_bytes: heap,
             tunnel_cgroup_bytes: cg.memory_bytes,
             ..RungResult::of(out, v)
         }

@@ -2,7 +2,7 @@
 //! counters and each actor's.
 
 /// Counters for /stats.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EgressStats {
     pub tunnels_open: u64,
     pub tunnels_total: u64,
@@ -39,7 +39,7 @@ pub const OPEN_LATENCY_BOUNDS_US: [u64; 14] = [
 
 /// A histogram of open latencies: how many opens took at most each of
 /// [`OPEN_LATENCY_BOUNDS_US`] (cumulative), all of them, and their sum.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OpenLatency {
     pub at_most_us: [u64; 14],
     pub count: u64,
@@ -47,7 +47,7 @@ pub struct OpenLatency {
 }
 
 /// An actor's figures in /stats.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ActorEgressStats {
     pub actor: String,
     pub tunnels: usize,

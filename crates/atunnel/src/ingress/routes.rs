@@ -751,7 +751,7 @@ fn h2c_client(
 }
 
 /// Counters for /stats and the bench.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct RouteStats {
     pub active_actors: usize,
     pub new_upstream_connections: u64,
@@ -765,7 +765,7 @@ pub struct RouteStats {
 
 /// HTTP/2 connections ended for a control-frame flood
 /// (`atunnel_connect::flood`), by endpoint.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct IngressH2Floods {
     /// The router's connections to ingress HTTPS.
     pub https_total: u64,
@@ -776,7 +776,7 @@ pub struct IngressH2Floods {
 }
 
 /// One actor's ingress figures.
-#[derive(Clone, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ActorIngressStats {
     pub actor: String,
     pub in_flight: usize,

@@ -20,7 +20,7 @@ use atunnel::control::proto;
 use atunnel_bench::load::results::ScenarioResult;
 use atunnel_bench::scenario::Scenario;
 use atunnel_sandbox::NetNs;
-use atunnel_support::stats_client::num;
+use atunnel_support::stats_client::Stats;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
@@ -126,14 +126,14 @@ struct Reading {
     cpu_ns: u64,
 }
 
-async fn read(bench: &Bench) -> Result<(Reading, Value), BoxError> {
+async fn read(bench: &Bench) -> Result<(Reading, Stats), BoxError> {
     let stats = bench.stats(true).await?;
     let cg = bench.cgroup_sample();
     Ok((
         Reading {
-            heap: num(&stats, &["process", "heap_bytes"]),
-            rss: num(&stats, &["process", "rss_bytes"]),
-            fds: num(&stats, &["process", "open_fds"]),
+            heap: stats.process.heap_bytes as f64,
+            rss: stats.process.rss_bytes as f64,
+            fds: stats.process.open_fds as f64,
             cgroup: cg.memory_bytes,
             kernel_cgroup: cg.kernel_bytes,
             kernel_host: kernel_bytes(),
@@ -146,23 +146,21 @@ async fn read(bench: &Bench) -> Result<(Reading, Value), BoxError> {
 /// atunnel's user and system CPU seconds so far.
 async fn cpu(bench: &Bench) -> Result<(f64, f64), BoxError> {
     let s = bench.stats(false).await?;
-    Ok((
-        num(&s, &["process", "cpu_user_s"]),
-        num(&s, &["process", "cpu_system_s"]),
-    ))
+    Ok((s.process.cpu_user_s, s.process.cpu_system_s))
 }
 
 /// The sum of every actor's pooled gateway connections.
-fn gateway_connections(stats: &Value) -> f64 {
-    stats["egress_actors"]
-        .as_array()
-        .map(|a| a.iter().map(|x| num(x, &["gateway_connections"])).sum())
-        .unwrap_or(0.0)
+fn gateway_connections(stats: &Stats) -> f64 {
+    stats
+        .egress_actors
+        .iter()
+        .map(|a| a.gateway_connections as f64)
+        .sum()
 }
 
 /// Polls /stats until `done` holds (closes have nothing to await from
 /// here), for [`SETTLE_LIMIT`] at most.
-async fn settle(bench: &Bench, done: impl Fn(&Value) -> bool) -> Result<bool, BoxError> {
+async fn settle(bench: &Bench, done: impl Fn(&Stats) -> bool) -> Result<bool, BoxError> {
     let deadline = Instant::now() + SETTLE_LIMIT;
     loop {
         let s = bench.stats(false).await?;
@@ -280,7 +278,7 @@ async fn scale(
         let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
     }
     drop(held);
-    let tunnels_closed = settle(bench, |s| num(s, &["egress", "tunnels_open"]) == 0.0).await?;
+    let tunnels_closed = settle(bench, |s| s.egress.is_none_or(|e| e.tunnels_open == 0)).await?;
     let (pooled_only, pooled_stats) = read(bench).await?;
     let pooled_left = gateway_connections(&pooled_stats) - base_gateway_conns;
     let pools_closed = settle(bench, |s| gateway_connections(s) <= base_gateway_conns).await?;

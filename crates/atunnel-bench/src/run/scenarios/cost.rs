@@ -45,7 +45,6 @@ use atunnel_bench::load::results::ScenarioResult;
 use atunnel_bench::lockstep::Lockstep;
 use atunnel_bench::peers::Contender;
 use atunnel_bench::scenario::Scenario;
-use atunnel_support::stats_client::num;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use serde_json::{Value, json};
@@ -555,11 +554,7 @@ async fn allocations(bench: &Bench) -> Result<Option<u64>, atunnel_process::BoxE
     if !bench.is_atunnel() {
         return Ok(None);
     }
-    let v = bench.stats(false).await?;
-    let a = v["process"]["allocations"]
-        .as_u64()
-        .ok_or("atunnel's /stats has no process.allocations")?;
-    Ok(Some(a))
+    Ok(Some(bench.stats(false).await?.process.allocations))
 }
 
 /// One window of `n` units: the pass's counts, its callgrind dump kept as
@@ -729,10 +724,14 @@ async fn hibernations(
     if unit != Unit::IngressIdle || !bench.is_atunnel() {
         return Ok(None);
     }
-    let v = bench.stats(false).await?;
+    let h = bench
+        .stats(false)
+        .await?
+        .hibernation
+        .ok_or("atunnel serves no ingress: nothing hibernates")?;
     Ok(Some(Asleep {
-        hibernations: num(&v, &["hibernation", "hibernations"]),
-        trims: num(&v, &["hibernation", "trims"]),
+        hibernations: h.hibernations as f64,
+        trims: h.trims as f64,
     }))
 }
 

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use atunnel_bench::load::results::ScenarioResult;
 use atunnel_bench::load::schedule::Rung;
 use atunnel_bench::scenario::Scenario;
-use atunnel_support::stats_client::num;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -81,19 +80,18 @@ pub(super) async fn egress_idle(
     let after = bench.stats(true).await?;
     let cg3 = bench.cgroup_sample();
     let per = |v: f64| if opened > 0 { v / opened as f64 } else { 0.0 };
-    let heap =
-        per(num(&after, &["process", "heap_bytes"]) - num(&before, &["process", "heap_bytes"]));
-    let tasks = per(num(&after, &["process", "tasks"]) - num(&before, &["process", "tasks"]));
+    let heap = per(after.process.heap_bytes as f64 - before.process.heap_bytes as f64);
+    let tasks = per(after.process.tasks as f64 - before.process.tasks as f64);
     let cgroup = per(cg3.memory_bytes as f64 - cg0.memory_bytes as f64);
     let sock = per(cg3.socket_bytes as f64 - cg0.socket_bytes as f64);
-    result.tunnel_heap_bytes = num(&after, &["process", "heap_bytes"]) as u64;
+    result.tunnel_heap_bytes = after.process.heap_bytes as u64;
     result.tunnel_cgroup_bytes = cg3.memory_bytes;
     drop(std::mem::take(&mut *held.lock().expect("held lock")));
     // Let the tunnel see every close before the next scenario.
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         let s = bench.stats(false).await?;
-        if num(&s, &["egress", "tunnels_open"]) == 0.0 {
+        if s.egress.is_none_or(|e| e.tunnels_open == 0) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -103,8 +101,7 @@ pub(super) async fn egress_idle(
     let closed = bench.stats(true).await?;
     let cg4 = bench.cgroup_sample();
     let retained_cgroup = cg4.memory_bytes as f64 - cg0.memory_bytes as f64;
-    let retained_rss =
-        num(&closed, &["process", "rss_bytes"]) - num(&before, &["process", "rss_bytes"]);
+    let retained_rss = closed.process.rss_bytes as f64 - before.process.rss_bytes as f64;
     Ok(ScenarioResult {
         name: Scenario::EgressIdle.name().into(),
         rungs: vec![result],
@@ -120,7 +117,7 @@ pub(super) async fn egress_idle(
             "retained_cgroup_bytes_after_close": retained_cgroup.round(),
             "retained_rss_bytes_after_close": retained_rss.round(),
             "allocator": crate::allocator::NAME,
-            "tunnel_worker_threads": num(&after, &["process", "worker_threads"]),
+            "tunnel_worker_threads": after.process.worker_threads,
         }),
         notes,
     })

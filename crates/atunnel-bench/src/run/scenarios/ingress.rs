@@ -11,7 +11,6 @@ use std::sync::Arc;
 use atunnel_bench::load::results::{RungResult, ScenarioResult};
 use atunnel_bench::load::schedule::Rung;
 use atunnel_bench::scenario::Scenario;
-use atunnel_support::stats_client::num;
 use bytes::Bytes;
 use serde_json::json;
 use tokio::net::TcpStream;
@@ -91,7 +90,9 @@ pub(super) async fn ingress_https(
             return Ok(None);
         }
         let stats = bench.stats(false).await?;
-        Ok(Some(num(&stats, &["ingress", "new_upstream_connections"])))
+        Ok(Some(
+            stats.ingress.map_or(0, |i| i.new_upstream_connections) as f64,
+        ))
     };
     for rate in rates {
         let before = upstream_conns(bench).await?;

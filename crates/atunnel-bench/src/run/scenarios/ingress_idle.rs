@@ -26,7 +26,7 @@ use atunnel_bench::load::confidence::{Bound, Counts, Figure, ratio};
 use atunnel_bench::load::results::{RungResult, ScenarioResult};
 use atunnel_bench::load::schedule::{Rung, new_histogram};
 use atunnel_bench::scenario::Scenario;
-use atunnel_support::stats_client::num;
+use atunnel_support::stats_client::Stats;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::{http1, http2};
@@ -222,7 +222,7 @@ impl Held {
 async fn all_hibernated(bench: &Bench, n: usize) -> Result<(), atunnel_process::BoxError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let hibernated = num(&bench.stats(false).await?, &["hibernation", "hibernating"]);
+        let hibernated = hibernated_now(&bench.stats(false).await?);
         if hibernated as usize >= n {
             return Ok(());
         }
@@ -299,7 +299,7 @@ async fn hold(
     let after = atunnel_stats(bench, true).await?;
     let cg3 = bench.cgroup_sample();
     let per = |x: f64| x / n as f64;
-    let heap = |s: &Value| num(s, &["process", "heap_bytes"]);
+    let heap = |s: &Stats| s.process.heap_bytes as f64;
     let mut held = Held {
         heap_per_conn: before
             .zip(after)
@@ -336,7 +336,7 @@ async fn hold(
                 .await?
                 .value_at_quantile(0.5);
             // A pair counts only if every connection was awake for it.
-            let asleep = num(&bench.stats(false).await?, &["hibernation", "hibernating"]);
+            let asleep = hibernated_now(&bench.stats(false).await?);
             held.wake_rounds
                 .push((woken, (asleep == 0.0).then_some(awake)));
         }
@@ -359,12 +359,17 @@ async fn hold(
     Ok(held)
 }
 
+/// Ingress connections hibernated now (none without ingress).
+fn hibernated_now(stats: &Stats) -> f64 {
+    stats.hibernation.map_or(0, |h| h.hibernating) as f64
+}
+
 /// atunnel's /stats (after releasing free memory when `release`); none
 /// for a peer.
 async fn atunnel_stats(
     bench: &Bench,
     release: bool,
-) -> Result<Option<Value>, atunnel_process::BoxError> {
+) -> Result<Option<Stats>, atunnel_process::BoxError> {
     if !bench.is_atunnel() {
         return Ok(None);
     }
@@ -375,7 +380,7 @@ async fn atunnel_stats(
 /// of every process in the cgroup for a peer (nginx's master and worker).
 async fn open_fds(bench: &Bench) -> Result<f64, atunnel_process::BoxError> {
     if bench.is_atunnel() {
-        return Ok(num(&bench.stats(false).await?, &["process", "open_fds"]));
+        return Ok(bench.stats(false).await?.process.open_fds as f64);
     }
     let procs = bench.last_status().cgroup.memory.join("cgroup.procs");
     let pids = std::fs::read_to_string(&procs).map_err(|e| format!("{}: {e}", procs.display()))?;

@@ -35,7 +35,7 @@ use atunnel_bench::load::results::{Latency, ScenarioResult};
 use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung};
 use atunnel_bench::scenario::Scenario;
 use atunnel_sandbox::NsExecutor;
-use atunnel_support::stats_client::num;
+use atunnel_support::stats_client::Stats;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use serde_json::{Value, json};
@@ -1042,56 +1042,88 @@ async fn dns_flood(cancel: CancellationToken, socket: tokio::net::UdpSocket, tal
     }
 }
 
-/// The numeric figures of the entries of `list` whose `actor` is one of
-/// `names`, summed field by field (an object; empty when none is there).
-fn summed(list: &Value, names: &[String]) -> Value {
-    let mut sum = serde_json::Map::new();
-    for entry in list.as_array().into_iter().flatten() {
-        if !names.iter().any(|n| entry["actor"] == n.as_str()) {
-            continue;
-        }
-        for (key, v) in entry.as_object().into_iter().flatten() {
-            if let Some(x) = v.as_f64() {
-                let total = sum.get(key).and_then(Value::as_f64).unwrap_or(0.0) + x;
-                sum.insert(key.clone(), json!(total));
-            }
-        }
-    }
-    Value::Object(sum)
+/// The egress figures of some actors in atunnel's /stats, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct EgressSum {
+    tunnels: f64,
+    opening: f64,
+    buffers: f64,
+    refused_tunnels_total: f64,
+    refused_opening_total: f64,
+    refused_overload_total: f64,
+    shed_total: f64,
+    buffer_waits_total: f64,
+    refusal_pauses_total: f64,
 }
 
-/// The egress figures of `actors` in atunnel's /stats, summed.
-fn egress_of(stats: &Value, actors: &[u64]) -> Value {
+/// The egress figures of `actors` in atunnel's /stats, summed (zeros for
+/// actors it does not list).
+fn egress_of(stats: &Stats, actors: &[u64]) -> EgressSum {
     let names: Vec<String> = actors.iter().map(|a| format!("uid-{a}")).collect();
-    summed(&stats["egress_actors"], &names)
+    let mut sum = EgressSum::default();
+    for a in stats
+        .egress_actors
+        .iter()
+        .filter(|a| names.contains(&a.actor))
+    {
+        sum.tunnels += a.tunnels as f64;
+        sum.opening += a.opening as f64;
+        sum.buffers += a.buffers as f64;
+        sum.refused_tunnels_total += a.refused_tunnels_total as f64;
+        sum.refused_opening_total += a.refused_opening_total as f64;
+        sum.refused_overload_total += a.refused_overload_total as f64;
+        sum.shed_total += a.shed_total as f64;
+        sum.buffer_waits_total += a.buffer_waits_total as f64;
+        sum.refusal_pauses_total += a.refusal_pauses_total as f64;
+    }
+    sum
+}
+
+/// The ingress figures of some actors in atunnel's /stats, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct IngressSum {
+    in_flight: f64,
+    refused_in_flight_total: f64,
 }
 
 /// The ingress figures of `actors` in atunnel's /stats, summed.
-fn ingress_of(stats: &Value, actors: &[u64]) -> Value {
+fn ingress_of(stats: &Stats, actors: &[u64]) -> IngressSum {
     let names: Vec<String> = actors.iter().map(|a| format!("bench/actor-{a}")).collect();
-    summed(&stats["ingress"]["actors"], &names)
+    let mut sum = IngressSum::default();
+    let listed = stats.ingress.iter().flat_map(|i| &i.actors);
+    for a in listed.filter(|a| names.contains(&a.actor)) {
+        sum.in_flight += a.in_flight as f64;
+        sum.refused_in_flight_total += a.refused_in_flight_total as f64;
+    }
+    sum
 }
 
 /// What a pattern made atunnel refuse or end, from two /stats readings:
 /// the hostile actors' refusals and the process's.
-fn refusals(before: &Value, after: &Value, hostiles: &[u64]) -> Value {
-    let d = |path: &[&str]| (num(after, path) - num(before, path)).max(0.0);
+fn refusals(before: &Stats, after: &Stats, hostiles: &[u64]) -> Value {
+    let d = |f: &dyn Fn(&Stats) -> u64| (f(after) as f64 - f(before) as f64).max(0.0);
+    let egress = |f: fn(&atunnel::egress::EgressStats) -> u64| {
+        move |s: &Stats| s.egress.map_or(0, |e| f(&e))
+    };
+    let overload = |f: fn(&atunnel_core::overload::OverloadFigures) -> u64| {
+        move |s: &Stats| s.overload.as_ref().map_or(0, f)
+    };
     let (eb, ea) = (egress_of(before, hostiles), egress_of(after, hostiles));
-    let de = |key: &str| (num(&ea, &[key]) - num(&eb, &[key])).max(0.0);
+    let de = |f: fn(&EgressSum) -> f64| (f(&ea) - f(&eb)).max(0.0);
     let (ib, ia) = (ingress_of(before, hostiles), ingress_of(after, hostiles));
     json!({
-        "refused_tunnels": de("refused_tunnels_total"),
-        "refused_opening": de("refused_opening_total"),
-        "refused_overload": de("refused_overload_total"),
-        "shed": de("shed_total"),
-        "buffer_waits": de("buffer_waits_total"),
-        "refusal_pauses": de("refusal_pauses_total"),
-        "stalled_write_ends": d(&["egress", "stalled_write_ends_total"]),
-        "half_closed_ends": d(&["egress", "half_closed_ends_total"]),
-        "overload_refused": d(&["overload", "refused_total"]),
-        "overload_shed": d(&["overload", "shed_total"]),
-        "ingress_refused_in_flight": (num(&ia, &["refused_in_flight_total"]) - num(&ib, &["refused_in_flight_total"])).max(0.0),
-        "ingress_refused_overload": d(&["ingress", "refused_overload_total"]),
+        "refused_tunnels": de(|e| e.refused_tunnels_total),
+        "refused_opening": de(|e| e.refused_opening_total),
+        "refused_overload": de(|e| e.refused_overload_total),
+        "shed": de(|e| e.shed_total),
+        "buffer_waits": de(|e| e.buffer_waits_total),
+        "refusal_pauses": de(|e| e.refusal_pauses_total),
+        "stalled_write_ends": d(&egress(|e| e.stalled_write_ends_total)),
+        "half_closed_ends": d(&egress(|e| e.half_closed_ends_total)),
+        "overload_refused": d(&overload(|o| o.refused_total)),
+        "overload_shed": d(&overload(|o| o.shed_total)),
+        "ingress_refused_in_flight": (ia.refused_in_flight_total - ib.refused_in_flight_total).max(0.0),
+        "ingress_refused_overload": d(&|s| s.ingress.as_ref().map_or(0, |i| i.refused_overload_total)),
     })
 }
 
@@ -1126,7 +1158,7 @@ struct Resources {
 
 impl Resources {
     fn read(
-        stats: &Value,
+        stats: &Stats,
         cgroup_bytes: u64,
         tunnel_pid: Option<u32>,
         census: &Census,
@@ -1134,12 +1166,12 @@ impl Resources {
     ) -> Self {
         let h = egress_of(stats, hostiles);
         Self {
-            heap: num(stats, &["process", "heap_bytes"]),
-            fds: num(stats, &["process", "open_fds"]),
-            tasks: num(stats, &["process", "tasks"]),
-            pool_in_use: num(stats, &["pool", "in_use"]),
-            hostile_tunnels: num(&h, &["tunnels"]),
-            hostile_opening: num(&h, &["opening"]),
+            heap: stats.process.heap_bytes as f64,
+            fds: stats.process.open_fds as f64,
+            tasks: stats.process.tasks as f64,
+            pool_in_use: stats.pool.in_use as f64,
+            hostile_tunnels: h.tunnels,
+            hostile_opening: h.opening,
             cgroup: cgroup_bytes as f64,
             gateway_conns: tunnel_pid.map_or(0.0, gateway_connections),
             neighbours: census.neighbours(hostiles) as f64,
@@ -1374,15 +1406,15 @@ impl Peaks {
         self
     }
 
-    fn note(&mut self, memory: u64, stats: Option<&Value>) {
+    fn note(&mut self, memory: u64, stats: Option<&Stats>) {
         self.memory = self.memory.max(memory);
         if let Some(stats) = stats {
-            if let Some(state) = stats["overload"]["state"].as_str()
-                && overload_rank(state) > overload_rank(&self.overload)
+            if let Some(o) = &stats.overload
+                && overload_rank(&o.state.to_string()) > overload_rank(&self.overload)
             {
-                self.overload = state.to_string();
+                self.overload = o.state.to_string();
             }
-            self.open_fds = self.open_fds.max(num(stats, &["process", "open_fds"]));
+            self.open_fds = self.open_fds.max(stats.process.open_fds as f64);
         }
     }
 }
@@ -1436,7 +1468,7 @@ async fn establish(
     pattern: Pattern,
     target: Option<usize>,
     tally: &Tally,
-    before: &Value,
+    before: &Stats,
     hostiles: &[u64],
 ) -> (f64, bool) {
     let t0 = Instant::now();
@@ -1454,11 +1486,11 @@ async fn establish(
             (_, Some(n)) => holding >= (n as f64 * 0.95) as u64,
             (Pattern::ConnectionFlood, None) => match bench.stats(false).await {
                 Ok(now) => {
-                    let r = refusals(before, &now, hostiles);
-                    num(&r, &["refused_tunnels"])
-                        + num(&r, &["refused_opening"])
-                        + num(&r, &["refused_overload"])
-                        > 0.0
+                    let (b, n) = (egress_of(before, hostiles), egress_of(&now, hostiles));
+                    n.refused_tunnels_total + n.refused_opening_total + n.refused_overload_total
+                        > b.refused_tunnels_total
+                            + b.refused_opening_total
+                            + b.refused_overload_total
                 }
                 Err(_) => false,
             },
@@ -1516,11 +1548,12 @@ async fn recover(
 /// The memory pressure at which the overload guard refuses new work, in
 /// bytes: its soft threshold of the limit it watches, or 0.85 of the
 /// cgroup's limit if /stats does not say.
-fn soft_threshold(stats: &Value, cgroup_limit: u64) -> f64 {
-    let soft = stats["overload"]["soft"].as_f64().unwrap_or(0.85);
-    let limit = stats["overload"]["memory"]["limit"]
-        .as_f64()
-        .unwrap_or(cgroup_limit as f64);
+fn soft_threshold(stats: &Stats, cgroup_limit: u64) -> f64 {
+    let overload = stats.overload.as_ref();
+    let soft = overload.map_or(0.85, |o| o.soft);
+    let limit = overload
+        .and_then(|o| o.memory)
+        .map_or(cgroup_limit as f64, |m| m.limit as f64);
     soft * limit
 }
 
@@ -1669,7 +1702,7 @@ async fn run_pattern(
     let target = pattern.target(sizes, &plan);
     let mut pairs: Vec<(Window, Window)> = Vec::with_capacity(sizes.pairs);
     let mut first: Option<(
-        Value,
+        Stats,
         atunnel_bench::cgroup::CgroupSample,
         Census,
         Resources,
@@ -1680,8 +1713,8 @@ async fn run_pattern(
     let mut probe = (0u64, None::<String>);
     let mut between = Vec::new();
     let (mut opened, mut ended, mut failed_opens, mut sent, mut held) = (0, 0, 0, 0, 0);
-    let mut during = Value::Null;
-    let mut after = Value::Null;
+    let mut during = Stats::default();
+    let mut after = Stats::default();
     let mut stopped = Instant::now();
     // Blocks of two pairs, baseline-hostile-hostile-baseline: one start and
     // one stop of the pattern per two pairs, and each pair's windows next
@@ -1769,9 +1802,9 @@ async fn run_pattern(
     }
 
     let (http, https, tcp) = figures(&pairs);
-    let transitions = (num(&after, &["overload", "transitions_total"])
-        - num(&before, &["overload", "transitions_total"]))
-    .max(0.0);
+    let transitions_total =
+        |s: &Stats| s.overload.as_ref().map_or(0, |o| o.transitions_total) as f64;
+    let transitions = (transitions_total(&after) - transitions_total(&before)).max(0.0);
     let victim_errors: u64 = pairs.iter().map(|(_, u)| u.errors()).sum();
     let (victim_e0, victim_e1) = (egress_of(&before, &[VICTIM]), egress_of(&after, &[VICTIM]));
     let victim_refused = json!({
@@ -1779,8 +1812,8 @@ async fn run_pattern(
         "new_tunnels_refused": probe.0,
         "new_tunnels_first_error": probe.1,
         "request_errors": victim_errors,
-        "egress_refused_overload": (num(&victim_e1, &["refused_overload_total"]) - num(&victim_e0, &["refused_overload_total"])).max(0.0),
-        "egress_refused_tunnels": (num(&victim_e1, &["refused_tunnels_total"]) - num(&victim_e0, &["refused_tunnels_total"])).max(0.0),
+        "egress_refused_overload": (victim_e1.refused_overload_total - victim_e0.refused_overload_total).max(0.0),
+        "egress_refused_tunnels": (victim_e1.refused_tunnels_total - victim_e0.refused_tunnels_total).max(0.0),
     });
     let (conclusion, failed, inconclusive) = verdict(&Checks {
         http: http.clone(),
@@ -1827,7 +1860,7 @@ async fn run_pattern(
             "worst_state": peaks.overload,
             "transitions": transitions,
             "peak_open_fds": peaks.open_fds,
-            "descriptor_limit": num(&before, &["overload", "descriptors", "limit"]),
+            "descriptor_limit": before.overload.as_ref().and_then(|o| o.descriptors).map_or(0, |d| d.limit),
         },
     });
     // The table's figures: the median window of each side.
@@ -1889,9 +1922,9 @@ async fn run_pattern(
             "reopened": ended,
             "failed": failed_opens,
             "sent": sent,
-            "tunnels_in_atunnel": num(&hostile_egress_during, &["tunnels"]),
-            "buffers_in_atunnel": num(&hostile_egress_during, &["buffers"]),
-            "ingress_in_flight_in_atunnel": num(&hostile_ingress_during, &["in_flight"]),
+            "tunnels_in_atunnel": hostile_egress_during.tunnels,
+            "buffers_in_atunnel": hostile_egress_during.buffers,
+            "ingress_in_flight_in_atunnel": hostile_ingress_during.in_flight,
             "actors": hostiles.iter().map(|a| format!("actor-{a}")).collect::<Vec<_>>(),
             "target": target,
             "egress_each": plan.egress_each,
@@ -1899,11 +1932,11 @@ async fn run_pattern(
         },
         "refused": refusals(&before, &after, hostiles),
         "during": {
-            "heap_bytes": num(&during, &["process", "heap_bytes"]),
-            "open_fds": num(&during, &["process", "open_fds"]),
-            "tasks": num(&during, &["process", "tasks"]),
-            "pool_in_use": num(&during, &["pool", "in_use"]),
-            "overload_state": during["overload"]["state"].clone(),
+            "heap_bytes": during.process.heap_bytes,
+            "open_fds": during.process.open_fds,
+            "tasks": during.process.tasks,
+            "pool_in_use": during.pool.in_use,
+            "overload_state": during.overload.as_ref().map(|o| o.state),
             "gateway_connections": bench.tunnel_pid().map_or(0.0, gateway_connections),
         },
         "baseline_resources": base_res.json(),
@@ -2113,6 +2146,9 @@ fn verdict_line(row: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use atunnel::egress::ActorEgressStats;
+    use atunnel::ingress::{ActorIngressStats, RouteStats};
+    use atunnel_core::overload::{OverloadFigures, OverloadState};
 
     #[test]
     fn actors_at_budget_takes_four_hostile_actors_beside_the_victim_if_hosted() {
@@ -2159,35 +2195,75 @@ mod tests {
 
     #[test]
     fn the_hostile_actors_figures_are_summed_and_the_victims_left_out() {
-        let stats = json!({
-            "egress_actors": [
-                {"actor": "uid-0", "tunnels": 7, "refused_overload_total": 3},
-                {"actor": "uid-1", "tunnels": 100, "refused_overload_total": 1},
-                {"actor": "uid-2", "tunnels": 50},
+        let egress = |actor: &str, tunnels, refused_overload_total| ActorEgressStats {
+            actor: actor.into(),
+            tunnels,
+            refused_overload_total,
+            ..ActorEgressStats::default()
+        };
+        let ingress = |actor: &str, in_flight| ActorIngressStats {
+            actor: actor.into(),
+            in_flight,
+            ..ActorIngressStats::default()
+        };
+        let stats = Stats {
+            egress_actors: vec![
+                egress("uid-0", 7, 3),
+                egress("uid-1", 100, 1),
+                egress("uid-2", 50, 0),
             ],
-            "ingress": {"actors": [
-                {"actor": "bench/actor-1", "in_flight": 10},
-                {"actor": "bench/actor-3", "in_flight": 5},
-            ]},
-        });
+            ingress: Some(RouteStats {
+                actors: vec![ingress("bench/actor-1", 10), ingress("bench/actor-3", 5)],
+                ..RouteStats::default()
+            }),
+            ..Stats::default()
+        };
         let h = egress_of(&stats, &[1, 2, 3]);
-        assert_eq!(num(&h, &["tunnels"]), 150.0);
-        assert_eq!(num(&h, &["refused_overload_total"]), 1.0);
-        assert_eq!(num(&egress_of(&stats, &[VICTIM]), &["tunnels"]), 7.0);
-        assert_eq!(num(&ingress_of(&stats, &[1, 2, 3]), &["in_flight"]), 15.0);
-        assert_eq!(num(&egress_of(&stats, &[9]), &["tunnels"]), 0.0);
-        assert_eq!(
-            num(&ingress_of(&json!({"ingress": null}), &[1]), &["in_flight"]),
-            0.0
-        );
+        assert_eq!(h.tunnels, 150.0);
+        assert_eq!(h.refused_overload_total, 1.0);
+        assert_eq!(egress_of(&stats, &[VICTIM]).tunnels, 7.0);
+        assert_eq!(ingress_of(&stats, &[1, 2, 3]).in_flight, 15.0);
+        assert_eq!(egress_of(&stats, &[9]).tunnels, 0.0);
+        assert_eq!(ingress_of(&Stats::default(), &[1]).in_flight, 0.0);
+    }
+
+    /// A snapshot in overload `state` with `fds` open (the guard's other
+    /// figures as a fresh guard has them).
+    fn overloaded(state: OverloadState, fds: usize) -> Stats {
+        let figures = OverloadFigures {
+            state,
+            tripped_by: None,
+            memory_cgroup: None,
+            memory: None,
+            memory_error: None,
+            descriptors: None,
+            descriptors_error: None,
+            soft: 0.85,
+            hard: 0.95,
+            everyone: 0.9,
+            refusing_everyone: false,
+            fair_share: None,
+            consumers: 0,
+            refused_total: 0,
+            refused_over_share_total: 0,
+            shed_total: 0,
+            recent_shed: Vec::new(),
+            transitions_total: 0,
+        };
+        let mut stats = Stats {
+            overload: Some(figures),
+            ..Stats::default()
+        };
+        stats.process.open_fds = fds;
+        stats
     }
 
     #[test]
     fn the_worst_overload_state_seen_is_kept() {
         let mut peaks = Peaks::new(10);
-        let at = |state: &str, fds: f64| json!({"overload": {"state": state}, "process": {"open_fds": fds}});
-        peaks.note(20, Some(&at("soft", 17_100.0)));
-        peaks.note(15, Some(&at("normal", 900.0)));
+        let at = overloaded;
+        peaks.note(20, Some(&at(OverloadState::Soft, 17_100)));
+        peaks.note(15, Some(&at(OverloadState::Normal, 900)));
         peaks.note(5, None);
         assert_eq!(
             peaks,
@@ -2197,7 +2273,7 @@ mod tests {
                 open_fds: 17_100.0
             }
         );
-        peaks.note(5, Some(&at("hard", 0.0)));
+        peaks.note(5, Some(&at(OverloadState::Hard, 0)));
         assert_eq!(peaks.overload, "hard");
     }
 

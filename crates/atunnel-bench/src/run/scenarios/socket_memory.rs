@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use atunnel_bench::load::results::ScenarioResult;
 use atunnel_bench::scenario::Scenario;
 use atunnel_bench::sockmem::SocketMemory;
-use atunnel_support::stats_client::{fetch_over, num};
+use atunnel_support::stats_client::fetch_as_over;
 use serde_json::{Value, json};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -222,12 +222,15 @@ impl ForwardGateway {
     }
 
     /// The gateway's /stats (after it released free memory).
-    async fn stats(&self, bench: &Bench) -> Result<Value, atunnel_process::BoxError> {
+    async fn stats(
+        &self,
+        bench: &Bench,
+    ) -> Result<atunnel_gateway::Stats, atunnel_process::BoxError> {
         let s = bench
             .topo
             .connect_in(&bench.topo.sink, FORWARD_GATEWAY_STATS)
             .await?;
-        fetch_over(s, true).await
+        fetch_as_over(s, true).await
     }
 
     /// Closes what the destination accepted.
@@ -400,14 +403,12 @@ async fn heap_bytes(
     proxy: Proxy,
     gateway: Option<&ForwardGateway>,
 ) -> Result<f64, atunnel_process::BoxError> {
-    let stats = match (proxy, gateway) {
-        (Proxy::Atunnel, _) => bench.stats(true).await?,
-        (Proxy::Gateway, Some(g)) => g.stats(bench).await?,
+    let process = match (proxy, gateway) {
+        (Proxy::Atunnel, _) => bench.stats(true).await?.process,
+        (Proxy::Gateway, Some(g)) => g.stats(bench).await?.process,
         (Proxy::Gateway, None) => return Err("no forwarding gateway to measure".into()),
     };
-    stats["process"]["heap_bytes"]
-        .as_f64()
-        .ok_or_else(|| format!("{}'s /stats has no process.heap_bytes", proxy.name()).into())
+    Ok(process.heap_bytes as f64)
 }
 
 fn pid_of(
@@ -459,7 +460,12 @@ async fn stalled_case(
     // Back to the baseline before the next measurement.
     let deadline = Instant::now() + Duration::from_secs(30);
     'wait: while Instant::now() < deadline {
-        if num(&bench.stats(false).await?, &["egress", "tunnels_open"]) != 0.0 {
+        if bench
+            .stats(false)
+            .await?
+            .egress
+            .is_some_and(|e| e.tunnels_open != 0)
+        {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
