@@ -50,8 +50,9 @@ pub struct GatewayArgs {
     #[arg(long, default_value_t = atunnel_connect::limits::GATEWAY_MAX_FRAME_SIZE,
           value_parser = clap::value_parser!(u32).range(16384..=(1 << 24) - 1))]
     pub max_frame_size: u32,
-    /// Address to serve `GET /stats` on (JSON: the process's heap, the
-    /// buffer pool, the CONNECT listener); off unless given.
+    /// Address of the admin listener, atunnel's: /stats (JSON: the
+    /// process, the buffer pool, the CONNECT listener, budgets, policy),
+    /// /metrics, /healthz, /readyz; off unless given.
     #[arg(long)]
     pub stats: Option<SocketAddr>,
     #[command(flatten)]

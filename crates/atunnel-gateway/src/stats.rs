@@ -1,5 +1,7 @@
-//! `/stats`: what the gateway process costs, as JSON on a local address
-//! (off unless `--stats` names one).
+//! The gateway's admin listener (off unless `--stats` names an address):
+//! the same app as atunnel's ([`admin::AdminApp`]): `/stats` (what the
+//! gateway process costs and holds, as JSON), `/metrics` (the same
+//! snapshot for scrapers), `/healthz` and `/readyz`.
 //!
 //! `GET /stats` reads the figures; `GET /stats?release=1` (or `?trim=1`)
 //! first returns free pool buffers and asks the allocator to give free
@@ -12,7 +14,11 @@ use std::sync::Arc;
 
 use atunnel_core::{BufferPool, ListenerFigures, PoolStats};
 use atunnel_process::admin::{self, AdminFigures, AdminLimits, AdminStats};
+use atunnel_process::metrics_text::{self, Fmt, Out, n};
 use atunnel_process::process_stats::{ProcessStats, process_stats};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -75,31 +81,132 @@ impl StatsSource {
     }
 }
 
-/// Serves `/stats` on `listener`, within `limits`, until `cancel`, then
-/// closes its connections and waits for them.
+/// The gateway's admin app.
+struct GatewayAdmin {
+    source: Arc<StatsSource>,
+    /// Cancelled when the gateway stops: not ready from then on.
+    stopping: CancellationToken,
+}
+
+impl admin::AdminApp for GatewayAdmin {
+    type Snapshot = Stats;
+
+    fn snapshot(&self, release: bool) -> Stats {
+        self.source.collect(release)
+    }
+
+    fn metrics(&self) -> String {
+        let mut registry = Registry::with_prefix("atunnel_gateway");
+        registry.register_collector(Box::new(StatsCollector(self.source.clone())));
+        let mut out = String::new();
+        // Writing to a String cannot fail; a collector's error would be a
+        // bug of ours, and a partial page is still better than none.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+
+    fn ready(&self) -> bool {
+        !self.stopping.is_cancelled()
+    }
+
+    fn admin_stats(&self) -> &Arc<AdminStats> {
+        &self.source.admin
+    }
+}
+
+/// Serves the admin listener on `listener`, within `limits`, until
+/// `cancel`, then closes its connections and waits for them.
 pub(crate) async fn serve(
     listener: TcpListener,
     limits: AdminLimits,
     source: Arc<StatsSource>,
     cancel: CancellationToken,
 ) {
-    let admin = source.admin.clone();
-    atunnel_process::admin::serve(
-        listener,
-        limits,
-        &admin,
-        move |req| answer(&source, req),
-        cancel,
-    )
-    .await
+    let app = GatewayAdmin {
+        source,
+        stopping: cancel.clone(),
+    };
+    admin::serve_app(listener, limits, app, cancel).await
 }
 
-fn answer(source: &StatsSource, req: &admin::Request) -> admin::Response {
-    if req.uri().path() != "/stats" {
-        return admin::not_found();
+/// `/metrics`: one collector reading one snapshot per scrape.
+struct StatsCollector(Arc<StatsSource>);
+
+impl std::fmt::Debug for StatsCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatsCollector")
     }
-    let stats = source.collect(admin::wants_release(req.uri().query()));
-    admin::json(serde_json::to_vec(&stats).unwrap_or_default())
+}
+
+impl Collector for StatsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Fmt {
+        let s = self.0.collect(false);
+        let mut out = Out(&mut encoder);
+        metrics_text::process(&mut out, &s.process, &s.pool)?;
+        out.counter(
+            "connections",
+            "CONNECT listener connections accepted",
+            None,
+            s.listener.accepted_total,
+        )?;
+        out.gauge(
+            "handshaking",
+            "Connections in their TLS handshake",
+            None,
+            n(s.pre_auth.handshaking),
+        )?;
+        out.counter(
+            "pre_auth_refused",
+            "Connections closed at once: their source was at its handshake cap",
+            None,
+            s.pre_auth.refused_total,
+        )?;
+        out.counter(
+            "pre_auth_evicted",
+            "Handshakes ended to make room for a newer one at the total cap",
+            None,
+            s.pre_auth.evicted_total,
+        )?;
+        out.counter(
+            "h2_floods",
+            "HTTP/2 connections ended for a control-frame flood",
+            None,
+            s.h2_floods_total,
+        )?;
+        out.gauge(
+            "identities",
+            "Client identities with a tunnel open",
+            None,
+            n(s.budgets.identities),
+        )?;
+        out.counter(
+            "budget_refused",
+            "CONNECTs refused (429): their identity was at its budget",
+            None,
+            s.budgets.refused_total,
+        )?;
+        if let Some(p) = &s.policy {
+            out.counters(
+                "policy_refused",
+                "CONNECTs refused (403) by the destination policy, by rule",
+                "rule",
+                p.refused_by_rule
+                    .iter()
+                    .map(|(rule, v)| (rule.as_str(), *v)),
+            )?;
+            out.counter("policy_reloads", "Policy reloads", None, p.reloads_total)?;
+            out.counter(
+                "policy_reload_failures",
+                "Policy reloads whose file failed to read or parse",
+                None,
+                p.reload_failures_total,
+            )?;
+        }
+        if let Some(o) = &s.overload {
+            metrics_text::overload(&mut out, o)?;
+        }
+        metrics_text::admin(&mut out, &s.admin)
+    }
 }
 
 #[cfg(test)]
@@ -108,7 +215,7 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test]
-    async fn stats_serves_heap_pool_and_listener_figures_as_json() {
+    async fn the_admin_app_serves_stats_metrics_and_probes() {
         let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = tcp.local_addr().expect("addr");
         let source = Arc::new(StatsSource {
@@ -136,10 +243,10 @@ mod tests {
         });
         let cancel = CancellationToken::new();
         let server = tokio::spawn(serve(tcp, AdminLimits::default(), source, cancel.clone()));
-        let get = |query: &'static str| async move {
+        let get = |path: &'static str| async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-            s.write_all(format!("GET /stats{query} HTTP/1.0\r\n\r\n").as_bytes())
+            s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
                 .await
                 .expect("write");
             let mut raw = Vec::new();
@@ -149,25 +256,56 @@ mod tests {
                 .position(|w| w == b"\r\n\r\n")
                 .expect("a head")
                 + 4;
-            serde_json::from_slice::<serde_json::Value>(&raw[at..]).expect("JSON")
+            let head = String::from_utf8_lossy(&raw[..at]).into_owned();
+            (head, raw[at..].to_vec())
         };
-        for query in ["", "?release=1"] {
-            let v = get(query).await;
-            assert!(v["process"]["heap_bytes"].is_u64(), "{v}");
-            assert_eq!(v["process"]["pid"], std::process::id());
-            assert_eq!(v["pool"]["in_use"], 0, "{v}");
-            assert_eq!(v["listener"]["accepted_total"], 7, "{v}");
-            assert_eq!(v["budgets"]["refused_total"], 3, "{v}");
-            assert_eq!(v["pre_auth"]["handshaking"], 2, "{v}");
-            assert_eq!(v["pre_auth"]["refused_total"], 5, "{v}");
-            assert_eq!(v["pre_auth"]["evicted_total"], 1, "{v}");
-            assert_eq!(v["h2_floods_total"], 4, "{v}");
+        for path in ["/stats", "/stats?release=1"] {
+            let (_, body) = get(path).await;
+            let v: Stats = serde_json::from_slice(&body).expect("/stats parses as Stats");
+            assert_eq!(v.process.pid, std::process::id());
+            assert_eq!(v.pool.in_use, 0, "{v:?}");
+            assert_eq!(v.listener.accepted_total, 7, "{v:?}");
+            assert_eq!(v.budgets.refused_total, 3, "{v:?}");
+            assert_eq!(v.pre_auth.handshaking, 2, "{v:?}");
+            assert_eq!(v.pre_auth.refused_total, 5, "{v:?}");
+            assert_eq!(v.pre_auth.evicted_total, 1, "{v:?}");
+            assert_eq!(v.h2_floods_total, 4, "{v:?}");
+            let policy = v.policy.as_ref().expect("policy figures");
             assert_eq!(
-                v["policy"]["refused_by_rule"]["default loopback 127.0.0.0/8"], 0,
-                "{v}"
+                policy.refused_by_rule.get("default loopback 127.0.0.0/8"),
+                Some(&0),
+                "{v:?}"
             );
-            assert!(v["admin"]["accepted_total"].as_u64() >= Some(1), "{v}");
+            assert!(v.admin.listener.accepted_total >= 1, "{v:?}");
         }
+        // The same app as atunnel's: /metrics renders the snapshot, and the
+        // probes answer.
+        let (head, body) = get("/metrics").await;
+        assert!(
+            head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+            "{head}"
+        );
+        let metrics = String::from_utf8(body).expect("text");
+        for line in [
+            "atunnel_gateway_connections_total 7",
+            "atunnel_gateway_handshaking 2",
+            "atunnel_gateway_h2_floods_total 4",
+            "atunnel_gateway_budget_refused_total 3",
+            "atunnel_gateway_policy_refused_total{rule=\"default loopback 127.0.0.0/8\"} 0",
+            "atunnel_gateway_pool_buffers_in_use 0",
+        ] {
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "no {line:?} in:\n{metrics}"
+            );
+        }
+        assert!(metrics.ends_with("# EOF\n"), "{metrics}");
+        for (path, answer) in [("/healthz", "ok\n"), ("/readyz", "ready\n")] {
+            let (head, body) = get(path).await;
+            assert!(head.contains(" 200 "), "{path}: {head}");
+            assert_eq!(body, answer.as_bytes(), "{path}");
+        }
+        assert!(get("/nope").await.0.contains(" 404 "));
         cancel.cancel();
         tokio::time::timeout(Duration::from_secs(5), server)
             .await

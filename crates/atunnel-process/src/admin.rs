@@ -1,7 +1,8 @@
-//! The admin listener every process may serve (`/stats` today): HTTP/1.1 on
-//! a local address, with a bound on each resource a local peer can make it
-//! hold. One server for the tunnel and the gateway; each passes the
-//! function that answers its requests.
+//! The admin listener every process may serve: HTTP/1.1 on a local address,
+//! with a bound on each resource a local peer can make it hold. One app for
+//! the tunnel and the gateway ([`AdminApp`], [`serve_app`]): `/stats` (one
+//! snapshot of the process's figures as JSON), `/metrics` (the same
+//! snapshot for scrapers), `/healthz` and `/readyz`.
 //!
 //! Health probes are answered even when every /stats connection is held:
 //! a connection past that cap takes a place in a small reserve that
@@ -235,6 +236,72 @@ pub async fn serve<A>(
             })
         })
         .await
+}
+
+/// What a process's admin listener answers from.
+pub trait AdminApp: Send + Sync + 'static {
+    /// One snapshot of the process's figures: `/stats` serves it as JSON,
+    /// and readers deserialize it as this type.
+    type Snapshot: serde::Serialize;
+
+    /// The figures now; with `release`, free pool buffers and free memory
+    /// are handed back first, so heap figures are taken the same way every
+    /// time.
+    fn snapshot(&self, release: bool) -> Self::Snapshot;
+
+    /// A snapshot's figures in the OpenMetrics text format (`/metrics`).
+    fn metrics(&self) -> String;
+
+    /// Whether the process takes new work (`/readyz`: 200, else 503 once it
+    /// drains); `/healthz` is 200 whenever the process answers.
+    fn ready(&self) -> bool;
+
+    /// The admin listener's own figures (part of every snapshot).
+    fn admin_stats(&self) -> &Arc<AdminStats>;
+}
+
+/// Serves `app`'s four routes on `listener`, within `limits`, until
+/// `cancel`, then closes its connections and waits for them.
+pub async fn serve_app<A: AdminApp>(
+    listener: TcpListener,
+    limits: AdminLimits,
+    app: A,
+    cancel: CancellationToken,
+) {
+    let stats = app.admin_stats().clone();
+    serve(
+        listener,
+        limits,
+        &stats,
+        move |req| answer(&app, req),
+        cancel,
+    )
+    .await
+}
+
+/// `app`'s answer to `req`: `/stats`, `/metrics`, `/healthz`, `/readyz`, or
+/// 404.
+pub fn answer<A: AdminApp>(app: &A, req: &Request) -> Response {
+    match req.uri().path() {
+        "/stats" => {
+            let snapshot = app.snapshot(wants_release(req.uri().query()));
+            json(serde_json::to_vec(&snapshot).unwrap_or_default())
+        }
+        "/metrics" => text(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            app.metrics(),
+        ),
+        // Alive: the process answers.
+        "/healthz" => text("text/plain", "ok\n".into()),
+        "/readyz" => {
+            if app.ready() {
+                text("text/plain", "ready\n".into())
+            } else {
+                status(503, "draining\n")
+            }
+        }
+        _ => not_found(),
+    }
 }
 
 /// Whether a request's query asks for free memory to be released before

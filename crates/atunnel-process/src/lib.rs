@@ -13,6 +13,7 @@ pub mod args;
 pub mod config_file;
 pub mod cpu_quota;
 mod entry;
+pub mod metrics_text;
 pub mod process_stats;
 pub mod reload;
 

@@ -15,6 +15,36 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::stats::StatsSource;
 
+/// The tunnel's admin app: its stats source, and `/metrics` over it.
+struct TunnelAdmin {
+    source: Arc<StatsSource>,
+    metrics: Metrics,
+}
+
+impl admin::AdminApp for TunnelAdmin {
+    type Snapshot = crate::stats::Stats;
+
+    fn snapshot(&self, release: bool) -> Self::Snapshot {
+        self.source.collect(release)
+    }
+
+    fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+
+    /// Ready for new work until it drains or stops.
+    fn ready(&self) -> bool {
+        !self
+            .source
+            .draining
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn admin_stats(&self) -> &Arc<admin::AdminStats> {
+        &self.source.admin
+    }
+}
+
 /// Serves the admin listener (`/stats`, `/metrics`, `/healthz`,
 /// `/readyz`) on `listener`, within `limits`, until `cancel`, then closes
 /// its connections and waits for them.
@@ -24,38 +54,6 @@ pub(crate) async fn serve(
     source: Arc<StatsSource>,
     cancel: CancellationToken,
 ) {
-    let admin = source.admin.clone();
     let metrics = Metrics::new(source.clone());
-    atunnel_process::admin::serve(
-        listener,
-        limits,
-        &admin,
-        move |req| answer(&source, &metrics, req),
-        cancel,
-    )
-    .await
-}
-
-fn answer(source: &StatsSource, metrics: &Metrics, req: &admin::Request) -> admin::Response {
-    match req.uri().path() {
-        "/stats" => {
-            let release = admin::wants_release(req.uri().query());
-            admin::json(serde_json::to_vec(&source.collect(release)).unwrap_or_default())
-        }
-        "/metrics" => admin::text(
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.render(),
-        ),
-        // Alive: the process answers.
-        "/healthz" => admin::text("text/plain", "ok\n".into()),
-        // Ready for new work until it drains or stops.
-        "/readyz" => {
-            if source.draining.load(std::sync::atomic::Ordering::Relaxed) {
-                admin::status(503, "draining\n")
-            } else {
-                admin::text("text/plain", "ready\n".into())
-            }
-        }
-        _ => admin::not_found(),
-    }
+    admin::serve_app(listener, limits, TunnelAdmin { source, metrics }, cancel).await
 }

@@ -6,13 +6,9 @@
 //! bounded by the hosted actors. Label values are escaped here: the
 //! library writes them verbatim.
 
+use atunnel_process::metrics_text::{self, Fmt, Out, n};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
-};
-use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::Arc;
 
@@ -48,118 +44,6 @@ impl std::fmt::Debug for StatsCollector {
     }
 }
 
-/// Writes one metric family after another.
-struct Out<'a, 'b>(&'b mut DescriptorEncoder<'a>);
-
-impl Out<'_, '_> {
-    fn counter(&mut self, name: &str, help: &str, unit: Option<Unit>, v: u64) -> Fmt {
-        let c = ConstCounter::new(v);
-        let e = self
-            .0
-            .encode_descriptor(name, help, unit.as_ref(), c.metric_type())?;
-        c.encode(e)
-    }
-
-    fn gauge(&mut self, name: &str, help: &str, unit: Option<Unit>, v: i64) -> Fmt {
-        let g = ConstGauge::new(v);
-        let e = self
-            .0
-            .encode_descriptor(name, help, unit.as_ref(), g.metric_type())?;
-        g.encode(e)
-    }
-
-    fn histogram(
-        &mut self,
-        name: &str,
-        help: &str,
-        unit: Option<Unit>,
-        h: &crate::egress::OpenLatency,
-    ) -> Fmt {
-        let mut e = self
-            .0
-            .encode_descriptor(name, help, unit.as_ref(), MetricType::Histogram)?;
-        // The encoder wants each bucket's own count (it accumulates them);
-        // ours are cumulative.
-        let mut below = 0;
-        let mut buckets: Vec<(f64, u64)> = crate::egress::OPEN_LATENCY_BOUNDS_US
-            .iter()
-            .zip(h.at_most_us)
-            .map(|(&le, at_most)| {
-                let own = at_most.saturating_sub(below);
-                below = at_most;
-                (le as f64 / 1e6, own)
-            })
-            .collect();
-        buckets.push((f64::MAX, h.count.saturating_sub(below)));
-        e.encode_histogram::<Vec<(String, String)>>(h.sum_us as f64 / 1e6, h.count, &buckets, None)
-    }
-
-    /// A counter with one series per `(label value, count)`.
-    fn counters<'i>(
-        &mut self,
-        name: &str,
-        help: &str,
-        label: &'static str,
-        series: impl IntoIterator<Item = (&'i str, u64)>,
-    ) -> Fmt {
-        let mut e =
-            self.0
-                .encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
-        for (value, v) in series {
-            let labels = [(label, Escaped(value))];
-            ConstCounter::new(v).encode(e.encode_family(&labels)?)?;
-        }
-        Ok(())
-    }
-
-    /// A gauge with one series per `(label value, value)`.
-    fn gauges<'i>(
-        &mut self,
-        name: &str,
-        help: &str,
-        label: &'static str,
-        series: impl IntoIterator<Item = (&'i str, i64)>,
-    ) -> Fmt {
-        let mut e =
-            self.0
-                .encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
-        for (value, v) in series {
-            let labels = [(label, Escaped(value))];
-            ConstGauge::new(v).encode(e.encode_family(&labels)?)?;
-        }
-        Ok(())
-    }
-}
-
-type Fmt = Result<(), std::fmt::Error>;
-
-/// A label value as the text format wants it. prometheus-client 0.24
-/// writes label values verbatim, and ours come from peers (actor uids):
-/// a `"` would end the value early, a newline the line. `ActorRef` keeps
-/// uids to `[A-Za-z0-9._-]` today; this holds whatever a label carries.
-struct Escaped<'a>(&'a str);
-
-impl EncodeLabelValue for Escaped<'_> {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Fmt {
-        use std::fmt::Write;
-        let mut rest = self.0;
-        while let Some(at) = rest.find(['"', '\\', '\n']) {
-            encoder.write_str(&rest[..at])?;
-            encoder.write_str(match rest.as_bytes()[at] {
-                b'"' => "\\\"",
-                b'\\' => "\\\\",
-                _ => "\\n",
-            })?;
-            rest = &rest[at + 1..];
-        }
-        encoder.write_str(rest)
-    }
-}
-
-fn n(v: usize) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Fmt {
         let s = self.0.collect(false);
@@ -174,62 +58,7 @@ impl Collector for StatsCollector {
 }
 
 fn process(out: &mut Out, s: &Stats) -> Fmt {
-    let p = &s.process;
-    out.gauge(
-        "process_resident_memory",
-        "Resident set size",
-        Some(Unit::Bytes),
-        p.rss_bytes as i64,
-    )?;
-    out.gauge(
-        "process_heap",
-        "Live heap (the counting allocator; 0 without it)",
-        Some(Unit::Bytes),
-        n(p.heap_bytes),
-    )?;
-    out.gauge(
-        "process_open_fds",
-        "Open file descriptors",
-        None,
-        n(p.open_fds),
-    )?;
-    out.gauge("process_tasks", "Tokio tasks alive", None, n(p.tasks))?;
-    out.counter(
-        "process_cpu_milliseconds",
-        "CPU time used, user and system",
-        None,
-        ((p.cpu_user_s + p.cpu_system_s) * 1000.0) as u64,
-    )?;
-    out.gauge(
-        "pool_buffers_in_use",
-        "Relay buffers lent out",
-        None,
-        n(s.pool.in_use),
-    )?;
-    out.gauge(
-        "pool_buffers_idle",
-        "Relay buffers kept for reuse",
-        None,
-        n(s.pool.idle),
-    )?;
-    out.counter(
-        "pool_buffers_acquired",
-        "Relay buffers lent",
-        None,
-        s.pool.acquired_total,
-    )?;
-    out.counter(
-        "pool_buffers_allocated",
-        "Relay buffers allocated",
-        None,
-        s.pool.allocated_total,
-    )?;
-    out.counter(
-        "pool_buffer_waits",
-        "Waits for a relay buffer at the pool's cap",
-        None,
-        s.pool.waited_total,
-    )?;
+    metrics_text::process(out, &s.process, &s.pool)?;
     if let Some(h) = &s.hibernation {
         out.gauge(
             "ingress_hibernating",
@@ -257,60 +86,9 @@ fn process(out: &mut Out, s: &Stats) -> Fmt {
         )?;
     }
     if let Some(o) = &s.overload {
-        let state = match o.state {
-            atunnel_core::overload::OverloadState::Normal => 0,
-            atunnel_core::overload::OverloadState::Soft => 1,
-            atunnel_core::overload::OverloadState::Hard => 2,
-        };
-        out.gauge(
-            "overload_state",
-            "Overload guard: 0 normal, 1 soft (refusing), 2 hard (shedding)",
-            None,
-            state,
-        )?;
-        out.counter(
-            "overload_refused",
-            "Work refused by the overload guard",
-            None,
-            o.refused_total,
-        )?;
-        out.counter(
-            "overload_shed",
-            "Actors shed by the overload guard",
-            None,
-            o.shed_total,
-        )?;
-        out.counter(
-            "overload_refused_over_share",
-            "Work refused under soft overload for an actor above its fair share",
-            None,
-            o.refused_over_share_total,
-        )?;
-        out.gauge(
-            "overload_refusing_everyone",
-            "Overload guard refusing every actor's new work (1), not only those above their fair share",
-            None,
-            i64::from(o.refusing_everyone),
-        )?;
+        metrics_text::overload(out, o)?;
     }
-    out.counter(
-        "admin_connections",
-        "Connections accepted by /stats and /metrics",
-        None,
-        s.admin.listener.accepted_total,
-    )?;
-    out.counter(
-        "admin_probe_connections",
-        "Admin connections past its cap, answered for /healthz and /readyz only",
-        None,
-        s.admin.probe_connections_total,
-    )?;
-    out.counter(
-        "admin_probe_evicted",
-        "Probe-reserve connections closed for a newer one",
-        None,
-        s.admin.probe_evicted_total,
-    )?;
+    metrics_text::admin(out, &s.admin)?;
     let c = &s.control;
     out.counter(
         "control_refused_uid",
@@ -397,11 +175,14 @@ fn egress(out: &mut Out, s: &Stats) -> Fmt {
             Some(Unit::Bytes),
             e.bytes_down_total,
         )?;
+        let latency = &e.open_latency;
         out.histogram(
             "egress_open_latency",
             "Time from an actor's connection to its tunnel open",
             Some(Unit::Seconds),
-            &e.open_latency,
+            (&crate::egress::OPEN_LATENCY_BOUNDS_US, &latency.at_most_us),
+            latency.count,
+            latency.sum_us,
         )?;
     }
     let a = &s.egress_actors;
