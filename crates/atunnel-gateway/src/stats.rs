@@ -14,11 +14,8 @@ use std::sync::Arc;
 
 use atunnel_core::{BufferPool, ListenerFigures, PoolStats};
 use atunnel_process::admin::{self, AdminFigures, AdminLimits, AdminStats};
-use atunnel_process::metrics_text::{self, Fmt, Out, n};
+use atunnel_process::metrics_text::{self, Fmt, Out, Page, n};
 use atunnel_process::process_stats::{ProcessStats, process_stats};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -84,6 +81,7 @@ impl StatsSource {
 /// The gateway's admin app.
 struct GatewayAdmin {
     source: Arc<StatsSource>,
+    metrics: Page,
     /// Cancelled when the gateway stops: not ready from then on.
     stopping: CancellationToken,
 }
@@ -96,13 +94,7 @@ impl admin::AdminApp for GatewayAdmin {
     }
 
     fn metrics(&self) -> String {
-        let mut registry = Registry::with_prefix("atunnel_gateway");
-        registry.register_collector(Box::new(StatsCollector(self.source.clone())));
-        let mut out = String::new();
-        // Writing to a String cannot fail; a collector's error would be a
-        // bug of ours, and a partial page is still better than none.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-        out
+        self.metrics.render()
     }
 
     fn ready(&self) -> bool {
@@ -122,91 +114,84 @@ pub(crate) async fn serve(
     source: Arc<StatsSource>,
     cancel: CancellationToken,
 ) {
+    let metrics = {
+        let source = source.clone();
+        Page::new("atunnel_gateway", move || source.collect(false), families)
+    };
     let app = GatewayAdmin {
         source,
+        metrics,
         stopping: cancel.clone(),
     };
     admin::serve_app(listener, limits, app, cancel).await
 }
 
-/// `/metrics`: one collector reading one snapshot per scrape.
-struct StatsCollector(Arc<StatsSource>);
-
-impl std::fmt::Debug for StatsCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("StatsCollector")
+/// `/metrics`'s families, from one snapshot.
+fn families(out: &mut Out, s: &Stats) -> Fmt {
+    metrics_text::process(out, &s.process, &s.pool)?;
+    out.counter(
+        "connections",
+        "CONNECT listener connections accepted",
+        None,
+        s.listener.accepted_total,
+    )?;
+    out.gauge(
+        "handshaking",
+        "Connections in their TLS handshake",
+        None,
+        n(s.pre_auth.handshaking),
+    )?;
+    out.counter(
+        "pre_auth_refused",
+        "Connections closed at once: their source was at its handshake cap",
+        None,
+        s.pre_auth.refused_total,
+    )?;
+    out.counter(
+        "pre_auth_evicted",
+        "Handshakes ended to make room for a newer one at the total cap",
+        None,
+        s.pre_auth.evicted_total,
+    )?;
+    out.counter(
+        "h2_floods",
+        "HTTP/2 connections ended for a control-frame flood",
+        None,
+        s.h2_floods_total,
+    )?;
+    out.gauge(
+        "identities",
+        "Client identities with a tunnel open",
+        None,
+        n(s.budgets.identities),
+    )?;
+    out.counter(
+        "budget_refused",
+        "CONNECTs refused (429): their identity was at its budget",
+        None,
+        s.budgets.refused_total,
+    )?;
+    if let Some(p) = &s.policy {
+        out.counters(
+            "policy_refused",
+            "CONNECTs refused (403) by the destination policy, by rule",
+            "rule",
+            p.refused_by_rule
+                .iter()
+                .map(|(rule, v)| (rule.as_str(), *v)),
+        )?;
+        out.counter("policy_reloads", "Policy reloads", None, p.reloads_total)?;
+        out.counter(
+            "policy_reload_failures",
+            "Policy reloads whose file failed to read or parse",
+            None,
+            p.reload_failures_total,
+        )?;
     }
-}
-
-impl Collector for StatsCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Fmt {
-        let s = self.0.collect(false);
-        let mut out = Out(&mut encoder);
-        metrics_text::process(&mut out, &s.process, &s.pool)?;
-        out.counter(
-            "connections",
-            "CONNECT listener connections accepted",
-            None,
-            s.listener.accepted_total,
-        )?;
-        out.gauge(
-            "handshaking",
-            "Connections in their TLS handshake",
-            None,
-            n(s.pre_auth.handshaking),
-        )?;
-        out.counter(
-            "pre_auth_refused",
-            "Connections closed at once: their source was at its handshake cap",
-            None,
-            s.pre_auth.refused_total,
-        )?;
-        out.counter(
-            "pre_auth_evicted",
-            "Handshakes ended to make room for a newer one at the total cap",
-            None,
-            s.pre_auth.evicted_total,
-        )?;
-        out.counter(
-            "h2_floods",
-            "HTTP/2 connections ended for a control-frame flood",
-            None,
-            s.h2_floods_total,
-        )?;
-        out.gauge(
-            "identities",
-            "Client identities with a tunnel open",
-            None,
-            n(s.budgets.identities),
-        )?;
-        out.counter(
-            "budget_refused",
-            "CONNECTs refused (429): their identity was at its budget",
-            None,
-            s.budgets.refused_total,
-        )?;
-        if let Some(p) = &s.policy {
-            out.counters(
-                "policy_refused",
-                "CONNECTs refused (403) by the destination policy, by rule",
-                "rule",
-                p.refused_by_rule
-                    .iter()
-                    .map(|(rule, v)| (rule.as_str(), *v)),
-            )?;
-            out.counter("policy_reloads", "Policy reloads", None, p.reloads_total)?;
-            out.counter(
-                "policy_reload_failures",
-                "Policy reloads whose file failed to read or parse",
-                None,
-                p.reload_failures_total,
-            )?;
-        }
-        if let Some(o) = &s.overload {
-            metrics_text::overload(&mut out, o)?;
-        }
-        metrics_text::admin(&mut out, &s.admin)
+    if let Some(o) = &s.overload {
+        metrics_text::overload(out, o)?;
     }
+    metrics_text::admin(out, &s.admin)
 }
 
 #[cfg(test)]

@@ -6,18 +6,69 @@
 
 use atunnel_core::PoolStats;
 use atunnel_core::overload::{OverloadFigures, OverloadState};
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
 };
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::registry::Unit;
+use prometheus_client::registry::{Registry, Unit};
 
 use crate::admin::AdminFigures;
 use crate::process_stats::ProcessStats;
 
 pub type Fmt = Result<(), std::fmt::Error>;
+
+/// A process's `/metrics` page: every metric under `prefix`, written by
+/// `families` from one snapshot that `read` takes at each scrape (the
+/// snapshot `/stats` serves, so the two never disagree).
+pub struct Page {
+    registry: Registry,
+}
+
+impl Page {
+    pub fn new<S: 'static>(
+        prefix: &str,
+        read: impl Fn() -> S + Send + Sync + 'static,
+        families: fn(&mut Out, &S) -> Fmt,
+    ) -> Self {
+        let mut registry = Registry::with_prefix(prefix);
+        registry.register_collector(Box::new(SnapshotCollector {
+            read: Box::new(read),
+            families,
+        }));
+        Self { registry }
+    }
+
+    /// The text of one scrape.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail; a collector's error would be a
+        // bug of ours, and a partial page is still better than none.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Reads a snapshot and writes its families, once per scrape.
+struct SnapshotCollector<S> {
+    read: Box<dyn Fn() -> S + Send + Sync>,
+    families: fn(&mut Out, &S) -> Fmt,
+}
+
+impl<S> std::fmt::Debug for SnapshotCollector<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SnapshotCollector")
+    }
+}
+
+impl<S: 'static> Collector for SnapshotCollector<S> {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Fmt {
+        let snapshot = (self.read)();
+        (self.families)(&mut Out(&mut encoder), &snapshot)
+    }
+}
 
 /// Writes one metric family after another.
 pub struct Out<'a, 'b>(pub &'b mut DescriptorEncoder<'a>);
@@ -251,4 +302,60 @@ pub fn admin(out: &mut Out, a: &AdminFigures) -> Fmt {
         None,
         a.probe_evicted_total,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One gauge family whose series carry the given label values.
+    fn labelled(out: &mut Out, values: &Vec<&'static str>) -> Fmt {
+        out.gauges(
+            "labelled",
+            "A test family",
+            "actor",
+            values.iter().enumerate().map(|(i, v)| (*v, n(i))),
+        )
+    }
+
+    #[test]
+    fn label_values_with_quotes_backslashes_and_newlines_are_escaped() {
+        let values = vec!["plain", r#"a"b"#, r"a\b", "a\nb", r#"\"} 1"#];
+        let page = {
+            let values = values.clone();
+            Page::new("atunnel", move || values.clone(), labelled)
+        };
+        let text = page.render();
+        assert!(text.contains(r#"actor="a\"b""#), "{text}");
+        assert!(text.contains(r#"actor="a\\b""#), "{text}");
+        assert!(text.contains(r#"actor="a\nb""#), "{text}");
+        // Read back as the text format specifies (prometheus-parse does not
+        // unescape): one line per series, each value as it was.
+        let read: Vec<(String, String)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("atunnel_labelled{actor=\""))
+            .map(|rest| {
+                let mut value = String::new();
+                let mut chars = rest.chars();
+                loop {
+                    match chars.next().expect("the value ends") {
+                        '"' => break,
+                        '\\' => value.push(match chars.next().expect("an escape") {
+                            'n' => '\n',
+                            c => c,
+                        }),
+                        c => value.push(c),
+                    }
+                }
+                let sample = chars.as_str().strip_prefix("} ").expect("then the sample");
+                (value, sample.to_owned())
+            })
+            .collect();
+        let want: Vec<(String, String)> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| ((*v).to_owned(), i.to_string()))
+            .collect();
+        assert_eq!(read, want, "{text}");
+    }
 }

@@ -12,13 +12,13 @@ use atunnel_process::admin;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
 use crate::stats::StatsSource;
+use atunnel_process::metrics_text::Page;
 
 /// The tunnel's admin app: its stats source, and `/metrics` over it.
 struct TunnelAdmin {
     source: Arc<StatsSource>,
-    metrics: Metrics,
+    metrics: Page,
 }
 
 impl admin::AdminApp for TunnelAdmin {
@@ -54,6 +54,6 @@ pub(crate) async fn serve(
     source: Arc<StatsSource>,
     cancel: CancellationToken,
 ) {
-    let metrics = Metrics::new(source.clone());
+    let metrics = crate::metrics::page(source.clone());
     admin::serve_app(listener, limits, TunnelAdmin { source, metrics }, cancel).await
 }

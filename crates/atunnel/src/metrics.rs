@@ -6,55 +6,23 @@
 //! bounded by the hosted actors. Label values are escaped here: the
 //! library writes them verbatim.
 
-use atunnel_process::metrics_text::{self, Fmt, Out, n};
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::registry::{Registry, Unit};
+use atunnel_process::metrics_text::{self, Fmt, Out, Page, n};
+use prometheus_client::registry::Unit;
 use std::sync::Arc;
 
 use crate::stats::{Stats, StatsSource};
 
-/// The registry `/metrics` encodes: one collector over the stats source.
-pub(crate) struct Metrics {
-    registry: Registry,
+/// `/metrics`: a page over the stats source.
+pub(crate) fn page(source: Arc<StatsSource>) -> Page {
+    Page::new("atunnel", move || source.collect(false), families)
 }
 
-impl Metrics {
-    pub(crate) fn new(source: Arc<StatsSource>) -> Self {
-        let mut registry = Registry::with_prefix("atunnel");
-        registry.register_collector(Box::new(StatsCollector(source)));
-        Self { registry }
-    }
-
-    /// The exposition text of one scrape.
-    pub(crate) fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing to a String cannot fail; a collector's error would be a
-        // bug of ours, and a partial page is still better than none.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
-    }
-}
-
-struct StatsCollector(Arc<StatsSource>);
-
-impl std::fmt::Debug for StatsCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("StatsCollector")
-    }
-}
-
-impl Collector for StatsCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Fmt {
-        let s = self.0.collect(false);
-        let mut out = Out(&mut encoder);
-        process(&mut out, &s)?;
-        egress(&mut out, &s)?;
-        ingress(&mut out, &s)?;
-        dns(&mut out, &s)?;
-        leftovers(&mut out, &s)?;
-        Ok(())
-    }
+fn families(out: &mut Out, s: &Stats) -> Fmt {
+    process(out, s)?;
+    egress(out, s)?;
+    ingress(out, s)?;
+    dns(out, s)?;
+    leftovers(out, s)
 }
 
 fn process(out: &mut Out, s: &Stats) -> Fmt {
@@ -489,64 +457,4 @@ fn leftovers(out: &mut Out, s: &Stats) -> Fmt {
         None,
         l.pending as i64,
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// One gauge family whose series carry the given label values.
-    #[derive(Debug)]
-    struct Labelled(Vec<&'static str>);
-
-    impl Collector for Labelled {
-        fn encode(&self, mut encoder: DescriptorEncoder) -> Fmt {
-            Out(&mut encoder).gauges(
-                "labelled",
-                "A test family",
-                "actor",
-                self.0.iter().enumerate().map(|(i, v)| (*v, n(i))),
-            )
-        }
-    }
-
-    #[test]
-    fn label_values_with_quotes_backslashes_and_newlines_are_escaped() {
-        let values = vec!["plain", r#"a"b"#, r"a\b", "a\nb", r#"\"} 1"#];
-        let mut registry = Registry::with_prefix("atunnel");
-        registry.register_collector(Box::new(Labelled(values.clone())));
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
-        assert!(text.contains(r#"actor="a\"b""#), "{text}");
-        assert!(text.contains(r#"actor="a\\b""#), "{text}");
-        assert!(text.contains(r#"actor="a\nb""#), "{text}");
-        // Read back as the text format specifies (prometheus-parse does not
-        // unescape): one line per series, each value as it was.
-        let read: Vec<(String, String)> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("atunnel_labelled{actor=\""))
-            .map(|rest| {
-                let mut value = String::new();
-                let mut chars = rest.chars();
-                loop {
-                    match chars.next().expect("the value ends") {
-                        '"' => break,
-                        '\\' => value.push(match chars.next().expect("an escape") {
-                            'n' => '\n',
-                            c => c,
-                        }),
-                        c => value.push(c),
-                    }
-                }
-                let sample = chars.as_str().strip_prefix("} ").expect("then the sample");
-                (value, sample.to_owned())
-            })
-            .collect();
-        let want: Vec<(String, String)> = values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| ((*v).to_owned(), i.to_string()))
-            .collect();
-        assert_eq!(read, want, "{text}");
-    }
 }
