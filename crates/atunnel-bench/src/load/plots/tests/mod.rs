@@ -1,0 +1,194 @@
+//! Tests of the shapes and of the figures, and the fixtures and SVG
+//! readers they share.
+
+mod chart;
+mod figures;
+
+use super::*;
+use crate::load::results::{Comparison, Latency, Variant};
+use serde_json::json;
+
+pub(super) fn rung(offered: f64, cores: f64, verdict: Verdict) -> RungResult {
+    RungResult {
+        offered,
+        achieved: offered,
+        errors: 0,
+        verdict,
+        tunnel_cpu_cores: cores,
+        tunnel_heap_bytes: 10 << 20,
+        tunnel_cgroup_bytes: 30 << 20,
+        latency_us: Latency {
+            p50: 700,
+            p99: 2_000,
+            max: 9_000,
+        },
+        shed: 0,
+        dispatch_lag_p99_us: 0,
+        notes: String::new(),
+    }
+}
+
+pub(super) fn idle(heap: f64, cgroup: f64) -> ScenarioResult {
+    ScenarioResult {
+        name: "egress-idle".into(),
+        rungs: vec![rung(200.0, 0.05, Verdict::Ok)],
+        summary: json!({"conns": 1000, "heap_bytes_per_conn": heap, "cgroup_bytes_per_conn": cgroup}),
+        notes: Vec::new(),
+    }
+}
+
+pub(super) fn tcp(mbps: [f64; 3], cores: [f64; 3]) -> ScenarioResult {
+    ScenarioResult {
+        name: "egress-tcp".into(),
+        summary: json!({"mb_per_s": mbps, "tunnel_cores": cores}),
+        ..ScenarioResult::default()
+    }
+}
+
+pub(super) fn ingress_idle() -> ScenarioResult {
+    let case = |name: &str, heap: f64, hib: f64| {
+        json!({"case": name, "heap_bytes_per_conn": heap, "hibernated_heap_bytes_per_conn": hib,
+               "cgroup_bytes_per_conn": heap * 2.0, "hibernated_cgroup_bytes_per_conn": hib * 2.0,
+               "idle_cpu_us_per_conn": 1.0, "hibernated_idle_cpu_us_per_conn": 9.0})
+    };
+    ScenarioResult {
+        name: "ingress-idle".into(),
+        rungs: vec![
+            rung(1000.0, 0.2, Verdict::Ok),
+            rung(1000.0, 0.21, Verdict::Ok),
+        ],
+        summary: json!({"conns": 150, "cases": [
+            case("http1-keepalive-short", 8600.0, 2100.0),
+            case("http2-one-request", 21100.0, 3300.0),
+        ]}),
+        notes: Vec::new(),
+    }
+}
+
+pub(super) fn sample() -> Results {
+    Results {
+        scenarios: vec![
+            idle(1500.0, 5600.0),
+            ScenarioResult {
+                name: "ingress-https".into(),
+                rungs: vec![
+                    rung(1000.0, 0.1, Verdict::Ok),
+                    rung(2000.0, 0.2, Verdict::Ok),
+                    rung(4000.0, 0.5, Verdict::TunnelCpu),
+                ],
+                ..ScenarioResult::default()
+            },
+            tcp([900.0, 950.0, 870.0], [0.9, 0.95, 0.9]),
+            ingress_idle(),
+            ScenarioResult {
+                name: "socket-memory".into(),
+                summary: json!({"bound_kib": 64, "cases": [
+                    {"case": "actor-stops-reading", "measured": "atunnel", "kernel_kib": 20.0, "heap_kib": 1.5, "total_kib": 21.5},
+                    {"case": "destination-stops-reading", "measured": "gateway", "kernel_kib": 300.0, "heap_kib": 0.0, "total_kib": 300.0},
+                    {"case": "router-stops-reading", "measured": "atunnel", "kernel_kib": null, "heap_kib": 2.0, "total_kib": null},
+                ]}),
+                ..ScenarioResult::default()
+            },
+        ],
+        comparisons: vec![Comparison {
+            name: "copy-mode".into(),
+            variants: [
+                ("lean", 1500.0, 5600.0, 950.0),
+                ("naive", 69561.0, 140000.0, 700.0),
+            ]
+            .into_iter()
+            .map(|(label, heap, cgroup, mbps)| Variant {
+                label: label.into(),
+                flags: vec![format!("--copy-mode={label}")],
+                scenarios: vec![idle(heap, cgroup), tcp([mbps; 3], [1.0; 3])],
+            })
+            .collect(),
+        }],
+        cost: None,
+    }
+}
+
+/// Well-formed enough for a browser: one `<svg>` document, every
+/// `<text>` closed, no number plotters could not format.
+pub(super) fn check(svg: &str) {
+    assert!(svg.starts_with("<svg"), "{svg}");
+    assert!(svg.trim_end().ends_with("</svg>"), "{svg}");
+    assert_eq!(svg.matches("<svg").count(), 1, "{svg}");
+    assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
+    assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+}
+
+pub(super) fn hex(i: usize) -> String {
+    let c = color(i);
+    format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
+}
+
+/// plotters writes one element a line: the `<rect>`s filled with series
+/// `i`'s colour (its bars, and its legend swatch in each panel).
+pub(super) fn rects(svg: &str, i: usize) -> usize {
+    let fill = format!(r#"fill="{}""#, hex(i));
+    svg.lines()
+        .filter(|l| l.starts_with("<rect") && l.contains(&fill))
+        .count()
+}
+
+/// Series `i`'s lines (the axes and ticks are 1 px black polylines).
+pub(super) fn lines(svg: &str, i: usize) -> usize {
+    let stroke = format!(r#"stroke="{}" stroke-width="2""#, hex(i));
+    svg.lines()
+        .filter(|l| l.starts_with("<polyline") && l.contains(&stroke))
+        .count()
+}
+
+pub(super) fn markers(svg: &str, i: usize) -> usize {
+    let fill = format!(r#"fill="{}""#, hex(i));
+    svg.lines()
+        .filter(|l| l.starts_with("<circle") && l.contains(&fill))
+        .count()
+}
+
+/// A `<text>` whose whole content is `t`.
+pub(super) fn text(svg: &str, t: &str) -> usize {
+    svg.matches(&format!(">\n{t}\n</text>")).count()
+}
+
+/// A bar's rect: (series, x, y, width, height) in pixels.
+type Drawn = (usize, f64, f64, f64, f64);
+
+/// The series-coloured `<rect>`s wider than a legend swatch.
+pub(super) fn bars_drawn(svg: &str, series: usize) -> Vec<Drawn> {
+    let attr = |l: &str, a: &str| -> f64 {
+        let start = l.find(&format!(" {a}=\"")).expect("attribute") + a.len() + 3;
+        l[start..]
+            .split('"')
+            .next()
+            .expect("value")
+            .parse()
+            .expect("a number")
+    };
+    svg.lines()
+        .filter(|l| l.starts_with("<rect"))
+        .filter_map(|l| {
+            let i = (0..series).find(|&i| l.contains(&format!(r#"fill="{}""#, hex(i))))?;
+            let r = (
+                i,
+                attr(l, "x"),
+                attr(l, "y"),
+                attr(l, "width"),
+                attr(l, "height"),
+            );
+            (r.3 > 20.0).then_some(r)
+        })
+        .collect()
+}
+
+pub(super) fn plot(r: &Results, file: &str) -> String {
+    let plots = of_results(r).expect("drawn");
+    let names: Vec<&str> = plots.iter().map(|p| p.file.as_str()).collect();
+    let p = plots
+        .iter()
+        .find(|p| p.file == file)
+        .unwrap_or_else(|| panic!("{file} not in {names:?}"));
+    check(&p.svg);
+    p.svg.clone()
+}
