@@ -4,6 +4,7 @@
 //! - [`sink`]: the far end of a bench gateway, answering tunnels by port;
 //! - [`sink_tls`]: the same services over TLS, the far end of a TCP -> TLS relay;
 //! - [`gateway`]: gateways on loopback, and actors' clients of them;
+//! - [`scripted_gateway`]: a gateway a test scripts connection by connection;
 //! - [`ingress`]: ingress on loopback and the actors behind it;
 //! - [`router`]: the router's client side of ingress;
 //! - [`peers`]: destinations and checks of how a socket ended;
@@ -19,6 +20,7 @@ pub mod overload;
 pub mod peers;
 pub mod pki;
 pub mod router;
+pub mod scripted_gateway;
 pub mod sink;
 pub mod sink_role;
 pub mod sink_tls;
@@ -32,5 +34,6 @@ pub mod prelude {
     pub use crate::peers::*;
     pub use crate::pki::*;
     pub use crate::router::*;
+    pub use crate::scripted_gateway::*;
     pub use crate::sink::{Service, SinkConfig};
 }

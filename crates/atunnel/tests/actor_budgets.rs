@@ -61,73 +61,45 @@ struct FakeGateway {
     flood: watch::Sender<bool>,
     /// Each connection's ping handle.
     pings: mpsc::UnboundedReceiver<h2::PingPong>,
-    _task: tokio::task::JoinHandle<()>,
+    _gateway: ScriptedGateway,
 }
 
 /// A gateway allowing 1,000 streams a connection, as atunnel-gateway does.
 async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
-    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(pki.gateway_cert.chain.clone(), pki.gateway_cert.key())
-    .map(|mut tls| {
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        tls
-    })
-    .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let accepted = Arc::new(AtomicUsize::new(0));
     let flooded = Arc::new(AtomicUsize::new(0));
     let (open_flood, gate) = watch::channel(false);
     let (pings_tx, pings) = mpsc::unbounded_channel();
-    let (count, sent) = (accepted.clone(), flooded.clone());
-    let task = tokio::spawn(async move {
-        let mut connections = JoinSet::new();
-        while let Ok((tcp, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            let (acceptor, sent, pings, gate) = (
-                acceptor.clone(),
-                sent.clone(),
-                pings_tx.clone(),
-                gate.clone(),
-            );
-            connections.spawn(async move {
-                let tls = acceptor.accept(tcp).await.expect("TLS");
-                let mut conn = h2::server::Builder::new()
-                    .max_concurrent_streams(atunnel_connect::limits::MAX_CONCURRENT_STREAMS)
-                    .handshake(tls)
-                    .await
-                    .expect("h2");
-                let _ = pings.send(conn.ping_pong().expect("ping handle"));
-                let mut streams = JoinSet::new();
-                while let Some(Ok((request, mut respond))) = conn.accept().await {
-                    let Ok(send) = respond.send_response(http::Response::new(()), false) else {
-                        continue;
-                    };
-                    match far {
-                        Far::Echo => streams.spawn(echo_h2(request.into_body(), send)),
-                        Far::Flood => {
-                            // The request body is kept, so the stream stays open.
-                            let body = request.into_body();
-                            streams.spawn(flood(send, body, sent.clone(), gate.clone()))
-                        }
-                    };
-                }
-            });
+    let sent = flooded.clone();
+    let mut h2 = h2::server::Builder::new();
+    h2.max_concurrent_streams(atunnel_connect::limits::MAX_CONCURRENT_STREAMS);
+    let gateway = scripted_h2_gateway(pki, h2, move |_, mut conn| {
+        let (sent, pings, gate) = (sent.clone(), pings_tx.clone(), gate.clone());
+        async move {
+            let _ = pings.send(conn.ping_pong().expect("ping handle"));
+            let mut streams = JoinSet::new();
+            while let Some(Ok((request, mut respond))) = conn.accept().await {
+                let Ok(send) = respond.send_response(http::Response::new(()), false) else {
+                    continue;
+                };
+                match far {
+                    Far::Echo => streams.spawn(echo_h2(request.into_body(), send)),
+                    Far::Flood => {
+                        // The request body is kept, so the stream stays open.
+                        let body = request.into_body();
+                        streams.spawn(flood(send, body, sent.clone(), gate.clone()))
+                    }
+                };
+            }
         }
-    });
+    })
+    .await;
     FakeGateway {
-        addr,
-        accepted,
+        addr: gateway.addr,
+        accepted: gateway.accepted.clone(),
         flooded,
         flood: open_flood,
         pings,
-        _task: task,
+        _gateway: gateway,
     }
 }
 

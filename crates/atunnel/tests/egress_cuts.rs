@@ -19,7 +19,7 @@ use atunnel::host::HostReady;
 use atunnel_identity::clock::Clock;
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 /// What the actor's socket gave before it ended, and how it ended.
@@ -97,72 +97,49 @@ enum ResetAt {
 
 /// A gateway that answers every CONNECT with `answer` and END_STREAM and
 /// resets the stream (CANCEL) at `reset`; it never reads the upload.
-async fn resetting_gateway(pki: &Pki, answer: Bytes, reset: ResetAt) -> SocketAddr {
-    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(pki.gateway_cert.chain.clone(), pki.gateway_cert.key())
-    .map(|mut tls| {
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        tls
-    })
-    .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, answer) = (acceptor.clone(), answer.clone());
+async fn resetting_gateway(pki: &Pki, answer: Bytes, reset: ResetAt) -> ScriptedGateway {
+    scripted_h2_gateway(pki, h2::server::Builder::new(), move |_, mut conn| {
+        let answer = answer.clone();
+        async move {
+            let mut pings = conn.ping_pong().expect("ping handle");
+            // The connection is driven by its own task; streams are
+            // answered here, one at a time (each test opens one).
+            let (streams_tx, mut streams) = tokio::sync::mpsc::unbounded_channel();
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let Ok(mut conn) = h2::server::handshake(tls).await else {
-                    return;
-                };
-                let mut pings = conn.ping_pong().expect("ping handle");
-                // The connection is driven by its own task; streams are
-                // answered here, one at a time (each test opens one).
-                let (streams_tx, mut streams) = tokio::sync::mpsc::unbounded_channel();
-                tokio::spawn(async move {
-                    while let Some(Ok(stream)) = conn.accept().await {
-                        let _ = streams_tx.send(stream);
-                    }
-                });
-                while let Some((_request, mut respond)) = streams.recv().await {
-                    let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
-                        continue;
-                    };
-                    // The 200 delivered first (a PING after it answered):
-                    // the tunnel is open, so what follows is a cut, not a
-                    // refused CONNECT (which closes with no bytes).
-                    let _ = pings.ping(h2::Ping::opaque()).await;
-                    // The answer fits the client's windows (256 KiB per
-                    // stream by default), so send_data never waits.
-                    match reset {
-                        ResetAt::WithTheLastBytesQueued => {
-                            let _ = send.send_data(answer.clone(), true);
-                        }
-                        ResetAt::AfterHalfDelivered => {
-                            let half = answer.len() / 2;
-                            let _ = send.send_data(answer.slice(..half), false);
-                            let _ = pings.ping(h2::Ping::opaque()).await;
-                            let _ = send.send_data(answer.slice(half..), true);
-                        }
-                        ResetAt::AfterAllDelivered => {
-                            let _ = send.send_data(answer.clone(), true);
-                            let _ = pings.ping(h2::Ping::opaque()).await;
-                        }
-                    }
-                    send.send_reset(h2::Reason::CANCEL);
+                while let Some(Ok(stream)) = conn.accept().await {
+                    let _ = streams_tx.send(stream);
                 }
             });
+            while let Some((_request, mut respond)) = streams.recv().await {
+                let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
+                    continue;
+                };
+                // The 200 delivered first (a PING after it answered):
+                // the tunnel is open, so what follows is a cut, not a
+                // refused CONNECT (which closes with no bytes).
+                let _ = pings.ping(h2::Ping::opaque()).await;
+                // The answer fits the client's windows (256 KiB per
+                // stream by default), so send_data never waits.
+                match reset {
+                    ResetAt::WithTheLastBytesQueued => {
+                        let _ = send.send_data(answer.clone(), true);
+                    }
+                    ResetAt::AfterHalfDelivered => {
+                        let half = answer.len() / 2;
+                        let _ = send.send_data(answer.slice(..half), false);
+                        let _ = pings.ping(h2::Ping::opaque()).await;
+                        let _ = send.send_data(answer.slice(half..), true);
+                    }
+                    ResetAt::AfterAllDelivered => {
+                        let _ = send.send_data(answer.clone(), true);
+                        let _ = pings.ping(h2::Ping::opaque()).await;
+                    }
+                }
+                send.send_reset(h2::Reason::CANCEL);
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// One actor's egress listener, activated, its tunnels going through the
@@ -208,7 +185,7 @@ async fn reset_meets_actor(reset: ResetAt, uploads: bool) {
     let pki = Pki::new();
     let answer = Bytes::from(random(200_000, 7));
     let gateway = resetting_gateway(&pki, answer.clone(), reset).await;
-    let (addr, _cancel) = actor_through(&pki, gateway).await;
+    let (addr, _cancel) = actor_through(&pki, gateway.addr).await;
     let what = format!("{reset:?}, uploading: {uploads}");
     let s = match TcpStream::connect(addr).await {
         Ok(s) => s,
@@ -262,56 +239,41 @@ async fn a_reset_after_every_byte_and_the_end_gives_them_all_then_resets_the_upl
 async fn gateway_resetting_after_its_end(
     pki: &Pki,
     answer: Bytes,
-    mut go: tokio::sync::mpsc::UnboundedReceiver<()>,
+    go: tokio::sync::mpsc::UnboundedReceiver<()>,
     reset_seen: tokio::sync::mpsc::UnboundedSender<()>,
-) -> SocketAddr {
-    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(pki.gateway_cert.chain.clone(), pki.gateway_cert.key())
-    .map(|mut tls| {
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        tls
-    })
-    .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let Ok((tcp, _)) = listener.accept().await else {
-            return;
-        };
-        let Ok(tls) = acceptor.accept(tcp).await else {
-            return;
-        };
-        let Ok(mut conn) = h2::server::handshake(tls).await else {
-            return;
-        };
-        let mut pings = conn.ping_pong().expect("ping handle");
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Some(Ok(stream)) = conn.accept().await {
-                let _ = tx.send(stream);
-            }
-        });
-        while let Some((_req, mut respond)) = rx.recv().await {
-            let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
-                continue;
+) -> ScriptedGateway {
+    // One connection takes the signals (each test opens one tunnel).
+    let go = Arc::new(std::sync::Mutex::new(Some(go)));
+    scripted_h2_gateway(pki, h2::server::Builder::new(), move |_, mut conn| {
+        let (answer, reset_seen) = (answer.clone(), reset_seen.clone());
+        let go = go.lock().expect("go lock").take();
+        async move {
+            let Some(mut go) = go else {
+                return;
             };
-            let _ = send.send_data(answer.clone(), true);
-            // A reset sooner could reach the actor before it read the
-            // answer (the kernel drops unread bytes on a reset), or
-            // before its connect returned.
-            let _ = go.recv().await;
-            send.send_reset(h2::Reason::CANCEL);
-            let _ = pings.ping(h2::Ping::opaque()).await;
-            let _ = reset_seen.send(());
+            let mut pings = conn.ping_pong().expect("ping handle");
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                while let Some(Ok(stream)) = conn.accept().await {
+                    let _ = tx.send(stream);
+                }
+            });
+            while let Some((_req, mut respond)) = rx.recv().await {
+                let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
+                    continue;
+                };
+                let _ = send.send_data(answer.clone(), true);
+                // A reset sooner could reach the actor before it read the
+                // answer (the kernel drops unread bytes on a reset), or
+                // before its connect returned.
+                let _ = go.recv().await;
+                send.send_reset(h2::Reason::CANCEL);
+                let _ = pings.ping(h2::Ping::opaque()).await;
+                let _ = reset_seen.send(());
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// The gateway delivers its whole answer and END_STREAM, then resets the
@@ -328,7 +290,7 @@ async fn a_reset_after_the_gateways_end_still_resets_the_actor_whose_upload_it_c
     let gateway = gateway_resetting_after_its_end(&pki, answer.clone(), go_rx, reset_tx).await;
     let a = actor("alpha");
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let prepared = prepare(&pki, gateway, a.clone(), source).await;
+    let prepared = prepare(&pki, gateway.addr, a.clone(), source).await;
     let egress = egress();
     let cancel = CancellationToken::new();
     let dest: SocketAddr = "192.0.2.10:443".parse().expect("addr");
@@ -401,51 +363,35 @@ async fn dropping_gateway(
     pki: &Pki,
     before: Bytes,
     drop_now: tokio::sync::oneshot::Receiver<()>,
-) -> SocketAddr {
-    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(pki.gateway_cert.chain.clone(), pki.gateway_cert.key())
-    .map(|mut tls| {
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        tls
-    })
-    .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let Ok((tcp, _)) = listener.accept().await else {
-            return;
-        };
-        let Ok(tls) = acceptor.accept(tcp).await else {
-            return;
-        };
-        let Ok(mut conn) = h2::server::handshake(tls).await else {
-            return;
-        };
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let driver = tokio::spawn(async move {
-            while let Some(Ok(stream)) = conn.accept().await {
-                let _ = tx.send(stream);
+) -> ScriptedGateway {
+    let drop_now = Arc::new(std::sync::Mutex::new(Some(drop_now)));
+    scripted_h2_gateway(pki, h2::server::Builder::new(), move |_, mut conn| {
+        let before = before.clone();
+        let drop_now = drop_now.lock().expect("drop lock").take();
+        async move {
+            let Some(drop_now) = drop_now else {
+                return;
+            };
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let driver = tokio::spawn(async move {
+                while let Some(Ok(stream)) = conn.accept().await {
+                    let _ = tx.send(stream);
+                }
+                // Held so dropping the task drops the connection mid-stream.
+                drop(conn);
+            });
+            if let Some((_req, mut respond)) = rx.recv().await
+                && let Ok(mut send) = respond.send_response(http::Response::new(()), false)
+            {
+                let _ = send.send_data(before, false);
+                let _ = drop_now.await;
             }
-            // Held so dropping the task drops the connection mid-stream.
-            drop(conn);
-        });
-        if let Some((_req, mut respond)) = rx.recv().await
-            && let Ok(mut send) = respond.send_response(http::Response::new(()), false)
-        {
-            let _ = send.send_data(before, false);
-            let _ = drop_now.await;
+            // The connection (TLS and TCP) goes with its task: no GOAWAY, no
+            // close_notify, as when the process is killed.
+            driver.abort();
         }
-        // The connection (TLS and TCP) goes with its task: no GOAWAY, no
-        // close_notify, as when the process is killed.
-        driver.abort();
-    });
-    addr
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -454,7 +400,7 @@ async fn a_dropped_gateway_connection_reaches_the_actor_as_a_reset() {
     let before = Bytes::from(random(100_000, 9));
     let (drop_now, dropped) = tokio::sync::oneshot::channel();
     let gateway = dropping_gateway(&pki, before.clone(), dropped).await;
-    let (addr, _cancel) = actor_through(&pki, gateway).await;
+    let (addr, _cancel) = actor_through(&pki, gateway.addr).await;
     let mut s = TcpStream::connect(addr).await.expect("connect");
     let mut got = vec![0u8; before.len()];
     tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut got))

@@ -17,7 +17,6 @@ use atunnel_core::BufferPool;
 use atunnel_core::endpoint::{Endpoint, read_chunk};
 use atunnel_identity::clock::Clock;
 use bytes::Bytes;
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -46,7 +45,7 @@ struct FakeGateway {
     /// TCP stays up and nothing on them is answered, PINGs included, as a
     /// black-holed peer looks.
     freeze: tokio::sync::watch::Sender<usize>,
-    _task: tokio::task::JoinHandle<()>,
+    _gateway: ScriptedGateway,
 }
 
 impl FakeGateway {
@@ -58,81 +57,59 @@ impl FakeGateway {
 }
 
 async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
-    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_no_client_auth()
-    .with_single_cert(pki.gateway_cert.chain.clone(), pki.gateway_cert.key())
-    .map(|mut tls| {
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        tls
-    })
-    .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let accepted = Arc::new(AtomicUsize::new(0));
     let flooded = Arc::new(AtomicUsize::new(0));
     let (ended_tx, ended) = mpsc::unbounded_channel();
     let (pings_tx, pings) = mpsc::unbounded_channel();
     let (freeze, frozen) = tokio::sync::watch::channel(0);
-    let (count, sent) = (accepted.clone(), flooded.clone());
-    let task = tokio::spawn(async move {
-        let mut connections = JoinSet::new();
-        while let Ok((tcp, _)) = listener.accept().await {
-            let n = count.fetch_add(1, Ordering::SeqCst) + 1;
-            let (acceptor, sent, ended, pings, mut frozen) = (
-                acceptor.clone(),
-                sent.clone(),
-                ended_tx.clone(),
-                pings_tx.clone(),
-                frozen.clone(),
-            );
-            connections.spawn(async move {
-                let tls = acceptor.accept(tcp).await.expect("TLS");
-                let mut conn = h2::server::handshake(tls).await.expect("h2");
-                let _ = pings.send(conn.ping_pong().expect("ping handle"));
-                let mut streams = JoinSet::new();
-                loop {
-                    // Biased to the freeze: a CONNECT that arrives before
-                    // this task saw the freeze must find it frozen, not be
-                    // answered by a coin toss.
-                    let next = tokio::select! {
-                        biased;
-                        () = async {
-                            let _ = frozen.wait_for(|upto| n <= *upto).await;
-                        } => {
-                            // Held, never polled again.
-                            let _conn = conn;
-                            return std::future::pending().await;
-                        }
-                        next = conn.accept() => next,
-                    };
-                    let Some(Ok((request, mut respond))) = next else {
-                        break;
-                    };
-                    let Ok(send) = respond.send_response(http::Response::new(()), false) else {
-                        continue;
-                    };
-                    match far {
-                        Far::Echo => streams.spawn(echo_h2(request.into_body(), send)),
-                        Far::Flood => streams.spawn(flood(send, sent.clone())),
-                    };
-                }
-                let _ = ended.send(());
-            });
+    let sent = flooded.clone();
+    let gateway = scripted_h2_gateway(pki, h2::server::Builder::new(), move |n, mut conn| {
+        let (sent, ended, pings, mut frozen) = (
+            sent.clone(),
+            ended_tx.clone(),
+            pings_tx.clone(),
+            frozen.clone(),
+        );
+        async move {
+            let _ = pings.send(conn.ping_pong().expect("ping handle"));
+            let mut streams = JoinSet::new();
+            loop {
+                // Biased to the freeze: a CONNECT that arrives before
+                // this task saw the freeze must find it frozen, not be
+                // answered by a coin toss.
+                let next = tokio::select! {
+                    biased;
+                    () = async {
+                        let _ = frozen.wait_for(|upto| n <= *upto).await;
+                    } => {
+                        // Held, never polled again.
+                        let _conn = conn;
+                        return std::future::pending().await;
+                    }
+                    next = conn.accept() => next,
+                };
+                let Some(Ok((request, mut respond))) = next else {
+                    break;
+                };
+                let Ok(send) = respond.send_response(http::Response::new(()), false) else {
+                    continue;
+                };
+                match far {
+                    Far::Echo => streams.spawn(echo_h2(request.into_body(), send)),
+                    Far::Flood => streams.spawn(flood(send, sent.clone())),
+                };
+            }
+            let _ = ended.send(());
         }
-    });
+    })
+    .await;
     FakeGateway {
-        addr,
-        accepted,
+        addr: gateway.addr,
+        accepted: gateway.accepted.clone(),
         flooded,
         ended,
         pings,
         freeze,
-        _task: task,
+        _gateway: gateway,
     }
 }
 
