@@ -33,6 +33,7 @@ use rustls::pki_types::ServerName;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::activation::ActorActivation;
 use crate::egress::{ActorEgress, Destination, Egress, EgressConfig, EgressError};
 use crate::ingress::{ActorDialer, SandboxDialer};
 use crate::ingress::{Ingress, IngressConfig, IngressError};
@@ -615,11 +616,20 @@ impl Tunnel {
         dialer: Box<dyn ActorDialer>,
         egress: Option<ActorEgress>,
     ) -> Result<(), TunnelError> {
+        // One activation for both sides: one cancel, one cut, and the
+        // same relay bounds for egress tunnels and ingress CONNECT tunnels.
+        let activation = Arc::new(ActorActivation::new(self.cfg.egress.relay));
         if let Some((ingress, _, _)) = &self.ingress {
-            ingress.activate(&actor.atespace, &actor.name, &actor.uid, dialer)?;
+            ingress.activate_with(
+                &actor.atespace,
+                &actor.name,
+                &actor.uid,
+                dialer,
+                activation.clone(),
+            )?;
         }
         if let Some(egress) = egress
-            && let Err(e) = self.egress.activate(&actor.uid, egress)
+            && let Err(e) = self.egress.activate_with(&actor.uid, egress, activation)
         {
             // All or nothing: the route just made goes again.
             if let Some((ingress, _, _)) = &self.ingress {
@@ -636,12 +646,46 @@ impl Tunnel {
     /// its tunnels and waits for them (bounded). Idempotent; other actors are
     /// untouched. Both sides are always attempted.
     pub async fn deactivate(&self, actor: &ActorRef) -> Result<(), TunnelError> {
-        if let Some((ingress, _, _)) = &self.ingress {
-            ingress
-                .deactivate(&actor.atespace, &actor.name, &actor.uid)
-                .await;
+        Ok(self.retire(actor, self.cfg.egress.drain_timeout).await?)
+    }
+
+    /// Deactivation: both sides stop taking work, the activation is
+    /// cancelled once (both sides' work in flight is cut at that instant),
+    /// and both sides are waited for together, ingress up to its drain
+    /// timeout, egress up to `within` for its tunnels and again for its
+    /// gateway connections. Only egress's wait reports a timeout.
+    async fn retire(&self, actor: &ActorRef, within: Duration) -> Result<(), EgressError> {
+        let ingress = self.ingress.as_ref().map(|(i, _, _)| i);
+        let route = ingress.and_then(|i| i.take_route(&actor.atespace, &actor.name, &actor.uid));
+        let egress = self.egress.take(&actor.uid);
+        // The same activation on both sides, unless one side's is left
+        // from an activation the other no longer has (egress armed alone).
+        let shared = [
+            route.as_ref().map(|r| r.activation().clone()),
+            egress.as_ref().map(|e| e.shared().clone()),
+        ];
+        match &shared {
+            [Some(a), Some(b)] if !Arc::ptr_eq(a, b) => {
+                a.cancel();
+                b.cancel();
+            }
+            [Some(a), _] | [None, Some(a)] => a.cancel(),
+            [None, None] => {}
         }
-        Ok(self.egress.deactivate(&actor.uid).await?)
+        let (_, drained) = tokio::join!(
+            async {
+                if let (Some(ingress), Some(route)) = (ingress, route) {
+                    ingress.drain_route(route).await;
+                }
+            },
+            async {
+                match egress {
+                    Some(a) => self.egress.drain(&actor.uid, a, within).await,
+                    None => Ok(()),
+                }
+            },
+        );
+        drained
     }
 
     /// Deactivates the actor, stops its listener and relay, and removes its
@@ -654,12 +698,8 @@ impl Tunnel {
     /// [`Tunnel::close_sandbox`], waiting at most `within` for the actor's
     /// egress tunnels and again for its gateway connections.
     async fn close_within(&self, actor: &ActorRef, within: Duration) -> Result<(), TunnelError> {
-        if let Some((ingress, _, _)) = &self.ingress {
-            ingress
-                .deactivate(&actor.atespace, &actor.name, &actor.uid)
-                .await;
-        }
-        let deactivated = self.egress.unbind(&actor.uid, within).await;
+        let deactivated = self.retire(actor, within).await;
+        self.egress.forget(&actor.uid);
         let sandbox = self
             .sandboxes
             .lock()

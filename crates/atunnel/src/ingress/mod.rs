@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::SHUTDOWN_CLOSE_GRACE;
+use crate::activation::ActorActivation;
 use atunnel_core::relay::RelayBounds;
 
 use atunnel_core::sockopt::SocketOptions;
@@ -240,9 +241,15 @@ impl Ingress {
     }
 
     /// Ends actor `uid`'s requests and CONNECT tunnels in flight (the
-    /// overload guard shed it): how many, or `None` if it is not active.
+    /// overload guard shed it) and its egress tunnels with them: how many
+    /// requests and tunnels, or `None` if it is not active.
     pub(crate) fn shed(&self, uid: &str) -> Option<usize> {
         self.routes.shed(uid)
+    }
+
+    /// Actor `uid`'s requests and CONNECT tunnels in flight, if any.
+    pub(crate) fn in_flight(&self, uid: &str) -> Option<usize> {
+        self.routes.in_flight(uid)
     }
 
     /// The actor's current route, if it is active.
@@ -298,6 +305,10 @@ impl Ingress {
         )
     }
 
+    /// Routes `<atespace>/<name>` to the actor `uid` behind `dialer`, in
+    /// an activation of ingress's own (CONNECT tunnels relay within
+    /// `IngressConfig::relay`). The same name with another uid replaces the
+    /// older incarnation; the same uid is refused.
     pub fn activate(
         &self,
         atespace: &str,
@@ -305,13 +316,49 @@ impl Ingress {
         uid: &str,
         dialer: Box<dyn ActorDialer>,
     ) -> Result<(), IngressError> {
-        Ok(self.routes.activate(atespace, name, uid, dialer)?)
+        let activation = Arc::new(ActorActivation::new(self.routes.relay()));
+        self.activate_with(atespace, name, uid, dialer, activation)
     }
 
+    /// [`Ingress::activate`] as one side of `activation`, which egress
+    /// may share (its relay bounds are the CONNECT tunnels').
+    pub(crate) fn activate_with(
+        &self,
+        atespace: &str,
+        name: &str,
+        uid: &str,
+        dialer: Box<dyn ActorDialer>,
+        activation: Arc<ActorActivation>,
+    ) -> Result<(), IngressError> {
+        Ok(self
+            .routes
+            .activate(atespace, name, uid, dialer, activation)?)
+    }
+
+    /// Stops routing to the actor if `uid` matches, cancels its activation
+    /// (its requests in flight end with an error, its tunnels are reset)
+    /// and waits for them up to `drain_timeout`. Idempotent.
     pub async fn deactivate(&self, atespace: &str, name: &str, uid: &str) {
         self.routes
             .deactivate(atespace, name, uid, self.cfg.drain_timeout)
             .await
+    }
+
+    /// Stops routing to the actor if `uid` matches (the first half of
+    /// [`Ingress::deactivate`]): its route, for [`Ingress::drain_route`].
+    pub(crate) fn take_route(
+        &self,
+        atespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Option<Arc<ActorRoute>> {
+        self.routes.take(atespace, name, uid)
+    }
+
+    /// Cancels `route`'s activation and waits for its requests and
+    /// tunnels up to `drain_timeout` (the second half).
+    pub(crate) async fn drain_route(&self, route: Arc<ActorRoute>) {
+        Routes::drain(route, self.cfg.drain_timeout).await
     }
 
     /// Serves the CONNECT listener until `cancel`.
