@@ -347,51 +347,20 @@ impl Tunnel {
     }
 
     /// On every SIGHUP until `cancel`, re-reads ingress's credential and
-    /// trust bundles ([`Ingress::reload_tls`]); a bundle that fails to load
-    /// is logged and the previous one kept.
+    /// trust bundles; ingress also polls the trust bundle's file
+    /// ([`Ingress::reload_tls_until`]).
     pub async fn reload_tls_on_sighup(self: Arc<Self>, cancel: CancellationToken) {
         let Some((ingress, _, _)) = self.ingress() else {
             return;
         };
-        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(s) => s,
+        let hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(error = %e, "no SIGHUP handler: TLS bundles reload only with their files");
-                return;
+                None
             }
         };
-        // The trust bundle's file is also checked for a change (its own
-        // rotation needs no signal); the credential bundle is checked at
-        // every handshake (`ReloadingCert`).
-        let trust = ingress.config().trust_bundle.clone();
-        let poll = ingress.config().trust_bundle_poll;
-        let mut stamp = crate::ingress::tls::modified(&trust);
-        let mut tick = (!poll.is_zero()).then(|| {
-            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
-            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            t
-        });
-        loop {
-            let why = tokio::select! {
-                _ = cancel.cancelled() => return,
-                got = hup.recv() => match got {
-                    Some(()) => "SIGHUP",
-                    None => return,
-                },
-                _ = async { match &mut tick { Some(t) => t.tick().await, None => std::future::pending().await } } => {
-                    let now = crate::ingress::tls::modified(&trust);
-                    if now == stamp {
-                        continue;
-                    }
-                    "the trust bundle changed"
-                }
-            };
-            stamp = crate::ingress::tls::modified(&trust);
-            match ingress.reload_tls() {
-                Ok(()) => tracing::info!(why, "reloaded the credential and trust bundles"),
-                Err(e) => tracing::warn!(why, error = %e, "keeping the previous TLS bundles"),
-            }
-        }
+        ingress.reload_tls_until(hup, cancel).await
     }
 
     /// Where /stats is served, if it is.
