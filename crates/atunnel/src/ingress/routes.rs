@@ -87,9 +87,9 @@ pub const TARGET_ACTOR: &str = "ate-target-actor";
 pub(crate) static TARGET_ACTOR_NAME: HeaderName = HeaderName::from_static(TARGET_ACTOR);
 
 /// The hyper connector of one activation: every dial goes through its dialer,
-/// is refused once the activation is cancelled or retired, and is counted. It dials
-/// `port` if set, else the URI's port. An h2c connection's IO is under a
-/// [`FloodGuard`].
+/// is refused once the activation is cancelled or ingress's side retired,
+/// and is counted. It dials `port` if set, else the URI's port. An h2c
+/// connection's IO is under a [`FloodGuard`].
 #[derive(Clone)]
 pub(crate) struct ActivationConnector {
     activation: Arc<Shared>,
