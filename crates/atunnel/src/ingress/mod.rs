@@ -94,8 +94,10 @@ pub struct IngressConfig {
     /// Connections in their TLS handshake on each listener, in total and
     /// per source address; past either, new ones are closed at once.
     pub pre_auth: PreAuthLimits,
-    /// When CONNECT tunnels that cannot finish are reset: egress's bounds
-    /// (`--stalled-write-timeout`, `--half-closed-timeout`).
+    /// When CONNECT tunnels that cannot finish are reset, for an `Ingress`
+    /// used on its own (`--stalled-write-timeout`, `--half-closed-timeout`).
+    /// A `Tunnel`'s actors relay within their activation's bounds,
+    /// `TunnelConfig::egress.relay`, on both sides.
     pub relay: RelayBounds,
     /// Each HTTP/2 connection's control-frame budget: the router's to both
     /// listeners, and h2c to actors.
