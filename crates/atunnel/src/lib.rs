@@ -10,6 +10,7 @@
 //! Depends on every lower crate (core, identity, sandbox, dns, nodeagent,
 //! tls, connect, process); only the bench and tests depend on it.
 
+mod activation;
 mod admin;
 #[cfg(feature = "comparison")]
 pub mod comparison;

@@ -65,12 +65,18 @@ impl atunnel_core::overload::Shed for ShedActors {
             .map(|(_, h)| h)
             .unwrap_or_default();
         // Both sides of the actor: what it holds is counted across them.
+        // The cut is the activation's, one for both sides, so each side's
+        // count is taken before either cuts.
+        let ingress = self.ingress.as_ref().and_then(Weak::upgrade);
+        let requests = ingress.as_ref().and_then(|i| i.in_flight(who));
         let tunnels = self.egress.upgrade().and_then(|e| e.shed(who));
-        let requests = self
-            .ingress
-            .as_ref()
-            .and_then(Weak::upgrade)
-            .and_then(|i| i.shed(who));
+        if requests.is_some()
+            && let Some(ingress) = &ingress
+        {
+            // The only cut if the actor has no egress tunnel; otherwise a
+            // second one, which also ends what was admitted in between.
+            ingress.shed(who);
+        }
         if tunnels.is_none() && requests.is_none() {
             return None;
         }

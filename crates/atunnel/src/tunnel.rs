@@ -33,6 +33,7 @@ use rustls::pki_types::ServerName;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::activation::ActorActivation;
 use crate::egress::{ActorEgress, Destination, Egress, EgressConfig, EgressError};
 use crate::ingress::{ActorDialer, SandboxDialer};
 use crate::ingress::{Ingress, IngressConfig, IngressError};
@@ -346,51 +347,20 @@ impl Tunnel {
     }
 
     /// On every SIGHUP until `cancel`, re-reads ingress's credential and
-    /// trust bundles ([`Ingress::reload_tls`]); a bundle that fails to load
-    /// is logged and the previous one kept.
+    /// trust bundles; ingress also polls the trust bundle's file
+    /// ([`Ingress::reload_tls_until`]).
     pub async fn reload_tls_on_sighup(self: Arc<Self>, cancel: CancellationToken) {
         let Some((ingress, _, _)) = self.ingress() else {
             return;
         };
-        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(s) => s,
+        let hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(error = %e, "no SIGHUP handler: TLS bundles reload only with their files");
-                return;
+                None
             }
         };
-        // The trust bundle's file is also checked for a change (its own
-        // rotation needs no signal); the credential bundle is checked at
-        // every handshake (`ReloadingCert`).
-        let trust = ingress.config().trust_bundle.clone();
-        let poll = ingress.config().trust_bundle_poll;
-        let mut stamp = crate::ingress::tls::modified(&trust);
-        let mut tick = (!poll.is_zero()).then(|| {
-            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
-            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            t
-        });
-        loop {
-            let why = tokio::select! {
-                _ = cancel.cancelled() => return,
-                got = hup.recv() => match got {
-                    Some(()) => "SIGHUP",
-                    None => return,
-                },
-                _ = async { match &mut tick { Some(t) => t.tick().await, None => std::future::pending().await } } => {
-                    let now = crate::ingress::tls::modified(&trust);
-                    if now == stamp {
-                        continue;
-                    }
-                    "the trust bundle changed"
-                }
-            };
-            stamp = crate::ingress::tls::modified(&trust);
-            match ingress.reload_tls() {
-                Ok(()) => tracing::info!(why, "reloaded the credential and trust bundles"),
-                Err(e) => tracing::warn!(why, error = %e, "keeping the previous TLS bundles"),
-            }
-        }
+        ingress.reload_tls_until(hup, cancel).await
     }
 
     /// Where /stats is served, if it is.
@@ -615,11 +585,20 @@ impl Tunnel {
         dialer: Box<dyn ActorDialer>,
         egress: Option<ActorEgress>,
     ) -> Result<(), TunnelError> {
+        // One activation for both sides: one cancel, one cut, and the
+        // same relay bounds for egress tunnels and ingress CONNECT tunnels.
+        let activation = Arc::new(ActorActivation::new(self.cfg.egress.relay));
         if let Some((ingress, _, _)) = &self.ingress {
-            ingress.activate(&actor.atespace, &actor.name, &actor.uid, dialer)?;
+            ingress.activate_with(
+                &actor.atespace,
+                &actor.name,
+                &actor.uid,
+                dialer,
+                activation.clone(),
+            )?;
         }
         if let Some(egress) = egress
-            && let Err(e) = self.egress.activate(&actor.uid, egress)
+            && let Err(e) = self.egress.activate_with(&actor.uid, egress, activation)
         {
             // All or nothing: the route just made goes again.
             if let Some((ingress, _, _)) = &self.ingress {
@@ -636,12 +615,46 @@ impl Tunnel {
     /// its tunnels and waits for them (bounded). Idempotent; other actors are
     /// untouched. Both sides are always attempted.
     pub async fn deactivate(&self, actor: &ActorRef) -> Result<(), TunnelError> {
-        if let Some((ingress, _, _)) = &self.ingress {
-            ingress
-                .deactivate(&actor.atespace, &actor.name, &actor.uid)
-                .await;
+        Ok(self.retire(actor, self.cfg.egress.drain_timeout).await?)
+    }
+
+    /// Deactivation: both sides stop taking work, the activation is
+    /// cancelled once (both sides' work in flight is cut at that instant),
+    /// and both sides are waited for together, ingress up to its drain
+    /// timeout, egress up to `within` for its tunnels and again for its
+    /// gateway connections. Only egress's wait reports a timeout.
+    async fn retire(&self, actor: &ActorRef, within: Duration) -> Result<(), EgressError> {
+        let ingress = self.ingress.as_ref().map(|(i, _, _)| i);
+        let route = ingress.and_then(|i| i.take_route(&actor.atespace, &actor.name, &actor.uid));
+        let egress = self.egress.take(&actor.uid);
+        // The same activation on both sides, unless one side's is left
+        // from an activation the other no longer has (egress armed alone).
+        let shared = [
+            route.as_ref().map(|r| r.activation().clone()),
+            egress.as_ref().map(|e| e.shared().clone()),
+        ];
+        match &shared {
+            [Some(a), Some(b)] if !Arc::ptr_eq(a, b) => {
+                a.cancel();
+                b.cancel();
+            }
+            [Some(a), _] | [None, Some(a)] => a.cancel(),
+            [None, None] => {}
         }
-        Ok(self.egress.deactivate(&actor.uid).await?)
+        let (_, drained) = tokio::join!(
+            async {
+                if let (Some(ingress), Some(route)) = (ingress, route) {
+                    ingress.drain_route(route).await;
+                }
+            },
+            async {
+                match egress {
+                    Some(a) => self.egress.drain(&actor.uid, a, within).await,
+                    None => Ok(()),
+                }
+            },
+        );
+        drained
     }
 
     /// Deactivates the actor, stops its listener and relay, and removes its
@@ -654,12 +667,8 @@ impl Tunnel {
     /// [`Tunnel::close_sandbox`], waiting at most `within` for the actor's
     /// egress tunnels and again for its gateway connections.
     async fn close_within(&self, actor: &ActorRef, within: Duration) -> Result<(), TunnelError> {
-        if let Some((ingress, _, _)) = &self.ingress {
-            ingress
-                .deactivate(&actor.atespace, &actor.name, &actor.uid)
-                .await;
-        }
-        let deactivated = self.egress.unbind(&actor.uid, within).await;
+        let deactivated = self.retire(actor, within).await;
+        self.egress.forget(&actor.uid);
         let sandbox = self
             .sandboxes
             .lock()

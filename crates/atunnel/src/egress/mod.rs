@@ -33,6 +33,7 @@ use atunnel_connect::{GatewayClient, GatewayClientConfig, GatewayTunnel};
 use atunnel_identity::clock::Clock;
 use atunnel_identity::credential::{ActorCredential, CredentialError, renew_until_cancelled};
 
+use crate::activation::ActorActivation;
 use crate::holdings::{ActorHold, Holdings, TUNNEL_HELD_BYTES};
 
 mod budget;
@@ -123,45 +124,22 @@ impl ActorEgress {
     }
 }
 
-/// One activation of one actor: cancelled on deactivation, never reused.
-struct Activation {
+/// Egress's side of one activation of one actor: its credential and
+/// gateway client, beside what it shares with ingress (cancel, cut, relay
+/// bounds, its tasks).
+pub(crate) struct Activation {
     egress: ActorEgress,
-    cancel: CancellationToken,
-    /// What the tunnels wait on, one token where they would otherwise wait
-    /// on two (72 B each, in every idle tunnel's task): cancelled with
-    /// `cancel` at deactivation, and when the actor is shed (the overload
-    /// guard), then replaced so tunnels opened later are not shed with them.
-    cut: Mutex<CancellationToken>,
-    /// The actor's tunnels and its renewal task.
-    tasks: TaskTracker,
+    shared: Arc<ActorActivation>,
 }
 
 impl Activation {
     fn admits(&self) -> bool {
-        !self.cancel.is_cancelled() && self.egress.credential.is_valid()
+        !self.shared.is_cancelled() && self.egress.credential.is_valid()
     }
 
-    fn cut_token(&self) -> CancellationToken {
-        self.cut.lock().expect("cut lock poisoned").clone()
-    }
-
-    /// Cuts every tunnel the activation has now; later ones are not
-    /// affected unless the activation is being cancelled.
-    fn shed_tunnels(&self) {
-        let mut cut = self.cut.lock().expect("cut lock poisoned");
-        let old = std::mem::take(&mut *cut);
-        // Deactivation cancels `cancel` before it takes this lock to cut the
-        // current token, so a shed that comes after it leaves none uncut.
-        if self.cancel.is_cancelled() {
-            cut.cancel();
-        }
-        old.cancel();
-    }
-
-    /// Cancels the activation and cuts its tunnels.
-    fn cancel(&self) {
-        self.cancel.cancel();
-        self.cut.lock().expect("cut lock poisoned").cancel();
+    /// What this side shares with ingress.
+    pub(crate) fn shared(&self) -> &Arc<ActorActivation> {
+        &self.shared
     }
 }
 
@@ -497,7 +475,8 @@ impl Egress {
             .shed
             .fetch_add(tunnels as u64, Ordering::Relaxed);
         if let Some(activation) = binding.current() {
-            activation.shed_tunnels();
+            // The activation's cut: its ingress work in flight ends too.
+            activation.shared.shed();
         }
         Some(tunnels)
     }
@@ -604,8 +583,8 @@ impl Egress {
                     };
                     // Taken now, not when the task first runs: a deactivation
                     // that begins in between must wait for this tunnel too.
-                    let drained = activation.tasks.token();
-                    let cut = activation.cut_token();
+                    let drained = activation.shared.egress_tasks().token();
+                    let cut = activation.shared.cut_token();
                     // Here rather than in the task, which would hold both the
                     // `Destination` and the address for the tunnel's life.
                     let to = match dest {
@@ -684,7 +663,8 @@ impl Egress {
             // resets the connection, where it would otherwise send a FIN behind
             // the lost bytes. Only a clean end turns it off again.
             actor.reset_on_close();
-            let relay = relay_within(&mut actor, &mut tunnel, pool, &open.egress.cfg.relay);
+            // The activation's bounds, which its ingress CONNECT tunnels share.
+            let relay = relay_within(&mut actor, &mut tunnel, pool, activation.shared.relay());
             let ended = relay_until_cancelled(relay, cut).await;
             // The connection by the actor's address and port: its destination
             // is logged when it opens, and kept no longer.
@@ -758,25 +738,35 @@ impl Egress {
     }
 
     /// Arms egress for actor `uid`: its listener's connections are admitted
-    /// from now on, and its certificate is renewed until deactivation.
+    /// from now on, and its certificate is renewed until deactivation. The
+    /// activation is egress's own, with `EgressConfig::relay`.
     pub fn activate(&self, uid: &str, egress: ActorEgress) -> Result<(), EgressError> {
+        self.activate_with(uid, egress, Arc::new(ActorActivation::new(self.cfg.relay)))
+    }
+
+    /// [`Egress::activate`] as one side of `activation`, which ingress may
+    /// share: its cancel refuses this side's new tunnels and cuts its open
+    /// ones.
+    pub(crate) fn activate_with(
+        &self,
+        uid: &str,
+        egress: ActorEgress,
+        activation: Arc<ActorActivation>,
+    ) -> Result<(), EgressError> {
         let binding = self.binding(uid);
         let mut slot = binding.activation.lock().expect("binding lock poisoned");
         if slot.is_some() {
             return Err(EgressError::AlreadyActive(uid.to_string()));
         }
-        let activation = Arc::new(Activation {
-            cancel: CancellationToken::new(),
-            cut: Mutex::default(),
-            tasks: TaskTracker::new(),
-            egress,
-        });
-        activation.tasks.spawn(renew_until_cancelled(
-            activation.egress.credential.clone(),
-            activation.egress.source.clone(),
-            activation.cancel.clone(),
+        activation.egress_tasks().spawn(renew_until_cancelled(
+            egress.credential.clone(),
+            egress.source.clone(),
+            activation.cancel_token(),
         ));
-        *slot = Some(activation);
+        *slot = Some(Arc::new(Activation {
+            egress,
+            shared: activation,
+        }));
         Ok(())
     }
 
@@ -791,28 +781,41 @@ impl Egress {
     /// [`Egress::deactivate`], waiting at most `after` for the tunnels and
     /// again for the gateway connections.
     async fn deactivate_within(&self, uid: &str, after: Duration) -> Result<(), EgressError> {
+        match self.take(uid) {
+            Some(activation) => self.drain(uid, activation, after).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Takes actor `uid`'s activation out of its binding: its listener's
+    /// connections are refused from now on. `None`: it has none.
+    pub(crate) fn take(&self, uid: &str) -> Option<Arc<Activation>> {
         let binding = self
             .bindings
             .lock()
             .expect("bindings lock poisoned")
             .get(uid)
-            .cloned();
-        let Some(binding) = binding else {
-            return Ok(());
-        };
-        let Some(activation) = binding
+            .cloned()?;
+        binding
             .activation
             .lock()
             .expect("binding lock poisoned")
             .take()
-        else {
-            return Ok(());
-        };
-        activation.cancel();
-        activation.tasks.close();
-        let drained = tokio::time::timeout(after, activation.tasks.wait())
-            .await
-            .is_ok();
+    }
+
+    /// Cancels `activation` (a no-op if the tunnel did already), then
+    /// waits at most `after` for its tunnels and renewal, and again for its
+    /// gateway connections.
+    pub(crate) async fn drain(
+        &self,
+        uid: &str,
+        activation: Arc<Activation>,
+        after: Duration,
+    ) -> Result<(), EgressError> {
+        activation.shared.cancel();
+        let tasks = activation.shared.egress_tasks();
+        tasks.close();
+        let drained = tokio::time::timeout(after, tasks.wait()).await.is_ok();
         // The actor's gateway connections end with their last stream, so a
         // tunnel that outlived the drain would hold this wait too: bounded.
         let closed = tokio::time::timeout(after, activation.egress.client.close())
@@ -823,7 +826,7 @@ impl Egress {
         } else {
             Err(EgressError::DrainTimeout {
                 uid: uid.to_string(),
-                open: activation.tasks.len(),
+                open: tasks.len(),
                 after,
             })
         }
@@ -833,11 +836,16 @@ impl Egress {
     /// cancel token). Deactivates first if needed.
     pub(crate) async fn unbind(&self, uid: &str, within: Duration) -> Result<(), EgressError> {
         let result = self.deactivate_within(uid, within).await;
+        self.forget(uid);
+        result
+    }
+
+    /// Forgets actor `uid`'s binding, deactivated by the caller.
+    pub(crate) fn forget(&self, uid: &str) {
         self.bindings
             .lock()
             .expect("bindings lock poisoned")
             .remove(uid);
-        result
     }
 
     /// Stops every listener and actor.
@@ -876,7 +884,7 @@ pub(crate) enum Ended<T, E> {
 }
 
 /// Runs `relay` until both directions end or `cut` (the activation's: see
-/// [`Activation::cut`]) is cancelled, which drops the relay: it resets the
+/// `ActorActivation::cut`) is cancelled, which drops the relay: it resets the
 /// tunnel and the actor's socket, so a cut stream does not look complete to
 /// either peer. A named future owning both rather than a `select!` in an
 /// `async` block, which kept its arguments twice and the macro's state

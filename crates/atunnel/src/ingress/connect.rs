@@ -9,7 +9,7 @@ use atunnel_core::endpoint::Endpoint;
 use atunnel_core::relay::relay_within;
 use tokio::net::TcpStream;
 
-use super::https::{ASSIGNMENT_STALE, target_activation};
+use super::https::ASSIGNMENT_STALE;
 use super::routes::{ActorRoute, Routes};
 use atunnel_connect::{Answer, ConnectHandler, ConnectRequest};
 
@@ -46,7 +46,7 @@ impl ConnectHandler for IngressConnect {
         if req.method != "CONNECT" {
             return Answer::refuse(405, "Method Not Allowed", "method not allowed\n");
         }
-        let Some(activation) = target_activation(&self.routes, req.headers) else {
+        let Some(activation) = self.routes.target(req.headers) else {
             return Answer::Refuse {
                 status: 421,
                 reason: "Misdirected Request",

@@ -24,11 +24,9 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::http1_pool::{ActorBody, Http1Pool, UpstreamBody};
-use super::routes::{ActorRoute, RouterBytes, Routes};
+use super::routes::{ActorRoute, RouterBytes, Routes, TARGET_ACTOR_NAME};
 use atunnel_connect::limits::PROXY_STREAM_WINDOW;
 
-/// Header naming the actor: `<atespace>/<actor>`.
-pub const TARGET_ACTOR: &str = "ate-target-actor";
 /// Header selecting the actor's port (1-65535; default 80).
 pub const TARGET_PORT: &str = "x-ate-target-port";
 /// Set on 421 answers: the router's assignment is stale.
@@ -41,7 +39,6 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, crate::BoxError>;
 // The names this file looks up or sets on every request, as `HeaderName`s:
 // a `&str` name is parsed and checked again at each lookup, which cost ~5 %
 // of an ingress request's instructions (the cost scenario's profile).
-static TARGET_ACTOR_NAME: HeaderName = HeaderName::from_static(TARGET_ACTOR);
 static TARGET_PORT_NAME: HeaderName = HeaderName::from_static(TARGET_PORT);
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -97,19 +94,6 @@ pub fn misdirected() -> Response<ProxyBody> {
 
 fn bad_gateway() -> Response<ProxyBody> {
     text(StatusCode::BAD_GATEWAY, "bad gateway\n")
-}
-
-/// The actor named by `ate-target-actor`, if it is valid and active.
-pub fn target_activation(routes: &Routes, headers: &HeaderMap) -> Option<Arc<ActorRoute>> {
-    let value = headers.get(&TARGET_ACTOR_NAME)?.to_str().ok()?;
-    // Looked up as it is, not parsed into two names first (four allocations
-    // a request): exactly one '/' keeps an actor whose names hold one from
-    // answering for another.
-    let value = value.trim();
-    if value.bytes().filter(|b| *b == b'/').count() != 1 {
-        return None;
-    }
-    routes.lookup_target(value).filter(|a| !a.is_cancelled())
 }
 
 /// `X-Ate-Target-Port` if it is a valid port, else 80.
@@ -216,7 +200,7 @@ async fn forward(
     grpc: bool,
     shared: bool,
 ) -> Response<ProxyBody> {
-    let Some(activation) = target_activation(&routes, req.headers()) else {
+    let Some(activation) = routes.target(req.headers()) else {
         return misdirected();
     };
     if let Some(refused) = routes.overloaded(&activation) {

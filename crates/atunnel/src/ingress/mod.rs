@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::SHUTDOWN_CLOSE_GRACE;
+use crate::activation::ActorActivation;
 use atunnel_core::relay::RelayBounds;
 
 use atunnel_core::sockopt::SocketOptions;
@@ -93,8 +94,10 @@ pub struct IngressConfig {
     /// Connections in their TLS handshake on each listener, in total and
     /// per source address; past either, new ones are closed at once.
     pub pre_auth: PreAuthLimits,
-    /// When CONNECT tunnels that cannot finish are reset: egress's bounds
-    /// (`--stalled-write-timeout`, `--half-closed-timeout`).
+    /// When CONNECT tunnels that cannot finish are reset, for an `Ingress`
+    /// used on its own (`--stalled-write-timeout`, `--half-closed-timeout`).
+    /// A `Tunnel`'s actors relay within their activation's bounds,
+    /// `TunnelConfig::egress.relay`, on both sides.
     pub relay: RelayBounds,
     /// Each HTTP/2 connection's control-frame budget: the router's to both
     /// listeners, and h2c to actors.
@@ -240,9 +243,15 @@ impl Ingress {
     }
 
     /// Ends actor `uid`'s requests and CONNECT tunnels in flight (the
-    /// overload guard shed it): how many, or `None` if it is not active.
+    /// overload guard shed it) and its egress tunnels with them: how many
+    /// requests and tunnels, or `None` if it is not active.
     pub(crate) fn shed(&self, uid: &str) -> Option<usize> {
         self.routes.shed(uid)
+    }
+
+    /// Actor `uid`'s requests and CONNECT tunnels in flight, if any.
+    pub(crate) fn in_flight(&self, uid: &str) -> Option<usize> {
+        self.routes.in_flight(uid)
     }
 
     /// The actor's current route, if it is active.
@@ -284,6 +293,48 @@ impl Ingress {
         Ok(())
     }
 
+    /// Until `cancel`, reloads the credential and trust bundles
+    /// ([`Ingress::reload_tls`]) at each signal `hup` delivers (SIGHUP,
+    /// from the tunnel) and, every `trust_bundle_poll` (zero: never), when
+    /// the trust bundle's file changed: its own rotation needs no signal.
+    /// The credential bundle is also checked at every handshake
+    /// (`ReloadingCert`). A bundle that fails to load is logged and the
+    /// previous one kept.
+    pub async fn reload_tls_until(
+        &self,
+        mut hup: Option<tokio::signal::unix::Signal>,
+        cancel: CancellationToken,
+    ) {
+        let trust = &self.cfg.trust_bundle;
+        let poll = self.cfg.trust_bundle_poll;
+        let mut stamp = tls::modified(trust);
+        let mut tick = (!poll.is_zero()).then(|| {
+            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
+        loop {
+            let why = tokio::select! {
+                _ = cancel.cancelled() => return,
+                got = async { match &mut hup { Some(h) => h.recv().await, None => std::future::pending().await } } => match got {
+                    Some(()) => "SIGHUP",
+                    None => return,
+                },
+                _ = async { match &mut tick { Some(t) => t.tick().await, None => std::future::pending().await } } => {
+                    if tls::modified(trust) == stamp {
+                        continue;
+                    }
+                    "the trust bundle changed"
+                }
+            };
+            stamp = tls::modified(trust);
+            match self.reload_tls() {
+                Ok(()) => tracing::info!(why, "reloaded the credential and trust bundles"),
+                Err(e) => tracing::warn!(why, error = %e, "keeping the previous TLS bundles"),
+            }
+        }
+    }
+
     /// The pre-authentication figures of the HTTPS and the CONNECT listener.
     pub fn pre_auth(&self) -> (PreAuthFigures, PreAuthFigures) {
         (self.https_pre_auth.figures(), self.connect.pre_auth())
@@ -298,6 +349,10 @@ impl Ingress {
         )
     }
 
+    /// Routes `<atespace>/<name>` to the actor `uid` behind `dialer`, in
+    /// an activation of ingress's own (CONNECT tunnels relay within
+    /// `IngressConfig::relay`). The same name with another uid replaces the
+    /// older incarnation; the same uid is refused.
     pub fn activate(
         &self,
         atespace: &str,
@@ -305,13 +360,49 @@ impl Ingress {
         uid: &str,
         dialer: Box<dyn ActorDialer>,
     ) -> Result<(), IngressError> {
-        Ok(self.routes.activate(atespace, name, uid, dialer)?)
+        let activation = Arc::new(ActorActivation::new(self.routes.relay()));
+        self.activate_with(atespace, name, uid, dialer, activation)
     }
 
+    /// [`Ingress::activate`] as one side of `activation`, which egress
+    /// may share (its relay bounds are the CONNECT tunnels').
+    pub(crate) fn activate_with(
+        &self,
+        atespace: &str,
+        name: &str,
+        uid: &str,
+        dialer: Box<dyn ActorDialer>,
+        activation: Arc<ActorActivation>,
+    ) -> Result<(), IngressError> {
+        Ok(self
+            .routes
+            .activate(atespace, name, uid, dialer, activation)?)
+    }
+
+    /// Stops routing to the actor if `uid` matches, cancels its activation
+    /// (its requests in flight end with an error, its tunnels are reset)
+    /// and waits for them up to `drain_timeout`. Idempotent.
     pub async fn deactivate(&self, atespace: &str, name: &str, uid: &str) {
         self.routes
             .deactivate(atespace, name, uid, self.cfg.drain_timeout)
             .await
+    }
+
+    /// Stops routing to the actor if `uid` matches (the first half of
+    /// [`Ingress::deactivate`]): its route, for [`Ingress::drain_route`].
+    pub(crate) fn take_route(
+        &self,
+        atespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Option<Arc<ActorRoute>> {
+        self.routes.take(atespace, name, uid)
+    }
+
+    /// Cancels `route`'s activation and waits for its requests and
+    /// tunnels up to `drain_timeout` (the second half).
+    pub(crate) async fn drain_route(&self, route: Arc<ActorRoute>) {
+        Routes::drain(route, self.cfg.drain_timeout).await
     }
 
     /// Serves the CONNECT listener until `cancel`.

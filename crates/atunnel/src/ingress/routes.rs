@@ -1,4 +1,6 @@
-//! Which actors ingress may reach, and each activation's own upstream pools.
+//! Which actors ingress may reach (a request names its actor in
+//! `ate-target-actor`), and ingress's side of each activation: its dialer
+//! and its own upstream pools.
 //!
 //! Connection pools are never shared across activations: a new activation of
 //! the same actor gets fresh pools, and a connection dialed for an old one is
@@ -8,7 +10,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -20,11 +22,14 @@ use hyper::Uri;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use http::HeaderMap;
+use http::header::HeaderName;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
+use crate::activation::ActorActivation;
 use crate::holdings::{ActorHold, Holdings, REQUEST_HELD_BYTES};
 
 use super::actor_io::{ActorIo, ActorStream};
@@ -73,10 +78,18 @@ pub enum RouteError {
     AlreadyActive(String, String),
 }
 
+/// Header naming the actor: `<atespace>/<actor>`.
+pub const TARGET_ACTOR: &str = "ate-target-actor";
+
+/// [`TARGET_ACTOR`] as a `HeaderName`: a `&str` name is parsed and checked
+/// again at each lookup, which cost ~5 % of an ingress request's
+/// instructions (the cost scenario's profile).
+pub(crate) static TARGET_ACTOR_NAME: HeaderName = HeaderName::from_static(TARGET_ACTOR);
+
 /// The hyper connector of one activation: every dial goes through its dialer,
-/// is refused once the activation is cancelled, and is counted. It dials
-/// `port` if set, else the URI's port. An h2c connection's IO is under a
-/// [`FloodGuard`].
+/// is refused once the activation is cancelled or ingress's side retired,
+/// and is counted. It dials `port` if set, else the URI's port. An h2c
+/// connection's IO is under a [`FloodGuard`].
 #[derive(Clone)]
 pub(crate) struct ActivationConnector {
     activation: Arc<Shared>,
@@ -86,12 +99,19 @@ pub(crate) struct ActivationConnector {
 
 struct Shared {
     dialer: Box<dyn ActorDialer>,
-    cancel: CancellationToken,
-    /// What in-flight requests and CONNECTs end on: cancelled with
-    /// `cancel` at deactivation, and replaced by a fresh one when the
-    /// overload guard sheds the actor (its work in flight ends, the
-    /// activation stays). Made at the first request: a token costs about
-    /// 150 B of heap, which an actor never sent one need not hold.
+    /// What egress shares: deactivation's cancel, the cut, the relay bounds.
+    activation: Arc<ActorActivation>,
+    /// Set when ingress stops routing to this activation: at deactivation,
+    /// or when a newer incarnation of the actor (another uid) replaces it,
+    /// which retires ingress's side alone (the older uid's egress is its
+    /// own until it is deactivated).
+    retired: AtomicBool,
+    /// What in-flight requests and CONNECTs end on: a child of the
+    /// activation's cut (so deactivation and shedding end them, egress's
+    /// tunnels with them), cancelled on its own when this side is retired,
+    /// and made again after a shed. Made at the first request: a token
+    /// costs about 150 B of heap, which an actor never sent one need not
+    /// hold.
     work: Mutex<Option<CancellationToken>>,
     /// Bytes the router may send toward the actor that atunnel would hold
     /// while the actor does not read them: each request body's receive
@@ -132,7 +152,8 @@ pub(crate) struct Upstream {
     socket: atunnel_core::sockopt::SocketOptions,
     /// h2c connections to actors ended for a control-frame flood.
     h2c_floods: Arc<FloodCount>,
-    /// CONNECT tunnels' bounds, egress's too.
+    /// CONNECT tunnels' bounds for activations ingress makes alone
+    /// (`Ingress::activate`); a tunnel's activations carry egress's.
     pub(crate) relay: RelayBounds,
     /// Each activation takes a share of `pools.max_buffers` of it.
     pool: BufferPool,
@@ -180,11 +201,12 @@ impl ActivationConnector {
                     })?
             };
             let tcp = tokio::select! {
-                _ = shared.cancel.cancelled() => return Err(cancelled()),
+                _ = shared.activation.cancelled() => return Err(cancelled()),
                 r = dial => r?,
             };
-            // A dial that completes after deactivation is closed, never used.
-            if shared.cancel.is_cancelled() {
+            // A dial that completes after deactivation (or after a newer
+            // incarnation took the route) is closed, never used.
+            if shared.is_retired() {
                 return Err(cancelled());
             }
             shared.upstream.socket.apply(&tcp)?;
@@ -203,6 +225,12 @@ impl ActivationConnector {
     }
 }
 
+impl Shared {
+    fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed) || self.activation.is_cancelled()
+    }
+}
+
 fn cancelled() -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionAborted, "actor deactivated")
 }
@@ -212,8 +240,6 @@ fn cancelled() -> io::Error {
 pub struct ActorRoute {
     pub(crate) uid: String,
     shared: Arc<Shared>,
-    /// In-flight requests and tunnels; deactivation waits for them.
-    pub(crate) tasks: TaskTracker,
     /// What the actor holds across ingress and egress: each request or
     /// CONNECT in flight takes a descriptor of its budget (its upstream
     /// connection or dialled socket).
@@ -423,10 +449,12 @@ impl ActorRoute {
         dialer: Box<dyn ActorDialer>,
         upstream: Arc<Upstream>,
         hold: Arc<ActorHold>,
+        activation: Arc<ActorActivation>,
     ) -> Self {
         let shared = Arc::new(Shared {
             dialer,
-            cancel: CancellationToken::new(),
+            activation,
+            retired: AtomicBool::new(false),
             work: Mutex::new(None),
             router_bytes: AtomicU64::new(0),
             refused_router_bytes: AtomicU64::new(0),
@@ -445,7 +473,6 @@ impl ActorRoute {
         });
         Self {
             uid: uid.to_string(),
-            tasks: TaskTracker::new(),
             hold,
             http1: OnceLock::new(),
             h2c: Mutex::default(),
@@ -461,11 +488,21 @@ impl ActorRoute {
         &self.uid
     }
 
+    /// What this side shares with egress.
+    pub(crate) fn activation(&self) -> &Arc<ActorActivation> {
+        &self.shared.activation
+    }
+
+    /// In-flight requests and tunnels; deactivation waits for them.
+    fn tasks(&self) -> &TaskTracker {
+        self.shared.activation.ingress_tasks()
+    }
+
     /// A place for one more request or tunnel; none (counted) when the
     /// actor already has `max_in_flight` of them or its descriptor budget
     /// is spent: the caller answers 503.
     pub(crate) fn admit(&self) -> Option<InFlight> {
-        if self.tasks.len() >= self.pools().max_in_flight {
+        if self.tasks().len() >= self.pools().max_in_flight {
             self.shared
                 .refused_in_flight
                 .fetch_add(1, Ordering::Relaxed);
@@ -475,7 +512,7 @@ impl ActorRoute {
             return None;
         }
         Some(InFlight {
-            _token: self.tasks.token(),
+            _token: self.tasks().token(),
             hold: self.hold.clone(),
         })
     }
@@ -524,37 +561,53 @@ impl ActorRoute {
         })
     }
 
-    /// What the actor's work in flight ends on (deactivation or shedding).
+    /// What the actor's work in flight ends on (deactivation, shedding, or
+    /// a newer incarnation taking the route).
     pub(crate) fn work_token(&self) -> CancellationToken {
         let mut work = self.shared.work.lock().expect("work token lock poisoned");
-        work.get_or_insert_with(|| {
-            let token = CancellationToken::new();
-            // Retiring cancels `cancel` before it takes this lock to cancel
-            // the current token, so one made after that is cancelled here.
-            if self.shared.cancel.is_cancelled() {
-                token.cancel();
+        match &*work {
+            // Cancelled by a shed of the activation (or its end, which a
+            // new child of the cut will see too).
+            Some(token) if !token.is_cancelled() => token.clone(),
+            _ => {
+                // Retiring sets `retired` before it takes this lock to
+                // cancel the current token, so one made after that is
+                // cancelled here.
+                let token = self.shared.activation.cut_token().child_token();
+                if self.shared.retired.load(Ordering::Relaxed) {
+                    token.cancel();
+                }
+                *work = Some(token.clone());
+                token
             }
-            token
-        })
-        .clone()
+        }
     }
 
-    /// Cancels the current work token, if one was made: the work in
-    /// flight ends.
-    fn cancel_work(&self) {
+    /// Stops this side of the activation: no new work (lookups and dials
+    /// refuse it), its work in flight ends, its tracker closes for the
+    /// drain. Egress's side is untouched unless the activation is cancelled.
+    fn retire(&self) {
+        self.shared.retired.store(true, Ordering::Relaxed);
         let mut work = self.shared.work.lock().expect("work token lock poisoned");
         if let Some(old) = work.take() {
             old.cancel();
         }
+        drop(work);
+        self.tasks().close();
     }
 
-    /// Ends the actor's requests and CONNECT tunnels in flight (the
-    /// overload guard shed it); new ones are admitted as before, with a
-    /// fresh token. How many were in flight.
+    /// Requests and CONNECT tunnels in flight.
+    fn in_flight(&self) -> usize {
+        self.tasks().len()
+    }
+
+    /// Ends the actor's work in flight (the overload guard shed it): the
+    /// activation's cut, so its egress tunnels end too; new work is
+    /// admitted as before. How many requests and tunnels were in flight.
     pub(crate) fn shed(&self) -> usize {
         // Counted first: they end on other threads at once.
-        let in_flight = self.tasks.len();
-        self.cancel_work();
+        let in_flight = self.in_flight();
+        self.shared.activation.shed();
         in_flight
     }
 
@@ -615,9 +668,10 @@ impl ActorRoute {
         &self.shared.pool
     }
 
-    /// The bounds CONNECT tunnels relay within.
+    /// The bounds CONNECT tunnels relay within: the activation's, which
+    /// egress's tunnels share.
     pub(crate) fn relay_bounds(&self) -> &RelayBounds {
-        &self.shared.upstream.relay
+        self.shared.activation.relay()
     }
 
     /// Counts a CONNECT tunnel that a relay bound ended.
@@ -635,7 +689,7 @@ impl ActorRoute {
         let share = s.pool.share_stats().unwrap_or_default();
         ActorIngressStats {
             actor: self.uid.clone(),
-            in_flight: self.tasks.len(),
+            in_flight: self.in_flight(),
             refused_in_flight_total: s.refused_in_flight.load(Ordering::Relaxed),
             response_timeouts_total: s.response_timeouts.load(Ordering::Relaxed),
             response_body_idle_ends_total: s.response_body_idle_ends.load(Ordering::Relaxed),
@@ -693,8 +747,9 @@ impl ActorRoute {
         client.clone()
     }
 
+    /// Whether ingress stopped routing to it (deactivated or replaced).
     pub(crate) fn is_cancelled(&self) -> bool {
-        self.shared.cancel.is_cancelled()
+        self.shared.is_retired()
     }
 
     /// Connections dialed to the actor so far.
@@ -906,22 +961,25 @@ impl Routes {
         Some(refused)
     }
 
-    /// Routes `<atespace>/<name>` to `dialer`. The same name with another uid
-    /// replaces the older incarnation (cancelled, its pools dropped); the
-    /// same uid is refused.
+    /// Routes `<atespace>/<name>` to `dialer`, as ingress's side of
+    /// `activation`. The same name with another uid replaces the older
+    /// incarnation (its side retired, its pools dropped); the same uid is
+    /// refused.
     pub(crate) fn activate(
         &self,
         atespace: &str,
         name: &str,
         uid: &str,
         dialer: Box<dyn ActorDialer>,
+        activation: Arc<ActorActivation>,
     ) -> Result<(), RouteError> {
         let key = format!("{atespace}/{name}");
-        let activation = Arc::new(ActorRoute::new(
+        let route = Arc::new(ActorRoute::new(
             uid,
             dialer,
             self.upstream.clone(),
             self.holdings.actor(uid),
+            activation,
         ));
         let old = {
             let mut active = self.active.lock().expect("routes lock poisoned");
@@ -930,7 +988,7 @@ impl Routes {
             {
                 return Err(RouteError::AlreadyActive(key, uid.to_string()));
             }
-            active.insert(key, activation)
+            active.insert(key, route)
         };
         if let Some(old) = old {
             self.retire(&old);
@@ -938,17 +996,21 @@ impl Routes {
         Ok(())
     }
 
+    /// The relay bounds of an activation ingress makes alone.
+    pub(crate) fn relay(&self) -> RelayBounds {
+        self.upstream.relay
+    }
+
     fn retire(&self, old: &ActorRoute) {
-        old.shared.cancel.cancel();
-        old.cancel_work();
-        old.tasks.close();
+        old.retire();
         self.retired_connections
             .fetch_add(old.new_connections(), Ordering::Relaxed);
     }
 
-    /// Stops routing to the actor if `uid` matches, cancels its in-flight
-    /// requests and tunnels, and waits for them up to `drain`. Idempotent.
-    pub(crate) async fn deactivate(&self, atespace: &str, name: &str, uid: &str, drain: Duration) {
+    /// Stops routing to the actor if `uid` matches and retires its side:
+    /// new requests and tunnels are refused, those in flight end. The
+    /// caller cancels the activation and waits ([`Routes::drain`]).
+    pub(crate) fn take(&self, atespace: &str, name: &str, uid: &str) -> Option<Arc<ActorRoute>> {
         let key = format!("{atespace}/{name}");
         let removed = {
             let mut active = self.active.lock().expect("routes lock poisoned");
@@ -956,16 +1018,30 @@ impl Routes {
                 Some(a) if a.uid == uid => active.remove(&key),
                 _ => None,
             }
-        };
-        if let Some(old) = removed {
-            self.retire(&old);
-            let _ = tokio::time::timeout(drain, old.tasks.wait()).await;
-            // Dropping the last reference closes the idle pooled connections.
+        }?;
+        self.retire(&removed);
+        Some(removed)
+    }
+
+    /// Cancels `route`'s activation (a no-op if the tunnel did already)
+    /// and waits for its requests and tunnels up to `drain`. A timeout is
+    /// not reported: what is left was cut and ends on its own.
+    pub(crate) async fn drain(route: Arc<ActorRoute>, drain: Duration) {
+        route.activation().cancel();
+        let _ = tokio::time::timeout(drain, route.tasks().wait()).await;
+        // Dropping the last reference closes the idle pooled connections.
+    }
+
+    /// Stops routing to the actor if `uid` matches, cancels its activation
+    /// and waits for its requests and tunnels up to `drain`. Idempotent.
+    pub(crate) async fn deactivate(&self, atespace: &str, name: &str, uid: &str, drain: Duration) {
+        if let Some(route) = self.take(atespace, name, uid) {
+            Self::drain(route, drain).await;
         }
     }
 
-    /// Stops routing to every actor, cancels their in-flight requests and
-    /// tunnels, and waits for them up to `drain` in all (shutdown).
+    /// Stops routing to every actor, cancels their activations and waits
+    /// for their requests and tunnels up to `drain` in all (shutdown).
     pub(crate) async fn deactivate_all(&self, drain: Duration) {
         let removed: Vec<_> = self
             .active
@@ -976,23 +1052,48 @@ impl Routes {
             .collect();
         for old in &removed {
             self.retire(old);
+            old.activation().cancel();
         }
-        let all = futures_util::future::join_all(removed.iter().map(|a| a.tasks.wait()));
+        let all = futures_util::future::join_all(removed.iter().map(|a| a.tasks().wait()));
         let _ = tokio::time::timeout(drain, all).await;
     }
 
-    /// Ends the in-flight requests and CONNECT tunnels of actor `uid`'s
-    /// activation (the overload guard shed it): how many, or `None` if it
-    /// has no activation or nothing in flight.
-    pub(crate) fn shed(&self, uid: &str) -> Option<usize> {
-        let route = self
-            .active
+    /// The route of actor `uid`'s activation, if it has one.
+    fn of_uid(&self, uid: &str) -> Option<Arc<ActorRoute>> {
+        self.active
             .lock()
             .expect("routes lock poisoned")
             .values()
             .find(|a| a.uid == uid)
-            .cloned()?;
-        Some(route.shed()).filter(|n| *n > 0)
+            .cloned()
+    }
+
+    /// Actor `uid`'s requests and CONNECT tunnels in flight, if it is
+    /// active and has any.
+    pub(crate) fn in_flight(&self, uid: &str) -> Option<usize> {
+        Some(self.of_uid(uid)?.in_flight()).filter(|n| *n > 0)
+    }
+
+    /// Ends the in-flight requests and CONNECT tunnels of actor `uid`'s
+    /// activation (the overload guard shed it), and with them its egress
+    /// tunnels: how many requests and tunnels, or `None` if it has no
+    /// activation or nothing in flight.
+    pub(crate) fn shed(&self, uid: &str) -> Option<usize> {
+        Some(self.of_uid(uid)?.shed()).filter(|n| *n > 0)
+    }
+
+    /// The actor that `ate-target-actor` names, if the header is valid and
+    /// the actor active. Host is never used to route.
+    pub(crate) fn target(&self, headers: &HeaderMap) -> Option<Arc<ActorRoute>> {
+        let value = headers.get(&TARGET_ACTOR_NAME)?.to_str().ok()?;
+        // Looked up as it is, not parsed into two names first (four allocations
+        // a request): exactly one '/' keeps an actor whose names hold one from
+        // answering for another.
+        let value = value.trim();
+        if value.bytes().filter(|b| *b == b'/').count() != 1 {
+            return None;
+        }
+        self.lookup_target(value).filter(|a| !a.is_cancelled())
     }
 
     pub(crate) fn lookup(&self, atespace: &str, name: &str) -> Option<Arc<ActorRoute>> {
