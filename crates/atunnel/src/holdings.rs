@@ -251,8 +251,8 @@ pub fn start_budget(
     // A UDP query holds one upstream socket; a TCP client holds its own
     // and one upstream.
     let dns_per_actor = dns.map_or(0, |d| 2 * d.max_in_flight as u64);
-    let nofile = match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-        Ok((soft_limit, _)) => soft_limit,
+    let nofile = match atunnel_host::nofile_soft_limit() {
+        Ok(soft_limit) => soft_limit,
         Err(e) => {
             tracing::warn!(error = %e, "getrlimit(RLIMIT_NOFILE): no per-actor descriptor budget");
             return match cfg.max_descriptors {

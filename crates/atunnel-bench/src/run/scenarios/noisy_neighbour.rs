@@ -646,7 +646,7 @@ async fn measure_victim(bench: &Bench, victim: &Victim, sizes: &Sizes) -> Window
 
 /// CPU seconds used so far by each participant, and by the whole machine.
 struct Cpu {
-    tunnel: atunnel_bench::cgroup::CgroupSample,
+    tunnel: atunnel_host::CgroupSample,
     generator: f64,
     sink: f64,
     actors: f64,
@@ -1668,13 +1668,7 @@ async fn run_pattern(
     let hostiles = &plan.hostiles[..];
     let target = pattern.target(sizes, &plan);
     let mut pairs: Vec<(Window, Window)> = Vec::with_capacity(sizes.pairs);
-    let mut first: Option<(
-        Value,
-        atunnel_bench::cgroup::CgroupSample,
-        Census,
-        Resources,
-        f64,
-    )> = None;
+    let mut first: Option<(Value, atunnel_host::CgroupSample, Census, Resources, f64)> = None;
     let mut peaks: Option<Peaks> = None;
     let mut established_all = Vec::new();
     let mut probe = (0u64, None::<String>);
