@@ -258,9 +258,9 @@ fn process(out: &mut Out, s: &Stats) -> Fmt {
     }
     if let Some(o) = &s.overload {
         let state = match o.state {
-            atunnel_core::overload::OverloadState::Normal => 0,
-            atunnel_core::overload::OverloadState::Soft => 1,
-            atunnel_core::overload::OverloadState::Hard => 2,
+            atunnel_process::overload::OverloadState::Normal => 0,
+            atunnel_process::overload::OverloadState::Soft => 1,
+            atunnel_process::overload::OverloadState::Hard => 2,
         };
         out.gauge(
             "overload_state",
