@@ -14,7 +14,6 @@
 pub mod admin;
 pub mod args;
 pub mod config_file;
-pub mod cpu_quota;
 mod entry;
 pub mod overload;
 pub mod process_stats;

@@ -18,7 +18,8 @@ pub struct ProcessStats {
     pub open_fds: usize,
     /// Tasks alive on this runtime (includes the stats server's own).
     pub tasks: usize,
-    /// The runtime's worker threads (the cgroup's CPU quota, rounded up).
+    /// The runtime's worker threads (the cgroup's CPU quota, rounded down,
+    /// at least 1; else the CPUs this process may run on).
     pub worker_threads: usize,
 }
 
