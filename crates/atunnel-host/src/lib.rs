@@ -1,6 +1,6 @@
 //! Reads the host: which cgroup version and where this process's cgroups
-//! are ([`location`]), the memory it is charged against its limit
-//! ([`memory`]), a cgroup's counters for a measurer ([`counters`]), and its
+//! are ([`location`]), the memory it is charged against its limit and the
+//! kernel's own ([`memory`]), a cgroup's counters for a measurer ([`counters`]), and its
 //! descriptor limit and count ([`descriptors`]). The overload guard, the
 //! tunnel's per-actor budgets and the bench read the host through it, and
 //! nothing else parses cgroup or proc files for reading.

@@ -134,6 +134,20 @@ impl MemorySource {
     }
 }
 
+/// The kernel's memory outside any one process, host-wide, in bytes:
+/// slab, per-CPU allocations, kernel stacks and page tables
+/// (`/proc/meminfo`), where namespaces, devices and nftables live. Other
+/// work on the machine moves it too. `None` if /proc/meminfo is unreadable.
+pub fn kernel_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    Some(
+        ["Slab", "Percpu", "KernelStack", "PageTables"]
+            .iter()
+            .filter_map(|key| meminfo_bytes(&info, key))
+            .sum(),
+    )
+}
+
 fn v2(dir: PathBuf) -> Kind {
     let limits = dir
         .ancestors()
@@ -197,5 +211,11 @@ mod tests {
         assert_eq!(charge(1, 0, None, Some(4000)).limit, Some(4000));
         assert_eq!(charge(1, 0, Some(8000), Some(4000)).limit, Some(4000));
         assert_eq!(charge(1, 0, None, None).limit, None);
+    }
+
+    #[test]
+    fn the_kernels_own_memory_is_read_from_meminfo() {
+        // Any running Linux has slab and page tables.
+        assert!(kernel_bytes().is_some_and(|b| b > 0));
     }
 }
