@@ -227,12 +227,12 @@ impl Lockstep {
     /// Gives each v1 `cpu` cgroup holding a process of the tree (and its
     /// ancestors, parents first) a real-time runtime, if it has none.
     fn raise_group_runtime(&mut self) -> Result<(), LockstepError> {
-        let Some(mount) = cpu_v1_mount() else {
+        let Some(mount) = atunnel_host::location::v1_mount("cpu") else {
             return Ok(());
         };
         let mut groups = BTreeSet::new();
         for pid in tree(self.root, &self.spare) {
-            if let Some(g) = cpu_cgroup_of(pid) {
+            if let Some(g) = atunnel_host::location::v1_cgroup_of(pid, "cpu") {
                 groups.insert(g);
             }
         }
@@ -413,24 +413,6 @@ fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Where the v1 `cpu` controller is mounted, if it is.
-fn cpu_v1_mount() -> Option<PathBuf> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    crate::cgroup::parse_mounts(&mounts)
-        .into_iter()
-        .find(|m| m.fs_type == "cgroup" && m.options.iter().any(|o| o == "cpu"))
-        .map(|m| m.mount_point)
-}
-
-/// `pid`'s cgroup in the v1 `cpu` hierarchy (`/` for the root).
-fn cpu_cgroup_of(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    crate::cgroup::parse_proc_cgroup(&text)
-        .into_iter()
-        .find(|e| e.controllers.iter().any(|c| c == "cpu"))
-        .map(|e| e.path)
 }
 
 /// A thread's policy and priority, or `None` if it is gone.

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use atunnel_bench::cgroup::{Cgroup, CgroupDirs, CgroupError, CgroupVersion, Limits};
+use atunnel_bench::cgroup::{Cgroup, CgroupError, Limits};
+use atunnel_host::{CgroupDirs, CgroupVersion};
 
 const MIB: u64 = 1 << 20;
 

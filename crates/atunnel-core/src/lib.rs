@@ -11,7 +11,6 @@ pub mod alloc;
 pub mod endpoint;
 pub mod listener;
 pub mod original_dst;
-pub mod overload;
 pub mod pool;
 pub mod relay;
 pub mod sockopt;
@@ -20,9 +19,5 @@ pub mod test_util;
 
 pub use endpoint::{Chunk, Endpoint, H2Stream};
 pub use listener::{Listener, ListenerFigures, ListenerStats, RefusalPace};
-pub use overload::{
-    Held, OverloadConfig, OverloadFigures, OverloadGuard, OverloadState, Overloaded, Resource,
-    Shed, ShedAction,
-};
 pub use pool::{BufferPool, PoolStats, PooledBuf, ShareStats};
 pub use relay::{RelayError, RelayStats, relay};

@@ -232,7 +232,7 @@ async fn serve<F: FarEnd>(
         max_buffers: args.identity_max_buffers,
     };
     let overload = match args.overload.config() {
-        Some(c) => Some(atunnel_core::overload::OverloadGuard::new(c)?),
+        Some(c) => Some(atunnel_process::overload::OverloadGuard::new(c)?),
         None => None,
     };
     cfg.overload = overload.clone();

@@ -27,11 +27,11 @@ use atunnel_connect::limits::MAX_CONCURRENT_STREAMS;
 use atunnel_connect::{
     Answer, ConnectHandler, ConnectRequest, ConnectServer, H2Settings, parse_destination,
 };
-use atunnel_core::overload::OverloadGuard;
 use atunnel_core::relay::{RelayBounds, relay_within};
 use atunnel_core::sockopt::SocketOptions;
 use atunnel_core::{BufferPool, Endpoint};
 use atunnel_identity::identity::{ActorIdentity, verify_actor_leaf};
+use atunnel_process::overload::OverloadGuard;
 use budget::{Admitted, BudgetStats, Budgets, IdentityBudget};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};

@@ -35,7 +35,7 @@ pub struct Stats {
     /// Client identities with tunnels open, and budget refusals.
     pub budgets: crate::budget::BudgetStats,
     /// The overload guard's state and actions, when one runs.
-    pub overload: Option<atunnel_core::overload::OverloadFigures>,
+    pub overload: Option<atunnel_process::overload::OverloadFigures>,
     /// The destination policy's refusals (403) by rule, and its reloads;
     /// absent for a far end without one.
     pub policy: Option<crate::policy::PolicyStats>,
@@ -53,7 +53,7 @@ pub(crate) struct StatsSource {
     pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthFigures + Send + Sync>,
     pub h2_floods: Box<dyn Fn() -> u64 + Send + Sync>,
     pub budgets: Box<dyn Fn() -> crate::budget::BudgetStats + Send + Sync>,
-    pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+    pub overload: Option<Arc<atunnel_process::overload::OverloadGuard>>,
     pub policy: Option<Arc<crate::policy::PolicyHandle>>,
     pub admin: Arc<AdminStats>,
 }

@@ -2,8 +2,8 @@
 //! buffer pool (one clap struct each; a field's doc is its `--help`), and
 //! the duration syntax of every time flag.
 
+use crate::overload::OverloadConfig;
 use atunnel_core::BufferPool;
-use atunnel_core::overload::OverloadConfig;
 use atunnel_core::pool::{DEFAULT_BUFFER_SIZE, DEFAULT_MAX_BUFFERS, DEFAULT_MAX_IDLE};
 use atunnel_core::relay::RelayBounds;
 use atunnel_core::sockopt::{Keepalive, SocketOptions};

@@ -4,8 +4,8 @@
 //! gateway share (the process, the buffer pool, the overload guard, the
 //! admin listener), so each is named and described once.
 
+use crate::overload::{OverloadFigures, OverloadState};
 use atunnel_core::PoolStats;
-use atunnel_core::overload::{OverloadFigures, OverloadState};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder,

@@ -18,7 +18,8 @@ pub struct ProcessStats {
     pub open_fds: usize,
     /// Tasks alive on this runtime (includes the stats server's own).
     pub tasks: usize,
-    /// The runtime's worker threads (the cgroup's CPU quota, rounded up).
+    /// The runtime's worker threads (the cgroup's CPU quota, rounded down,
+    /// at least 1; else the CPUs this process may run on).
     pub worker_threads: usize,
 }
 
@@ -50,7 +51,7 @@ pub fn process_stats() -> ProcessStats {
         // Not by listing /proc/self/fd: at 14,000 descriptors that held
         // the runtime's thread ~10 ms per /stats read, which noisy-neighbour's
         // victim saw as a 12 ms p99 (its requests wait behind the read).
-        open_fds: atunnel_core::overload::open_descriptors().map_or(0, |n| n as usize),
+        open_fds: atunnel_host::open_descriptors().map_or(0, |n| n as usize),
         tasks: runtime.as_ref().map_or(0, |m| m.num_alive_tasks()),
         worker_threads: runtime.as_ref().map_or(0, |m| m.num_workers()),
     }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use atunnel_core::overload::{OverloadConfig, OverloadGuard};
+use atunnel_process::overload::{OverloadConfig, OverloadGuard};
 
 pub struct FakeMemoryCgroup {
     dir: tempfile::TempDir,

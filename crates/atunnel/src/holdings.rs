@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use atunnel_core::overload::Held;
+use atunnel_process::overload::Held;
 
 /// Heap one egress tunnel holds while idle: 1,597 B measured over 2,000
 /// idle tunnels (docs/memory.md), rounded up, plus the kernel's minimum for
@@ -244,15 +244,15 @@ impl Holdings {
 /// DNS bound. Without a readable limit, no budget.
 pub fn start_budget(
     cfg: &HoldingsConfig,
-    overload: Option<&atunnel_core::overload::OverloadConfig>,
+    overload: Option<&atunnel_process::overload::OverloadConfig>,
     dns: Option<&atunnel_dns::RelayConfig>,
 ) -> u64 {
-    let soft = overload.map_or(atunnel_core::overload::DEFAULT_SOFT, |o| o.soft);
+    let soft = overload.map_or(atunnel_process::overload::DEFAULT_SOFT, |o| o.soft);
     // A UDP query holds one upstream socket; a TCP client holds its own
     // and one upstream.
     let dns_per_actor = dns.map_or(0, |d| 2 * d.max_in_flight as u64);
-    let nofile = match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-        Ok((soft_limit, _)) => soft_limit,
+    let nofile = match atunnel_host::nofile_soft_limit() {
+        Ok(soft_limit) => soft_limit,
         Err(e) => {
             tracing::warn!(error = %e, "getrlimit(RLIMIT_NOFILE): no per-actor descriptor budget");
             return match cfg.max_descriptors {

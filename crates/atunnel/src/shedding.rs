@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Weak;
 
-use atunnel_core::overload::Held;
+use atunnel_process::overload::Held;
 
 use crate::holdings::{
     DNS_QUERY_HELD_BYTES, DNS_QUERY_HELD_DESCRIPTORS, GATEWAY_CONNECTION_HELD_BYTES, Holdings,
@@ -28,7 +28,7 @@ pub(crate) struct ShedActors {
     pub(crate) buffer_size: u64,
 }
 
-impl atunnel_core::overload::Shed for ShedActors {
+impl atunnel_process::overload::Shed for ShedActors {
     fn holdings(&self) -> Vec<(String, Held)> {
         let Some(holdings) = self.holdings.upgrade() else {
             return Vec::new();
@@ -57,7 +57,7 @@ impl atunnel_core::overload::Shed for ShedActors {
         holdings.snapshot()
     }
 
-    fn shed(&self, who: &str) -> Option<atunnel_core::overload::ShedAction> {
+    fn shed(&self, who: &str) -> Option<atunnel_process::overload::ShedAction> {
         let held = self
             .holdings
             .upgrade()
@@ -80,7 +80,7 @@ impl atunnel_core::overload::Shed for ShedActors {
         if tunnels.is_none() && requests.is_none() {
             return None;
         }
-        Some(atunnel_core::overload::ShedAction {
+        Some(atunnel_process::overload::ShedAction {
             who: who.to_string(),
             bytes: held.bytes,
             tunnels: tunnels.unwrap_or(0) as u64,

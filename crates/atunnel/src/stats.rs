@@ -24,7 +24,7 @@ pub struct Stats {
     pub egress_actors: Vec<ActorEgressStats>,
     pub ingress: Option<crate::ingress::RouteStats>,
     /// The overload guard's state, readings and actions.
-    pub overload: Option<atunnel_core::overload::OverloadFigures>,
+    pub overload: Option<atunnel_process::overload::OverloadFigures>,
     /// Ingress connections hibernated now, and counts so far.
     pub hibernation: Option<atunnel_tls::HibernationStats>,
     /// Each sandbox's DNS relay: queries, answers, timeouts, drops.
@@ -50,7 +50,7 @@ pub struct IngressPreAuth {
 /// The figures `/stats` serves.
 pub(crate) struct StatsSource {
     pub pool: BufferPool,
-    pub overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+    pub overload: Option<Arc<atunnel_process::overload::OverloadGuard>>,
     pub egress: Option<Arc<Egress>>,
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
     pub dns_relays: crate::dns_relays::DnsRelays,

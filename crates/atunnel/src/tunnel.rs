@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use atunnel_connect::GatewayClientConfig;
 use atunnel_core::BufferPool;
-use atunnel_core::overload::{OverloadConfig, OverloadGuard};
 use atunnel_dns::{DnsRelay, RelayConfig};
+use atunnel_process::overload::{OverloadConfig, OverloadGuard};
 
 use crate::dns_relays::{DnsRelays, SandboxDnsStats, dns_stats};
 use atunnel_identity::cert_source::CertificateSource;
@@ -46,7 +46,7 @@ pub enum TunnelError {
     #[error("starting the namespace executor: {0}")]
     Executor(#[source] atunnel_sandbox::NetnsError),
     #[error("the overload guard: {0}")]
-    Overload(#[source] atunnel_core::overload::OverloadError),
+    Overload(#[source] atunnel_process::overload::OverloadError),
     #[error("invalid gateway address {address:?}: {reason}")]
     Gateway { address: String, reason: String },
     #[error(transparent)]

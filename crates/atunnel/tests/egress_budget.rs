@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use atunnel::egress::{ActorBudget, ActorEgressStats, Egress, EgressConfig};
 use atunnel_core::BufferPool;
-use atunnel_core::overload::{Held, OverloadConfig, Shed, ShedAction};
 use atunnel_identity::clock::Clock;
+use atunnel_process::overload::{Held, OverloadConfig, Shed, ShedAction};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atunnel_connect::client::OpenError;
-use atunnel_core::overload::OverloadConfig;
 use atunnel_gateway::budget::IdentityBudget;
 use atunnel_identity::clock::Clock;
+use atunnel_process::overload::OverloadConfig;
 
 fn refused_with(r: Result<atunnel_connect::GatewayTunnel, OpenError>) -> u16 {
     match r {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use atunnel::ingress::{Ingress, PoolSettings};
 use atunnel_core::BufferPool;
-use atunnel_core::overload::OverloadConfig;
+use atunnel_process::overload::OverloadConfig;
 use bytes::Bytes;
 use http_body_util::Full;
 use tokio::sync::Notify;

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use atunnel::ingress::Ingress;
 use atunnel_core::BufferPool;
-use atunnel_core::overload::OverloadConfig;
 use atunnel_core::relay::RelayBounds;
+use atunnel_process::overload::OverloadConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

@@ -931,7 +931,7 @@ impl Drop for StopOnDrop<'_> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actors_dns_queries_in_flight_count_as_what_it_holds() {
     use atunnel::holdings::{DNS_QUERY_HELD_BYTES, DNS_QUERY_HELD_DESCRIPTORS};
-    use atunnel_core::overload::{Held, OverloadConfig, OverloadState};
+    use atunnel_process::overload::{Held, OverloadConfig, OverloadState};
     require_root("sandbox egress test");
     const QUERIES: u16 = 10;
     let pki = Pki::new();

@@ -11,8 +11,8 @@
 
 use std::path::Path;
 
-use atunnel_bench::cgroup::CgroupSample;
 use atunnel_bench::peers::Contender;
+use atunnel_host::CgroupSample;
 use atunnel_sandbox::NetNs;
 use atunnel_support::stats_client::Stats;
 use tokio::net::TcpStream;

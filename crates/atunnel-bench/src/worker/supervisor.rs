@@ -481,16 +481,15 @@ pub(super) fn sandbox_shape(flags: &[String]) -> Result<(u16, bool), atunnel_pro
 
 /// SIGKILLs every process still in `cgroup` (read from `cgroup.procs`).
 pub(super) fn kill_cgroup_leftovers(cgroup: &CgroupDirs) {
-    let procs = cgroup.memory.join("cgroup.procs");
-    let Ok(pids) = std::fs::read_to_string(&procs) else {
+    let Ok(pids) = cgroup.processes() else {
         return;
     };
-    for pid in pids
-        .split_whitespace()
-        .filter_map(|p| p.parse::<i32>().ok())
-    {
+    for pid in pids {
+        let Ok(raw) = i32::try_from(pid) else {
+            continue;
+        };
         let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
+            nix::unistd::Pid::from_raw(raw),
             nix::sys::signal::Signal::SIGKILL,
         );
         eprintln!("atunnel-bench worker: killed process {pid} left in atunnel's cgroup");

@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use atunnel_core::endpoint::ReadReady;
 use atunnel_core::original_dst::original_dst_from;
-use atunnel_core::overload::{Held, OverloadGuard};
 use atunnel_core::relay::{Op, RelayError, relay_within};
 use atunnel_core::sockopt::{ListenerOptions, SocketOptions};
 use atunnel_core::{BufferPool, Listener, ListenerStats, RefusalPace};
 use atunnel_identity::cert_source::CertificateSource;
 use atunnel_identity::identity::ActorRef;
+use atunnel_process::overload::{Held, OverloadGuard};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;

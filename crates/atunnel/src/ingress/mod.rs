@@ -179,7 +179,7 @@ impl Ingress {
     pub fn with_overload(
         cfg: IngressConfig,
         pool: BufferPool,
-        overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+        overload: Option<Arc<atunnel_process::overload::OverloadGuard>>,
     ) -> Result<Arc<Self>, IngressError> {
         Self::with_holdings(cfg, pool, overload, crate::holdings::Holdings::unbounded())
     }
@@ -190,7 +190,7 @@ impl Ingress {
     pub fn with_holdings(
         cfg: IngressConfig,
         pool: BufferPool,
-        overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+        overload: Option<Arc<atunnel_process::overload::OverloadGuard>>,
         holdings: Arc<crate::holdings::Holdings>,
     ) -> Result<Arc<Self>, IngressError> {
         let tls = atunnel_tls::ReloadableConfig::new(Self::server_config(&cfg)?);

@@ -883,7 +883,7 @@ pub(crate) struct Routes {
     /// New connections of activations already gone, so totals never drop.
     retired_connections: AtomicU64,
     /// Refuses new requests and tunnels while the process is overloaded.
-    overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+    overload: Option<Arc<atunnel_process::overload::OverloadGuard>>,
     refused_overload: AtomicU64,
     /// Kept here, with what every router connection shares, rather than in
     /// each connection's future.
@@ -915,7 +915,7 @@ impl Routes {
         socket: atunnel_core::sockopt::SocketOptions,
         relay: RelayBounds,
         pool: BufferPool,
-        overload: Option<Arc<atunnel_core::overload::OverloadGuard>>,
+        overload: Option<Arc<atunnel_process::overload::OverloadGuard>>,
         http2: Http2Keeping,
         holdings: Arc<Holdings>,
     ) -> Self {
@@ -954,7 +954,7 @@ impl Routes {
     pub(crate) fn overloaded(
         &self,
         actor: &ActorRoute,
-    ) -> Option<atunnel_core::overload::Overloaded> {
+    ) -> Option<atunnel_process::overload::Overloaded> {
         let guard = self.overload.as_ref()?;
         let refused = guard.admit_held(|| actor.hold.weighed()).err()?;
         self.refused_overload.fetch_add(1, Ordering::Relaxed);

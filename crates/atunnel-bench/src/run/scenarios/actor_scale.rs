@@ -94,25 +94,7 @@ fn timing(times: &[Duration]) -> Value {
 /// per-CPU allocations (`/proc/meminfo`), where namespaces, devices and
 /// nftables live. Other work on the machine moves it too.
 fn kernel_bytes() -> u64 {
-    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
-        return 0;
-    };
-    meminfo
-        .lines()
-        .filter_map(|l| {
-            let (key, rest) = l.split_once(':')?;
-            matches!(key, "Slab" | "Percpu" | "KernelStack" | "PageTables")
-                .then(|| {
-                    rest.trim()
-                        .trim_end_matches(" kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
-                .flatten()
-        })
-        .sum::<u64>()
-        * 1024
+    atunnel_host::memory::kernel_bytes().unwrap_or(0)
 }
 
 /// One reading of what atunnel holds.

@@ -36,8 +36,10 @@ pub(super) async fn egress_idle(
     let mut notes = Vec::new();
     let mut n = bench.idle_conns;
     // This process holds one descriptor per connection.
-    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
-    let room = (soft as usize).saturating_sub(500);
+    let soft = atunnel_host::nofile_soft_limit()?;
+    let room = usize::try_from(soft)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(500);
     if n > room {
         notes.push(format!(
             "the generator's fd limit ({soft}) capped the connections at {room} of {n}: the fd limit, not memory, stopped it"

@@ -382,10 +382,9 @@ async fn open_fds(bench: &Bench) -> Result<f64, atunnel_process::BoxError> {
     if bench.is_atunnel() {
         return Ok(bench.stats(false).await?.process.open_fds as f64);
     }
-    let procs = bench.last_status().cgroup.memory.join("cgroup.procs");
-    let pids = std::fs::read_to_string(&procs).map_err(|e| format!("{}: {e}", procs.display()))?;
+    let pids = bench.last_status().cgroup.processes()?;
     let fds = pids
-        .split_whitespace()
+        .iter()
         .filter_map(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).ok())
         .map(|dir| dir.count())
         .sum::<usize>();

@@ -66,7 +66,7 @@ pub(super) fn refusals(before: &Stats, after: &Stats, hostiles: &[u64]) -> Value
     let egress = |f: fn(&atunnel::egress::EgressStats) -> u64| {
         move |s: &Stats| s.egress.map_or(0, |e| f(&e))
     };
-    let overload = |f: fn(&atunnel_core::overload::OverloadFigures) -> u64| {
+    let overload = |f: fn(&atunnel_process::overload::OverloadFigures) -> u64| {
         move |s: &Stats| s.overload.as_ref().map_or(0, f)
     };
     let (eb, ea) = (egress_of(before, hostiles), egress_of(after, hostiles));
@@ -523,7 +523,7 @@ mod tests {
     use super::*;
     use atunnel::egress::ActorEgressStats;
     use atunnel::ingress::{ActorIngressStats, RouteStats};
-    use atunnel_core::overload::{OverloadFigures, OverloadState};
+    use atunnel_process::overload::{OverloadFigures, OverloadState};
 
     #[test]
     fn the_hostile_actors_figures_are_summed_and_the_victims_left_out() {

@@ -194,13 +194,7 @@ async fn run_pattern(
     let hostiles = &plan.hostiles[..];
     let target = pattern.target(sizes, &plan);
     let mut pairs: Vec<(Window, Window)> = Vec::with_capacity(sizes.pairs);
-    let mut first: Option<(
-        Stats,
-        atunnel_bench::cgroup::CgroupSample,
-        Census,
-        Resources,
-        f64,
-    )> = None;
+    let mut first: Option<(Stats, atunnel_host::CgroupSample, Census, Resources, f64)> = None;
     let mut peaks: Option<Peaks> = None;
     let mut established_all = Vec::new();
     let mut probe = (0u64, None::<String>);

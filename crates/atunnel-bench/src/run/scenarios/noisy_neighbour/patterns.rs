@@ -183,12 +183,9 @@ impl Plan {
 /// Descriptors this process can still open: its soft `RLIMIT_NOFILE` less
 /// those open now.
 pub(super) fn fd_room() -> usize {
-    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        .map_or(1024, |(soft, _)| soft);
-    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
-    usize::try_from(limit)
-        .unwrap_or(usize::MAX)
-        .saturating_sub(open)
+    let limit = atunnel_host::nofile_soft_limit().unwrap_or(1024);
+    let open = atunnel_host::open_descriptors().unwrap_or(0);
+    usize::try_from(limit.saturating_sub(open)).unwrap_or(usize::MAX)
 }
 
 #[cfg(test)]

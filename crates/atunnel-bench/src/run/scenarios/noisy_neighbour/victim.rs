@@ -320,7 +320,7 @@ pub(super) async fn measure_victim(bench: &Bench, victim: &Victim, sizes: &Sizes
 
 /// CPU seconds used so far by each participant, and by the whole machine.
 pub(super) struct Cpu {
-    pub(super) tunnel: atunnel_bench::cgroup::CgroupSample,
+    pub(super) tunnel: atunnel_host::CgroupSample,
     pub(super) generator: f64,
     pub(super) sink: f64,
     pub(super) actors: f64,

@@ -1,4 +1,4 @@
-//! Property tests for the bench's parsers of cgroup files and of
+//! Property tests for the parsers of cgroup files and of
 //! `/proc/mounts` and `/proc/self/cgroup`: arbitrary text and mutations of
 //! the real files in `tests/fixtures/cgroup`, checked against an
 //! independent statement of each format. No panic, what is well formed is
@@ -9,11 +9,10 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
-use atunnel_bench::cgroup::{
-    CPU_PERIOD_US, CgroupError, V1Files, V2Files, cpu_quota_us, format_cpu_max, parse_cpu_max,
-    parse_flat_keyed, parse_limit, parse_mounts, parse_proc_cgroup, parse_u64, plan_layout,
-    sample_from_v1, sample_from_v2,
-};
+use atunnel_host::HostError;
+use atunnel_host::counters::{V1Files, V2Files, sample_from_v1, sample_from_v2};
+use atunnel_host::location::{parse_mounts, parse_proc_cgroup, plan_layout};
+use atunnel_host::parse::{parse_cpu_max, parse_flat_keyed, parse_limit, parse_pids, parse_u64};
 use proptest::prelude::*;
 
 macro_rules! fixture {
@@ -139,13 +138,6 @@ proptest! {
                 prop_assert!(!e.is_empty());
             }
         }
-    }
-
-    #[test]
-    fn cpu_max_reads_back_what_format_cpu_max_writes(cpus in any::<f64>()) {
-        let (quota, period) = parse_cpu_max(&format_cpu_max(cpus)).expect("our own cpu.max");
-        prop_assert_eq!(quota, Some(cpu_quota_us(cpus)));
-        prop_assert_eq!(period, CPU_PERIOD_US);
     }
 
     #[test]
@@ -298,15 +290,15 @@ proptest! {
                     prop_assert!(points.contains(&place.mount));
                 }
             }
-            Err(e) => prop_assert!(matches!(e, CgroupError::Unsupported(_)), "{:?}", e),
+            Err(e) => prop_assert!(matches!(e, HostError::Unsupported(_)), "{:?}", e),
         }
     }
 }
 
 /// Parse errors must name one of the files a sample is made of.
-fn names_a_file(e: &CgroupError, files: &[&str]) -> bool {
+fn names_a_file(e: &HostError, files: &[&str]) -> bool {
     match e {
-        CgroupError::Parse { path, .. } => files.iter().any(|f| path == &PathBuf::from(f)),
+        HostError::Parse { path, .. } => files.iter().any(|f| path == &PathBuf::from(f)),
         _ => false,
     }
 }
@@ -384,6 +376,39 @@ proptest! {
                 }
             }
             Err(e) => prop_assert!(names_a_file(&e, &[names[which]]), "{:?} for {}", e, names[which]),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// `cgroup.procs`: one pid a line; anything else is refused quoting
+    /// the line.
+    #[test]
+    fn cgroup_procs_read_back_every_pid_or_refuse_the_bad_line(
+        pids in prop::collection::vec(any::<u32>(), 0..10),
+        bad in prop::option::of((any::<prop::sample::Index>(), "[ -~]{1,12}")),
+    ) {
+        let mut lines: Vec<String> = pids.iter().map(|p| format!(" {p}\t")).collect();
+        if let Some((at, junk)) = &bad {
+            lines.insert(at.index(lines.len() + 1), junk.clone());
+        }
+        let text = lines.join("\n");
+        match parse_pids(&text) {
+            Ok(got) => {
+                let want: Vec<u32> = text.lines().filter_map(|l| {
+                    let l = l.trim();
+                    (!l.is_empty()).then(|| l.parse().expect("only pids parse"))
+                }).collect();
+                prop_assert_eq!(got, want);
+            }
+            Err(e) => {
+                let (_, junk) = bad.expect("only a junk line is refused");
+                prop_assert!(junk.trim().parse::<u32>().is_err());
+                let quoted = format!("{:?}", junk.trim());
+                prop_assert!(e.contains(&quoted), "{}", e);
+            }
         }
     }
 }

@@ -13,14 +13,13 @@
 //! makes the guard refuse everything.
 
 use std::collections::VecDeque;
-use std::ffi::CStr;
 use std::fmt;
-use std::io;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use atunnel_host::MemorySource;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
@@ -42,12 +41,6 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(250);
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Shed actions kept for the figures.
 pub const RECENT_SHED: usize = 16;
-
-/// Where cgroup hierarchies are mounted.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-/// A v1 limit at or above this is "no limit" (the kernel prints
-/// `PAGE_COUNTER_MAX` pages, 9223372036854771712 on 4 KiB pages).
-const V1_UNLIMITED_FLOOR: u64 = 1 << 62;
 
 /// Thresholds and sources of the guard.
 #[derive(Clone, Debug, PartialEq)]
@@ -158,17 +151,12 @@ pub struct Overloaded {
     pub everyone: bool,
 }
 
-/// What went wrong; a reading's error leaves that resource out.
+/// Why a guard was not built. (A reading's error is not one: it leaves
+/// that resource out and shows in the figures.)
 #[derive(Debug, thiserror::Error)]
 pub enum OverloadError {
     #[error("invalid overload config: {0}")]
     Config(String),
-    #[error("read {}: {reason}", path.display())]
-    Read { path: PathBuf, reason: String },
-    #[error("parse {}: {detail}", path.display())]
-    Parse { path: PathBuf, detail: String },
-    #[error("{0}")]
-    Unavailable(String),
 }
 
 /// What the caller shed, for the figures and the log.
@@ -266,8 +254,6 @@ pub struct OverloadFigures {
 pub struct OverloadGuard {
     config: OverloadConfig,
     memory: MemorySource,
-    /// MemTotal in bytes, read at start.
-    mem_total: Option<u64>,
     /// State, tripping resource and whether everyone is refused,
     /// [`pack`]ed: what `admit` loads.
     packed: AtomicU8,
@@ -318,14 +304,10 @@ impl OverloadGuard {
             Some(dir) => MemorySource::at(dir),
             None => MemorySource::own(),
         };
-        let mem_total = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| meminfo_bytes(&m, "MemTotal"));
         let unread = || Err("not sampled yet".to_string());
         let guard = Arc::new(Self {
             config,
             memory,
-            mem_total,
             packed: AtomicU8::new(pack(OverloadState::Normal, None, false)),
             share_descriptors: AtomicU64::new(u64::MAX),
             share_bytes: AtomicU64::new(u64::MAX),
@@ -428,11 +410,8 @@ impl OverloadGuard {
     /// [`run`](Self::run) every interval; callable directly. Reads only
     /// procfs and cgroupfs, which do not block on I/O.
     pub fn sample(&self) -> OverloadState {
-        let memory = self
-            .memory
-            .read(self.mem_total, self.config.memory_limit)
-            .map_err(|e| e.to_string());
-        let descriptors = read_descriptors().map_err(|e| e.to_string());
+        let memory = read_memory(&self.memory, self.config.memory_limit);
+        let descriptors = read_descriptors();
         let pressure = |r: &Reading| r.as_ref().ok().map(|r| r.pressure);
         let pressures = [
             (Resource::Memory, pressure(&memory)),
@@ -654,452 +633,55 @@ fn reading(used: u64, limit: u64) -> Result<ResourceReading, String> {
     })
 }
 
-// ---------------------------------------------------------------------------
-// Memory
-// ---------------------------------------------------------------------------
-
-/// Where memory is read from, fixed at construction.
-#[derive(Debug)]
-enum MemorySource {
-    V1(PathBuf),
-    /// The group, and it and those of its ancestors that have a
-    /// `memory.max`: the tightest one applies.
-    V2 {
-        dir: PathBuf,
-        limits: Vec<PathBuf>,
-    },
-    /// No memory cgroup: MemTotal − MemAvailable of MemTotal.
-    Machine,
-    /// The configured directory has neither version's files.
-    Missing(PathBuf),
+/// Memory's reading: the operator's limit, else the host's.
+fn read_memory(source: &MemorySource, limit_override: Option<u64>) -> Reading {
+    let charge = source.read().map_err(|e| e.to_string())?;
+    memory_reading(charge.used, charge.limit, limit_override)
 }
 
-impl MemorySource {
-    /// An operator's directory: v2 if it has `memory.current`, v1 if
-    /// `memory.usage_in_bytes`.
-    fn at(dir: &Path) -> Self {
-        if dir.join("memory.current").is_file() {
-            Self::v2(dir.to_path_buf())
-        } else if dir.join("memory.usage_in_bytes").is_file() {
-            Self::V1(dir.to_path_buf())
-        } else {
-            Self::Missing(dir.to_path_buf())
-        }
-    }
-
-    /// The process's own memory cgroup; a path that is not under the mount
-    /// (inside a cgroup namespace) falls back to the mount's root.
-    fn own() -> Self {
-        let Ok(own) = std::fs::read_to_string("/proc/self/cgroup") else {
-            return Self::Machine;
-        };
-        let Some((version, path)) = locate_memory_cgroup(&own) else {
-            return Self::Machine;
-        };
-        let (mount, probe) = match version {
-            CgroupVersion::V1 => (
-                Path::new(CGROUP_ROOT).join("memory"),
-                "memory.usage_in_bytes",
-            ),
-            CgroupVersion::V2 => (PathBuf::from(CGROUP_ROOT), "memory.current"),
-        };
-        let relative = Path::new(path.trim_start_matches('/'));
-        let inside = relative
-            .components()
-            .all(|c| matches!(c, Component::Normal(_)));
-        let dir = [mount.join(relative), mount]
-            .into_iter()
-            .skip(usize::from(!inside))
-            .find(|d| d.join(probe).is_file());
-        match (dir, version) {
-            (Some(dir), CgroupVersion::V1) => Self::V1(dir),
-            (Some(dir), CgroupVersion::V2) => Self::v2(dir),
-            (None, _) => Self::Machine,
-        }
-    }
-
-    fn v2(dir: PathBuf) -> Self {
-        let limits = dir
-            .ancestors()
-            .take_while(|d| d.join("memory.max").is_file())
-            .map(|d| d.join("memory.max"))
-            .collect();
-        Self::V2 { dir, limits }
-    }
-
-    fn dir(&self) -> Option<&Path> {
-        match self {
-            Self::V1(dir) | Self::V2 { dir, .. } | Self::Missing(dir) => Some(dir),
-            Self::Machine => None,
-        }
-    }
-
-    fn read(
-        &self,
-        mem_total: Option<u64>,
-        limit_override: Option<u64>,
-    ) -> Result<ResourceReading, OverloadError> {
-        let (usage, inactive_file, cgroup_limit) = match self {
-            Self::V1(dir) => {
-                let usage = parse_at(dir, "memory.usage_in_bytes", parse_u64)?;
-                let limit = parse_at(dir, "memory.limit_in_bytes", parse_v1_limit)?;
-                let stat = read_at(dir, "memory.stat")?;
-                let inactive = stat_key(dir, &stat, "total_inactive_file")?;
-                // The tightest limit of the group and its ancestors.
-                let hierarchical = stat_value(&stat, "hierarchical_memory_limit")
-                    .filter(|&l| l < V1_UNLIMITED_FLOOR);
-                (usage, inactive, min_some(limit, hierarchical))
-            }
-            Self::V2 { dir, limits } => {
-                let usage = parse_at(dir, "memory.current", parse_u64)?;
-                let stat = read_at(dir, "memory.stat")?;
-                let inactive = stat_key(dir, &stat, "inactive_file")?;
-                let mut limit = None;
-                for file in limits {
-                    let text = read(file)?;
-                    let max = parse_v2_max(&text).map_err(|detail| OverloadError::Parse {
-                        path: file.clone(),
-                        detail,
-                    })?;
-                    limit = min_some(limit, max);
-                }
-                (usage, inactive, limit)
-            }
-            Self::Machine => {
-                let path = Path::new("/proc/meminfo");
-                let info = read(path)?;
-                let field = |key| {
-                    meminfo_bytes(&info, key).ok_or_else(|| OverloadError::Parse {
-                        path: path.to_path_buf(),
-                        detail: format!("no {key}"),
-                    })
-                };
-                let (total, available) = (field("MemTotal")?, field("MemAvailable")?);
-                let used = total.saturating_sub(available);
-                return reading(used, limit_override.unwrap_or(total))
-                    .map_err(OverloadError::Unavailable);
-            }
-            Self::Missing(dir) => {
-                return Err(OverloadError::Unavailable(format!(
-                    "{}: neither memory.current (v2) nor memory.usage_in_bytes (v1)",
-                    dir.display()
-                )));
-            }
-        };
-        memory_reading(
-            usage,
-            inactive_file,
-            cgroup_limit,
-            mem_total,
-            limit_override,
-        )
-        .map_err(OverloadError::Unavailable)
-    }
-}
-
-/// Used: what the OOM killer counts less the page cache it can reclaim
-/// first, floored at 0. Limit: the operator's, else the tighter of the
-/// cgroup's and the machine's.
 fn memory_reading(
-    usage: u64,
-    inactive_file: u64,
-    cgroup_limit: Option<u64>,
-    mem_total: Option<u64>,
+    used: u64,
+    host_limit: Option<u64>,
     limit_override: Option<u64>,
 ) -> Result<ResourceReading, String> {
     let limit = limit_override
-        .or_else(|| min_some(cgroup_limit, mem_total))
+        .or(host_limit)
         .ok_or("no memory limit: the cgroup has none and MemTotal is unknown")?;
-    reading(usage.saturating_sub(inactive_file), limit)
+    reading(used, limit)
 }
 
-fn min_some(a: Option<u64>, b: Option<u64>) -> Option<u64> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum CgroupVersion {
-    V1,
-    V2,
-}
-
-/// The memory cgroup in `/proc/self/cgroup`: a v1 line listing `memory`
-/// wins over the v2 `0::` line (on a hybrid host the unified hierarchy has
-/// no memory controller).
-fn locate_memory_cgroup(proc_self_cgroup: &str) -> Option<(CgroupVersion, &str)> {
-    let mut v2 = None;
-    for line in proc_self_cgroup.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        if controllers.split(',').any(|c| c == "memory") {
-            return Some((CgroupVersion::V1, path));
-        }
-        if id == "0" && controllers.is_empty() {
-            v2 = Some((CgroupVersion::V2, path));
-        }
-    }
-    v2
-}
-
-fn parse_u64(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    text.parse()
-        .map_err(|e| format!("expected an unsigned integer, got {text:?}: {e}"))
-}
-
-/// v2 `memory.max`: bytes, or `max` (`None`).
-fn parse_v2_max(text: &str) -> Result<Option<u64>, String> {
-    match text.trim() {
-        "max" => Ok(None),
-        other => parse_u64(other).map(Some),
-    }
-}
-
-/// v1 `memory.limit_in_bytes`: bytes, or a huge value (`None`).
-fn parse_v1_limit(text: &str) -> Result<Option<u64>, String> {
-    parse_u64(text).map(|l| (l < V1_UNLIMITED_FLOOR).then_some(l))
-}
-
-/// A value of a `key value` file (`memory.stat`).
-fn stat_value(text: &str, key: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        let (k, v) = line.split_once(' ')?;
-        (k == key).then(|| v.trim().parse().ok())?
-    })
-}
-
-/// A `/proc/meminfo` field (`MemTotal:  24683584 kB`) in bytes.
-fn meminfo_bytes(text: &str, key: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
-        let kib: u64 = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
-        Some(kib * 1024)
-    })
-}
-
-fn read(path: &Path) -> Result<String, OverloadError> {
-    std::fs::read_to_string(path).map_err(|e| OverloadError::Read {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })
-}
-
-fn read_at(dir: &Path, file: &str) -> Result<String, OverloadError> {
-    read(&dir.join(file))
-}
-
-fn parse_at<T>(
-    dir: &Path,
-    file: &str,
-    parse: fn(&str) -> Result<T, String>,
-) -> Result<T, OverloadError> {
-    parse(&read_at(dir, file)?).map_err(|detail| OverloadError::Parse {
-        path: dir.join(file),
-        detail,
-    })
-}
-
-fn stat_key(dir: &Path, stat: &str, key: &str) -> Result<u64, OverloadError> {
-    stat_value(stat, key).ok_or_else(|| OverloadError::Parse {
-        path: dir.join("memory.stat"),
-        detail: format!("no {key}"),
-    })
-}
-
-// ---------------------------------------------------------------------------
-// Descriptors
-// ---------------------------------------------------------------------------
-
-fn read_descriptors() -> Result<ResourceReading, OverloadError> {
-    let limit = nofile_soft_limit()
-        .map_err(|e| OverloadError::Unavailable(format!("getrlimit(RLIMIT_NOFILE): {e}")))?;
-    let open = match open_descriptors() {
+fn read_descriptors() -> Reading {
+    let limit =
+        atunnel_host::nofile_soft_limit().map_err(|e| format!("getrlimit(RLIMIT_NOFILE): {e}"))?;
+    let open = match atunnel_host::open_descriptors() {
         Ok(open) => open,
         // No descriptor left to count them with: every one is in use.
         Err(e) if e.raw_os_error() == Some(libc::EMFILE) => limit,
-        Err(e) => {
-            return Err(OverloadError::Read {
-                path: "/proc/self/fd".into(),
-                reason: e.to_string(),
-            });
-        }
+        Err(e) => return Err(format!("read /proc/self/fd: {e}")),
     };
-    reading(open, limit).map_err(OverloadError::Unavailable)
-}
-
-fn nofile_soft_limit() -> io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a valid, writable rlimit for the call's duration.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(limit.rlim_cur)
-}
-
-/// Open descriptors: the size of /proc/self/fd where the kernel reports
-/// the count there (Linux >= 6.2, from the descriptor bitmap: 4 µs at
-/// 20,000 descriptors, and no descriptor taken to ask), else its entries.
-/// /stats counts them this way too: it runs on the data path's threads.
-pub fn open_descriptors() -> io::Result<u64> {
-    match std::fs::metadata("/proc/self/fd") {
-        // Never 0 when reported: the runtime itself holds descriptors.
-        Ok(meta) if meta.len() > 0 => Ok(meta.len()),
-        _ => count_descriptors(),
-    }
-}
-
-/// Entries of /proc/self/fd, counted with readdir: no allocation per
-/// descriptor (std's `read_dir` makes a `CString` per entry), but procfs
-/// makes a dentry for each (19 ms at 20,000 descriptors).
-fn count_descriptors() -> io::Result<u64> {
-    // SAFETY: the path is a NUL-terminated literal.
-    let dir = unsafe { libc::opendir(c"/proc/self/fd".as_ptr()) };
-    if dir.is_null() {
-        return Err(io::Error::last_os_error());
-    }
-    let mut entries: u64 = 0;
-    loop {
-        // SAFETY: `dir` is an open stream used by this call alone, not yet
-        // closed.
-        let entry = unsafe { libc::readdir(dir) };
-        if entry.is_null() {
-            break;
-        }
-        // SAFETY: a non-null entry is valid, its name NUL-terminated, until
-        // the next readdir or closedir on `dir`; the name is not kept.
-        let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) };
-        if name != c"." && name != c".." {
-            entries += 1;
-        }
-    }
-    // SAFETY: `dir` came from opendir and is closed once, here.
-    unsafe { libc::closedir(dir) };
-    // One of the entries is the stream's own descriptor.
-    Ok(entries.saturating_sub(1))
+    reading(open, limit)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// This machine: cgroup v1 with a unified mount that has no controllers.
-    const HYBRID: &str = "9=systemd:/\n\
-        4:memory:/process_api/6b7062ffa89dce1610903bed2c768719\n\
-        2:cpuacct:/\n1:cpu:/\n0::/\n";
-    const UNIFIED: &str = "0::/kubepods.slice/pod1/cri-containerd-2a.scope\n";
-    const LEGACY_JOINT: &str = "11:memory,hugetlb:/user.slice\n4:cpu,cpuacct:/\n";
-
     #[test]
-    fn memory_cgroup_is_located_v1_first() {
-        assert_eq!(
-            locate_memory_cgroup(HYBRID),
-            Some((
-                CgroupVersion::V1,
-                "/process_api/6b7062ffa89dce1610903bed2c768719"
-            ))
-        );
-        assert_eq!(
-            locate_memory_cgroup(UNIFIED),
-            Some((
-                CgroupVersion::V2,
-                "/kubepods.slice/pod1/cri-containerd-2a.scope"
-            ))
-        );
-        assert_eq!(
-            locate_memory_cgroup(LEGACY_JOINT),
-            Some((CgroupVersion::V1, "/user.slice"))
-        );
-        // A path may hold ':'.
-        assert_eq!(
-            locate_memory_cgroup("0::/a:b\n"),
-            Some((CgroupVersion::V2, "/a:b"))
-        );
-        assert_eq!(locate_memory_cgroup("3:cpu:/\n"), None);
-        assert_eq!(locate_memory_cgroup(""), None);
-    }
-
-    #[test]
-    fn limits_read_unlimited_as_none() {
-        assert_eq!(parse_v2_max("max\n"), Ok(None));
-        assert_eq!(parse_v2_max("67108864\n"), Ok(Some(67_108_864)));
-        assert!(parse_v2_max("").is_err());
-        assert_eq!(parse_v1_limit("9223372036854771712\n"), Ok(None));
-        // 64 KiB pages print a different "unlimited".
-        assert_eq!(parse_v1_limit("9223372036854710272\n"), Ok(None));
-        assert_eq!(parse_v1_limit("67108864\n"), Ok(Some(67_108_864)));
-        assert!(parse_v1_limit("-1").is_err());
-        assert!(parse_u64("12 kB").is_err());
-    }
-
-    #[test]
-    fn stat_and_meminfo_values() {
-        let v1 = "cache 50331648\nrss 0\ninactive_file 139264\n\
-            hierarchical_memory_limit 67108864\ntotal_inactive_file 50290688\n";
-        assert_eq!(stat_value(v1, "total_inactive_file"), Some(50_290_688));
-        // A key is matched whole, not as a prefix or suffix.
-        assert_eq!(stat_value(v1, "inactive_file"), Some(139_264));
-        assert_eq!(
-            stat_value(v1, "hierarchical_memory_limit"),
-            Some(67_108_864)
-        );
-        assert_eq!(stat_value(v1, "file"), None);
-        let v2 = "anon 28602368\nfile 2494464\nactive_file 4096\ninactive_file 2490368\n";
-        assert_eq!(stat_value(v2, "inactive_file"), Some(2_490_368));
-        assert_eq!(stat_value("inactive_file x\n", "inactive_file"), None);
-        let meminfo = "MemTotal:       24683584 kB\nMemFree:        17223980 kB\n\
-            MemAvailable:   24061572 kB\n";
-        assert_eq!(meminfo_bytes(meminfo, "MemTotal"), Some(24_683_584 * 1024));
-        assert_eq!(
-            meminfo_bytes(meminfo, "MemAvailable"),
-            Some(24_061_572 * 1024)
-        );
-        assert_eq!(meminfo_bytes(meminfo, "Mem"), None);
-        assert_eq!(meminfo_bytes("MemTotal: lots\n", "MemTotal"), None);
-    }
-
-    #[test]
-    fn used_memory_leaves_out_inactive_file_and_the_tightest_limit_applies() {
-        let r = memory_reading(1000, 300, Some(2000), Some(4000), None).expect("reading");
+    fn the_operators_limit_wins_and_none_or_zero_is_unreadable() {
+        // What the host reads (usage less inactive_file, the tightest
+        // limit) is atunnel-host's test; the guard takes it as it is.
+        let r = memory_reading(700, Some(2000), None).expect("reading");
         assert_eq!((r.used, r.limit), (700, 2000));
         assert!((r.pressure - 0.35).abs() < 1e-12);
-        // Floored at 0.
-        assert_eq!(
-            memory_reading(100, 300, Some(2000), None, None)
-                .expect("reading")
-                .used,
-            0
-        );
-        // No cgroup limit: MemTotal; a cgroup limit above it: MemTotal.
-        assert_eq!(
-            memory_reading(1, 0, None, Some(4000), None)
-                .expect("reading")
-                .limit,
-            4000
-        );
-        assert_eq!(
-            memory_reading(1, 0, Some(8000), Some(4000), None)
-                .expect("reading")
-                .limit,
-            4000
-        );
         // The operator's limit wins.
         assert_eq!(
-            memory_reading(1, 0, Some(2000), Some(4000), Some(9000))
+            memory_reading(1, Some(4000), Some(9000))
                 .expect("reading")
                 .limit,
             9000
         );
-        assert!(memory_reading(1, 0, None, None, None).is_err());
-        assert!(memory_reading(1, 0, None, None, Some(0)).is_err());
+        assert!(memory_reading(1, None, None).is_err());
+        assert!(memory_reading(1, None, Some(0)).is_err());
     }
 
     #[test]
@@ -1114,18 +696,6 @@ mod tests {
         assert_eq!(d(Some(0.6), Some(0.7)), (Soft, Some(Descriptors)));
         assert_eq!(d(None, Some(0.7)), (Soft, Some(Descriptors)));
         assert_eq!(d(None, None), (Normal, None));
-    }
-
-    #[test]
-    fn counted_entries_agree_with_the_reported_size() {
-        // Other tests open and close descriptors meanwhile: agreeing once
-        // in a few tries is agreeing.
-        let agree = (0..20).any(|_| {
-            let reported = open_descriptors().expect("reported");
-            let counted = count_descriptors().expect("counted");
-            reported == counted
-        });
-        assert!(agree);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The overload guard (`atunnel_core::overload`) against real parts: a real
+//! The overload guard (`atunnel_process::overload`) against real parts: a real
 //! memory cgroup charged by a child process, the test process's own
 //! descriptor limit, and cgroup files written by the test for the run loop
 //! and the edge cases.
@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use atunnel_core::overload::{Held, OverloadFigures, RECENT_SHED, ResourceReading};
-use atunnel_core::{
+use atunnel_process::overload::{Held, OverloadFigures, RECENT_SHED, ResourceReading};
+use atunnel_process::{
     OverloadConfig, OverloadGuard, OverloadState, Overloaded, Resource, Shed, ShedAction,
 };
 use tokio::sync::mpsc;

@@ -1,0 +1,29 @@
+//! Reads the host: which cgroup version and where this process's cgroups
+//! are ([`location`]), the memory it is charged against its limit and the
+//! kernel's own ([`memory`]), a cgroup's counters for a measurer ([`counters`]), and its
+//! descriptor limit and count ([`descriptors`]). The overload guard, the
+//! tunnel's per-actor budgets and the bench read the host through it, and
+//! nothing else parses cgroup or proc files for reading.
+//!
+//! The cgroup files are parsed by hand: cgroups-rs (MIT OR Apache-2.0,
+//! v1 and v2) brings zbus and a second nix into every binary and reads a
+//! dozen files per memory figure where the guard reads three, and no
+//! smaller crate reads v1. The CPU quota is not read here: std's
+//! `available_parallelism` reads it (v1 and v2), and tokio sizes its
+//! runtime from that.
+//!
+//! Reads only (creating and limiting cgroups is the bench's); depends on no
+//! other atunnel crate, and every one may depend on it.
+
+pub mod counters;
+pub mod descriptors;
+mod error;
+pub mod location;
+pub mod memory;
+pub mod parse;
+
+pub use counters::{CgroupDirs, CgroupSample};
+pub use descriptors::{nofile_soft_limit, open_descriptors};
+pub use error::{HostError, read, read_optional};
+pub use location::{CgroupVersion, Layout, detect_layout};
+pub use memory::{MemoryCharge, MemorySource};
