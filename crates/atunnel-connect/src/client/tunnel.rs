@@ -21,6 +21,9 @@ pub enum GatewayTunnel {
 }
 
 impl GatewayTunnel {
+    /// Which protocol carries it, for tests to tell what the open chose;
+    /// nothing else asks.
+    #[cfg(feature = "test-util")]
     pub fn protocol(&self) -> &'static str {
         match self {
             GatewayTunnel::H2 { .. } => "h2",
