@@ -106,7 +106,7 @@ mod refusal_body_fuzz {
     use bytes::Bytes;
 
     const GUARD: Duration = Duration::from_secs(10);
-    /// The readers' own wait for a body that stalls: the case ends with it.
+    /// The reader's own wait for a body that stalls: the case ends with it.
     const WAIT_STALLED: Duration = Duration::from_millis(50);
     /// The wait for a body that ends: never reached, so a busy host cannot
     /// cut such a body short.
