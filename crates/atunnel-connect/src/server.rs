@@ -203,7 +203,6 @@ impl<H: ConnectHandler> ConnectServer<H> {
         self.pre_auth.figures()
     }
 
-    /// Connections accepted and open, and one connection's task size.
     /// The handler every connection's tunnels go to.
     pub fn handler(&self) -> &Arc<H> {
         &self.handler
@@ -214,6 +213,7 @@ impl<H: ConnectHandler> ConnectServer<H> {
         self.floods.total()
     }
 
+    /// Connections accepted and open, and one connection's task size.
     pub fn listener_stats(&self) -> ListenerFigures {
         self.listeners.figures()
     }
