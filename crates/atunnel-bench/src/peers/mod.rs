@@ -8,7 +8,7 @@
 //! as atunnel gets one CPU.
 //!
 //! This module writes their configuration and finds their programs; the
-//! worker starts them in atunnel's cgroup (`worker.rs`).
+//! worker starts them in atunnel's cgroup (`worker/`).
 //!
 //! The path to the actors: HAProxy enters the sandboxes as atunnel does
 //! (`namespace <sandbox>-at` on each server line, so it dials the actor at
