@@ -353,14 +353,7 @@ impl Tunnel {
         let Some((ingress, _, _)) = self.ingress() else {
             return;
         };
-        let hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                tracing::warn!(error = %e, "no SIGHUP handler: TLS bundles reload only with their files");
-                None
-            }
-        };
-        ingress.reload_tls_until(hup, cancel).await
+        ingress.reload_tls_until(cancel).await
     }
 
     /// Where /stats is served, if it is.

@@ -294,45 +294,20 @@ impl Ingress {
     }
 
     /// Until `cancel`, reloads the credential and trust bundles
-    /// ([`Ingress::reload_tls`]) at each signal `hup` delivers (SIGHUP,
-    /// from the tunnel) and, every `trust_bundle_poll` (zero: never), when
-    /// the trust bundle's file changed: its own rotation needs no signal.
-    /// The credential bundle is also checked at every handshake
-    /// (`ReloadingCert`). A bundle that fails to load is logged and the
-    /// previous one kept.
-    pub async fn reload_tls_until(
-        &self,
-        mut hup: Option<tokio::signal::unix::Signal>,
-        cancel: CancellationToken,
-    ) {
-        let trust = &self.cfg.trust_bundle;
-        let poll = self.cfg.trust_bundle_poll;
-        let mut stamp = tls::modified(trust);
-        let mut tick = (!poll.is_zero()).then(|| {
-            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
-            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            t
-        });
-        loop {
-            let why = tokio::select! {
-                _ = cancel.cancelled() => return,
-                got = async { match &mut hup { Some(h) => h.recv().await, None => std::future::pending().await } } => match got {
-                    Some(()) => "SIGHUP",
-                    None => return,
-                },
-                _ = async { match &mut tick { Some(t) => t.tick().await, None => std::future::pending().await } } => {
-                    if tls::modified(trust) == stamp {
-                        continue;
-                    }
-                    "the trust bundle changed"
-                }
-            };
-            stamp = tls::modified(trust);
+    /// ([`Ingress::reload_tls`]) on every SIGHUP and, every
+    /// `trust_bundle_poll` (zero: never), when the trust bundle's file
+    /// changed: its own rotation needs no signal. The credential bundle is
+    /// also checked at every handshake (`ReloadingCert`). A bundle that
+    /// fails to load is logged and the previous one kept.
+    pub async fn reload_tls_until(&self, cancel: CancellationToken) {
+        let (trust, poll) = (&self.cfg.trust_bundle, self.cfg.trust_bundle_poll);
+        atunnel_process::reload::on_sighup_or_change(trust, poll, cancel, |why| {
             match self.reload_tls() {
                 Ok(()) => tracing::info!(why, "reloaded the credential and trust bundles"),
                 Err(e) => tracing::warn!(why, error = %e, "keeping the previous TLS bundles"),
             }
-        }
+        })
+        .await
     }
 
     /// The pre-authentication figures of the HTTPS and the CONNECT listener.

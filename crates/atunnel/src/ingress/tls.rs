@@ -1,9 +1,9 @@
 //! Ingress TLS: the worker's certificate, re-read when its file changes (the
 //! kubelet rotates it in place), and mutual TLS that admits only the router.
 
+use atunnel_process::reload::{Stamp, stamp};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -41,21 +41,10 @@ fn load(path: &Path) -> Result<Arc<CertifiedKey>, IngressTlsError> {
     Ok(Arc::new(CertifiedKey::new(chain, key)))
 }
 
-/// What identifies a version of the file: modification time, size and
-/// inode. Timestamps are coarse (a few ms), so a quick rewrite can keep the
-/// same mtime; a swap by rename (as the kubelet does) always changes the inode.
-pub(crate) type Stamp = Option<(SystemTime, u64, u64)>;
-
-pub(crate) fn modified(path: &Path) -> Stamp {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len(), m.ino()))
-}
-
 impl ReloadingCert {
     /// Loads the bundle now, so a bad file fails start.
     pub fn new(path: &Path) -> Result<Self, IngressTlsError> {
-        let stamp = modified(path);
+        let stamp = stamp(path);
         let key = load(path)?;
         Ok(Self {
             path: path.to_path_buf(),
@@ -66,7 +55,7 @@ impl ReloadingCert {
 
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let stamp = modified(&self.path);
+        let stamp = stamp(&self.path);
         let mut current = self.current.lock().expect("certificate lock poisoned");
         if stamp != current.0 {
             match load(&self.path) {
