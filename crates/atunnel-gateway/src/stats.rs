@@ -82,8 +82,6 @@ impl StatsSource {
 struct GatewayAdmin {
     source: Arc<StatsSource>,
     metrics: Page,
-    /// Cancelled when the gateway stops: not ready from then on.
-    stopping: CancellationToken,
 }
 
 impl admin::AdminApp for GatewayAdmin {
@@ -97,8 +95,10 @@ impl admin::AdminApp for GatewayAdmin {
         self.metrics.render()
     }
 
+    /// The gateway has no drain: it takes new tunnels until it stops, and
+    /// its admin listener stops with it.
     fn ready(&self) -> bool {
-        !self.stopping.is_cancelled()
+        true
     }
 
     fn admin_stats(&self) -> &Arc<AdminStats> {
@@ -118,11 +118,7 @@ pub(crate) async fn serve(
         let source = source.clone();
         Page::new("atunnel_gateway", move || source.collect(false), families)
     };
-    let app = GatewayAdmin {
-        source,
-        metrics,
-        stopping: cancel.clone(),
-    };
+    let app = GatewayAdmin { source, metrics };
     admin::serve_app(listener, limits, app, cancel).await
 }
 

@@ -128,14 +128,8 @@ impl Out<'_, '_> {
         label: &'static str,
         series: impl IntoIterator<Item = (&'i str, u64)>,
     ) -> Fmt {
-        let mut e =
-            self.0
-                .encode_descriptor(name, help, None, ConstCounter::new(0u64).metric_type())?;
-        for (value, v) in series {
-            let labels = [(label, Escaped(value))];
-            ConstCounter::new(v).encode(e.encode_family(&labels)?)?;
-        }
-        Ok(())
+        let series = series.into_iter().map(|(l, v)| (l, ConstCounter::new(v)));
+        self.labelled(name, help, MetricType::Counter, label, series)
     }
 
     /// A gauge with one series per `(label value, value)`.
@@ -146,12 +140,23 @@ impl Out<'_, '_> {
         label: &'static str,
         series: impl IntoIterator<Item = (&'i str, i64)>,
     ) -> Fmt {
-        let mut e =
-            self.0
-                .encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
-        for (value, v) in series {
+        let series = series.into_iter().map(|(l, v)| (l, ConstGauge::new(v)));
+        self.labelled(name, help, MetricType::Gauge, label, series)
+    }
+
+    /// One family of `kind`, a series per `(label value, metric)`.
+    fn labelled<'i, M: EncodeMetric>(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: MetricType,
+        label: &'static str,
+        series: impl Iterator<Item = (&'i str, M)>,
+    ) -> Fmt {
+        let mut e = self.0.encode_descriptor(name, help, None, kind)?;
+        for (value, metric) in series {
             let labels = [(label, Escaped(value))];
-            ConstGauge::new(v).encode(e.encode_family(&labels)?)?;
+            metric.encode(e.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -62,13 +62,7 @@ pub(super) fn ingress_of(stats: &Stats, actors: &[u64]) -> IngressSum {
 /// What a pattern made atunnel refuse or end, from two /stats readings:
 /// the hostile actors' refusals and the process's.
 pub(super) fn refusals(before: &Stats, after: &Stats, hostiles: &[u64]) -> Value {
-    let d = |f: &dyn Fn(&Stats) -> u64| (f(after) as f64 - f(before) as f64).max(0.0);
-    let egress = |f: fn(&atunnel::egress::EgressStats) -> u64| {
-        move |s: &Stats| s.egress.map_or(0, |e| f(&e))
-    };
-    let overload = |f: fn(&atunnel_process::overload::OverloadFigures) -> u64| {
-        move |s: &Stats| s.overload.as_ref().map_or(0, f)
-    };
+    let d = |f: fn(&Stats) -> u64| (f(after) as f64 - f(before) as f64).max(0.0);
     let (eb, ea) = (egress_of(before, hostiles), egress_of(after, hostiles));
     let de = |f: fn(&EgressSum) -> f64| (f(&ea) - f(&eb)).max(0.0);
     let (ib, ia) = (ingress_of(before, hostiles), ingress_of(after, hostiles));
@@ -79,12 +73,12 @@ pub(super) fn refusals(before: &Stats, after: &Stats, hostiles: &[u64]) -> Value
         "shed": de(|e| e.shed_total),
         "buffer_waits": de(|e| e.buffer_waits_total),
         "refusal_pauses": de(|e| e.refusal_pauses_total),
-        "stalled_write_ends": d(&egress(|e| e.stalled_write_ends_total)),
-        "half_closed_ends": d(&egress(|e| e.half_closed_ends_total)),
-        "overload_refused": d(&overload(|o| o.refused_total)),
-        "overload_shed": d(&overload(|o| o.shed_total)),
+        "stalled_write_ends": d(|s| s.egress.map_or(0, |e| e.stalled_write_ends_total)),
+        "half_closed_ends": d(|s| s.egress.map_or(0, |e| e.half_closed_ends_total)),
+        "overload_refused": d(|s| s.overload.as_ref().map_or(0, |o| o.refused_total)),
+        "overload_shed": d(|s| s.overload.as_ref().map_or(0, |o| o.shed_total)),
         "ingress_refused_in_flight": (ia.refused_in_flight_total - ib.refused_in_flight_total).max(0.0),
-        "ingress_refused_overload": d(&|s| s.ingress.as_ref().map_or(0, |i| i.refused_overload_total)),
+        "ingress_refused_overload": d(|s| s.ingress.as_ref().map_or(0, |i| i.refused_overload_total)),
     })
 }
 
@@ -335,24 +329,16 @@ impl Census {
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Peaks {
     pub(super) memory: u64,
-    pub(super) overload: String,
+    /// The worst state the overload guard was seen in.
+    pub(super) overload: OverloadState,
     pub(super) open_fds: f64,
-}
-
-/// The overload guard's states in order of severity.
-pub(super) fn overload_rank(state: &str) -> u8 {
-    match state {
-        "hard" => 2,
-        "soft" => 1,
-        _ => 0,
-    }
 }
 
 impl Peaks {
     pub(super) fn new(memory: u64) -> Self {
         Self {
             memory,
-            overload: "normal".into(),
+            overload: OverloadState::Normal,
             open_fds: 0.0,
         }
     }
@@ -360,9 +346,7 @@ impl Peaks {
     /// The highest of `self` and `other`.
     pub(super) fn merged(mut self, other: Peaks) -> Self {
         self.memory = self.memory.max(other.memory);
-        if overload_rank(&other.overload) > overload_rank(&self.overload) {
-            self.overload = other.overload;
-        }
+        self.overload = self.overload.max(other.overload);
         self.open_fds = self.open_fds.max(other.open_fds);
         self
     }
@@ -370,10 +354,8 @@ impl Peaks {
     pub(super) fn note(&mut self, memory: u64, stats: Option<&Stats>) {
         self.memory = self.memory.max(memory);
         if let Some(stats) = stats {
-            if let Some(o) = &stats.overload
-                && overload_rank(&o.state.to_string()) > overload_rank(&self.overload)
-            {
-                self.overload = o.state.to_string();
+            if let Some(o) = &stats.overload {
+                self.overload = self.overload.max(o.state);
             }
             self.open_fds = self.open_fds.max(stats.process.open_fds as f64);
         }
@@ -601,11 +583,11 @@ mod tests {
             peaks,
             Peaks {
                 memory: 20,
-                overload: "soft".into(),
+                overload: OverloadState::Soft,
                 open_fds: 17_100.0
             }
         );
         peaks.note(5, Some(&at(OverloadState::Hard, 0)));
-        assert_eq!(peaks.overload, "hard");
+        assert_eq!(peaks.overload, OverloadState::Hard);
     }
 }

@@ -45,6 +45,7 @@ use atunnel_bench::load::confidence::{Bound, Conclusion, Counts, Figure, ratio};
 use atunnel_bench::load::results::{Latency, ScenarioResult};
 use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung};
 use atunnel_bench::scenario::Scenario;
+use atunnel_process::overload::OverloadState;
 use atunnel_sandbox::NsExecutor;
 use atunnel_support::stats_client::Stats;
 use bytes::Bytes;
@@ -312,7 +313,7 @@ async fn run_pattern(
         alive,
         peak_memory: peaks.memory as f64,
         soft,
-        guard_left_normal: overload_rank(&peaks.overload) > 0 || transitions > 0.0,
+        guard_left_normal: peaks.overload > OverloadState::Normal || transitions > 0.0,
         recovered: recovered.is_some(),
     });
     let peak = peaks.memory;
