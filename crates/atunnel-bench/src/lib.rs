@@ -1,12 +1,9 @@
-//! atunnel-bench's reusable parts: cgroups, the open-loop load generator,
-//! verdicts and reports, the scenarios' names, and counting what a unit of
+//! atunnel-bench's reusable parts: verdicts and reports, the scenarios' names, and counting what a unit of
 //! work costs (`cost`). The binary (`main.rs`)
 //! wires them into roles.
 
-pub mod cgroup;
 pub mod cost;
 pub mod load;
 pub mod lockstep;
 pub mod peers;
 pub mod scenario;
-pub mod sockmem;

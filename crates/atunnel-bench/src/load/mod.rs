@@ -1,8 +1,9 @@
 //! The open-loop load generator and what is made of its numbers.
 //!
-//! - [`schedule`]: runs one rung of load open-loop — unit `i` is due at
-//!   `start + i / rate` whether or not earlier units finished, and its
-//!   latency counts from when it was due.
+//! - the schedule (`atunnel_measure::schedule`, re-exported here): runs one
+//!   rung of load open-loop — unit `i` is due at `start + i / rate` whether
+//!   or not earlier units finished, and its latency counts from when it was
+//!   due.
 //! - [`confidence`]: a ratio's 95 % interval over paired baseline and
 //!   test windows, and pass / fail / inconclusive against a bound.
 //! - [`verdict`]: names what limited each rung (the tunnel, the generator,
@@ -14,12 +15,13 @@
 pub mod confidence;
 pub mod plots;
 pub mod results;
-pub mod schedule;
 pub mod verdict;
 
+pub use atunnel_measure::schedule::{
+    END_GRACE, Rung, RungOutcome, new_histogram, run_rung, run_rung_with_grace,
+};
 pub use plots::write_plots;
 pub use results::{
     Latency, Results, RungResult, ScenarioResult, write_results_json, write_results_txt,
 };
-pub use schedule::{END_GRACE, Rung, RungOutcome, new_histogram, run_rung, run_rung_with_grace};
 pub use verdict::{RungEvidence, Verdict, sustainable_rate, verdict};

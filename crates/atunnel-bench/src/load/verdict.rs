@@ -36,7 +36,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::schedule::RungOutcome;
+use atunnel_measure::schedule::RungOutcome;
 
 /// The share of a CPU budget at which a participant counts as saturated.
 pub const CPU_SATURATED: f64 = 0.9;

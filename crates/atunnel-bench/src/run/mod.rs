@@ -283,7 +283,7 @@ impl Stage {
         if killed > 0 {
             eprintln!("atunnel-bench run: killed {killed} processes left in the run's namespaces");
         }
-        match atunnel_bench::cgroup::remove_leftover(&names.cgroup) {
+        match atunnel_measure::cgroup::remove_leftover(&names.cgroup) {
             Ok(true) => eprintln!("atunnel-bench run: removed the cgroup the worker left"),
             Ok(false) => {}
             Err(e) => eprintln!("atunnel-bench run: removing cgroup {}: {e}", names.cgroup),

@@ -5,9 +5,9 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use atunnel_bench::load::results::{Latency, RungResult};
-use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung, run_saturated};
 use atunnel_bench::load::verdict::{RungEvidence, Verdict, sustainable_rate, verdict};
 use atunnel_host::CgroupSample;
+use atunnel_measure::schedule::{Rung, RungOutcome, run_rung, run_saturated};
 
 use super::bench::Bench;
 use crate::role::process_cpu_seconds;

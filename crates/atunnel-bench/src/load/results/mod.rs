@@ -26,9 +26,9 @@ use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::schedule::RungOutcome;
 use super::verdict::{Verdict, sustainable_rate};
 use crate::scenario::Scenario;
+use atunnel_measure::schedule::RungOutcome;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -408,7 +408,7 @@ mod tests {
 
     #[test]
     fn latency_from_histogram_reads_p50_p99_max() {
-        let mut h = super::super::schedule::new_histogram();
+        let mut h = atunnel_measure::schedule::new_histogram();
         for v in 1..=1000u64 {
             h.record(v * 100).unwrap();
         }
@@ -416,7 +416,7 @@ mod tests {
         assert!((49_900..=50_100).contains(&l.p50), "{l:?}");
         assert!((98_900..=99_100).contains(&l.p99), "{l:?}");
         assert!((99_950..=100_100).contains(&l.max), "{l:?}");
-        let empty = super::super::schedule::new_histogram();
+        let empty = atunnel_measure::schedule::new_histogram();
         assert_eq!(Latency::from_histogram(&empty), Latency::default());
     }
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atunnel_bench::load::results::ScenarioResult;
-use atunnel_bench::load::schedule::Rung;
 use atunnel_bench::scenario::Scenario;
+use atunnel_measure::schedule::Rung;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

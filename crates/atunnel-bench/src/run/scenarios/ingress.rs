@@ -9,8 +9,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use atunnel_bench::load::results::{RungResult, ScenarioResult};
-use atunnel_bench::load::schedule::Rung;
 use atunnel_bench::scenario::Scenario;
+use atunnel_measure::schedule::Rung;
 use bytes::Bytes;
 use serde_json::json;
 use tokio::net::TcpStream;

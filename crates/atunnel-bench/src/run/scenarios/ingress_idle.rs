@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use atunnel_bench::load::confidence::{Bound, Counts, Figure, ratio};
 use atunnel_bench::load::results::{RungResult, ScenarioResult};
-use atunnel_bench::load::schedule::{Rung, new_histogram};
 use atunnel_bench::scenario::Scenario;
+use atunnel_measure::schedule::{Rung, new_histogram};
 use atunnel_support::stats_client::Stats;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use atunnel_bench::load::results::ScenarioResult;
 use atunnel_bench::scenario::Scenario;
-use atunnel_bench::sockmem::SocketMemory;
+use atunnel_measure::sockmem::SocketMemory;
 use atunnel_support::stats_client::fetch_as_over;
 use serde_json::{Value, json};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -124,11 +124,11 @@ impl Case {
 /// Waits until a process's socket memory stops growing (the stalled
 /// connections' queues are full), then returns it.
 async fn settled_socket_memory(pid: u32) -> Result<SocketMemory, atunnel_process::BoxError> {
-    let mut last = atunnel_bench::sockmem::of_process(pid)?;
+    let mut last = atunnel_measure::sockmem::of_process(pid)?;
     let mut steady = 0;
     for _ in 0..60 {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = atunnel_bench::sockmem::of_process(pid)?;
+        let now = atunnel_measure::sockmem::of_process(pid)?;
         let grew = now.total().abs_diff(last.total()) > last.total() / 100 + 4096;
         steady = if grew { 0 } else { steady + 1 };
         last = now;
@@ -438,7 +438,7 @@ async fn stalled_case(
     for &p in measured {
         let pid = pid_of(bench, p, gateway)?;
         let heap = heap_bytes(bench, p, gateway).await?;
-        before.push((atunnel_bench::sockmem::of_process(pid)?, heap));
+        before.push((atunnel_measure::sockmem::of_process(pid)?, heap));
         pids.push(pid);
     }
     let mut held = Held::default();

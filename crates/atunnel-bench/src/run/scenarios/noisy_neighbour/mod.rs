@@ -43,8 +43,8 @@ use std::time::{Duration, Instant};
 
 use atunnel_bench::load::confidence::{Bound, Conclusion, Counts, Figure, ratio};
 use atunnel_bench::load::results::{Latency, ScenarioResult};
-use atunnel_bench::load::schedule::{Rung, RungOutcome, run_rung};
 use atunnel_bench::scenario::Scenario;
+use atunnel_measure::schedule::{Rung, RungOutcome, run_rung};
 use atunnel_process::overload::OverloadState;
 use atunnel_sandbox::NsExecutor;
 use atunnel_support::stats_client::Stats;

@@ -16,6 +16,15 @@
 //! What is read (where the hierarchies are, the group's counters, its
 //! pids) is read through `atunnel-host`; this module creates, limits and
 //! removes.
+//!
+//! Written by hand: cgroups-rs (MIT OR Apache-2.0, v1 and v2) was checked
+//! and not taken. It would bring zbus and a second nix into the bench for
+//! what is here a mkdir, a few one-line writes and an rmdir per group, and it
+//! does not do what the bench needs around them: place the group under the
+//! caller's own cgroup in each v1 hierarchy, fall back to the v2 root under
+//! the "no internal processes" rule, switch on v1's TCP memory accounting,
+//! and move a process in between its `fork` and `exec` (see
+//! [`Cgroup::pre_exec_hook`]).
 
 use std::ffi::CString;
 use std::fs;
@@ -408,7 +417,7 @@ impl Cgroup {
     /// first instruction (and, on v1, its sockets get TCP accounting).
     ///
     /// ```no_run
-    /// # use atunnel_bench::cgroup::{Cgroup, Limits};
+    /// # use atunnel_measure::cgroup::{Cgroup, Limits};
     /// # use std::os::unix::process::CommandExt;
     /// # let cgroup = Cgroup::create("x/y", &Limits { cpus: 1.0, memory_bytes: 1 << 30 }).unwrap();
     /// let mut command = std::process::Command::new("true");

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use atunnel_bench::cgroup::{Cgroup, CgroupError, Limits};
 use atunnel_host::{CgroupDirs, CgroupVersion};
+use atunnel_measure::cgroup::{Cgroup, CgroupError, Limits};
 
 const MIB: u64 = 1 << 20;
 
@@ -462,8 +462,8 @@ fn another_process_samples_by_dirs_and_removes_a_leftover() {
     // The owner is killed before it can remove the group.
     std::mem::forget(cgroup);
     assert!(paths.iter().all(|p| p.exists()));
-    assert!(atunnel_bench::cgroup::remove_leftover(&name).expect("remove leftover"));
+    assert!(atunnel_measure::cgroup::remove_leftover(&name).expect("remove leftover"));
     assert_gone(&paths);
-    assert!(!atunnel_bench::cgroup::remove_leftover(&name).expect("nothing left"));
-    assert!(atunnel_bench::cgroup::remove_leftover("../etc").is_err());
+    assert!(!atunnel_measure::cgroup::remove_leftover(&name).expect("nothing left"));
+    assert!(atunnel_measure::cgroup::remove_leftover("../etc").is_err());
 }
