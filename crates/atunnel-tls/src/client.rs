@@ -123,9 +123,7 @@ pub struct Handshaking {
     /// Read and not yet handed to rustls: `buf[at..]`.
     buf: Vec<u8>,
     at: usize,
-    header: [u8; records::HEADER_LEN],
-    header_seen: u8,
-    body_left: usize,
+    framing: records::Framing,
     secrets: Arc<ConnectionSecrets>,
     /// The connection stayed with rustls: reads go straight to the socket
     /// once the buffer is empty.
@@ -138,45 +136,24 @@ impl Handshaking {
             tcp,
             buf: Vec::new(),
             at: 0,
-            header: [0; records::HEADER_LEN],
-            header_seen: 0,
-            body_left: 0,
+            framing: records::Framing::default(),
             secrets,
             passthrough: false,
         }
     }
 
     fn at_record_boundary(&self) -> bool {
-        self.header_seen == 0 && self.body_left == 0
+        self.framing.at_boundary()
     }
 
     /// Bytes from the read position to the end of the current record's
     /// header or body.
     fn to_boundary(&self) -> usize {
-        if self.body_left > 0 {
-            self.body_left
-        } else {
-            records::HEADER_LEN - usize::from(self.header_seen)
-        }
+        self.framing.to_boundary()
     }
 
-    fn track(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            if self.body_left > 0 {
-                let n = self.body_left.min(bytes.len());
-                self.body_left -= n;
-                bytes = &bytes[n..];
-            } else {
-                self.header[usize::from(self.header_seen)] = bytes[0];
-                self.header_seen += 1;
-                bytes = &bytes[1..];
-                if usize::from(self.header_seen) == records::HEADER_LEN {
-                    self.header_seen = 0;
-                    self.body_left =
-                        usize::from(u16::from_be_bytes([self.header[3], self.header[4]]));
-                }
-            }
-        }
+    fn track(&mut self, bytes: &[u8]) {
+        self.framing.track(bytes, |_| {});
     }
 }
 

@@ -37,6 +37,58 @@ const TAG_LEN: usize = 16;
 pub const SEAL_OVERHEAD: usize = HEADER_LEN + 1 + TAG_LEN;
 const NONCE_LEN: usize = 12;
 
+/// Where a byte stream stands among TLS records, fed what was read: the
+/// socket under rustls on either side watches it (to hand rustls one
+/// record at a time, to see where the first protected record begins, to
+/// hibernate only between records). Eight bytes: every idle connection
+/// holds one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Framing {
+    /// Header bytes of the next record seen so far (0-4).
+    header: [u8; HEADER_LEN],
+    header_seen: u8,
+    /// Bytes of the current record's body still to come.
+    body_left: u16,
+}
+
+impl Framing {
+    /// Between records: no header or body partly read.
+    pub fn at_boundary(&self) -> bool {
+        self.header_seen == 0 && self.body_left == 0
+    }
+
+    /// Bytes to the end of the current record's header or body.
+    pub fn to_boundary(&self) -> usize {
+        if self.body_left > 0 {
+            usize::from(self.body_left)
+        } else {
+            HEADER_LEN - usize::from(self.header_seen)
+        }
+    }
+
+    /// Takes in `bytes`, calling `header` with each record header they
+    /// complete.
+    pub fn track(&mut self, mut bytes: &[u8], mut header: impl FnMut(&[u8; HEADER_LEN])) {
+        while !bytes.is_empty() {
+            if self.body_left > 0 {
+                let n = usize::from(self.body_left).min(bytes.len());
+                // `n` is at most `body_left`, a u16.
+                self.body_left -= n as u16;
+                bytes = &bytes[n..];
+            } else {
+                self.header[usize::from(self.header_seen)] = bytes[0];
+                self.header_seen += 1;
+                bytes = &bytes[1..];
+                if usize::from(self.header_seen) == HEADER_LEN {
+                    self.header_seen = 0;
+                    self.body_left = u16::from_be_bytes([self.header[3], self.header[4]]);
+                    header(&self.header);
+                }
+            }
+        }
+    }
+}
+
 pub const CONTENT_CHANGE_CIPHER_SPEC: u8 = 20;
 pub const CONTENT_ALERT: u8 = 21;
 pub const CONTENT_HANDSHAKE: u8 = 22;
@@ -1102,6 +1154,28 @@ mod tests {
         let tx = Direction::new(Suite::Chacha20Poly1305, &secret(7), 0).expect("suite");
         let rx = Direction::new(Suite::Chacha20Poly1305, &secret(7), 0).expect("suite");
         (Outbound::new(tx, u64::MAX), Inbound::new(rx))
+    }
+
+    #[test]
+    fn framing_finds_each_record_however_the_reads_split_it() {
+        // Three records: 3, 0 and 300 body bytes, of types 22, 23, 21.
+        let mut wire = vec![22, 3, 3, 0, 3, 1, 2, 3, 23, 3, 3, 0, 0, 21, 3, 3, 1, 44];
+        wire.extend_from_slice(&[0; 300]);
+        for split in [1, 2, 4, 5, 7, 64, wire.len()] {
+            let mut framing = Framing::default();
+            let mut types = Vec::new();
+            for piece in wire.chunks(split) {
+                assert!(framing.to_boundary() >= 1);
+                framing.track(piece, |h| types.push(h[0]));
+            }
+            assert_eq!(types, [22, 23, 21], "split into reads of {split}");
+            assert!(framing.at_boundary());
+        }
+        let mut framing = Framing::default();
+        framing.track(&wire[..7], |_| {});
+        assert!(!framing.at_boundary());
+        assert_eq!(framing.to_boundary(), 1, "one byte of the first body left");
+        assert_eq!(std::mem::size_of::<Framing>(), 8);
     }
 
     fn feed(inbound: &mut Inbound, bytes: &[u8]) {

@@ -34,11 +34,7 @@ use crate::secrets::{Filing, TrafficSecrets};
 /// connection's traffic secrets from the key log during the handshake.
 pub struct RecordTracking {
     tcp: TcpStream,
-    /// Header bytes of the next record seen so far (0-4).
-    header: [u8; records::HEADER_LEN],
-    header_seen: u8,
-    /// Bytes of the current record's body still to come.
-    body_left: usize,
+    framing: records::Framing,
     write_shut: bool,
     secrets: Claim,
 }
@@ -60,9 +56,7 @@ impl RecordTracking {
     pub fn new(tcp: TcpStream) -> Self {
         Self {
             tcp,
-            header: [0; records::HEADER_LEN],
-            header_seen: 0,
-            body_left: 0,
+            framing: records::Framing::default(),
             write_shut: false,
             secrets: Claim::Waiting {
                 filing: Filing::new(),
@@ -113,27 +107,14 @@ impl RecordTracking {
     }
 
     fn at_record_boundary(&self) -> bool {
-        self.header_seen == 0 && self.body_left == 0
+        self.framing.at_boundary()
     }
 
-    fn track(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            if self.body_left > 0 {
-                let n = self.body_left.min(bytes.len());
-                self.body_left -= n;
-                bytes = &bytes[n..];
-            } else {
-                self.header[usize::from(self.header_seen)] = bytes[0];
-                self.header_seen += 1;
-                bytes = &bytes[1..];
-                if usize::from(self.header_seen) == records::HEADER_LEN {
-                    self.header_seen = 0;
-                    self.body_left =
-                        usize::from(u16::from_be_bytes([self.header[3], self.header[4]]));
-                    self.record_begins(self.header[0]);
-                }
-            }
-        }
+    fn track(&mut self, bytes: &[u8]) {
+        // A copy, as `record_begins` takes all of `self`.
+        let mut framing = self.framing;
+        framing.track(bytes, |header| self.record_begins(header[0]));
+        self.framing = framing;
     }
 }
 

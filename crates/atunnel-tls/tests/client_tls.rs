@@ -11,52 +11,26 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use atunnel_tls::client::ClientTls;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use atunnel_tls::records;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
-struct Pki {
-    cert: CertificateDer<'static>,
-    key: PrivateKeyDer<'static>,
-}
-
-fn pki() -> Pki {
-    let c = rcgen::generate_simple_self_signed(vec!["gateway.test".into()]).expect("cert");
-    Pki {
-        cert: c.cert.der().clone(),
-        key: PrivateKeyDer::Pkcs8(c.signing_key.serialize_der().into()),
-    }
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
+mod common;
+use common::{Pki, pki, provider};
 
 fn server_config(
     pki: &Pki,
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Arc<rustls::ServerConfig> {
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(versions)
-        .expect("versions")
-        .with_no_client_auth()
-        .with_single_cert(vec![pki.cert.clone()], pki.key.clone_key())
-        .expect("server cert");
+    let mut cfg = common::server_config(pki, provider(), versions);
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     // Tickets after the handshake, which the client must skip.
     cfg.send_tls13_tickets = 2;
-    cfg.enable_secret_extraction = true;
     Arc::new(cfg)
 }
 
 fn client_config(pki: &Pki) -> rustls::ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(pki.cert.clone()).expect("root");
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let mut cfg = common::client_config(pki);
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     cfg.resumption = rustls::client::Resumption::disabled();
     cfg
@@ -67,30 +41,14 @@ fn client_config(pki: &Pki) -> rustls::ClientConfig {
 struct Counting {
     tcp: TcpStream,
     records: Arc<AtomicUsize>,
-    header_seen: usize,
-    header: [u8; 5],
-    body_left: usize,
+    framing: records::Framing,
 }
 
 impl Counting {
-    fn track(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            if self.body_left > 0 {
-                let n = self.body_left.min(bytes.len());
-                self.body_left -= n;
-                bytes = &bytes[n..];
-            } else {
-                self.header[self.header_seen] = bytes[0];
-                self.header_seen += 1;
-                bytes = &bytes[1..];
-                if self.header_seen == 5 {
-                    self.header_seen = 0;
-                    self.body_left =
-                        usize::from(u16::from_be_bytes([self.header[3], self.header[4]]));
-                    self.records.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
+    fn track(&mut self, bytes: &[u8]) {
+        self.framing.track(bytes, |_| {
+            self.records.fetch_add(1, Ordering::Relaxed);
+        });
     }
 }
 
@@ -134,7 +92,7 @@ type Server = tokio_rustls::server::TlsStream<Counting>;
 async fn pair(
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> (ClientTls, Server, Arc<AtomicUsize>) {
-    let pki = pki();
+    let pki = pki("gateway.test");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&pki, versions));
@@ -145,20 +103,14 @@ async fn pair(
         let counting = Counting {
             tcp,
             records: counted,
-            header_seen: 0,
-            header: [0; 5],
-            body_left: 0,
+            framing: records::Framing::default(),
         };
         acceptor.accept(counting).await.expect("server handshake")
     });
     let tcp = TcpStream::connect(addr).await.expect("connect");
-    let client = atunnel_tls::client::connect(
-        client_config(&pki),
-        ServerName::try_from("gateway.test").expect("name"),
-        tcp,
-    )
-    .await
-    .expect("client handshake");
+    let client = atunnel_tls::client::connect(client_config(&pki), pki.name.clone(), tcp)
+        .await
+        .expect("client handshake");
     let server = server.await.expect("server task");
     (client, server, records)
 }
@@ -453,7 +405,7 @@ async fn a_tls12_only_server_still_works() {
 #[tokio::test]
 async fn data_the_server_sends_with_its_finished_is_kept_for_the_record_layer() {
     use std::io::{Read, Write};
-    let pki = pki();
+    let pki = pki("gateway.test");
     let mut cfg = (*server_config(&pki, &[&rustls::version::TLS13])).clone();
     // The server's first records come in the same flight as its Finished,
     // so the client reads them together with the handshake's last record.
@@ -477,13 +429,9 @@ async fn data_the_server_sends_with_its_finished_is_kept_for_the_record_layer() 
         got
     });
     let tcp = TcpStream::connect(addr).await.expect("connect");
-    let mut client = atunnel_tls::client::connect(
-        client_config(&pki),
-        ServerName::try_from("gateway.test").expect("name"),
-        tcp,
-    )
-    .await
-    .expect("client handshake");
+    let mut client = atunnel_tls::client::connect(client_config(&pki), pki.name.clone(), tcp)
+        .await
+        .expect("client handshake");
     assert!(client.is_records());
     receive(&mut client, 3000).await;
     client.write_all(b"thank").await.expect("write");

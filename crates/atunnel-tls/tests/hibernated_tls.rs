@@ -11,24 +11,13 @@ use std::time::Duration;
 
 use atunnel_tls::records::{self, Direction, Suite, TlsError};
 use atunnel_tls::secrets::Secret;
-use atunnel_tls::stream::{RecordTracking, ServerTls};
+use atunnel_tls::stream::ServerTls;
 use rand::{RngCore, SeedableRng};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-struct Pki {
-    cert: CertificateDer<'static>,
-    key: PrivateKeyDer<'static>,
-}
-
-fn pki() -> Pki {
-    let c = rcgen::generate_simple_self_signed(vec!["server.test".into()]).expect("cert");
-    Pki {
-        cert: c.cert.der().clone(),
-        key: PrivateKeyDer::Pkcs8(c.signing_key.serialize_der().into()),
-    }
-}
+mod common;
+use common::{Pki, accept, pki};
 
 /// A server offering ChaCha20-Poly1305 only, with a confidentiality limit
 /// of `limit` records so that the server's own key updates come soon.
@@ -47,13 +36,7 @@ fn server_config(pki: &Pki, limit: u64) -> Arc<rustls::ServerConfig> {
     }));
     let mut provider = rustls::crypto::ring::default_provider();
     provider.cipher_suites = vec![rustls::SupportedCipherSuite::Tls13(suite)];
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .expect("versions")
-        .with_no_client_auth()
-        .with_single_cert(vec![pki.cert.clone()], pki.key.clone_key())
-        .expect("server cert");
-    cfg.enable_secret_extraction = true;
+    let mut cfg = common::server_config(pki, Arc::new(provider), &[&rustls::version::TLS13]);
     cfg.key_log = atunnel_tls::secrets::key_log();
     Arc::new(cfg)
 }
@@ -80,33 +63,16 @@ impl ClientLog {
 }
 
 fn client_config(pki: &Pki, log: Arc<ClientLog>) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(pki.cert.clone()).expect("root");
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let mut cfg = common::client_config(pki);
     cfg.enable_secret_extraction = true;
     cfg.key_log = log;
     Arc::new(cfg)
 }
 
-async fn accept(listener: &TcpListener, cfg: Arc<rustls::ServerConfig>) -> ServerTls {
-    let (tcp, _) = listener.accept().await.expect("accept");
-    let tls = tokio_rustls::TlsAcceptor::from(cfg)
-        .accept(RecordTracking::new(tcp))
-        .await
-        .expect("server handshake");
-    ServerTls::new(tls)
-}
-
 type Client = tokio_rustls::client::TlsStream<TcpStream>;
 
 async fn pair(limit: u64) -> (ServerTls, Client, Arc<ClientLog>) {
-    let pki = pki();
+    let pki = pki("server.test");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let log = Arc::new(ClientLog::default());
@@ -115,7 +81,7 @@ async fn pair(limit: u64) -> (ServerTls, Client, Arc<ClientLog>) {
     let client = async {
         let tcp = TcpStream::connect(addr).await.expect("connect");
         connector
-            .connect(ServerName::try_from("server.test").expect("name"), tcp)
+            .connect(pki.name.clone(), tcp)
             .await
             .expect("client handshake")
     };
@@ -307,18 +273,14 @@ struct RawClient {
 }
 
 async fn raw_pair() -> (ServerTls, RawClient) {
-    let pki = pki();
+    let pki = pki("server.test");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let log = Arc::new(ClientLog::default());
     let client_cfg = client_config(&pki, log.clone());
+    let name = pki.name.clone();
     let client = tokio::task::spawn_blocking(move || {
-        let mut tcp = std::net::TcpStream::connect(addr).expect("connect");
-        let name = ServerName::try_from("server.test").expect("name");
-        let mut conn = rustls::ClientConnection::new(client_cfg, name).expect("client");
-        while conn.is_handshaking() {
-            conn.complete_io(&mut tcp).expect("client handshake");
-        }
+        let (mut tcp, mut conn) = common::blocking_client(addr, client_cfg, name);
         tcp.set_read_timeout(Some(Duration::from_secs(5)))
             .expect("timeout");
         conn.writer().write_all(b"ping").expect("ping");

@@ -10,59 +10,30 @@ use std::sync::Arc;
 
 use atunnel_tls::stream::{RecordTracking, ServerTls};
 use rand::{Rng, RngCore};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-struct Pki {
-    cert: CertificateDer<'static>,
-    key: PrivateKeyDer<'static>,
-}
-
-fn pki() -> Pki {
-    let c = rcgen::generate_simple_self_signed(vec!["server.test".into()]).expect("cert");
-    Pki {
-        cert: c.cert.der().clone(),
-        key: PrivateKeyDer::Pkcs8(c.signing_key.serialize_der().into()),
-    }
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
+mod common;
+use common::{Pki, pki, provider};
 
 fn server_config(
     pki: &Pki,
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Arc<rustls::ServerConfig> {
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(versions)
-        .expect("versions")
-        .with_no_client_auth()
-        .with_single_cert(vec![pki.cert.clone()], pki.key.clone_key())
-        .expect("server cert");
-    cfg.enable_secret_extraction = true;
+    let mut cfg = common::server_config(pki, provider(), versions);
     cfg.key_log = atunnel_tls::secrets::key_log();
     Arc::new(cfg)
 }
 
 fn client_config(pki: &Pki) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(pki.cert.clone()).expect("root");
-    Arc::new(
-        rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    )
+    Arc::new(common::client_config(pki))
 }
 
 /// A connected pair: atunnel's server stream and a tokio-rustls client.
 async fn pair(
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> (ServerTls, tokio_rustls::client::TlsStream<TcpStream>) {
-    let pki = pki();
+    let pki = pki("server.test");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&pki, versions));
@@ -76,7 +47,7 @@ async fn pair(
     });
     let tcp = TcpStream::connect(addr).await.expect("connect");
     let client = tokio_rustls::TlsConnector::from(client_config(&pki))
-        .connect(ServerName::try_from("server.test").expect("name"), tcp)
+        .connect(pki.name.clone(), tcp)
         .await
         .expect("client handshake");
     (server.await.expect("server task"), client)
@@ -218,26 +189,17 @@ impl RawClient {
 }
 
 async fn raw_pair() -> (ServerTls, RawClient) {
-    let pki = pki();
+    let pki = pki("server.test");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&pki, rustls::DEFAULT_VERSIONS));
+    let server_cfg = server_config(&pki, rustls::DEFAULT_VERSIONS);
     let client_cfg = client_config(&pki);
+    let name = pki.name.clone();
     let client = tokio::task::spawn_blocking(move || {
-        let mut tcp = std::net::TcpStream::connect(addr).expect("connect");
-        let name = ServerName::try_from("server.test").expect("name");
-        let mut conn = rustls::ClientConnection::new(client_cfg, name).expect("client");
-        while conn.is_handshaking() {
-            conn.complete_io(&mut tcp).expect("client handshake");
-        }
+        let (tcp, conn) = common::blocking_client(addr, client_cfg, name);
         RawClient { tcp, conn }
     });
-    let (tcp, _) = listener.accept().await.expect("accept");
-    let tls = acceptor
-        .accept(RecordTracking::new(tcp))
-        .await
-        .expect("server handshake");
-    let mut server = ServerTls::new(tls);
+    let mut server = common::accept(&listener, server_cfg).await;
     let mut client = client.await.expect("client task");
     // The server's session tickets arrive after the handshake; read them so
     // that nothing is left in flight toward the client.
