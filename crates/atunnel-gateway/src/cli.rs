@@ -270,7 +270,13 @@ async fn serve<F: FarEnd>(
     println!("listening {}", listener.local_addr()?);
     let stats = async {
         if let Some((tcp, source)) = stats {
-            crate::stats::serve(tcp, args.admin.limits(), source, cancel.clone()).await;
+            atunnel_process::admin::serve_app(
+                tcp,
+                args.admin.limits(),
+                crate::stats::GatewayAdmin::new(source),
+                cancel.clone(),
+            )
+            .await;
         }
     };
     let guard = async {

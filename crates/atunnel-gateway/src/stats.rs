@@ -13,12 +13,10 @@
 use std::sync::Arc;
 
 use atunnel_core::{BufferPool, ListenerFigures, PoolStats};
-use atunnel_process::admin::{self, AdminFigures, AdminLimits, AdminStats};
+use atunnel_process::admin::{self, AdminFigures, AdminStats};
 use atunnel_process::metrics_text::{self, Fmt, Out, Page, n};
-use atunnel_process::process_stats::{ProcessStats, process_stats};
+use atunnel_process::process_stats::{ProcessStats, process_and_pool};
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 /// What the gateway's `/stats` serves; readers deserialize it, so a renamed
 /// field fails their build rather than reading 0.
@@ -60,13 +58,10 @@ pub(crate) struct StatsSource {
 
 impl StatsSource {
     fn collect(&self, release: bool) -> Stats {
-        if release {
-            self.pool.trim(0);
-            atunnel_core::alloc::release_free_memory();
-        }
+        let (process, pool) = process_and_pool(&self.pool, release);
         Stats {
-            process: process_stats(),
-            pool: self.pool.stats(),
+            process,
+            pool,
             listener: (self.listener)(),
             pre_auth: (self.pre_auth)(),
             h2_floods_total: (self.h2_floods)(),
@@ -79,9 +74,19 @@ impl StatsSource {
 }
 
 /// The gateway's admin app.
-struct GatewayAdmin {
+pub(crate) struct GatewayAdmin {
     source: Arc<StatsSource>,
     metrics: Page,
+}
+
+impl GatewayAdmin {
+    pub(crate) fn new(source: Arc<StatsSource>) -> Self {
+        let metrics = {
+            let source = source.clone();
+            Page::new("atunnel_gateway", move || source.collect(false), families)
+        };
+        Self { source, metrics }
+    }
 }
 
 impl admin::AdminApp for GatewayAdmin {
@@ -104,22 +109,6 @@ impl admin::AdminApp for GatewayAdmin {
     fn admin_stats(&self) -> &Arc<AdminStats> {
         &self.source.admin
     }
-}
-
-/// Serves the admin listener on `listener`, within `limits`, until
-/// `cancel`, then closes its connections and waits for them.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    limits: AdminLimits,
-    source: Arc<StatsSource>,
-    cancel: CancellationToken,
-) {
-    let metrics = {
-        let source = source.clone();
-        Page::new("atunnel_gateway", move || source.collect(false), families)
-    };
-    let app = GatewayAdmin { source, metrics };
-    admin::serve_app(listener, limits, app, cancel).await
 }
 
 /// `/metrics`'s families, from one snapshot.
@@ -194,6 +183,7 @@ fn families(out: &mut Out, s: &Stats) -> Fmt {
 mod tests {
     use super::*;
     use std::time::Duration;
+    use tokio::net::TcpListener;
 
     #[tokio::test]
     async fn the_admin_app_serves_stats_metrics_and_probes() {
@@ -222,8 +212,13 @@ mod tests {
             )),
             admin: Default::default(),
         });
-        let cancel = CancellationToken::new();
-        let server = tokio::spawn(serve(tcp, AdminLimits::default(), source, cancel.clone()));
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(admin::serve_app(
+            tcp,
+            atunnel_process::AdminLimits::default(),
+            GatewayAdmin::new(source),
+            cancel.clone(),
+        ));
         let get = |path: &'static str| async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");

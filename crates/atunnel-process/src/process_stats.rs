@@ -23,6 +23,21 @@ pub struct ProcessStats {
     pub worker_threads: usize,
 }
 
+/// The process's figures and its buffer pool's, the part of every snapshot
+/// the tunnel and the gateway share. With `release` (`/stats?release=1`),
+/// free pool buffers and free heap are first handed back, so that idle
+/// figures are taken the same way every time.
+pub fn process_and_pool(
+    pool: &atunnel_core::BufferPool,
+    release: bool,
+) -> (ProcessStats, atunnel_core::PoolStats) {
+    if release {
+        pool.trim(0);
+        atunnel_core::alloc::release_free_memory();
+    }
+    (process_stats(), pool.stats())
+}
+
 /// The figures now.
 pub fn process_stats() -> ProcessStats {
     let runtime = tokio::runtime::Handle::try_current()

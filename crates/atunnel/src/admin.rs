@@ -7,18 +7,22 @@
 
 use std::sync::Arc;
 
-use atunnel_process::AdminLimits;
 use atunnel_process::admin;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use crate::stats::StatsSource;
 use atunnel_process::metrics_text::Page;
 
 /// The tunnel's admin app: its stats source, and `/metrics` over it.
-struct TunnelAdmin {
+pub(crate) struct TunnelAdmin {
     source: Arc<StatsSource>,
     metrics: Page,
+}
+
+impl TunnelAdmin {
+    pub(crate) fn new(source: Arc<StatsSource>) -> Self {
+        let metrics = crate::metrics::page(source.clone());
+        Self { source, metrics }
+    }
 }
 
 impl admin::AdminApp for TunnelAdmin {
@@ -43,17 +47,4 @@ impl admin::AdminApp for TunnelAdmin {
     fn admin_stats(&self) -> &Arc<admin::AdminStats> {
         &self.source.admin
     }
-}
-
-/// Serves the admin listener (`/stats`, `/metrics`, `/healthz`,
-/// `/readyz`) on `listener`, within `limits`, until `cancel`, then closes
-/// its connections and waits for them.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    limits: AdminLimits,
-    source: Arc<StatsSource>,
-    cancel: CancellationToken,
-) {
-    let metrics = crate::metrics::page(source.clone());
-    admin::serve_app(listener, limits, TunnelAdmin { source, metrics }, cancel).await
 }

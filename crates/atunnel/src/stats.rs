@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use atunnel_core::{BufferPool, PoolStats};
 use atunnel_process::admin::{AdminFigures, AdminStats};
-use atunnel_process::process_stats::{ProcessStats, process_stats};
+use atunnel_process::process_stats::{ProcessStats, process_and_pool};
 use serde::Serialize;
 
 use crate::egress::{ActorEgressStats, Egress, EgressStats};
@@ -63,13 +63,10 @@ pub(crate) struct StatsSource {
 
 impl StatsSource {
     pub(crate) fn collect(&self, release: bool) -> Stats {
-        if release {
-            self.pool.trim(0);
-            atunnel_core::alloc::release_free_memory();
-        }
+        let (process, pool) = process_and_pool(&self.pool, release);
         Stats {
-            process: process_stats(),
-            pool: self.pool.stats(),
+            process,
+            pool,
             egress: self.egress.as_ref().map(|e| e.stats()),
             egress_actors: self
                 .egress

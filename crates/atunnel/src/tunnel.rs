@@ -302,10 +302,10 @@ impl Tunnel {
                 control: control.clone(),
                 draining: draining.clone(),
             });
-            tasks.spawn(crate::admin::serve(
+            tasks.spawn(atunnel_process::admin::serve_app(
                 listener,
                 cfg.stats_limits,
-                source,
+                crate::admin::TunnelAdmin::new(source),
                 cancel.clone(),
             ));
         }
