@@ -527,89 +527,51 @@ mod tests {
         }
     }
 
+    /// The client learns of the server's refusal as `alert`. Over TLS 1.3
+    /// its handshake completes before the server has judged its
+    /// certificate, and the alert arrives on the next read; over TLS 1.2 the
+    /// server's Finished never comes, so connect itself fails.
+    fn assert_client_refused(
+        outcome: &Outcome,
+        versions: &[&'static SupportedProtocolVersion],
+        alert: AlertDescription,
+    ) {
+        assert_eq!(outcome.client_connected, versions == TLS13);
+        assert_alert(outcome.client.as_ref().expect_err("client refused"), alert);
+    }
+
     #[tokio::test]
-    async fn gateway_refuses_actor_certificate_from_another_ca_tls13() {
+    async fn gateway_refuses_actor_certificate_from_another_ca() {
         let pki = gateway_pki();
         let stranger = CertificateAuthority::new("other actor ca").expect("ca");
-        let client = actor_identity(&stranger, &ActorCertOptions::default());
-        let outcome = gateway_handshake(&pki, Some(client), TLS13).await;
-
-        let server_err = outcome.server.expect_err("server refused");
-        assert!(matches!(
-            rustls_error(&server_err),
-            rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)
-        ));
-        // TLS 1.3: the client's handshake completes before the server has
-        // judged its certificate; the refusal arrives on the next read.
-        assert!(outcome.client_connected);
-        assert_alert(
-            &outcome.client.expect_err("read fails"),
-            AlertDescription::UnknownCA,
-        );
+        for versions in [TLS13, TLS12] {
+            let client = actor_identity(&stranger, &ActorCertOptions::default());
+            let outcome = gateway_handshake(&pki, Some(client), versions).await;
+            assert!(matches!(
+                rustls_error(outcome.server.as_ref().expect_err("server refused")),
+                rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)
+            ));
+            assert_client_refused(&outcome, versions, AlertDescription::UnknownCA);
+        }
     }
 
     #[tokio::test]
-    async fn gateway_refuses_actor_certificate_from_another_ca_tls12() {
+    async fn gateway_refuses_leaf_without_identity_extension() {
         let pki = gateway_pki();
-        let stranger = CertificateAuthority::new("other actor ca").expect("ca");
-        let client = actor_identity(&stranger, &ActorCertOptions::default());
-        let outcome = gateway_handshake(&pki, Some(client), TLS12).await;
-
-        assert!(outcome.server.is_err());
-        // TLS 1.2: the server's Finished never comes, so connect itself fails.
-        assert!(!outcome.client_connected);
-        assert_alert(
-            &outcome.client.expect_err("connect fails"),
-            AlertDescription::UnknownCA,
-        );
-    }
-
-    #[tokio::test]
-    async fn gateway_refuses_leaf_without_identity_extension_tls13() {
-        let pki = gateway_pki();
-        let client = actor_identity(
-            &pki.actor_ca,
-            &ActorCertOptions {
-                include_identity_extension: false,
-                ..Default::default()
-            },
-        );
-        let outcome = gateway_handshake(&pki, Some(client), TLS13).await;
-
-        let server_err = outcome.server.expect_err("server refused");
-        assert!(matches!(
-            identity_refusal(&server_err).downcast_ref::<IdentityError>(),
-            Some(IdentityError::MissingIdentityExtension)
-        ));
-        assert!(outcome.client_connected);
-        assert_alert(
-            &outcome.client.expect_err("read fails"),
-            AlertDescription::CertificateUnknown,
-        );
-    }
-
-    #[tokio::test]
-    async fn gateway_refuses_leaf_without_identity_extension_tls12() {
-        let pki = gateway_pki();
-        let client = actor_identity(
-            &pki.actor_ca,
-            &ActorCertOptions {
-                include_identity_extension: false,
-                ..Default::default()
-            },
-        );
-        let outcome = gateway_handshake(&pki, Some(client), TLS12).await;
-
-        let server_err = outcome.server.expect_err("server refused");
-        assert!(matches!(
-            identity_refusal(&server_err).downcast_ref::<IdentityError>(),
-            Some(IdentityError::MissingIdentityExtension)
-        ));
-        assert!(!outcome.client_connected);
-        assert_alert(
-            &outcome.client.expect_err("connect fails"),
-            AlertDescription::CertificateUnknown,
-        );
+        let options = ActorCertOptions {
+            include_identity_extension: false,
+            ..Default::default()
+        };
+        for versions in [TLS13, TLS12] {
+            let client = actor_identity(&pki.actor_ca, &options);
+            let outcome = gateway_handshake(&pki, Some(client), versions).await;
+            assert!(matches!(
+                identity_refusal(outcome.server.as_ref().expect_err("server refused"))
+                    .downcast_ref::<IdentityError>(),
+                Some(IdentityError::MissingIdentityExtension)
+            ));
+            assert_client_refused(&outcome, versions, AlertDescription::CertificateUnknown);
+        }
     }
 
     #[tokio::test]
