@@ -16,6 +16,7 @@ use atunnel_connect::http1::{RequestHead, parse_request, parse_response, read_he
 use atunnel_connect::limits::{MAX_HEAD, MAX_HEADERS};
 use atunnel_connect::parse_destination;
 use atunnel_core::test_util::{Chunked, run_bounded};
+use atunnel_fuzz::{Edit, Weights, apply, edits};
 use proptest::prelude::*;
 
 /// A hang becomes a failure after this; no case waits for it.
@@ -121,40 +122,8 @@ fn format_request(r: &RequestHead) -> Vec<u8> {
     out.into_bytes()
 }
 
-#[derive(Clone, Debug)]
-enum Mutation {
-    Replace(usize, u8),
-    Insert(usize, u8),
-    Delete(usize),
-    Truncate(usize),
-}
-
-fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
-    prop::collection::vec(
-        prop_oneof![
-            (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Replace(i, b)),
-            (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Insert(i, b)),
-            any::<usize>().prop_map(Mutation::Delete),
-            any::<usize>().prop_map(Mutation::Truncate),
-        ],
-        1..4,
-    )
-}
-
-fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-    for m in mutations {
-        let len = bytes.len();
-        match *m {
-            Mutation::Replace(i, b) if len > 0 => bytes[i % len] = b,
-            Mutation::Insert(i, b) => bytes.insert(i % (len + 1), b),
-            Mutation::Delete(i) if len > 0 => {
-                bytes.remove(i % len);
-            }
-            Mutation::Truncate(i) => bytes.truncate(i % (len + 1)),
-            _ => {}
-        }
-    }
-    bytes
+fn mutations() -> impl Strategy<Value = Vec<Edit<u8>>> {
+    edits(any::<u8>(), Weights::EVEN, 1..4)
 }
 
 proptest! {
@@ -191,7 +160,7 @@ proptest! {
         edits in mutations(),
         sizes in chunk_sizes(),
     ) {
-        let input = mutate(format_request(&request), &edits);
+        let input = apply(format_request(&request), &edits);
         check_read_head(input.clone(), sizes)?;
         // Whatever parses must format back to a head that parses the same:
         // nothing the parser returns is a half-understood input.
@@ -252,7 +221,7 @@ proptest! {
                 prop_assert_eq!(parsed.content_length, want);
             }
             Some(edits) => {
-                let input = mutate(head.into_bytes(), &edits);
+                let input = apply(head.into_bytes(), &edits);
                 if let Ok(parsed) = parse_response(&input) {
                     prop_assert!(parsed.status <= 999);
                 }
@@ -266,7 +235,7 @@ proptest! {
             any::<SocketAddr>().prop_map(|a| a.to_string()),
             any::<std::net::IpAddr>().prop_map(|ip| SocketAddr::new(ip, 0).to_string()),
             (any::<SocketAddr>(), mutations()).prop_map(|(a, m)| {
-                String::from_utf8_lossy(&mutate(a.to_string().into_bytes(), &m)).into_owned()
+                String::from_utf8_lossy(&apply(a.to_string().into_bytes(), &m)).into_owned()
             }),
             "[0-9a-fA-F:.\\[\\]%]{0,48}",
             ".{0,48}",

@@ -9,6 +9,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
+use atunnel_fuzz::{Edit, Weights, apply, edits};
 use atunnel_host::HostError;
 use atunnel_host::counters::{V1Files, V2Files, sample_from_v1, sample_from_v2};
 use atunnel_host::location::{parse_mounts, parse_proc_cgroup, plan_layout};
@@ -32,15 +33,9 @@ fn config(cases: u32) -> ProptestConfig {
     }
 }
 
-#[derive(Clone, Debug)]
-enum Mutation {
-    Replace(usize, char),
-    Insert(usize, char),
-    Delete(usize),
-    Truncate(usize),
-}
-
-fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
+/// Edits at char boundaries, drawing the characters the files' grammars
+/// turn on.
+fn mutations() -> impl Strategy<Value = Vec<Edit<char>>> {
     let ch = prop_oneof![
         Just(' '),
         Just('\n'),
@@ -51,33 +46,18 @@ fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
         Just('0'),
         any::<char>(),
     ];
-    prop::collection::vec(
-        prop_oneof![
-            3 => (any::<usize>(), ch.clone()).prop_map(|(i, c)| Mutation::Replace(i, c)),
-            2 => (any::<usize>(), ch).prop_map(|(i, c)| Mutation::Insert(i, c)),
-            2 => any::<usize>().prop_map(Mutation::Delete),
-            1 => any::<usize>().prop_map(Mutation::Truncate),
-        ],
-        1..5,
-    )
+    let weights = Weights {
+        replace: 3,
+        insert: 2,
+        delete: 2,
+        truncate: 1,
+    };
+    edits(ch, weights, 1..5)
 }
 
 /// `text` with the edits applied at char boundaries.
-fn mutate(text: &str, mutations: &[Mutation]) -> String {
-    let mut chars: Vec<char> = text.chars().collect();
-    for m in mutations {
-        let len = chars.len();
-        match *m {
-            Mutation::Replace(i, c) if len > 0 => chars[i % len] = c,
-            Mutation::Insert(i, c) => chars.insert(i % (len + 1), c),
-            Mutation::Delete(i) if len > 0 => {
-                chars.remove(i % len);
-            }
-            Mutation::Truncate(i) => chars.truncate(i % (len + 1)),
-            _ => {}
-        }
-    }
-    chars.into_iter().collect()
+fn mutate(text: &str, edits: &[Edit<char>]) -> String {
+    apply(text.chars().collect(), edits).into_iter().collect()
 }
 
 /// Lines of a flat-keyed file: `key value`, or junk.

@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
+use atunnel_fuzz::{Edit, Weights, apply, edits};
 use atunnel_identity::identity::{ACTOR_IDENTITY_OID, parse_target};
 use atunnel_identity::pem_files::{load_certs, load_key, load_roots};
 use atunnel_identity::pki::{actor_csr, new_actor_key};
@@ -78,40 +79,12 @@ fn fixture() -> &'static Fixture {
     })
 }
 
-#[derive(Clone, Debug)]
-enum Mutation {
-    Replace(usize, u8),
-    Insert(usize, u8),
-    Delete(usize),
-    Truncate(usize),
-}
-
-fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
-    prop::collection::vec(
-        prop_oneof![
-            3 => (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Replace(i, b)),
-            1 => (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Insert(i, b)),
-            1 => any::<usize>().prop_map(Mutation::Delete),
-            1 => any::<usize>().prop_map(Mutation::Truncate),
-        ],
-        1..4,
-    )
-}
-
-fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-    for m in mutations {
-        let len = bytes.len();
-        match *m {
-            Mutation::Replace(i, b) if len > 0 => bytes[i % len] = b,
-            Mutation::Insert(i, b) => bytes.insert(i % (len + 1), b),
-            Mutation::Delete(i) if len > 0 => {
-                bytes.remove(i % len);
-            }
-            Mutation::Truncate(i) => bytes.truncate(i % (len + 1)),
-            _ => {}
-        }
-    }
-    bytes
+fn mutations() -> impl Strategy<Value = Vec<Edit<u8>>> {
+    let weights = Weights {
+        replace: 3,
+        ..Weights::EVEN
+    };
+    edits(any::<u8>(), weights, 1..4)
 }
 
 /// The name rule, restated: 1 to 253 of lowercase letters, digits, '-', '.'.
@@ -193,7 +166,7 @@ proptest! {
     #[test]
     fn a_mutated_actor_leaf_is_refused_or_still_proves_the_same_actor(edits in mutations()) {
         let fx = fixture();
-        let leaf = mutate(fx.chain[0].to_vec(), &edits);
+        let leaf = apply(fx.chain[0].to_vec(), &edits);
         if let Ok(identity) = verify_actor_leaf(&leaf) {
             // Only bytes the identity check does not read (the signature,
             // the key, the validity, the uid) can change and still pass.
@@ -212,7 +185,7 @@ proptest! {
     #[test]
     fn a_mutated_csr_is_signed_only_as_the_actor_it_is_asked_for(edits in mutations()) {
         let fx = fixture();
-        let csr = mutate(fx.csr.clone(), &edits);
+        let csr = apply(fx.csr.clone(), &edits);
         let now = SystemTime::now();
         if let Ok(chain) = fx.ca.sign_actor_csr(&actor(), &csr, now, now + Duration::from_secs(60)) {
             let identity = verify_actor_leaf(&chain[0]).expect("what the CA signs is an actor leaf");
@@ -416,7 +389,7 @@ fn pem_input() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         1 => prop::collection::vec(any::<u8>(), 0..300),
         4 => (prop_oneof![Just(certs), Just(key), Just(both)], mutations())
-            .prop_map(|(pem, edits)| mutate(pem, &edits)),
+            .prop_map(|(pem, edits)| apply(pem, &edits)),
     ]
 }
 
