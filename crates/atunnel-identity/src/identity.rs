@@ -280,22 +280,27 @@ pub fn verify_actor_leaf(leaf_der: &[u8]) -> Result<ActorIdentity, IdentityError
     Ok(identity)
 }
 
-/// The (atespace, name) named by the certificate's only URI SAN.
-fn single_actor_uri_san(cert: &X509Certificate<'_>) -> Result<(String, String), IdentityError> {
-    let san = cert
-        .subject_alternative_name()
-        .map_err(|e| IdentityError::MalformedExtension {
-            extension: "subjectAltName",
-            detail: e.to_string(),
-        })?;
-    let uris: Vec<&str> = san
+/// The URIs among the certificate's subject alternative names, in order.
+pub(crate) fn uri_sans<'a>(
+    cert: &'a X509Certificate<'_>,
+) -> Result<Vec<&'a str>, x509_parser::error::X509Error> {
+    let san = cert.subject_alternative_name()?;
+    Ok(san
         .iter()
         .flat_map(|san| san.value.general_names.iter())
         .filter_map(|name| match name {
             GeneralName::URI(uri) => Some(*uri),
             _ => None,
         })
-        .collect();
+        .collect())
+}
+
+/// The (atespace, name) named by the certificate's only URI SAN.
+fn single_actor_uri_san(cert: &X509Certificate<'_>) -> Result<(String, String), IdentityError> {
+    let uris = uri_sans(cert).map_err(|e| IdentityError::MalformedExtension {
+        extension: "subjectAltName",
+        detail: e.to_string(),
+    })?;
     let [uri] = uris.as_slice() else {
         return Err(IdentityError::UriSanCount { count: uris.len() });
     };

@@ -15,7 +15,6 @@ use rustls::{
     SignatureScheme,
 };
 use x509_parser::certificate::X509Certificate;
-use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::FromDer;
 
 use crate::identity::verify_actor_leaf;
@@ -70,17 +69,8 @@ impl IdentityRule {
 fn check_spiffe_id(leaf: &CertificateDer<'_>, allowed: &str) -> Result<(), PeerIdentityError> {
     let (_, cert) =
         X509Certificate::from_der(leaf).map_err(|e| PeerIdentityError::Parse(e.to_string()))?;
-    let san = cert
-        .subject_alternative_name()
+    let uris = crate::identity::uri_sans(&cert)
         .map_err(|e| PeerIdentityError::MalformedSan(e.to_string()))?;
-    let uris: Vec<&str> = san
-        .iter()
-        .flat_map(|san| san.value.general_names.iter())
-        .filter_map(|name| match name {
-            GeneralName::URI(uri) => Some(*uri),
-            _ => None,
-        })
-        .collect();
     // A SPIFFE SVID carries exactly one URI SAN: a leaf naming the allowed
     // ID beside another is not that workload's.
     if uris == [allowed] {
@@ -855,29 +845,14 @@ mod fuzz {
         /// parses and carries the allowed URI SAN and no other.
         #[test]
         fn a_mutated_leaf_passes_the_spiffe_id_check_only_with_the_allowed_id(
-            edits in prop::collection::vec((any::<usize>(), any::<u8>(), 0u8..4), 1..4),
+            edits in atunnel_fuzz::edits(any::<u8>(), atunnel_fuzz::Weights::EVEN, 1..4),
             arbitrary in prop::option::of(prop::collection::vec(any::<u8>(), 0..400)),
         ) {
-            let mut der = router_leaf().to_vec();
-            for (at, byte, op) in edits {
-                let len = der.len();
-                match op {
-                    0 if len > 0 => der[at % len] = byte,
-                    1 => der.insert(at % (len + 1), byte),
-                    2 if len > 0 => {
-                        der.remove(at % len);
-                    }
-                    _ => der.truncate(at % (len + 1)),
-                }
-            }
+            let der = atunnel_fuzz::apply(router_leaf().to_vec(), &edits);
             let der = CertificateDer::from(arbitrary.unwrap_or(der));
             if check_spiffe_id(&der, ROUTER_SPIFFE_ID).is_ok() {
                 let (_, cert) = X509Certificate::from_der(&der).expect("a passing leaf parses");
-                let san = cert.subject_alternative_name().expect("its SAN parses").expect("it has one");
-                let uris: Vec<&str> = san.value.general_names.iter().filter_map(|n| match n {
-                    GeneralName::URI(u) => Some(*u),
-                    _ => None,
-                }).collect();
+                let uris = crate::identity::uri_sans(&cert).expect("its SAN parses");
                 prop_assert_eq!(uris, [ROUTER_SPIFFE_ID]);
             }
             let _ = check_leaf_validity(&der, UnixTime::now());
