@@ -12,15 +12,8 @@ use atunnel_host::parse::{
     missing_controllers, parse_cpu_max, parse_flat_keyed, parse_limit, parse_pids, parse_u64,
 };
 
-macro_rules! fixture {
-    ($path:literal) => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/cgroup/",
-            $path
-        ))
-    };
-}
+#[macro_use]
+mod common;
 
 fn v1_files() -> V1Files<'static> {
     V1Files {

@@ -16,15 +16,8 @@ use atunnel_host::location::{parse_mounts, parse_proc_cgroup, plan_layout};
 use atunnel_host::parse::{parse_cpu_max, parse_flat_keyed, parse_limit, parse_pids, parse_u64};
 use proptest::prelude::*;
 
-macro_rules! fixture {
-    ($path:literal) => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/cgroup/",
-            $path
-        ))
-    };
-}
+#[macro_use]
+mod common;
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
