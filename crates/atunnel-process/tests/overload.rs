@@ -47,6 +47,11 @@ fn descriptors(f: &OverloadFigures) -> ResourceReading {
         .unwrap_or_else(|| panic!("descriptors unread: {:?}", f.descriptors_error))
 }
 
+/// The guard's next sample finds it `state` (its figures printed if not).
+fn samples(guard: &OverloadGuard, state: OverloadState) {
+    assert_eq!(guard.sample(), state, "{:?}", guard.figures());
+}
+
 // ---------------------------------------------------------------------------
 // A real memory cgroup
 // ---------------------------------------------------------------------------
@@ -263,19 +268,14 @@ fn real_cgroup_memory_refuses_past_soft_sheds_past_hard_and_recovers() {
         let cache = tmp.join(format!("atunnel-overload-test-{pid}-cache"));
         cgroup.fill(cache.clone(), 48 * MIB).await;
         assert!(cgroup.usage() as f64 >= 0.5 * limit as f64);
-        assert_eq!(
-            guard.sample(),
-            OverloadState::Normal,
-            "{:?}",
-            guard.figures()
-        );
+        samples(&guard, OverloadState::Normal);
         assert!(memory(&guard.figures()).used < 16 * MIB);
         cgroup.remove(&cache, 48 * MIB).await;
 
         // 40 MiB of shmem (not reclaimable without swap): soft.
         let shm_a = PathBuf::from(format!("/dev/shm/atunnel-overload-test-{pid}-a"));
         cgroup.fill(shm_a.clone(), 40 * MIB).await;
-        assert_eq!(guard.sample(), OverloadState::Soft, "{:?}", guard.figures());
+        samples(&guard, OverloadState::Soft);
         assert_eq!(
             guard.admit(),
             Err(Overloaded {
@@ -293,7 +293,7 @@ fn real_cgroup_memory_refuses_past_soft_sheds_past_hard_and_recovers() {
         // 14 MiB more: hard, and `run` sheds the 14 MiB, which leaves soft.
         let shm_b = PathBuf::from(format!("/dev/shm/atunnel-overload-test-{pid}-b"));
         cgroup.fill(shm_b.clone(), 14 * MIB).await;
-        assert_eq!(guard.sample(), OverloadState::Hard, "{:?}", guard.figures());
+        samples(&guard, OverloadState::Hard);
         let (tx, mut shed) = mpsc::unbounded_channel();
         let shedder = Arc::new(FileShed {
             file: Mutex::new(Some((shm_b, 14 * MIB))),
@@ -328,12 +328,7 @@ fn real_cgroup_memory_refuses_past_soft_sheds_past_hard_and_recovers() {
         // The shedder removed the 14 MiB file.
         cgroup.charged -= 14 * MIB;
         cgroup.remove(&shm_a, 40 * MIB).await;
-        assert_eq!(
-            guard.sample(),
-            OverloadState::Normal,
-            "{:?}",
-            guard.figures()
-        );
+        samples(&guard, OverloadState::Normal);
         assert_eq!(guard.admit(), Ok(()));
         // normal -> soft -> hard -> soft -> normal
         assert_eq!(guard.figures().transitions_total, 4);
@@ -408,7 +403,7 @@ fn descriptors_past_the_thresholds_refuse_and_recover_when_closed() {
         };
 
         open_to(150);
-        assert_eq!(guard.sample(), OverloadState::Soft, "{:?}", guard.figures());
+        samples(&guard, OverloadState::Soft);
         assert_eq!(descriptors(&guard.figures()).used, 150);
         // Counted independently (less read_dir's own descriptor).
         let listed = fs::read_dir("/proc/self/fd").expect("list fds").count() as u64 - 1;
@@ -419,7 +414,7 @@ fn descriptors_past_the_thresholds_refuse_and_recover_when_closed() {
         assert_eq!(refused.retry_after, Duration::from_secs(5));
 
         open_to(240);
-        assert_eq!(guard.sample(), OverloadState::Hard, "{:?}", guard.figures());
+        samples(&guard, OverloadState::Hard);
         assert_eq!(
             guard.admit().map_err(|e| (e.resource, e.state)),
             Err((Resource::Descriptors, OverloadState::Hard))
@@ -440,12 +435,7 @@ fn descriptors_past_the_thresholds_refuse_and_recover_when_closed() {
         assert_eq!(f.tripped_by, Some(Resource::Descriptors));
 
         files.clear();
-        assert_eq!(
-            guard.sample(),
-            OverloadState::Normal,
-            "{:?}",
-            guard.figures()
-        );
+        samples(&guard, OverloadState::Normal);
         assert_eq!(guard.admit(), Ok(()));
         assert!(descriptors(&guard.figures()).used < 100);
         assert_eq!(guard.figures().refused_total, 2);
