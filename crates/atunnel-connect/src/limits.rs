@@ -148,7 +148,7 @@ pub const PROXY_ROUTER_MAX_CONCURRENT_STREAMS: u32 = 200;
 /// forwarded. A smaller window (1 MiB, four stalled bodies) let one actor's
 /// unread bodies stop every other actor's on the connection
 /// (`unread_bodies_of_one_actor_do_not_stall_another_on_the_same_connection`
-/// in `crates/atunnel/tests/ingress_isolation.rs`); at this size stalled
+/// in `crates/atunnel/tests/timing/ingress_isolation.rs`); at this size stalled
 /// streams can never exhaust it, so each open stream always has its own
 /// window. Unread bodies hold at most [`PROXY_STREAM_WINDOW`] per stream
 /// and this per connection; a window is not memory unless used.
