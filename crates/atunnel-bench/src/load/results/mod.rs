@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::verdict::{Verdict, sustainable_rate};
-use crate::scenario::Scenario;
+use crate::scenario::{Scenario, ScenarioSummary};
 use atunnel_measure::schedule::RungOutcome;
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -46,6 +46,56 @@ pub struct Results {
     /// measured, e.g. a peer's allocations).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<Value>,
+}
+
+impl Results {
+    /// The run's own result of `S`'s scenario, read as `S`.
+    pub fn summary<S: ScenarioSummary>(&self) -> Option<S> {
+        find(&self.scenarios, S::SCENARIO)?.summary()
+    }
+
+    /// `S`'s scenario as each contender of the run measured it: atunnel
+    /// with the run's flags, then each variant of each comparison.
+    pub fn measured<S: ScenarioSummary>(&self) -> Vec<Measured<'_, S>> {
+        let mut out: Vec<Measured<S>> = find(&self.scenarios, S::SCENARIO)
+            .map(|s| Measured::of("atunnel".to_string(), s))
+            .into_iter()
+            .collect();
+        for c in &self.comparisons {
+            for v in &c.variants {
+                if let Some(s) = find(&v.scenarios, S::SCENARIO) {
+                    out.push(Measured::of(format!("{} ({})", v.label, c.name), s));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The first result of `scenario` in `scenarios`.
+pub(super) fn find(scenarios: &[ScenarioResult], scenario: Scenario) -> Option<&ScenarioResult> {
+    scenarios.iter().find(|s| s.name == scenario.name())
+}
+
+/// One contender's result of a scenario, as the scenario's figures take it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measured<'a, S> {
+    /// The legend's label: "atunnel" for the run's own result, "naive
+    /// (copy-mode)" or "nginx (peers)" for a comparison's.
+    pub label: String,
+    /// `None` when the scenario failed before it had one.
+    pub summary: Option<S>,
+    pub rungs: &'a [RungResult],
+}
+
+impl<'a, S: ScenarioSummary> Measured<'a, S> {
+    fn of(label: String, s: &'a ScenarioResult) -> Self {
+        Measured {
+            label,
+            summary: s.summary(),
+            rungs: &s.rungs,
+        }
+    }
 }
 
 /// One scenario: its ladder of rungs (possibly none) and a free-form summary
@@ -75,6 +125,50 @@ impl Default for ScenarioResult {
 
 fn empty_object() -> Value {
     Value::Object(serde_json::Map::new())
+}
+
+impl ScenarioResult {
+    /// `S::SCENARIO`'s result: its summary, rungs and notes.
+    pub fn new<S: ScenarioSummary>(
+        summary: &S,
+        rungs: Vec<RungResult>,
+        notes: Vec<String>,
+    ) -> Self {
+        ScenarioResult {
+            name: S::SCENARIO.name().to_string(),
+            rungs,
+            summary: serde_json::to_value(summary)
+                .expect("a summary is plain data: numbers, strings, lists and string-keyed maps"),
+            notes,
+        }
+    }
+
+    /// `scenario`'s result with no summary: it failed before it had one
+    /// (`notes` say why).
+    pub fn without_summary(scenario: Scenario, notes: Vec<String>) -> Self {
+        ScenarioResult {
+            name: scenario.name().to_string(),
+            notes,
+            ..ScenarioResult::default()
+        }
+    }
+
+    /// The summary as `S`; `None` when this is another scenario's result,
+    /// when it has none (the scenario failed), or when it does not read as
+    /// `S`.
+    pub fn summary<S: ScenarioSummary>(&self) -> Option<S> {
+        let empty = self.summary.as_object().is_none_or(|m| m.is_empty());
+        if self.name != S::SCENARIO.name() || empty {
+            return None;
+        }
+        S::deserialize(&self.summary).ok()
+    }
+
+    /// The summary as one line of JSON (the console and report.md show it
+    /// whole).
+    pub fn summary_json(&self) -> String {
+        self.summary.to_string()
+    }
 }
 
 /// One rung of a scenario's ladder.
