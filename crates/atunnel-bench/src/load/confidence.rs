@@ -176,11 +176,6 @@ impl Figure {
     }
 
     /// As results.json has it.
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::to_value(self.summary()).expect("a figure is numbers and names")
-    }
-
-    /// As results.json has it.
     pub fn summary(&self) -> FigureSummary {
         FigureSummary {
             pair_ratios: self.ratios.iter().map(|r| r.map(round3)).collect(),
@@ -246,10 +241,6 @@ impl Counts {
             }
         }
         c
-    }
-
-    pub fn json(self) -> serde_json::Value {
-        serde_json::to_value(self).expect("counts are numbers")
     }
 
     /// The overall verdict: fail if any failed, else inconclusive if any

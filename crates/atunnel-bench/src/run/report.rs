@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use atunnel_bench::load::plots::file_stem;
 use atunnel_bench::load::results::{self, Results, ScenarioResult};
-use atunnel_bench::scenario::Scenario;
+use atunnel_bench::scenario::{Scenario, cost};
 
 /// How the run was set up, for the report's opening lines.
 pub struct RunInfo {
@@ -168,8 +168,8 @@ pub fn write(
         if s.name == Scenario::SocketMemory.name() {
             md.push_str(&stall_table(&s.summary));
         }
-        if s.name == Scenario::Cost.name() {
-            md.push_str(&super::scenarios::cost::report_section(&s.summary));
+        if let Some(cost) = s.summary::<cost::Summary>() {
+            md.push_str(&super::scenarios::cost::report_section(&cost));
         }
         let _ = writeln!(md, "Summary: `{}`\n", s.summary);
         for n in &s.notes {

@@ -23,11 +23,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
 use super::verdict::{Verdict, sustainable_rate};
-use crate::scenario::{Scenario, ScenarioSummary};
+use crate::scenario::{Scenario, ScenarioSummary, cost};
 use atunnel_measure::schedule::RungOutcome;
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -40,12 +40,15 @@ pub struct Results {
     /// setting, run against fresh atunnels in the same run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub comparisons: Vec<Comparison>,
-    /// The cost scenario's counts: `units[]`, each with `contenders[]` of
-    /// `{name, path, instructions, syscalls, syscalls_by_name,
-    /// context_switches, allocations}` per unit of work (null: not
-    /// measured, e.g. a peer's allocations).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cost: Option<Value>,
+    /// The cost scenario's summary again (`units[]`, each with its
+    /// `contenders[]`' counts per unit of work), where other tools look
+    /// for it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "keys_sorted"
+    )]
+    pub cost: Option<cost::Summary>,
 }
 
 impl Results {
@@ -169,6 +172,14 @@ impl ScenarioResult {
     pub fn summary_json(&self) -> String {
         self.summary.to_string()
     }
+}
+
+/// Writes `value` with its maps' keys in order, as a `serde_json::Value`
+/// (and so every scenario's summary) writes them.
+fn keys_sorted<T: Serialize, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+    serde_json::to_value(value)
+        .map_err(serde::ser::Error::custom)?
+        .serialize(s)
 }
 
 /// One rung of a scenario's ladder.
