@@ -2,6 +2,7 @@
 //! in `results.json` and handing the shapes plain series.
 
 use super::*;
+use crate::scenario::noisy_neighbour::{Pattern, Victim};
 
 /// A plot of a run: its file name in the run folder and its SVG text.
 #[derive(Clone, Debug, PartialEq)]
@@ -629,19 +630,17 @@ pub struct VictimBounds {
     pub tcp_ratio_min: f64,
 }
 
-/// noisy-neighbour, one group per hostile pattern (`rows`: the summary's
-/// `patterns`): the victim's egress-http p50 and p99, ingress-https p99
-/// and egress-tcp MB/s at baseline and under the pattern; their ratios
-/// with the bounds; atunnel's memory against the soft threshold; and the
-/// seconds to recover ("n/a": never).
-pub fn noisy_neighbour(rows: &[Value], bounds: VictimBounds) -> Result<String, PlotError> {
-    let categories: Vec<String> = rows
-        .iter()
-        .map(|r| r["pattern"].as_str().unwrap_or("?").to_string())
-        .collect();
-    let column = |key: &str, scale: f64| {
-        rows.iter()
-            .map(|r| f(&r[key]).map(|v| v * scale))
+/// noisy-neighbour, one group per hostile pattern: the victim's
+/// egress-http p50 and p99, ingress-https p99 and egress-tcp MB/s at
+/// baseline and under the pattern; their ratios with the bounds; atunnel's
+/// memory against the soft threshold; and the seconds to recover ("n/a":
+/// never).
+pub fn noisy_neighbour(patterns: &[Pattern], bounds: VictimBounds) -> Result<String, PlotError> {
+    let categories: Vec<String> = patterns.iter().map(|p| p.pattern.clone()).collect();
+    let column = |value: &dyn Fn(&Pattern) -> Option<f64>, scale: f64| {
+        patterns
+            .iter()
+            .map(|p| value(p).map(|v| v * scale))
             .collect::<Vec<_>>()
     };
     let bars = |series: Vec<BarSeries>| Bars {
@@ -651,11 +650,12 @@ pub fn noisy_neighbour(rows: &[Value], bounds: VictimBounds) -> Result<String, P
     let axes = |title: &str, y: &str| Axes::new(title, "hostile pattern", y);
     let ms = 1e-3;
     let mib = 1.0 / 1048576.0;
-    let soft = rows
+    let soft = patterns
         .iter()
-        .filter_map(|r| f(&r["soft_threshold_bytes"]))
+        .map(|p| p.soft_threshold_bytes)
         .fold(0.0f64, f64::max)
         * mib;
+    let victim = |f: fn(&Victim) -> f64| move |p: &Pattern| Some(f(&p.victim));
     let panels = vec![
         Panel::bars(
             axes(
@@ -663,10 +663,16 @@ pub fn noisy_neighbour(rows: &[Value], bounds: VictimBounds) -> Result<String, P
                 "ms",
             ),
             bars(vec![
-                BarSeries::new("p50 baseline", column("baseline_http_p50_us", ms)),
-                BarSeries::new("p50 under", column("victim_http_p50_us", ms)),
-                BarSeries::new("p99 baseline", column("baseline_http_p99_us", ms)),
-                BarSeries::new("p99 under", column("victim_http_p99_us", ms)),
+                BarSeries::new(
+                    "p50 baseline",
+                    column(&victim(|v| v.baseline_http_p50_us), ms),
+                ),
+                BarSeries::new("p50 under", column(&victim(|v| v.victim_http_p50_us), ms)),
+                BarSeries::new(
+                    "p99 baseline",
+                    column(&victim(|v| v.baseline_http_p99_us), ms),
+                ),
+                BarSeries::new("p99 under", column(&victim(|v| v.victim_http_p99_us), ms)),
             ]),
         ),
         Panel::bars(
@@ -675,23 +681,29 @@ pub fn noisy_neighbour(rows: &[Value], bounds: VictimBounds) -> Result<String, P
                 "ms",
             ),
             bars(vec![
-                BarSeries::new("p99 baseline", column("baseline_https_p99_us", ms)),
-                BarSeries::new("p99 under", column("victim_https_p99_us", ms)),
+                BarSeries::new(
+                    "p99 baseline",
+                    column(&victim(|v| v.baseline_https_p99_us), ms),
+                ),
+                BarSeries::new("p99 under", column(&victim(|v| v.victim_https_p99_us), ms)),
             ]),
         ),
         Panel::bars(
             axes("victim egress-tcp: baseline and under the pattern", "MB/s"),
             bars(vec![
-                BarSeries::new("baseline", column("baseline_tcp_mb_s", 1.0)),
-                BarSeries::new("under", column("victim_tcp_mb_s", 1.0)),
+                BarSeries::new("baseline", column(&victim(|v| v.baseline_tcp_mb_s), 1.0)),
+                BarSeries::new("under", column(&victim(|v| v.victim_tcp_mb_s), 1.0)),
             ]),
         ),
         Panel::bars(
             axes("victim under the pattern / its baseline", "ratio"),
             bars(vec![
-                BarSeries::new("egress-http p99", column("victim_p99_ratio", 1.0)),
-                BarSeries::new("ingress-https p99", column("victim_https_p99_ratio", 1.0)),
-                BarSeries::new("egress-tcp MB/s", column("victim_tcp_ratio", 1.0)),
+                BarSeries::new("egress-http p99", column(&|p| p.victim_p99_ratio, 1.0)),
+                BarSeries::new(
+                    "ingress-https p99",
+                    column(&|p| p.victim_https_p99_ratio, 1.0),
+                ),
+                BarSeries::new("egress-tcp MB/s", column(&|p| p.victim_tcp_ratio, 1.0)),
             ]),
         )
         .with_limits(vec![
@@ -710,8 +722,11 @@ pub fn noisy_neighbour(rows: &[Value], bounds: VictimBounds) -> Result<String, P
                 "MiB",
             ),
             bars(vec![
-                BarSeries::new("baseline", column("baseline_memory_bytes", mib)),
-                BarSeries::new("peak", column("peak_memory_bytes", mib)),
+                BarSeries::new(
+                    "baseline",
+                    column(&|p| Some(p.baseline_memory_bytes as f64), mib),
+                ),
+                BarSeries::new("peak", column(&|p| Some(p.peak_memory_bytes as f64), mib)),
             ]),
         )
         .with_limits(
@@ -730,7 +745,7 @@ pub fn noisy_neighbour(rows: &[Value], bounds: VictimBounds) -> Result<String, P
             ),
             bars(vec![BarSeries::new(
                 "recovered",
-                column("recovered_s", 1.0),
+                column(&|p| p.recovered_s, 1.0),
             )]),
         ),
     ];

@@ -275,7 +275,8 @@ pub fn write_whole(path: &Path, contents: impl AsRef<[u8]>) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::load::plots::{self, write_plots};
-    use serde_json::json;
+    use crate::scenario::{PerFamily, socket_memory};
+    use crate::scenario::{egress_http, egress_idle, egress_tcp, ingress_https, ingress_idle};
     use std::collections::BTreeSet;
 
     fn rung(offered: f64, verdict: Verdict) -> RungResult {
@@ -298,33 +299,55 @@ mod tests {
         }
     }
 
+    fn stall(
+        case: &str,
+        measured: &str,
+        kernel: f64,
+        heap: f64,
+        pass: bool,
+    ) -> socket_memory::Case {
+        socket_memory::Case {
+            case: case.into(),
+            measured: measured.into(),
+            kernel_kib: Some(kernel),
+            heap_kib: Some(heap),
+            total_kib: Some(kernel + heap),
+            pass: Some(pass),
+            ..Default::default()
+        }
+    }
+
     fn sample() -> Results {
         let mut last = rung(8000.0, Verdict::TunnelCpu);
         last.notes = "throttled 12 times".to_string();
         Results {
             scenarios: vec![
-                ScenarioResult {
-                    name: "egress-http".to_string(),
-                    rungs: vec![
+                ScenarioResult::new(
+                    &egress_http::Summary {
+                        cores_at_8000_rps: Some(0.8123456),
+                        connections: 64,
+                        sustainable_rps: Some(2000.0),
+                    },
+                    vec![
                         rung(1000.0, Verdict::Ok),
                         rung(2000.0, Verdict::Ok),
                         rung(4000.0, Verdict::Generator),
                         last,
                     ],
-                    summary: json!({"cores_at_8000_rps": 0.8123456}),
-                    notes: vec![],
-                },
-                ScenarioResult {
-                    name: "socket-memory".to_string(),
-                    rungs: vec![],
-                    summary: json!({"cases": [
-                        {"case": "actor-stops-reading", "measured": "atunnel",
-                         "kernel_kib": 20, "heap_kib": 2, "total_kib": 22, "pass": true},
-                        {"case": "destination-stops-reading", "measured": "gateway",
-                         "kernel_kib": 4096, "heap_kib": 8, "total_kib": 4104, "pass": false},
-                    ], "bound_kib": 64}),
-                    notes: vec!["run as root for SO_RCVLOWAT".to_string()],
-                },
+                    vec![],
+                ),
+                ScenarioResult::new(
+                    &socket_memory::Summary {
+                        cases: vec![
+                            stall("actor-stops-reading", "atunnel", 20.0, 2.0, true),
+                            stall("destination-stops-reading", "gateway", 4096.0, 8.0, false),
+                        ],
+                        bound_kib: Some(64.0),
+                        ..Default::default()
+                    },
+                    vec![],
+                    vec!["run as root for SO_RCVLOWAT".to_string()],
+                ),
             ],
             comparisons: Vec::new(),
             cost: None,
@@ -337,21 +360,38 @@ mod tests {
             label: label.to_string(),
             flags: vec![format!("--copy-mode={label}")],
             scenarios: vec![
-                ScenarioResult {
-                    name: "egress-idle".into(),
-                    summary: json!({"heap_bytes_per_conn": heap, "cgroup_bytes_per_conn": 5600.0, "tasks_per_conn": 1.0}),
-                    ..ScenarioResult::default()
-                },
-                ScenarioResult {
-                    name: "egress-http".into(),
-                    summary: json!({"cores_at_8000_rps": cores}),
-                    ..ScenarioResult::default()
-                },
-                ScenarioResult {
-                    name: "egress-tcp".into(),
-                    summary: json!({"mb_per_s": [500.0, 510.0, 490.0]}),
-                    ..ScenarioResult::default()
-                },
+                ScenarioResult::new(
+                    &egress_idle::Summary {
+                        heap_bytes_per_conn: heap,
+                        cgroup_bytes_per_conn: 5600.0,
+                        tasks_per_conn: 1.0,
+                        ..Default::default()
+                    },
+                    vec![],
+                    vec![],
+                ),
+                ScenarioResult::new(
+                    &egress_http::Summary {
+                        cores_at_8000_rps: Some(cores),
+                        ..Default::default()
+                    },
+                    vec![],
+                    vec![],
+                ),
+                ScenarioResult::new(
+                    &egress_tcp::Summary {
+                        runs: PerFamily {
+                            ipv4: egress_tcp::Runs {
+                                mb_per_s: vec![500.0, 510.0, 490.0],
+                                ..Default::default()
+                            },
+                            ipv6: None,
+                        },
+                        ..Default::default()
+                    },
+                    vec![],
+                    vec![],
+                ),
             ],
         };
         let r = Results {
@@ -397,16 +437,28 @@ mod tests {
                        h1: f64,
                        hibernated: Option<f64>,
                        egress: Option<f64>| {
-            let mut h1_case = json!({"case": "http1-keepalive-short", "cgroup_bytes_per_conn": h1});
-            if let Some(b) = hibernated {
-                h1_case["hibernated_cgroup_bytes_per_conn"] = json!(b);
-            }
+            let case = |name: &str, cgroup: f64, hibernated: Option<f64>| ingress_idle::Case {
+                case: name.into(),
+                cgroup_bytes_per_conn: cgroup,
+                hibernated_cgroup_bytes_per_conn: hibernated,
+                ..Default::default()
+            };
             let mut scenarios = vec![
-                ScenarioResult {
-                    name: "ingress-https".into(),
+                ScenarioResult::new(
+                    &ingress_https::Summary {
+                        sustainable_rps: Some(rps),
+                        cpu_us_per_request: Some(999.0),
+                        saturated: Some(ingress_https::Saturated {
+                            streams_in_flight: 128,
+                            rps: sat_rps,
+                            cpu_us_per_request: Some(sat_cpu),
+                            ..Default::default()
+                        }),
+                        new_upstream_conns_per_1000: None,
+                    },
                     // Kept up with 1,000/s and 2,000/s (CPU per
                     // request `cpu` at 2,000/s), not 4,000/s.
-                    rungs: [1000.0, 2000.0, 4000.0]
+                    [1000.0, 2000.0, 4000.0]
                         .into_iter()
                         .map(|offered: f64| RungResult {
                             achieved: offered.min(rps),
@@ -414,24 +466,24 @@ mod tests {
                             ..rung(offered, Verdict::Ok)
                         })
                         .collect(),
-                    summary: json!({"sustainable_rps": rps, "cpu_us_per_request": 999.0,
-                            "saturated": {"streams_in_flight": 128, "rps": sat_rps,
-                                "cpu_us_per_request": sat_cpu}}),
-                    ..ScenarioResult::default()
-                },
-                ScenarioResult {
-                    name: "ingress-idle".into(),
-                    summary: json!({"cases": [h1_case,
-                            {"case": "http2-one-request", "cgroup_bytes_per_conn": 2.0 * h1}]}),
-                    ..ScenarioResult::default()
-                },
+                    vec![],
+                ),
+                ScenarioResult::new(
+                    &ingress_idle::Summary {
+                        cases: vec![
+                            case("http1-keepalive-short", h1, hibernated),
+                            case("http2-one-request", 2.0 * h1, None),
+                        ],
+                        ..Default::default()
+                    },
+                    vec![],
+                    vec![],
+                ),
             ];
             if let Some(mb) = egress {
-                scenarios.push(ScenarioResult {
-                    name: "egress-tcp".into(),
-                    summary: json!({"mb_per_tunnel_cpu_s_median": mb}),
-                    ..ScenarioResult::default()
-                });
+                let mut tcp = egress_tcp::Summary::default();
+                tcp.runs.ipv4.mb_per_tunnel_cpu_s_median = Some(mb);
+                scenarios.push(ScenarioResult::new(&tcp, vec![], vec![]));
             }
             Variant {
                 label: label.to_string(),
@@ -569,7 +621,32 @@ mod tests {
         assert_eq!(plain["verdict"], "ok");
         assert_eq!(noted["verdict"], "tunnel-cpu");
         assert_eq!(plain["latency_us"]["p99"], 2500);
-        assert_eq!(scenarios[1]["summary"]["cases"][1]["total_kib"], 4104);
+        assert_eq!(scenarios[1]["summary"]["cases"][1]["total_kib"], 4104.0);
+    }
+
+    #[test]
+    fn a_summary_reads_back_only_as_its_own_scenarios_type() {
+        let r = sample();
+        let http = r.summary::<egress_http::Summary>().expect("egress-http's");
+        assert_eq!(http.cores_at_8000_rps, Some(0.8123456));
+        assert_eq!(r.scenarios[0].summary::<egress_idle::Summary>(), None);
+        let memory = r
+            .summary::<socket_memory::Summary>()
+            .expect("socket-memory's");
+        assert_eq!(memory.cases[1].total_kib, Some(4104.0));
+        // A scenario that failed has no summary, not a summary of zeros.
+        let failed = ScenarioResult::without_summary(Scenario::EgressIdle, vec!["x".into()]);
+        assert_eq!(failed.summary::<egress_idle::Summary>(), None);
+        // A file written before a field was added still reads.
+        let old: ScenarioResult = serde_json::from_str(
+            r#"{"name": "egress-idle", "summary": {"conns": 10, "heap_bytes_per_conn": 1500.0}}"#,
+        )
+        .expect("JSON");
+        let old = old.summary::<egress_idle::Summary>().expect("read");
+        assert_eq!(
+            (old.conns, old.heap_bytes_per_conn, old.tasks_per_conn),
+            (10, 1500.0, 0.0)
+        );
     }
 
     #[test]
@@ -598,7 +675,7 @@ mod tests {
             "tunnel-cpu",
             "sustainable: 2000/s",
             "cores_at_8000_rps: 0.812",
-            "case=actor-stops-reading heap_kib=2 kernel_kib=20 measured=atunnel pass=true total_kib=22",
+            "case=actor-stops-reading heap_kib=2 kernel_kib=20 measured=atunnel parts_kib=receive=- reserved=- send=- pass=true total_kib=22",
             "note: run as root for SO_RCVLOWAT",
             "at 8000/s: throttled 12 times",
         ] {

@@ -438,19 +438,30 @@ fn every_plot_of_a_run_is_named_for_its_scenario() {
 
 #[test]
 fn noisy_neighbour_draws_the_victim_beside_its_baseline_per_pattern() {
-    let row = |pattern: &str, recovered: Value| {
-        json!({"pattern": pattern, "baseline_http_p50_us": 400, "victim_http_p50_us": 450,
-               "baseline_http_p99_us": 900, "victim_http_p99_us": 1800,
-               "baseline_https_p99_us": 1500, "victim_https_p99_us": 1400,
-               "baseline_tcp_mb_s": 600.0, "victim_tcp_mb_s": 570.0,
-               "victim_p99_ratio": 2.0, "victim_https_p99_ratio": 0.93, "victim_tcp_ratio": 0.95,
-               "baseline_memory_bytes": 60u64 << 20, "peak_memory_bytes": 120u64 << 20,
-               "soft_threshold_bytes": 870u64 << 20, "recovered_s": recovered})
+    use crate::scenario::noisy_neighbour::{Pattern, Victim};
+    let row = |pattern: &str, recovered: Option<f64>| Pattern {
+        pattern: pattern.into(),
+        victim: Victim {
+            baseline_http_p50_us: 400.0,
+            victim_http_p50_us: 450.0,
+            baseline_http_p99_us: 900.0,
+            victim_http_p99_us: 1800.0,
+            baseline_https_p99_us: 1500.0,
+            victim_https_p99_us: 1400.0,
+            baseline_tcp_mb_s: 600.0,
+            victim_tcp_mb_s: 570.0,
+            ..Victim::default()
+        },
+        victim_p99_ratio: Some(2.0),
+        victim_https_p99_ratio: Some(0.93),
+        victim_tcp_ratio: Some(0.95),
+        baseline_memory_bytes: 60 << 20,
+        peak_memory_bytes: 120 << 20,
+        soft_threshold_bytes: (870u64 << 20) as f64,
+        recovered_s: recovered,
+        ..Pattern::default()
     };
-    let rows = [
-        row("unread-downloads", json!(0.4)),
-        row("dns-flood", Value::Null),
-    ];
+    let rows = [row("unread-downloads", Some(0.4)), row("dns-flood", None)];
     let bounds = VictimBounds {
         p99_ratio_max: 1.1,
         tcp_ratio_min: 0.9,
