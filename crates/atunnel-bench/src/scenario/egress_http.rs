@@ -1,9 +1,11 @@
 //! egress-http's summary: requests over reused egress connections, a
-//! ladder of rates.
+//! ladder of rates; and its figure (CPU per request against the rate).
 
 use serde::{Deserialize, Serialize};
 
-use super::{Scenario, ScenarioSummary};
+use super::{Measured, Scenario, ScenarioSummary, rungs_of};
+use crate::load::plots::chart::Figure;
+use crate::load::plots::per_request::cpu_per_request;
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(default)]
@@ -19,4 +21,11 @@ pub struct Summary {
 
 impl ScenarioSummary for Summary {
     const SCENARIO: Scenario = Scenario::EgressHttp;
+}
+
+/// Tunnel CPU per request against the offered rate, a series per contender.
+pub fn figures(contenders: &[Measured<Summary>]) -> Vec<Figure> {
+    cpu_per_request(Scenario::EgressHttp.name(), &rungs_of(contenders))
+        .into_iter()
+        .collect()
 }

@@ -1,8 +1,11 @@
-//! egress-idle's summary: what one idle egress connection costs.
+//! egress-idle's summary: what one idle egress connection costs, and its
+//! figure (memory per idle connection, a bar per contender).
 
 use serde::{Deserialize, Serialize};
 
-use super::{Scenario, ScenarioSummary};
+use super::{Measured, Scenario, ScenarioSummary};
+use crate::load::plots::chart::Figure;
+use crate::load::plots::per_connection::{PerConnection, memory_per_connection};
 
 /// Per connection held idle, over the baseline before they were opened.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -29,4 +32,28 @@ pub struct Summary {
 
 impl ScenarioSummary for Summary {
     const SCENARIO: Scenario = Scenario::EgressIdle;
+}
+
+/// Heap and cgroup bytes per idle connection, a bar per contender.
+pub fn figures(contenders: &[Measured<Summary>]) -> Vec<Figure> {
+    let per_connection: Vec<PerConnection> = contenders
+        .iter()
+        .filter_map(|m| {
+            let s = m.summary.as_ref()?;
+            Some(PerConnection {
+                label: m.label.clone(),
+                case: String::new(),
+                conns: s.conns as f64,
+                heap_bytes: Some(s.heap_bytes_per_conn),
+                cgroup_bytes: Some(s.cgroup_bytes_per_conn),
+            })
+        })
+        .collect();
+    if per_connection.is_empty() {
+        return Vec::new();
+    }
+    vec![memory_per_connection(
+        Scenario::EgressIdle.name(),
+        &per_connection,
+    )]
 }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{PerFamily, Scenario, ScenarioSummary};
-use crate::load::results::RungResult;
+use crate::load::rung::RungResult;
 
 /// IPv4's figures under the bare keys, IPv6's under the same keys with
 /// `_ipv6` after them ([`PerFamily`]); IPv6's ladder is `rungs_ipv6`.

@@ -1,9 +1,12 @@
 //! ingress-https's summary: requests from the router through the HTTPS
-//! listener, a ladder of rates and then saturated.
+//! listener, a ladder of rates and then saturated; and its figure (CPU per
+//! request against the rate).
 
 use serde::{Deserialize, Serialize};
 
-use super::{Scenario, ScenarioSummary};
+use super::{Measured, Scenario, ScenarioSummary, rungs_of};
+use crate::load::plots::chart::Figure;
+use crate::load::plots::per_request::cpu_per_request;
 use crate::load::verdict::Verdict;
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -37,4 +40,11 @@ pub struct Saturated {
     pub cpu_us_per_request: Option<f64>,
     /// Whose CPU ran out first.
     pub verdict: Option<Verdict>,
+}
+
+/// Tunnel CPU per request against the offered rate, a series per contender.
+pub fn figures(contenders: &[Measured<Summary>]) -> Vec<Figure> {
+    cpu_per_request(Scenario::IngressHttps.name(), &rungs_of(contenders))
+        .into_iter()
+        .collect()
 }

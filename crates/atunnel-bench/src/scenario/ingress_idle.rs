@@ -1,10 +1,13 @@
 //! ingress-idle's summary: what an idle router connection costs atunnel,
-//! awake and hibernated, per case.
+//! awake and hibernated, per case; and its figures (memory per idle
+//! connection beside the peers', hibernation before and after).
 
 use serde::{Deserialize, Serialize};
 
-use super::{Scenario, ScenarioSummary};
+use super::{Measured, Scenario, ScenarioSummary};
 use crate::load::confidence::{Conclusion, Counts, FigureSummary};
+use crate::load::plots::chart::{Axes, BarSeries, Bars, Chart, Figure, Panel};
+use crate::load::plots::per_connection::{PerConnection, memory_per_connection};
 
 /// A peer in atunnel's place (`--compare peers`) writes one pass with
 /// hibernation off, the HTTPS cases only, and none of the hibernation
@@ -91,4 +94,119 @@ pub struct Case {
 pub struct WakeRound {
     pub woken_p50_us: u64,
     pub awake_p50_us: Option<u64>,
+}
+
+/// Memory per idle connection of every contender (a peer awake only), and
+/// hibernation before and after from the first contender that hibernates
+/// (atunnel, from the run or else from the comparison that ran it).
+pub fn figures(contenders: &[Measured<Summary>]) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    let per_connection = per_connection(contenders);
+    if !per_connection.is_empty() {
+        figures.push(memory_per_connection(
+            Scenario::IngressIdle.name(),
+            &per_connection,
+        ));
+    }
+    let hibernates = |s: &Summary| {
+        s.cases
+            .iter()
+            .any(|c| c.hibernated_cgroup_bytes_per_conn.is_some())
+    };
+    if let Some(s) = contenders
+        .iter()
+        .filter_map(|m| m.summary.as_ref())
+        .find(|s| hibernates(s))
+    {
+        figures.extend(hibernation(s));
+    }
+    figures
+}
+
+/// Each contender's cases, awake and, where it hibernates, hibernated (a
+/// series of its own: "atunnel, hibernated").
+fn per_connection(contenders: &[Measured<Summary>]) -> Vec<PerConnection> {
+    let mut out = Vec::new();
+    for m in contenders {
+        let Some(s) = &m.summary else { continue };
+        let hibernated = format!("{}, hibernated", m.label);
+        for c in &s.cases {
+            let at = |label: &str, heap: Option<f64>, cgroup: Option<f64>| {
+                (heap.is_some() || cgroup.is_some()).then(|| PerConnection {
+                    label: label.to_string(),
+                    case: c.case.clone(),
+                    conns: s.conns as f64,
+                    heap_bytes: heap,
+                    cgroup_bytes: cgroup,
+                })
+            };
+            out.extend(at(
+                &m.label,
+                c.heap_bytes_per_conn,
+                Some(c.cgroup_bytes_per_conn),
+            ));
+            out.extend(at(
+                &hibernated,
+                c.hibernated_heap_bytes_per_conn,
+                c.hibernated_cgroup_bytes_per_conn,
+            ));
+        }
+    }
+    out
+}
+
+/// Per case: heap and cgroup bytes per connection awake (hibernation off)
+/// and hibernated, and atunnel's CPU per connection while they went idle.
+/// `None` without cases.
+fn hibernation(s: &Summary) -> Option<Figure> {
+    if s.cases.is_empty() {
+        return None;
+    }
+    let categories: Vec<String> = s.cases.iter().map(|c| c.case.clone()).collect();
+    type Column = fn(&Case) -> Option<f64>;
+    let column = |value: Column| s.cases.iter().map(value).collect::<Vec<_>>();
+    let pair = |title: &str, y: &str, awake: Column, asleep: Column, labels: [&str; 2]| {
+        Panel::bars(
+            Axes::new(title, "case", y),
+            Bars {
+                categories: categories.clone(),
+                series: vec![
+                    BarSeries::new(labels[0], column(awake)),
+                    BarSeries::new(labels[1], column(asleep)),
+                ],
+            },
+        )
+    };
+    let mut panels = vec![
+        pair(
+            "heap per idle connection",
+            "heap bytes per connection",
+            |c| c.heap_bytes_per_conn,
+            |c| c.hibernated_heap_bytes_per_conn,
+            ["awake (hibernation off)", "hibernated"],
+        ),
+        pair(
+            "cgroup memory per idle connection",
+            "cgroup bytes per connection",
+            |c| Some(c.cgroup_bytes_per_conn),
+            |c| c.hibernated_cgroup_bytes_per_conn,
+            ["awake (hibernation off)", "hibernated"],
+        ),
+    ];
+    if s.cases
+        .iter()
+        .any(|c| c.hibernated_idle_cpu_us_per_conn.is_some())
+    {
+        panels.push(pair(
+            "atunnel CPU per connection while going idle",
+            "CPU us per connection",
+            |c| Some(c.idle_cpu_us_per_conn),
+            |c| c.hibernated_idle_cpu_us_per_conn,
+            ["hibernation off", "hibernation on"],
+        ));
+    }
+    Some(Figure::new(
+        "hibernation",
+        Chart::new("ingress-idle: hibernation, before and after", panels),
+    ))
 }

@@ -6,8 +6,8 @@
 //!
 //! Beside the names, one module per scenario holds what it writes in
 //! `results.json`'s `scenarios[].summary` (its `Summary`, a
-//! [`ScenarioSummary`]). The field names are the summary's keys as other
-//! tools read them: never rename one either.
+//! [`ScenarioSummary`]) and the figures drawn from it. The field names are
+//! the summary's keys as other tools read them: never rename one either.
 
 pub mod actor_scale;
 pub mod chaos;
@@ -29,6 +29,8 @@ use std::fmt;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+
+use crate::load::rung::RungResult;
 
 /// A scenario of the bench.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -115,6 +117,27 @@ impl clap::ValueEnum for Scenario {
 /// file written before a field was added still reads.
 pub trait ScenarioSummary: Serialize + DeserializeOwned {
     const SCENARIO: Scenario;
+}
+
+/// One contender's result of a scenario, as the scenario's figures take
+/// it (`Results::measured` gathers them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measured<'a, S> {
+    /// The legend's label: "atunnel" for the run's own result, "naive
+    /// (copy-mode)" or "nginx (peers)" for a comparison's.
+    pub label: String,
+    /// `None` when the scenario failed before it had one.
+    pub summary: Option<S>,
+    pub rungs: &'a [RungResult],
+}
+
+/// Each contender's label and rungs, as the figures drawn from rungs alone
+/// take them.
+pub(crate) fn rungs_of<'a, S>(contenders: &'a [Measured<S>]) -> Vec<(&'a str, &'a [RungResult])> {
+    contenders
+        .iter()
+        .map(|m| (m.label.as_str(), m.rungs))
+        .collect()
 }
 
 #[cfg(test)]

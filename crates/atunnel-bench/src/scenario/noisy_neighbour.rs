@@ -1,6 +1,7 @@
 //! noisy-neighbour's summary: per hostile pattern, the victim's figures at
 //! baseline and under the pattern, their ratios with 95 % intervals and a
-//! verdict, what atunnel held and refused, and how long it took to recover.
+//! verdict, what atunnel held and refused, and how long it took to recover;
+//! and its figure (drawn beside its table in report.md).
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Scenario, ScenarioSummary};
 use crate::load::confidence::{Conclusion, Counts, FigureSummary};
+use crate::load::plots::chart::{Axes, BarSeries, Bars, Chart, Limit, Panel, tick};
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(default)]
@@ -293,4 +295,193 @@ pub struct Sockets {
     pub sandboxes: BTreeMap<String, usize>,
     /// Closed or reset, its descriptor still held.
     pub unlisted: usize,
+}
+
+/// The bounds the victim is held to.
+#[derive(Clone, Copy, Debug)]
+pub struct VictimBounds {
+    /// Largest p99 under the pattern / baseline that passes.
+    pub p99_ratio_max: f64,
+    /// Smallest throughput under the pattern / baseline that passes.
+    pub tcp_ratio_min: f64,
+}
+
+/// One group per hostile pattern: the victim's egress-http p50 and p99,
+/// ingress-https p99 and egress-tcp MB/s at baseline and under the
+/// pattern; their ratios with the bounds; atunnel's memory against the
+/// soft threshold; and the seconds to recover ("n/a": never).
+pub fn chart(patterns: &[Pattern], bounds: VictimBounds) -> Chart {
+    let categories: Vec<String> = patterns.iter().map(|p| p.pattern.clone()).collect();
+    let column = |value: &dyn Fn(&Pattern) -> Option<f64>, scale: f64| {
+        patterns
+            .iter()
+            .map(|p| value(p).map(|v| v * scale))
+            .collect::<Vec<_>>()
+    };
+    let bars = |series: Vec<BarSeries>| Bars {
+        categories: categories.clone(),
+        series,
+    };
+    let axes = |title: &str, y: &str| Axes::new(title, "hostile pattern", y);
+    let ms = 1e-3;
+    let mib = 1.0 / 1048576.0;
+    let soft = patterns
+        .iter()
+        .map(|p| p.soft_threshold_bytes)
+        .fold(0.0f64, f64::max)
+        * mib;
+    let victim = |f: fn(&Victim) -> f64| move |p: &Pattern| Some(f(&p.victim));
+    let panels = vec![
+        Panel::bars(
+            axes(
+                "victim egress-http latency: baseline and under the pattern",
+                "ms",
+            ),
+            bars(vec![
+                BarSeries::new(
+                    "p50 baseline",
+                    column(&victim(|v| v.baseline_http_p50_us), ms),
+                ),
+                BarSeries::new("p50 under", column(&victim(|v| v.victim_http_p50_us), ms)),
+                BarSeries::new(
+                    "p99 baseline",
+                    column(&victim(|v| v.baseline_http_p99_us), ms),
+                ),
+                BarSeries::new("p99 under", column(&victim(|v| v.victim_http_p99_us), ms)),
+            ]),
+        ),
+        Panel::bars(
+            axes(
+                "victim ingress-https p99: baseline and under the pattern",
+                "ms",
+            ),
+            bars(vec![
+                BarSeries::new(
+                    "p99 baseline",
+                    column(&victim(|v| v.baseline_https_p99_us), ms),
+                ),
+                BarSeries::new("p99 under", column(&victim(|v| v.victim_https_p99_us), ms)),
+            ]),
+        ),
+        Panel::bars(
+            axes("victim egress-tcp: baseline and under the pattern", "MB/s"),
+            bars(vec![
+                BarSeries::new("baseline", column(&victim(|v| v.baseline_tcp_mb_s), 1.0)),
+                BarSeries::new("under", column(&victim(|v| v.victim_tcp_mb_s), 1.0)),
+            ]),
+        ),
+        Panel::bars(
+            axes("victim under the pattern / its baseline", "ratio"),
+            bars(vec![
+                BarSeries::new("egress-http p99", column(&|p| p.victim_p99_ratio, 1.0)),
+                BarSeries::new(
+                    "ingress-https p99",
+                    column(&|p| p.victim_https_p99_ratio, 1.0),
+                ),
+                BarSeries::new("egress-tcp MB/s", column(&|p| p.victim_tcp_ratio, 1.0)),
+            ]),
+        )
+        .with_limits(vec![
+            Limit {
+                label: format!("p99 bound {}", tick(bounds.p99_ratio_max)),
+                y: bounds.p99_ratio_max,
+            },
+            Limit {
+                label: format!("tcp bound {}", tick(bounds.tcp_ratio_min)),
+                y: bounds.tcp_ratio_min,
+            },
+        ]),
+        Panel::bars(
+            axes(
+                "atunnel's cgroup memory: at baseline and the pattern's peak",
+                "MiB",
+            ),
+            bars(vec![
+                BarSeries::new(
+                    "baseline",
+                    column(&|p| Some(p.baseline_memory_bytes as f64), mib),
+                ),
+                BarSeries::new("peak", column(&|p| Some(p.peak_memory_bytes as f64), mib)),
+            ]),
+        )
+        .with_limits(
+            (soft > 0.0)
+                .then(|| Limit {
+                    label: format!("soft threshold {} MiB", tick(soft)),
+                    y: soft,
+                })
+                .into_iter()
+                .collect(),
+        ),
+        Panel::bars(
+            axes(
+                "from the hostile actor stopping to atunnel back at baseline (n/a: never)",
+                "seconds",
+            ),
+            bars(vec![BarSeries::new(
+                "recovered",
+                column(&|p| p.recovered_s, 1.0),
+            )]),
+        ),
+    ];
+    Chart::new(
+        "noisy-neighbour: the victim beside each hostile pattern",
+        panels,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::plots::tests::{check, rects, text};
+
+    #[test]
+    fn noisy_neighbour_draws_the_victim_beside_its_baseline_per_pattern() {
+        let row = |pattern: &str, recovered: Option<f64>| Pattern {
+            pattern: pattern.into(),
+            victim: Victim {
+                baseline_http_p50_us: 400.0,
+                victim_http_p50_us: 450.0,
+                baseline_http_p99_us: 900.0,
+                victim_http_p99_us: 1800.0,
+                baseline_https_p99_us: 1500.0,
+                victim_https_p99_us: 1400.0,
+                baseline_tcp_mb_s: 600.0,
+                victim_tcp_mb_s: 570.0,
+                ..Victim::default()
+            },
+            victim_p99_ratio: Some(2.0),
+            victim_https_p99_ratio: Some(0.93),
+            victim_tcp_ratio: Some(0.95),
+            baseline_memory_bytes: 60 << 20,
+            peak_memory_bytes: 120 << 20,
+            soft_threshold_bytes: (870u64 << 20) as f64,
+            recovered_s: recovered,
+            ..Pattern::default()
+        };
+        let rows = [row("unread-downloads", Some(0.4)), row("dns-flood", None)];
+        let bounds = VictimBounds {
+            p99_ratio_max: 1.1,
+            tcp_ratio_min: 0.9,
+        };
+        let svg = chart(&rows, bounds).render().expect("drawn");
+        check(&svg);
+        // Series 0 is in all six panels (http p50 baseline, https p99
+        // baseline, tcp baseline, the http ratio, baseline memory, the
+        // recovery, which only the first pattern has); series 3 (http p99
+        // under) only in the first.
+        assert_eq!(rects(&svg, 0), 2 * 5 + 1 + 6, "{svg}");
+        assert_eq!(rects(&svg, 3), 2 + 1, "{svg}");
+        assert_eq!(text(&svg, "n/a"), 1, "never recovered: {svg}");
+        for t in [
+            "0.45",
+            "1.8",
+            "p99 bound 1.1",
+            "tcp bound 0.9",
+            "soft threshold 870 MiB",
+            "dns-flood",
+        ] {
+            assert!(text(&svg, t) >= 1, "{t}: {svg}");
+        }
+    }
 }

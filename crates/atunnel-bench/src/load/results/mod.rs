@@ -5,7 +5,8 @@
 //!   `achieved`, `errors`, `verdict`, `tunnel_cpu_cores`,
 //!   `tunnel_heap_bytes`, `tunnel_cgroup_bytes`, `latency_us.{p50,p99,max}`).
 //!   Extra fields (`shed`, `dispatch_lag_p99_us`, `notes`) may be added but
-//!   the required ones are never renamed.
+//!   the required ones are never renamed. Each scenario's `summary` is its
+//!   `Summary` in `crate::scenario::<name>`, whose field names are the keys.
 //! - `results.txt` — one aligned table per scenario plus its summary: what a
 //!   person reads first.
 //! - `<scenario>.svg` and `<scenario>.<figure>.svg` — the plots, drawn by
@@ -22,13 +23,12 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
-use super::verdict::{Verdict, sustainable_rate};
-use crate::scenario::{Scenario, ScenarioSummary, cost};
-use atunnel_measure::schedule::RungOutcome;
+pub use super::rung::{Latency, RungResult};
+use super::verdict::sustainable_rate;
+use crate::scenario::{Measured, Scenario, ScenarioSummary, cost};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -61,17 +61,25 @@ impl Results {
     /// with the run's flags, then each variant of each comparison.
     pub fn measured<S: ScenarioSummary>(&self) -> Vec<Measured<'_, S>> {
         let mut out: Vec<Measured<S>> = find(&self.scenarios, S::SCENARIO)
-            .map(|s| Measured::of("atunnel".to_string(), s))
+            .map(|s| measured("atunnel".to_string(), s))
             .into_iter()
             .collect();
         for c in &self.comparisons {
             for v in &c.variants {
                 if let Some(s) = find(&v.scenarios, S::SCENARIO) {
-                    out.push(Measured::of(format!("{} ({})", v.label, c.name), s));
+                    out.push(measured(format!("{} ({})", v.label, c.name), s));
                 }
             }
         }
         out
+    }
+}
+
+fn measured<S: ScenarioSummary>(label: String, s: &ScenarioResult) -> Measured<'_, S> {
+    Measured {
+        label,
+        summary: s.summary(),
+        rungs: &s.rungs,
     }
 }
 
@@ -80,36 +88,20 @@ pub(super) fn find(scenarios: &[ScenarioResult], scenario: Scenario) -> Option<&
     scenarios.iter().find(|s| s.name == scenario.name())
 }
 
-/// One contender's result of a scenario, as the scenario's figures take it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Measured<'a, S> {
-    /// The legend's label: "atunnel" for the run's own result, "naive
-    /// (copy-mode)" or "nginx (peers)" for a comparison's.
-    pub label: String,
-    /// `None` when the scenario failed before it had one.
-    pub summary: Option<S>,
-    pub rungs: &'a [RungResult],
-}
-
-impl<'a, S: ScenarioSummary> Measured<'a, S> {
-    fn of(label: String, s: &'a ScenarioResult) -> Self {
-        Measured {
-            label,
-            summary: s.summary(),
-            rungs: &s.rungs,
-        }
-    }
-}
-
-/// One scenario: its ladder of rungs (possibly none) and a free-form summary
-/// object (e.g. egress-idle `{"conns", "heap_bytes_per_conn", ...}`).
+/// One scenario: its ladder of rungs (possibly none) and its summary, the
+/// scenario's `Summary` (e.g. egress-idle's `{"conns",
+/// "heap_bytes_per_conn", ...}`), written and read only as that type.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ScenarioResult {
     pub name: String,
     #[serde(default)]
     pub rungs: Vec<RungResult>,
+    /// Kept as JSON so that every result, of any scenario (or of a newer
+    /// bench), is written back as it was read and printed whole
+    /// ([`text`]); typed only through [`ScenarioResult::new`] and
+    /// [`ScenarioResult::summary`].
     #[serde(default = "empty_object")]
-    pub summary: Value,
+    summary: Value,
     /// Free-text remarks (what was skipped, why a number is missing, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -182,73 +174,6 @@ fn keys_sorted<T: Serialize, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S:
         .serialize(s)
 }
 
-/// One rung of a scenario's ladder.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct RungResult {
-    /// Units per second offered by the schedule.
-    pub offered: f64,
-    /// Successful units per second.
-    pub achieved: f64,
-    pub errors: u64,
-    pub verdict: Verdict,
-    /// The tunnel's average CPU use over the rung, in cores.
-    pub tunnel_cpu_cores: f64,
-    /// The tunnel's heap at the end of the rung.
-    pub tunnel_heap_bytes: u64,
-    /// The tunnel cgroup's memory at the end of the rung.
-    pub tunnel_cgroup_bytes: u64,
-    pub latency_us: Latency,
-    #[serde(default)]
-    pub shed: u64,
-    #[serde(default)]
-    pub dispatch_lag_p99_us: u64,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub notes: String,
-}
-
-impl RungResult {
-    /// A rung's result from what the scheduler counted and its verdict: the
-    /// first error as its notes, the tunnel's CPU and memory zero (unknown)
-    /// until the caller adds what it measured around the rung.
-    pub fn of(out: &RungOutcome, verdict: Verdict) -> Self {
-        RungResult {
-            offered: out.offered,
-            achieved: out.achieved,
-            errors: out.errors,
-            verdict,
-            tunnel_cpu_cores: 0.0,
-            tunnel_heap_bytes: 0,
-            tunnel_cgroup_bytes: 0,
-            latency_us: Latency::from_histogram(&out.latency),
-            shed: out.shed,
-            dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
-            notes: out.first_error.clone().unwrap_or_default(),
-        }
-    }
-}
-
-/// Latency percentiles in microseconds.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Latency {
-    pub p50: u64,
-    pub p99: u64,
-    pub max: u64,
-}
-
-impl Latency {
-    /// p50, p99 and max of a histogram (all 0 when it is empty).
-    pub fn from_histogram(h: &Histogram<u64>) -> Self {
-        if h.is_empty() {
-            return Latency::default();
-        }
-        Latency {
-            p50: h.value_at_quantile(0.5),
-            p99: h.value_at_quantile(0.99),
-            max: h.max(),
-        }
-    }
-}
-
 /// Writes `dir/results.json` (pretty-printed), creating `dir` if needed.
 pub fn write_results_json(dir: &Path, r: &Results) -> io::Result<()> {
     fs::create_dir_all(dir)?;
@@ -275,6 +200,7 @@ pub fn write_whole(path: &Path, contents: impl AsRef<[u8]>) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::load::plots::{self, write_plots};
+    use crate::load::verdict::Verdict;
     use crate::scenario::{PerFamily, socket_memory};
     use crate::scenario::{egress_http, egress_idle, egress_tcp, ingress_https, ingress_idle};
     use std::collections::BTreeSet;

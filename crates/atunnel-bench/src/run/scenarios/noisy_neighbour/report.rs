@@ -1,6 +1,6 @@
 //! noisy-neighbour's part of report.md: one table row per hostile pattern
 //! (each ratio with its 95 % interval and verdict), the count of each
-//! verdict, and its plot (drawn by `load::plots::noisy_neighbour`): the victim's
+//! verdict, and its plot (drawn by `scenario::noisy_neighbour::chart`): the victim's
 //! latency and throughput beside its baseline, their ratios against the
 //! bounds, atunnel's peak memory against the soft threshold, and the time
 //! to recover.
@@ -9,9 +9,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use atunnel_bench::load::confidence::{Conclusion, FigureSummary};
-use atunnel_bench::load::plots::{self, VictimBounds};
 use atunnel_bench::load::results::{ScenarioResult, write_whole};
-use atunnel_bench::scenario::noisy_neighbour::{Confidence, Pattern, Summary};
+use atunnel_bench::scenario::noisy_neighbour::{self, Confidence, Pattern, Summary, VictimBounds};
 
 use super::{P99_RATIO_MAX, TCP_RATIO_MIN};
 
@@ -30,7 +29,9 @@ pub(in crate::run) fn section(dir: &Path, s: &ScenarioResult) -> std::io::Result
         p99_ratio_max: P99_RATIO_MAX,
         tcp_ratio_min: TCP_RATIO_MIN,
     };
-    let svg = plots::noisy_neighbour(rows, bounds).map_err(std::io::Error::other)?;
+    let svg = noisy_neighbour::chart(rows, bounds)
+        .render()
+        .map_err(std::io::Error::other)?;
     write_whole(&dir.join(PLOT_FILE), svg)?;
     let (spread, counts) = (&summary.baseline_spread, &summary.verdicts);
     Ok(format!(
