@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use atunnel_bench::load::results::{Results, ScenarioResult, write_results_json};
+use atunnel_bench::scenario::Scenario;
 
 /// A 64 KiB tmpfs mounted for the test's life.
 struct SmallDisk(tempfile::TempDir);
@@ -41,11 +42,10 @@ impl Drop for SmallDisk {
 
 fn results(notes: usize) -> Results {
     Results {
-        scenarios: vec![ScenarioResult {
-            name: "egress-idle".into(),
-            notes: (0..notes).map(|i| format!("note {i:06}")).collect(),
-            ..ScenarioResult::default()
-        }],
+        scenarios: vec![ScenarioResult::without_summary(
+            Scenario::EgressIdle,
+            (0..notes).map(|i| format!("note {i:06}")).collect(),
+        )],
         ..Results::default()
     }
 }

@@ -7,6 +7,7 @@ use atunnel_bench::load::{
     Results, Rung, RungEvidence, RungResult, ScenarioResult, Verdict, run_rung, sustainable_rate,
     verdict, write_plots, write_results_json, write_results_txt,
 };
+use atunnel_bench::scenario::ingress_connect;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_rung_on_the_real_clock_keeps_its_rate_and_reports() {
@@ -41,12 +42,13 @@ async fn short_rung_on_the_real_clock_keeps_its_rate_and_reports() {
 
     let results = Results {
         comparisons: Vec::new(),
-        scenarios: vec![ScenarioResult {
-            name: "smoke".to_string(),
-            rungs: vec![RungResult::of(&out, v)],
-            summary: serde_json::json!({"sustainable_rps": sustainable_rate(&[(out.offered, out.offered, v)])}),
-            notes: vec![],
-        }],
+        scenarios: vec![ScenarioResult::new(
+            &ingress_connect::Summary {
+                sustainable_rps: sustainable_rate(&[(out.offered, out.offered, v)]),
+            },
+            vec![RungResult::of(&out, v)],
+            vec![],
+        )],
         cost: None,
     };
     let dir = tempfile::tempdir().unwrap();
@@ -55,7 +57,7 @@ async fn short_rung_on_the_real_clock_keeps_its_rate_and_reports() {
     let plots = write_plots(dir.path(), &results).unwrap();
     assert_eq!(plots.len(), 1);
     let txt = std::fs::read_to_string(dir.path().join("results.txt")).unwrap();
-    assert!(txt.contains("== smoke ==") && txt.contains("sustainable_rps: 500"));
+    assert!(txt.contains("== ingress-connect ==") && txt.contains("sustainable_rps: 500"));
     let back: Results =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("results.json")).unwrap())
             .unwrap();

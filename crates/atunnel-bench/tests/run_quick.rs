@@ -5,6 +5,9 @@
 
 use std::process::Command;
 
+use atunnel_bench::load::results::Results;
+use atunnel_bench::scenario::{egress_idle, socket_memory};
+
 #[test]
 fn a_quick_run_writes_sane_results_and_measures_every_stall_case() {
     assert!(
@@ -37,20 +40,22 @@ fn a_quick_run_writes_sane_results_and_measures_every_stall_case() {
         .status()
         .expect("atunnel-bench runs");
     assert!(status.success(), "run failed: {status}");
-    let results: serde_json::Value = serde_json::from_str(
+    let results: Results = serde_json::from_str(
         &std::fs::read_to_string(out.path().join("results.json")).expect("results.json"),
     )
-    .expect("JSON");
-    let scenario = &results["scenarios"][0];
-    assert_eq!(scenario["name"], "egress-idle");
-    let s = &scenario["summary"];
-    println!("egress-idle summary: {s}");
-    assert_eq!(s["conns"], 300);
+    .expect("results.json reads as the bench's results");
+    let scenario = &results.scenarios[0];
+    assert_eq!(scenario.name, "egress-idle");
+    println!("egress-idle summary: {}", scenario.summary_json());
+    let s = scenario
+        .summary::<egress_idle::Summary>()
+        .expect("egress-idle's summary");
+    assert_eq!(s.conns, 300);
     // Measured 1,529 B of atunnel heap per idle egress connection at the
     // quick run's 1,000 connections (`cargo run --release -p atunnel-bench
     // -- run --quick --scenarios egress-idle` reproduces it), 1,742-1,749 B
     // at these 300 (release and debug alike).
-    let heap = s["heap_bytes_per_conn"].as_f64().expect("heap");
+    let heap = s.heap_bytes_per_conn;
     assert!(
         heap > 512.0 && heap <= 4.0 * 1024.0,
         "heap per connection {heap}"
@@ -58,31 +63,32 @@ fn a_quick_run_writes_sane_results_and_measures_every_stall_case() {
     // Measured 5,976-5,988 B of cgroup memory per connection at 1,000
     // connections (the same command) and 5,980-6,881 B at these 300, where
     // fixed costs are shared by fewer (add `--idle-conns 300 --actors 2`).
-    let cgroup = s["cgroup_bytes_per_conn"].as_f64().expect("cgroup");
+    let cgroup = s.cgroup_bytes_per_conn;
     assert!(
         cgroup > 2048.0 && cgroup <= 16.0 * 1024.0,
         "cgroup bytes per connection {cgroup}"
     );
     // atunnel runs one runtime worker per core of its cgroup's quota (1).
-    assert_eq!(s["tunnel_worker_threads"], 1.0, "{s}");
-    let tasks = s["tasks_per_conn"].as_f64().expect("tasks");
+    assert_eq!(s.tunnel_worker_threads, 1, "{s:?}");
+    let tasks = s.tasks_per_conn;
     assert!((0.9..=1.1).contains(&tasks), "tasks per connection {tasks}");
-    let rung = &scenario["rungs"][0];
-    assert!(rung["achieved"].as_f64().expect("achieved") > 0.0);
-    assert_eq!(rung["errors"], 0);
+    let rung = &scenario.rungs[0];
+    assert!(rung.achieved > 0.0);
+    assert_eq!(rung.errors, 0);
     for f in ["results.txt", "report.md", "egress-idle.svg"] {
         assert!(out.path().join(f).exists(), "{f} missing");
     }
     // Every stall case measured: a role that fails to start (a flag it no
-    // longer takes, say) leaves the scenario's summary empty.
-    let memory = &results["scenarios"][1];
-    assert_eq!(memory["name"], "socket-memory");
-    let cases = memory["summary"]["cases"]
-        .as_array()
-        .unwrap_or_else(|| panic!("socket-memory has no cases: {memory}"));
-    let rows: Vec<(&str, &str)> = cases
+    // longer takes, say) leaves the scenario without a summary.
+    let memory = &results.scenarios[1];
+    assert_eq!(memory.name, "socket-memory");
+    let memory = memory
+        .summary::<socket_memory::Summary>()
+        .unwrap_or_else(|| panic!("socket-memory has no cases: {memory:?}"));
+    let rows: Vec<(&str, &str)> = memory
+        .cases
         .iter()
-        .filter_map(|c| Some((c["case"].as_str()?, c["measured"].as_str()?)))
+        .map(|c| (c.case.as_str(), c.measured.as_str()))
         .collect();
     assert_eq!(
         rows,
@@ -97,25 +103,23 @@ fn a_quick_run_writes_sane_results_and_measures_every_stall_case() {
     );
     // Every case has its figures; the 64 KiB verdict is reported, not yet
     // required here (the defaults are being tuned to it).
-    for c in cases {
-        let figure = |key: &str| {
-            c[key]
-                .as_f64()
-                .filter(|x| x.is_finite() && *x >= 0.0)
-                .unwrap_or_else(|| panic!("{key} of {c}"))
+    for c in &memory.cases {
+        let figure = |name: &str, kib: Option<f64>| {
+            kib.filter(|x| *x >= 0.0)
+                .unwrap_or_else(|| panic!("{name} of {c:?}"))
         };
         let (kernel, heap, total) = (
-            figure("kernel_kib"),
-            figure("heap_kib"),
-            figure("total_kib"),
+            figure("kernel_kib", c.kernel_kib),
+            figure("heap_kib", c.heap_kib),
+            figure("total_kib", c.total_kib),
         );
         assert!(
             (total - (kernel + heap)).abs() <= 0.2,
-            "total is kernel plus heap: {c}"
+            "total is kernel plus heap: {c:?}"
         );
-        assert!(c["pass"].is_boolean(), "{c}");
+        assert!(c.pass.is_some(), "{c:?}");
     }
-    assert_eq!(memory["summary"]["bound_kib"], 64.0);
+    assert_eq!(memory.bound_kib, Some(64.0));
     let left: Vec<String> = namespaces()
         .into_iter()
         .filter(|n| n.starts_with("atb") && !before.contains(n))

@@ -23,7 +23,7 @@
 //! bound, fail when it is wholly outside, inconclusive otherwise, and
 //! inconclusive when fewer than two pairs gave a ratio (no interval).
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
 /// The confidence of every interval here.
 pub const LEVEL: f64 = 0.95;
@@ -51,8 +51,10 @@ pub fn t_975(df: usize) -> f64 {
     }
 }
 
-/// Which side of a bound passes.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Which side of a bound passes. In JSON `{"at_most": 1.1}` or
+/// `{"at_least": 0.9}`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Bound {
     /// The ratio passes at or below this (a latency: bigger is worse).
     AtMost(f64),
@@ -60,19 +62,13 @@ pub enum Bound {
     AtLeast(f64),
 }
 
-impl Bound {
-    fn json(self) -> Value {
-        match self {
-            Bound::AtMost(x) => json!({"at_most": x}),
-            Bound::AtLeast(x) => json!({"at_least": x}),
-        }
-    }
-}
-
-/// What an interval says about its bound.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// What an interval says about its bound. With no evidence (no interval)
+/// it is inconclusive, hence the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Conclusion {
     Pass,
+    #[default]
     Inconclusive,
     Fail,
 }
@@ -180,14 +176,14 @@ impl Figure {
     }
 
     /// As results.json has it.
-    pub fn json(&self) -> Value {
-        json!({
-            "pair_ratios": self.ratios.iter().map(|r| r.map(round3)).collect::<Vec<_>>(),
-            "estimate": self.point(),
-            "ci95": self.interval().map(|(lo, hi)| [lo, hi]),
-            "bound": self.bound.json(),
-            "verdict": self.conclusion.as_str(),
-        })
+    pub fn summary(&self) -> FigureSummary {
+        FigureSummary {
+            pair_ratios: self.ratios.iter().map(|r| r.map(round3)).collect(),
+            estimate: self.point(),
+            ci95: self.interval().map(|(lo, hi)| [lo, hi]),
+            bound: Some(self.bound),
+            verdict: self.conclusion,
+        }
     }
 
     /// One line for people: `1.02 [0.95, 1.10] <= 1.1: pass`.
@@ -204,8 +200,30 @@ impl Figure {
     }
 }
 
+/// A [`Figure`] as results.json has it, rounded to three decimals: each
+/// pair's ratio (null where a window gave no figure), the estimate and its
+/// 95 % interval (null without), the bound and the verdict.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FigureSummary {
+    pub pair_ratios: Vec<Option<f64>>,
+    pub estimate: Option<f64>,
+    pub ci95: Option<[f64; 2]>,
+    pub bound: Option<Bound>,
+    pub verdict: Conclusion,
+}
+
+impl FigureSummary {
+    /// The interval as `[lo, hi]` to two decimals, or `missing`.
+    pub fn interval_text(&self, missing: &str) -> String {
+        self.ci95
+            .map_or(missing.into(), |[lo, hi]| format!("[{lo:.2}, {hi:.2}]"))
+    }
+}
+
 /// How many of each verdict.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Counts {
     pub pass: usize,
     pub fail: usize,
@@ -236,10 +254,6 @@ impl Counts {
             Conclusion::Pass
         }
     }
-
-    pub fn json(self) -> Value {
-        json!({"pass": self.pass, "fail": self.fail, "inconclusive": self.inconclusive})
-    }
 }
 
 /// `now / base` to three decimals, `None` unless both are positive (a
@@ -256,6 +270,7 @@ fn round3(x: f64) -> f64 {
 mod tests {
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng, rngs::StdRng};
+    use serde_json::json;
 
     use super::*;
 
@@ -332,7 +347,7 @@ mod tests {
         );
         assert_eq!(gaps.conclusion, Conclusion::Pass);
         assert_eq!(
-            gaps.json()["pair_ratios"],
+            serde_json::to_value(gaps.summary()).expect("JSON")["pair_ratios"],
             json!([1.0, null, 1.0, 1.0]),
             "the missing window is shown as missing"
         );
@@ -341,7 +356,7 @@ mod tests {
     #[test]
     fn the_json_carries_pairs_estimate_interval_bound_and_verdict() {
         let f = Figure::of(vec![Some(1.0), Some(1.21)], Bound::AtLeast(0.9));
-        let j = f.json();
+        let j = serde_json::to_value(f.summary()).expect("JSON");
         assert_eq!(j["pair_ratios"], json!([1.0, 1.21]));
         assert_eq!(j["estimate"], json!(1.1));
         assert_eq!(j["bound"], json!({"at_least": 0.9}));

@@ -8,6 +8,7 @@
 //!   test windows, and pass / fail / inconclusive against a bound.
 //! - [`verdict`]: names what limited each rung (the tunnel, the generator,
 //!   the far end, errors) and picks the sustainable rate of a ladder.
+//! - [`rung`]: one rung's result as results.json has it.
 //! - [`results`]: `results.json` (read by other tools), `results.txt` (read
 //!   by people first), and writes the plots.
 //! - [`plots`]: every plot of the report (plotters, SVG backend).
@@ -15,6 +16,7 @@
 pub mod confidence;
 pub mod plots;
 pub mod results;
+pub mod rung;
 pub mod verdict;
 
 pub use atunnel_measure::schedule::{

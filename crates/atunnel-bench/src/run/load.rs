@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use atunnel_bench::load::results::{self, Results, ScenarioResult};
 use atunnel_bench::peers::Contender;
-use atunnel_bench::scenario::Scenario;
+use atunnel_bench::scenario::{Scenario, cost};
 use tokio_util::sync::CancellationToken;
 
 use super::bench::Bench;
@@ -196,8 +196,8 @@ pub async fn run(
             eprintln!("interrupted: writing what is done");
             break;
         };
-        if result.name == Scenario::Cost.name() && result.summary.get("units").is_some() {
-            results.cost = Some(result.summary.clone());
+        if let Some(counts) = result.summary::<cost::Summary>() {
+            results.cost = Some(counts);
         }
         results.scenarios.push(result);
         // Keep what is done even if a later scenario fails hard.
@@ -268,10 +268,8 @@ async fn run_scenario(
         _ = cancel.cancelled() => return None,
         r = scenarios::run(bench, scenario) => r,
     };
-    let result = result.unwrap_or_else(|e| ScenarioResult {
-        name: scenario.name().into(),
-        notes: vec![format!("scenario failed: {e}")],
-        ..ScenarioResult::default()
+    let result = result.unwrap_or_else(|e| {
+        ScenarioResult::without_summary(scenario, vec![format!("scenario failed: {e}")])
     });
     for line in report::summary_lines(&result) {
         eprintln!("         {line}");

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use atunnel_bench::load::plots::file_stem;
 use atunnel_bench::load::results::{self, Results, ScenarioResult};
-use atunnel_bench::scenario::Scenario;
+use atunnel_bench::scenario::{Scenario, cost, socket_memory};
 
 /// How the run was set up, for the report's opening lines.
 pub struct RunInfo {
@@ -77,7 +77,7 @@ fn about(scenario: Scenario) -> (&'static str, &'static str) {
 
 /// The few lines shown on the console after a scenario.
 pub fn summary_lines(s: &ScenarioResult) -> Vec<String> {
-    let mut lines = vec![format!("summary: {}", s.summary)];
+    let mut lines = vec![format!("summary: {}", s.summary_json())];
     lines.extend(s.notes.iter().map(|n| format!("note: {n}")));
     lines
 }
@@ -165,13 +165,13 @@ pub fn write(
         if s.name == Scenario::Chaos.name() {
             md.push_str(&super::scenarios::chaos::report_section(s));
         }
-        if s.name == Scenario::SocketMemory.name() {
-            md.push_str(&stall_table(&s.summary));
+        if let Some(memory) = s.summary::<socket_memory::Summary>() {
+            md.push_str(&stall_table(&memory));
         }
-        if s.name == Scenario::Cost.name() {
-            md.push_str(&super::scenarios::cost::report_section(&s.summary));
+        if let Some(cost) = s.summary::<cost::Summary>() {
+            md.push_str(&super::scenarios::cost::report_section(&cost));
         }
-        let _ = writeln!(md, "Summary: `{}`\n", s.summary);
+        let _ = writeln!(md, "Summary: `{}`\n", s.summary_json());
         for n in &s.notes {
             let _ = writeln!(md, "- {n}");
         }
@@ -243,17 +243,17 @@ fn plot_alt(name: &str) -> String {
 
 /// socket-memory's cases as a table: per stalled connection, kernel, heap
 /// and their total, and the verdict against the bound.
-fn stall_table(summary: &serde_json::Value) -> String {
-    let Some(cases) = summary["cases"].as_array().filter(|c| !c.is_empty()) else {
+fn stall_table(summary: &socket_memory::Summary) -> String {
+    if summary.cases.is_empty() {
         return String::new();
-    };
-    let bound = summary["bound_kib"].as_f64().unwrap_or(64.0);
-    let kib = |v: &serde_json::Value| v.as_f64().map_or("-".into(), |x| format!("{x:.1}"));
+    }
+    let bound = summary.bound_kib.unwrap_or(64.0);
+    let kib = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.1}"));
     let mut md = format!(
         "| case | proxy | kernel KiB | heap KiB | total KiB | verdict (<= {bound} KiB) |\n|---|---|---|---|---|---|\n"
     );
-    for c in cases {
-        let verdict = match c["pass"].as_bool() {
+    for c in &summary.cases {
+        let verdict = match c.pass {
             Some(true) => "pass",
             Some(false) => "FAIL",
             None => "-",
@@ -261,11 +261,11 @@ fn stall_table(summary: &serde_json::Value) -> String {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {verdict} |",
-            c["case"].as_str().unwrap_or("?"),
-            c["measured"].as_str().unwrap_or("?"),
-            kib(&c["kernel_kib"]),
-            kib(&c["heap_kib"]),
-            kib(&c["total_kib"]),
+            c.case,
+            c.measured,
+            kib(c.kernel_kib),
+            kib(c.heap_kib),
+            kib(c.total_kib),
         );
     }
     md.push('\n');
@@ -289,12 +289,24 @@ mod tests {
 
     #[test]
     fn the_stall_table_has_a_row_per_case_with_the_total_and_its_verdict() {
-        let summary = serde_json::json!({"bound_kib": 64.0, "cases": [
-            {"case": "actor-stops-reading", "measured": "atunnel", "kernel_kib": 20.0,
-             "heap_kib": 1.5, "total_kib": 21.5, "pass": true},
-            {"case": "destination-stops-reading", "measured": "gateway", "kernel_kib": 300.0,
-             "heap_kib": 0.0, "total_kib": 300.0, "pass": false},
-        ]});
+        let case =
+            |case: &str, measured: &str, kernel: f64, heap: f64, pass: bool| socket_memory::Case {
+                case: case.into(),
+                measured: measured.into(),
+                kernel_kib: Some(kernel),
+                heap_kib: Some(heap),
+                total_kib: Some(kernel + heap),
+                pass: Some(pass),
+                ..Default::default()
+            };
+        let summary = socket_memory::Summary {
+            bound_kib: Some(64.0),
+            cases: vec![
+                case("actor-stops-reading", "atunnel", 20.0, 1.5, true),
+                case("destination-stops-reading", "gateway", 300.0, 0.0, false),
+            ],
+            ..Default::default()
+        };
         let table = stall_table(&summary);
         assert!(
             table.contains("| actor-stops-reading | atunnel | 20.0 | 1.5 | 21.5 | pass |"),
@@ -304,18 +316,18 @@ mod tests {
             table.contains("| destination-stops-reading | gateway | 300.0 | 0.0 | 300.0 | FAIL |"),
             "{table}"
         );
-        assert_eq!(stall_table(&serde_json::json!({})), "");
+        assert_eq!(stall_table(&socket_memory::Summary::default()), "");
     }
 
     #[test]
     fn each_plot_is_linked_under_its_own_scenario() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let scenario = |name: &str| ScenarioResult {
-            name: name.into(),
-            ..ScenarioResult::default()
-        };
+        let scenario = |s: Scenario| ScenarioResult::without_summary(s, Vec::new());
         let results = Results {
-            scenarios: vec![scenario("egress-idle"), scenario("ingress-idle")],
+            scenarios: vec![
+                scenario(Scenario::EgressIdle),
+                scenario(Scenario::IngressIdle),
+            ],
             comparisons: vec![results::Comparison {
                 name: "copy-mode".into(),
                 variants: Vec::new(),

@@ -1,7 +1,11 @@
 //! The shapes: plain series in, SVG text out (lines, grouped and stacked
 //! bars, panels one under the other). They know nothing of scenarios.
 
-use super::*;
+use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// A plot could not be drawn (plotters reported an error).
 #[derive(Debug, thiserror::Error)]
@@ -262,6 +266,44 @@ pub(super) fn wrap(category: &str, groups: usize) -> Vec<String> {
 
 pub(super) fn panel_height(panel: &Panel) -> u32 {
     CHART_H + 14 * category_lines(panel) + LEGEND_ROW_H * legend_rows(labels_of(panel).len())
+}
+
+/// Panels one under the other under a title: one SVG file's worth.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chart {
+    pub title: String,
+    pub panels: Vec<Panel>,
+}
+
+impl Chart {
+    pub fn new(title: impl Into<String>, panels: Vec<Panel>) -> Self {
+        Chart {
+            title: title.into(),
+            panels,
+        }
+    }
+
+    /// Its SVG document ([`render`]).
+    pub fn render(&self) -> Result<String, PlotError> {
+        render(&self.title, &self.panels)
+    }
+}
+
+/// One figure of a scenario's: its chart, drawn into
+/// `<scenario>.<name>.svg`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Figure {
+    pub name: String,
+    pub chart: Chart,
+}
+
+impl Figure {
+    pub fn new(name: impl Into<String>, chart: Chart) -> Self {
+        Figure {
+            name: name.into(),
+            chart,
+        }
+    }
 }
 
 /// `panels` stacked under `title` in one SVG document.
@@ -591,7 +633,7 @@ pub(super) fn draw_legend(area: &Area, labels: &[String]) -> DrawResult {
 
 /// A short, readable number: at most three decimals, no trailing zeros,
 /// thousands without a fraction.
-pub(super) fn tick(v: f64) -> String {
+pub fn tick(v: f64) -> String {
     if !v.is_finite() {
         return "n/a".into();
     }

@@ -2,6 +2,7 @@
 //! that sets each contender's CPU per request like with like.
 
 use super::*;
+use crate::scenario::{egress_http, egress_idle, egress_tcp, ingress_https, ingress_idle};
 
 /// One setting swept in one run (e.g. `copy-mode`: lean vs naive).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -19,11 +20,9 @@ pub struct Variant {
 }
 
 impl Variant {
-    pub(super) fn summary(&self, scenario: Scenario, key: &str) -> Option<&Value> {
-        self.scenarios
-            .iter()
-            .find(|s| s.name == scenario.name())
-            .and_then(|s| s.summary.get(key))
+    /// This variant's result of `S`'s scenario, read as `S`.
+    pub(super) fn summary<S: ScenarioSummary>(&self) -> Option<S> {
+        find(&self.scenarios, S::SCENARIO)?.summary()
     }
 }
 
@@ -47,44 +46,48 @@ pub fn comparison_table(c: &Comparison) -> String {
         "{:<14} {:>12} {:>14} {:>10} {:>16} {:>22}",
         "variant", "idle heap B", "idle cgroup B", "tasks", "http cores@8000", "tcp MB/s (3 runs)"
     );
+    let num = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x}"));
     for v in &c.variants {
-        let num = |s: Scenario, k: &str| {
-            v.summary(s, k)
-                .and_then(Value::as_f64)
-                .map_or("-".to_string(), |x| format!("{x}"))
-        };
+        let idle = v.summary::<egress_idle::Summary>();
+        let idle = |figure: fn(&egress_idle::Summary) -> f64| num(idle.as_ref().map(figure));
+        let cores = v
+            .summary::<egress_http::Summary>()
+            .and_then(|s| s.cores_at_8000_rps);
         let tcp = v
-            .summary(Scenario::EgressTcp, "mb_per_s")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .map(|x| x.as_f64().map_or("-".into(), |x| format!("{x:.0}")))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_else(|| "-".into());
+            .summary::<egress_tcp::Summary>()
+            .map(|s| s.runs.ipv4.mb_per_s)
+            .filter(|runs| !runs.is_empty())
+            .map_or_else(
+                || "-".into(),
+                |runs| {
+                    runs.iter()
+                        .map(|x| format!("{x:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
+            );
         let _ = writeln!(
             out,
             "{:<14} {:>12} {:>14} {:>10} {:>16} {:>22}",
             v.label,
-            num(Scenario::EgressIdle, "heap_bytes_per_conn"),
-            num(Scenario::EgressIdle, "cgroup_bytes_per_conn"),
-            num(Scenario::EgressIdle, "tasks_per_conn"),
-            num(Scenario::EgressHttp, "cores_at_8000_rps"),
+            idle(|s| s.heap_bytes_per_conn),
+            idle(|s| s.cgroup_bytes_per_conn),
+            idle(|s| s.tasks_per_conn),
+            num(cores),
             tcp
         );
     }
     out
 }
 
-/// ingress-idle's figure `key` for `case` in a variant's summary.
-pub(super) fn idle_case(v: &Variant, case: &str, key: &str) -> Option<f64> {
-    v.summary(Scenario::IngressIdle, "cases")?
-        .as_array()?
-        .iter()
-        .find(|c| c.get("case").and_then(Value::as_str) == Some(case))?
-        .get(key)?
-        .as_f64()
+/// ingress-idle's `figure` for `case` in a variant's summary.
+pub(super) fn idle_case(
+    v: &Variant,
+    case: &str,
+    figure: fn(&ingress_idle::Case) -> Option<f64>,
+) -> Option<f64> {
+    let s = v.summary::<ingress_idle::Summary>()?;
+    figure(s.cases.iter().find(|c| c.case == case)?)
 }
 
 /// The highest ingress-https rate every variant kept up with (achieved at
@@ -121,10 +124,7 @@ pub(super) fn cpu_us_per_request(v: &Variant, rate: Option<f64>) -> Option<f64> 
             .find(|r| r.offered == rate && r.achieved > 0.0)
             .map(|r| r.tunnel_cpu_cores / r.achieved * 1e6)
     });
-    at_rate.or_else(|| {
-        v.summary(Scenario::IngressHttps, "cpu_us_per_request")?
-            .as_f64()
-    })
+    at_rate.or_else(|| v.summary::<ingress_https::Summary>()?.cpu_us_per_request)
 }
 
 /// The ingress comparison (`--compare peers`): per variant, sustainable
@@ -138,47 +138,43 @@ pub(super) fn ingress_comparison_table(c: &Comparison) -> String {
     /// A column: its heading and how a variant's figure is read.
     type Column<'a> = (&'a str, Box<dyn Fn(&Variant) -> Option<f64>>);
     let rate = common_rate(c);
-    let saturated = |key: &'static str| {
-        move |v: &Variant| {
-            v.summary(Scenario::IngressHttps, "saturated")?
-                .get(key)?
-                .as_f64()
-        }
+    let saturated = |v: &Variant| v.summary::<ingress_https::Summary>()?.saturated;
+    let egress_per_cpu_s = |v: &Variant| {
+        v.summary::<egress_tcp::Summary>()?
+            .runs
+            .ipv4
+            .mb_per_tunnel_cpu_s_median
     };
     let figures: [Column; 8] = [
         (
             "req/s",
-            Box::new(|v| {
-                v.summary(Scenario::IngressHttps, "sustainable_rps")?
-                    .as_f64()
-            }),
+            Box::new(|v| v.summary::<ingress_https::Summary>()?.sustainable_rps),
         ),
         ("CPU us/req", Box::new(move |v| cpu_us_per_request(v, rate))),
-        ("sat req/s", Box::new(saturated("rps"))),
-        ("sat us/req", Box::new(saturated("cpu_us_per_request"))),
+        ("sat req/s", Box::new(move |v| Some(saturated(v)?.rps))),
+        (
+            "sat us/req",
+            Box::new(move |v| saturated(v)?.cpu_us_per_request),
+        ),
         (
             "idle h1 B/conn",
-            Box::new(|v| idle_case(v, "http1-keepalive-short", "cgroup_bytes_per_conn")),
+            Box::new(|v| {
+                idle_case(v, "http1-keepalive-short", |c| {
+                    Some(c.cgroup_bytes_per_conn)
+                })
+            }),
         ),
         (
             "idle h2 B/conn",
-            Box::new(|v| idle_case(v, "http2-one-request", "cgroup_bytes_per_conn")),
+            Box::new(|v| idle_case(v, "http2-one-request", |c| Some(c.cgroup_bytes_per_conn))),
         ),
-        (
-            "egress MB/CPU-s",
-            Box::new(|v| {
-                v.summary(Scenario::EgressTcp, "mb_per_tunnel_cpu_s_median")?
-                    .as_f64()
-            }),
-        ),
+        ("egress MB/CPU-s", Box::new(egress_per_cpu_s)),
         (
             "hibernated h1",
             Box::new(|v| {
-                idle_case(
-                    v,
-                    "http1-keepalive-short",
-                    "hibernated_cgroup_bytes_per_conn",
-                )
+                idle_case(v, "http1-keepalive-short", |c| {
+                    c.hibernated_cgroup_bytes_per_conn
+                })
             }),
         ),
     ];
@@ -226,7 +222,7 @@ pub(super) fn ingress_comparison_table(c: &Comparison) -> String {
     if let Some(n) = c
         .variants
         .iter()
-        .find_map(|v| saturated("streams_in_flight")(v))
+        .find_map(|v| Some(saturated(v)?.streams_in_flight as f64))
     {
         let _ = writeln!(
             out,
@@ -234,10 +230,7 @@ pub(super) fn ingress_comparison_table(c: &Comparison) -> String {
             trim_float(n, 0)
         );
     }
-    if c.variants.iter().any(|v| {
-        v.summary(Scenario::EgressTcp, "mb_per_tunnel_cpu_s_median")
-            .is_some()
-    }) {
+    if c.variants.iter().any(|v| egress_per_cpu_s(v).is_some()) {
         let _ = writeln!(
             out,
             "egress MB/CPU-s: egress-tcp's MB per CPU-second of the contender's cgroup, median of 3 IPv4 runs (HAProxy as a TCP -> TLS relay, without atunnel's HTTP/2 framing)"

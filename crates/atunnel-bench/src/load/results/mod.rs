@@ -5,7 +5,8 @@
 //!   `achieved`, `errors`, `verdict`, `tunnel_cpu_cores`,
 //!   `tunnel_heap_bytes`, `tunnel_cgroup_bytes`, `latency_us.{p50,p99,max}`).
 //!   Extra fields (`shed`, `dispatch_lag_p99_us`, `notes`) may be added but
-//!   the required ones are never renamed.
+//!   the required ones are never renamed. Each scenario's `summary` is its
+//!   `Summary` in `crate::scenario::<name>`, whose field names are the keys.
 //! - `results.txt` — one aligned table per scenario plus its summary: what a
 //!   person reads first.
 //! - `<scenario>.svg` and `<scenario>.<figure>.svg` — the plots, drawn by
@@ -22,13 +23,12 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
-use super::verdict::{Verdict, sustainable_rate};
-use crate::scenario::Scenario;
-use atunnel_measure::schedule::RungOutcome;
+pub use super::rung::{Latency, RungResult};
+use super::verdict::sustainable_rate;
+use crate::scenario::{Measured, Scenario, ScenarioSummary, cost};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -40,23 +40,68 @@ pub struct Results {
     /// setting, run against fresh atunnels in the same run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub comparisons: Vec<Comparison>,
-    /// The cost scenario's counts: `units[]`, each with `contenders[]` of
-    /// `{name, path, instructions, syscalls, syscalls_by_name,
-    /// context_switches, allocations}` per unit of work (null: not
-    /// measured, e.g. a peer's allocations).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cost: Option<Value>,
+    /// The cost scenario's summary again (`units[]`, each with its
+    /// `contenders[]`' counts per unit of work), where other tools look
+    /// for it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "keys_sorted"
+    )]
+    pub cost: Option<cost::Summary>,
 }
 
-/// One scenario: its ladder of rungs (possibly none) and a free-form summary
-/// object (e.g. egress-idle `{"conns", "heap_bytes_per_conn", ...}`).
+impl Results {
+    /// The run's own result of `S`'s scenario, read as `S`.
+    pub fn summary<S: ScenarioSummary>(&self) -> Option<S> {
+        find(&self.scenarios, S::SCENARIO)?.summary()
+    }
+
+    /// `S`'s scenario as each contender of the run measured it: atunnel
+    /// with the run's flags, then each variant of each comparison.
+    pub fn measured<S: ScenarioSummary>(&self) -> Vec<Measured<'_, S>> {
+        let mut out: Vec<Measured<S>> = find(&self.scenarios, S::SCENARIO)
+            .map(|s| measured("atunnel".to_string(), s))
+            .into_iter()
+            .collect();
+        for c in &self.comparisons {
+            for v in &c.variants {
+                if let Some(s) = find(&v.scenarios, S::SCENARIO) {
+                    out.push(measured(format!("{} ({})", v.label, c.name), s));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn measured<S: ScenarioSummary>(label: String, s: &ScenarioResult) -> Measured<'_, S> {
+    Measured {
+        label,
+        summary: s.summary(),
+        rungs: &s.rungs,
+    }
+}
+
+/// The first result of `scenario` in `scenarios`.
+pub(super) fn find(scenarios: &[ScenarioResult], scenario: Scenario) -> Option<&ScenarioResult> {
+    scenarios.iter().find(|s| s.name == scenario.name())
+}
+
+/// One scenario: its ladder of rungs (possibly none) and its summary, the
+/// scenario's `Summary` (e.g. egress-idle's `{"conns",
+/// "heap_bytes_per_conn", ...}`), written and read only as that type.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ScenarioResult {
     pub name: String,
     #[serde(default)]
     pub rungs: Vec<RungResult>,
+    /// Kept as JSON so that every result, of any scenario (or of a newer
+    /// bench), is written back as it was read and printed whole
+    /// ([`text`]); typed only through [`ScenarioResult::new`] and
+    /// [`ScenarioResult::summary`].
     #[serde(default = "empty_object")]
-    pub summary: Value,
+    summary: Value,
     /// Free-text remarks (what was skipped, why a number is missing, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -77,71 +122,56 @@ fn empty_object() -> Value {
     Value::Object(serde_json::Map::new())
 }
 
-/// One rung of a scenario's ladder.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct RungResult {
-    /// Units per second offered by the schedule.
-    pub offered: f64,
-    /// Successful units per second.
-    pub achieved: f64,
-    pub errors: u64,
-    pub verdict: Verdict,
-    /// The tunnel's average CPU use over the rung, in cores.
-    pub tunnel_cpu_cores: f64,
-    /// The tunnel's heap at the end of the rung.
-    pub tunnel_heap_bytes: u64,
-    /// The tunnel cgroup's memory at the end of the rung.
-    pub tunnel_cgroup_bytes: u64,
-    pub latency_us: Latency,
-    #[serde(default)]
-    pub shed: u64,
-    #[serde(default)]
-    pub dispatch_lag_p99_us: u64,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub notes: String,
-}
-
-impl RungResult {
-    /// A rung's result from what the scheduler counted and its verdict: the
-    /// first error as its notes, the tunnel's CPU and memory zero (unknown)
-    /// until the caller adds what it measured around the rung.
-    pub fn of(out: &RungOutcome, verdict: Verdict) -> Self {
-        RungResult {
-            offered: out.offered,
-            achieved: out.achieved,
-            errors: out.errors,
-            verdict,
-            tunnel_cpu_cores: 0.0,
-            tunnel_heap_bytes: 0,
-            tunnel_cgroup_bytes: 0,
-            latency_us: Latency::from_histogram(&out.latency),
-            shed: out.shed,
-            dispatch_lag_p99_us: out.dispatch_lag_p99_us(),
-            notes: out.first_error.clone().unwrap_or_default(),
+impl ScenarioResult {
+    /// `S::SCENARIO`'s result: its summary, rungs and notes.
+    pub fn new<S: ScenarioSummary>(
+        summary: &S,
+        rungs: Vec<RungResult>,
+        notes: Vec<String>,
+    ) -> Self {
+        ScenarioResult {
+            name: S::SCENARIO.name().to_string(),
+            rungs,
+            summary: serde_json::to_value(summary)
+                .expect("a summary is plain data: numbers, strings, lists and string-keyed maps"),
+            notes,
         }
+    }
+
+    /// `scenario`'s result with no summary: it failed before it had one
+    /// (`notes` say why).
+    pub fn without_summary(scenario: Scenario, notes: Vec<String>) -> Self {
+        ScenarioResult {
+            name: scenario.name().to_string(),
+            notes,
+            ..ScenarioResult::default()
+        }
+    }
+
+    /// The summary as `S`; `None` when this is another scenario's result,
+    /// when it has none (the scenario failed), or when it does not read as
+    /// `S`.
+    pub fn summary<S: ScenarioSummary>(&self) -> Option<S> {
+        let empty = self.summary.as_object().is_none_or(|m| m.is_empty());
+        if self.name != S::SCENARIO.name() || empty {
+            return None;
+        }
+        S::deserialize(&self.summary).ok()
+    }
+
+    /// The summary as one line of JSON (the console and report.md show it
+    /// whole).
+    pub fn summary_json(&self) -> String {
+        self.summary.to_string()
     }
 }
 
-/// Latency percentiles in microseconds.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Latency {
-    pub p50: u64,
-    pub p99: u64,
-    pub max: u64,
-}
-
-impl Latency {
-    /// p50, p99 and max of a histogram (all 0 when it is empty).
-    pub fn from_histogram(h: &Histogram<u64>) -> Self {
-        if h.is_empty() {
-            return Latency::default();
-        }
-        Latency {
-            p50: h.value_at_quantile(0.5),
-            p99: h.value_at_quantile(0.99),
-            max: h.max(),
-        }
-    }
+/// Writes `value` with its maps' keys in order, as a `serde_json::Value`
+/// (and so every scenario's summary) writes them.
+fn keys_sorted<T: Serialize, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+    serde_json::to_value(value)
+        .map_err(serde::ser::Error::custom)?
+        .serialize(s)
 }
 
 /// Writes `dir/results.json` (pretty-printed), creating `dir` if needed.
@@ -170,7 +200,9 @@ pub fn write_whole(path: &Path, contents: impl AsRef<[u8]>) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::load::plots::{self, write_plots};
-    use serde_json::json;
+    use crate::load::verdict::Verdict;
+    use crate::scenario::{PerFamily, socket_memory};
+    use crate::scenario::{egress_http, egress_idle, egress_tcp, ingress_https, ingress_idle};
     use std::collections::BTreeSet;
 
     fn rung(offered: f64, verdict: Verdict) -> RungResult {
@@ -193,33 +225,55 @@ mod tests {
         }
     }
 
+    fn stall(
+        case: &str,
+        measured: &str,
+        kernel: f64,
+        heap: f64,
+        pass: bool,
+    ) -> socket_memory::Case {
+        socket_memory::Case {
+            case: case.into(),
+            measured: measured.into(),
+            kernel_kib: Some(kernel),
+            heap_kib: Some(heap),
+            total_kib: Some(kernel + heap),
+            pass: Some(pass),
+            ..Default::default()
+        }
+    }
+
     fn sample() -> Results {
         let mut last = rung(8000.0, Verdict::TunnelCpu);
         last.notes = "throttled 12 times".to_string();
         Results {
             scenarios: vec![
-                ScenarioResult {
-                    name: "egress-http".to_string(),
-                    rungs: vec![
+                ScenarioResult::new(
+                    &egress_http::Summary {
+                        cores_at_8000_rps: Some(0.8123456),
+                        connections: 64,
+                        sustainable_rps: Some(2000.0),
+                    },
+                    vec![
                         rung(1000.0, Verdict::Ok),
                         rung(2000.0, Verdict::Ok),
                         rung(4000.0, Verdict::Generator),
                         last,
                     ],
-                    summary: json!({"cores_at_8000_rps": 0.8123456}),
-                    notes: vec![],
-                },
-                ScenarioResult {
-                    name: "socket-memory".to_string(),
-                    rungs: vec![],
-                    summary: json!({"cases": [
-                        {"case": "actor-stops-reading", "measured": "atunnel",
-                         "kernel_kib": 20, "heap_kib": 2, "total_kib": 22, "pass": true},
-                        {"case": "destination-stops-reading", "measured": "gateway",
-                         "kernel_kib": 4096, "heap_kib": 8, "total_kib": 4104, "pass": false},
-                    ], "bound_kib": 64}),
-                    notes: vec!["run as root for SO_RCVLOWAT".to_string()],
-                },
+                    vec![],
+                ),
+                ScenarioResult::new(
+                    &socket_memory::Summary {
+                        cases: vec![
+                            stall("actor-stops-reading", "atunnel", 20.0, 2.0, true),
+                            stall("destination-stops-reading", "gateway", 4096.0, 8.0, false),
+                        ],
+                        bound_kib: Some(64.0),
+                        ..Default::default()
+                    },
+                    vec![],
+                    vec!["run as root for SO_RCVLOWAT".to_string()],
+                ),
             ],
             comparisons: Vec::new(),
             cost: None,
@@ -232,21 +286,38 @@ mod tests {
             label: label.to_string(),
             flags: vec![format!("--copy-mode={label}")],
             scenarios: vec![
-                ScenarioResult {
-                    name: "egress-idle".into(),
-                    summary: json!({"heap_bytes_per_conn": heap, "cgroup_bytes_per_conn": 5600.0, "tasks_per_conn": 1.0}),
-                    ..ScenarioResult::default()
-                },
-                ScenarioResult {
-                    name: "egress-http".into(),
-                    summary: json!({"cores_at_8000_rps": cores}),
-                    ..ScenarioResult::default()
-                },
-                ScenarioResult {
-                    name: "egress-tcp".into(),
-                    summary: json!({"mb_per_s": [500.0, 510.0, 490.0]}),
-                    ..ScenarioResult::default()
-                },
+                ScenarioResult::new(
+                    &egress_idle::Summary {
+                        heap_bytes_per_conn: heap,
+                        cgroup_bytes_per_conn: 5600.0,
+                        tasks_per_conn: 1.0,
+                        ..Default::default()
+                    },
+                    vec![],
+                    vec![],
+                ),
+                ScenarioResult::new(
+                    &egress_http::Summary {
+                        cores_at_8000_rps: Some(cores),
+                        ..Default::default()
+                    },
+                    vec![],
+                    vec![],
+                ),
+                ScenarioResult::new(
+                    &egress_tcp::Summary {
+                        runs: PerFamily {
+                            ipv4: egress_tcp::Runs {
+                                mb_per_s: vec![500.0, 510.0, 490.0],
+                                ..Default::default()
+                            },
+                            ipv6: None,
+                        },
+                        ..Default::default()
+                    },
+                    vec![],
+                    vec![],
+                ),
             ],
         };
         let r = Results {
@@ -292,16 +363,28 @@ mod tests {
                        h1: f64,
                        hibernated: Option<f64>,
                        egress: Option<f64>| {
-            let mut h1_case = json!({"case": "http1-keepalive-short", "cgroup_bytes_per_conn": h1});
-            if let Some(b) = hibernated {
-                h1_case["hibernated_cgroup_bytes_per_conn"] = json!(b);
-            }
+            let case = |name: &str, cgroup: f64, hibernated: Option<f64>| ingress_idle::Case {
+                case: name.into(),
+                cgroup_bytes_per_conn: cgroup,
+                hibernated_cgroup_bytes_per_conn: hibernated,
+                ..Default::default()
+            };
             let mut scenarios = vec![
-                ScenarioResult {
-                    name: "ingress-https".into(),
+                ScenarioResult::new(
+                    &ingress_https::Summary {
+                        sustainable_rps: Some(rps),
+                        cpu_us_per_request: Some(999.0),
+                        saturated: Some(ingress_https::Saturated {
+                            streams_in_flight: 128,
+                            rps: sat_rps,
+                            cpu_us_per_request: Some(sat_cpu),
+                            ..Default::default()
+                        }),
+                        new_upstream_conns_per_1000: None,
+                    },
                     // Kept up with 1,000/s and 2,000/s (CPU per
                     // request `cpu` at 2,000/s), not 4,000/s.
-                    rungs: [1000.0, 2000.0, 4000.0]
+                    [1000.0, 2000.0, 4000.0]
                         .into_iter()
                         .map(|offered: f64| RungResult {
                             achieved: offered.min(rps),
@@ -309,24 +392,24 @@ mod tests {
                             ..rung(offered, Verdict::Ok)
                         })
                         .collect(),
-                    summary: json!({"sustainable_rps": rps, "cpu_us_per_request": 999.0,
-                            "saturated": {"streams_in_flight": 128, "rps": sat_rps,
-                                "cpu_us_per_request": sat_cpu}}),
-                    ..ScenarioResult::default()
-                },
-                ScenarioResult {
-                    name: "ingress-idle".into(),
-                    summary: json!({"cases": [h1_case,
-                            {"case": "http2-one-request", "cgroup_bytes_per_conn": 2.0 * h1}]}),
-                    ..ScenarioResult::default()
-                },
+                    vec![],
+                ),
+                ScenarioResult::new(
+                    &ingress_idle::Summary {
+                        cases: vec![
+                            case("http1-keepalive-short", h1, hibernated),
+                            case("http2-one-request", 2.0 * h1, None),
+                        ],
+                        ..Default::default()
+                    },
+                    vec![],
+                    vec![],
+                ),
             ];
             if let Some(mb) = egress {
-                scenarios.push(ScenarioResult {
-                    name: "egress-tcp".into(),
-                    summary: json!({"mb_per_tunnel_cpu_s_median": mb}),
-                    ..ScenarioResult::default()
-                });
+                let mut tcp = egress_tcp::Summary::default();
+                tcp.runs.ipv4.mb_per_tunnel_cpu_s_median = Some(mb);
+                scenarios.push(ScenarioResult::new(&tcp, vec![], vec![]));
             }
             Variant {
                 label: label.to_string(),
@@ -464,7 +547,32 @@ mod tests {
         assert_eq!(plain["verdict"], "ok");
         assert_eq!(noted["verdict"], "tunnel-cpu");
         assert_eq!(plain["latency_us"]["p99"], 2500);
-        assert_eq!(scenarios[1]["summary"]["cases"][1]["total_kib"], 4104);
+        assert_eq!(scenarios[1]["summary"]["cases"][1]["total_kib"], 4104.0);
+    }
+
+    #[test]
+    fn a_summary_reads_back_only_as_its_own_scenarios_type() {
+        let r = sample();
+        let http = r.summary::<egress_http::Summary>().expect("egress-http's");
+        assert_eq!(http.cores_at_8000_rps, Some(0.8123456));
+        assert_eq!(r.scenarios[0].summary::<egress_idle::Summary>(), None);
+        let memory = r
+            .summary::<socket_memory::Summary>()
+            .expect("socket-memory's");
+        assert_eq!(memory.cases[1].total_kib, Some(4104.0));
+        // A scenario that failed has no summary, not a summary of zeros.
+        let failed = ScenarioResult::without_summary(Scenario::EgressIdle, vec!["x".into()]);
+        assert_eq!(failed.summary::<egress_idle::Summary>(), None);
+        // A file written before a field was added still reads.
+        let old: ScenarioResult = serde_json::from_str(
+            r#"{"name": "egress-idle", "summary": {"conns": 10, "heap_bytes_per_conn": 1500.0}}"#,
+        )
+        .expect("JSON");
+        let old = old.summary::<egress_idle::Summary>().expect("read");
+        assert_eq!(
+            (old.conns, old.heap_bytes_per_conn, old.tasks_per_conn),
+            (10, 1500.0, 0.0)
+        );
     }
 
     #[test]
@@ -493,7 +601,7 @@ mod tests {
             "tunnel-cpu",
             "sustainable: 2000/s",
             "cores_at_8000_rps: 0.812",
-            "case=actor-stops-reading heap_kib=2 kernel_kib=20 measured=atunnel pass=true total_kib=22",
+            "case=actor-stops-reading heap_kib=2 kernel_kib=20 measured=atunnel parts_kib=receive=- reserved=- send=- pass=true total_kib=22",
             "note: run as root for SO_RCVLOWAT",
             "at 8000/s: throttled 12 times",
         ] {

@@ -18,10 +18,9 @@ use std::time::{Duration, Instant};
 
 use atunnel::control::proto;
 use atunnel_bench::load::results::ScenarioResult;
-use atunnel_bench::scenario::Scenario;
+use atunnel_bench::scenario::actor_scale::{AfterTeardown, Summary, TenthCpu, Timing};
 use atunnel_sandbox::NetNs;
 use atunnel_support::stats_client::Stats;
-use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
 use crate::control::Control;
@@ -67,7 +66,7 @@ fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
 
 /// p50 and p99 of `times`, and the p50 of its first and last tenth (in
 /// the order taken), in ms.
-fn timing(times: &[Duration]) -> Value {
+fn timing(times: &[Duration]) -> Timing {
     let mut sorted = times.to_vec();
     sorted.sort();
     let tenth = (times.len() / 10).max(1);
@@ -80,14 +79,18 @@ fn timing(times: &[Duration]) -> Value {
         p50_of(&times[..tenth.min(times.len())]),
         p50_of(&times[times.len().saturating_sub(tenth)..]),
     );
-    json!({
-        "p50_ms": quantile_ms(&sorted, 0.5),
-        "p99_ms": quantile_ms(&sorted, 0.99),
-        "max_ms": quantile_ms(&sorted, 1.0),
-        "first_tenth_p50_ms": first,
-        "last_tenth_p50_ms": last,
-        "last_over_first": if first > 0.0 { ((last / first) * 100.0).round() / 100.0 } else { 0.0 },
-    })
+    Timing {
+        p50_ms: quantile_ms(&sorted, 0.5),
+        p99_ms: quantile_ms(&sorted, 0.99),
+        max_ms: quantile_ms(&sorted, 1.0),
+        first_tenth_p50_ms: first,
+        last_tenth_p50_ms: last,
+        last_over_first: if first > 0.0 {
+            ((last / first) * 100.0).round() / 100.0
+        } else {
+            0.0
+        },
+    }
 }
 
 /// The kernel's memory outside any one process, host-wide: slab and
@@ -221,11 +224,9 @@ async fn scale(
     }
     let tenth_cpu = |from: usize| {
         let (a, b) = (cpu_marks.get(from), cpu_marks.get(from + 1));
-        a.zip(b).map_or(json!(null), |((u0, s0), (u1, s1))| {
-            json!({
-                "user_ms_per_actor": ((u1 - u0) * 1e3 / tenth as f64 * 100.0).round() / 100.0,
-                "system_ms_per_actor": ((s1 - s0) * 1e3 / tenth as f64 * 100.0).round() / 100.0,
-            })
+        a.zip(b).map(|((u0, s0), (u1, s1))| TenthCpu {
+            user_ms_per_actor: ((u1 - u0) * 1e3 / tenth as f64 * 100.0).round() / 100.0,
+            system_ms_per_actor: ((s1 - s0) * 1e3 / tenth as f64 * 100.0).round() / 100.0,
         })
     };
     let (first_tenth_cpu, last_tenth_cpu) = (tenth_cpu(0), tenth_cpu(2));
@@ -306,7 +307,7 @@ async fn scale(
     let heap_idle = per(idle.heap - base.heap);
     let pass_heap = heap_idle <= 8.0 * 1024.0;
     let nothing_left = left_netns.is_empty() && still_known == 0 && left_fds <= 2.0;
-    let growth = timing(&up_times)["last_over_first"].as_f64().unwrap_or(0.0);
+    let growth = timing(&up_times).last_over_first;
     let heap_first_half = (half.heap - base.heap) / (n / 2) as f64;
     let heap_second_half = (up.heap - half.heap) / (n - n / 2) as f64;
     if dial_failures > 0 {
@@ -322,43 +323,50 @@ async fn scale(
     notes.push(format!(
         "pass: heap per idle actor <= 8 KiB once its pooled connection closed, and teardown leaves no namespace, no descriptor, no actor atunnel knows; growth: the last tenth's bring-up p50 over the first tenth's is {growth}"
     ));
-    Ok(ScenarioResult {
-        name: Scenario::ActorScale.name().into(),
-        rungs: Vec::new(),
-        summary: json!({
-            "actors": n,
-            "bring_up": timing(&up_times),
-            "bring_up_cpu_first_tenth": first_tenth_cpu,
-            "bring_up_cpu_last_tenth": last_tenth_cpu,
-            "bring_up_total_s": (up_total.as_secs_f64() * 100.0).round() / 100.0,
-            "bring_up_cpu_ms_per_actor": ((up.cpu_ns.saturating_sub(base.cpu_ns)) as f64 / n as f64 / 1e4).round() / 100.0,
-            "teardown": timing(&down_times),
-            "teardown_total_s": (down_total.as_secs_f64() * 100.0).round() / 100.0,
-            "teardown_cpu_ms_per_actor": ((gone.cpu_ns.saturating_sub(idle.cpu_ns)) as f64 / n as f64 / 1e4).round() / 100.0,
-            "heap_bytes_per_idle_actor": heap_idle,
-            "heap_bytes_per_actor_just_activated": per(up.heap - base.heap),
-            "heap_bytes_per_actor_first_half": heap_first_half.round(),
-            "heap_bytes_per_actor_second_half": heap_second_half.round(),
-            "heap_bytes_per_pooled_gateway_connection": if pooled_left > 0.0 { ((pooled_only.heap - idle.heap) / pooled_left).round() } else { 0.0 },
-            "heap_bytes_per_idle_tunnel": if idle_tunnels > 0 { ((busy.heap - pooled_only.heap) / idle_tunnels as f64).round() } else { 0.0 },
-            "rss_bytes_per_idle_actor": per(idle.rss - base.rss),
-            "cgroup_bytes_per_idle_actor": per_i(idle.cgroup, base.cgroup),
-            "cgroup_kernel_bytes_per_idle_actor": per_i(idle.kernel_cgroup, base.kernel_cgroup),
-            "kernel_host_bytes_per_actor": per_i(idle.kernel_host, base.kernel_host),
-            "fds_per_idle_actor": (((idle.fds - base.fds) / n as f64) * 100.0).round() / 100.0,
-            "pooled_gateway_connections": pooled,
-            "idle_tunnels": idle_tunnels,
-            "after_teardown": {
-                "namespaces_left": left_netns.len(),
-                "actors_still_known": still_known,
-                "fds_left": left_fds,
-                "heap_bytes_left": (gone.heap - base.heap).round(),
-                "cgroup_bytes_left": gone.cgroup as f64 - base.cgroup as f64,
-            },
-            "pass": pass_heap && nothing_left && dial_failures == 0,
-        }),
-        notes,
-    })
+    let cpu_ms_per_actor = |after: u64, before: u64| {
+        (after.saturating_sub(before) as f64 / n as f64 / 1e4).round() / 100.0
+    };
+    let summary = Summary {
+        actors: n,
+        bring_up: timing(&up_times),
+        bring_up_cpu_first_tenth: first_tenth_cpu,
+        bring_up_cpu_last_tenth: last_tenth_cpu,
+        bring_up_total_s: (up_total.as_secs_f64() * 100.0).round() / 100.0,
+        bring_up_cpu_ms_per_actor: cpu_ms_per_actor(up.cpu_ns, base.cpu_ns),
+        teardown: timing(&down_times),
+        teardown_total_s: (down_total.as_secs_f64() * 100.0).round() / 100.0,
+        teardown_cpu_ms_per_actor: cpu_ms_per_actor(gone.cpu_ns, idle.cpu_ns),
+        heap_bytes_per_idle_actor: heap_idle,
+        heap_bytes_per_actor_just_activated: per(up.heap - base.heap),
+        heap_bytes_per_actor_first_half: heap_first_half.round(),
+        heap_bytes_per_actor_second_half: heap_second_half.round(),
+        heap_bytes_per_pooled_gateway_connection: if pooled_left > 0.0 {
+            ((pooled_only.heap - idle.heap) / pooled_left).round()
+        } else {
+            0.0
+        },
+        heap_bytes_per_idle_tunnel: if idle_tunnels > 0 {
+            ((busy.heap - pooled_only.heap) / idle_tunnels as f64).round()
+        } else {
+            0.0
+        },
+        rss_bytes_per_idle_actor: per(idle.rss - base.rss),
+        cgroup_bytes_per_idle_actor: per_i(idle.cgroup, base.cgroup),
+        cgroup_kernel_bytes_per_idle_actor: per_i(idle.kernel_cgroup, base.kernel_cgroup),
+        kernel_host_bytes_per_actor: per_i(idle.kernel_host, base.kernel_host),
+        fds_per_idle_actor: (((idle.fds - base.fds) / n as f64) * 100.0).round() / 100.0,
+        pooled_gateway_connections: pooled,
+        idle_tunnels,
+        after_teardown: AfterTeardown {
+            namespaces_left: left_netns.len(),
+            actors_still_known: still_known,
+            fds_left: left_fds,
+            heap_bytes_left: (gone.heap - base.heap).round(),
+            cgroup_bytes_left: gone.cgroup as f64 - base.cgroup as f64,
+        },
+        pass: pass_heap && nothing_left && dial_failures == 0,
+    };
+    Ok(ScenarioResult::new(&summary, Vec::new(), notes))
 }
 
 #[cfg(test)]
@@ -369,12 +377,12 @@ mod tests {
     fn timing_reports_quantiles_and_growth_in_order_taken() {
         let times: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
         let t = timing(&times);
-        assert_eq!(t["p50_ms"], 50.0);
-        assert_eq!(t["p99_ms"], 99.0);
-        assert_eq!(t["max_ms"], 100.0);
-        assert_eq!(t["first_tenth_p50_ms"], 5.0);
-        assert_eq!(t["last_tenth_p50_ms"], 95.0);
-        assert_eq!(t["last_over_first"], 19.0);
-        assert_eq!(timing(&[])["p50_ms"], 0.0);
+        assert_eq!(t.p50_ms, 50.0);
+        assert_eq!(t.p99_ms, 99.0);
+        assert_eq!(t.max_ms, 100.0);
+        assert_eq!(t.first_tenth_p50_ms, 5.0);
+        assert_eq!(t.last_tenth_p50_ms, 95.0);
+        assert_eq!(t.last_over_first, 19.0);
+        assert_eq!(timing(&[]).p50_ms, 0.0);
     }
 }

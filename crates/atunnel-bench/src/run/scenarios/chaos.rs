@@ -27,8 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use atunnel_bench::load::results::ScenarioResult;
-use atunnel_bench::scenario::Scenario;
-use serde_json::{Value, json};
+use atunnel_bench::scenario::chaos::{Fault as FaultSummary, Outcomes, Summary};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -432,10 +431,15 @@ impl Tally {
         self.0[i] += 1;
     }
 
-    fn json(&self) -> Value {
+    fn outcomes(&self) -> Outcomes {
         let [completed, cut_rst, refused, silently_truncated, other] = self.0;
-        json!({ "completed": completed, "cut_rst": cut_rst, "refused": refused,
-            "silently_truncated": silently_truncated, "other": other })
+        Outcomes {
+            completed,
+            cut_rst,
+            refused,
+            silently_truncated,
+            other,
+        }
     }
 }
 
@@ -631,26 +635,28 @@ pub(super) async fn chaos(bench: &mut Bench) -> Result<ScenarioResult, BoxError>
             )
             .await?;
             next_id += sizes.recovery_tunnels;
-            rows.push(json!({
-                "fault": fault.name(),
-                "tunnels": sizes.tunnels,
-                "completed": counts.completed,
-                "cut_rst": counts.reset,
-                "silently_truncated": counts.truncated,
-                "refused": counts.refused,
-                "other": counts.other,
-                "struck": struck,
-                "first_truncated": counts.first_truncated,
-                "first_other": counts.first_other,
-                "bystanders_incomplete": (fault == Fault::ActorDeactivate).then_some(counts.bystanders_incomplete),
-                "recovered": after.completed == sizes.recovery_tunnels,
-                "recovery_completed": after.completed,
-                "recovery_tunnels": sizes.recovery_tunnels,
-                "ipv4": counts.by_family[0].json(),
-                "ipv6": counts.by_family[1].json(),
-                "recovered_ipv4": after.by_family[0].0[0] == after.by_family[0].0.iter().sum::<u64>(),
-                "recovered_ipv6": after.by_family[1].0[0] == after.by_family[1].0.iter().sum::<u64>(),
-            }));
+            let recovered = |t: &Tally| t.0[0] == t.0.iter().sum::<u64>();
+            rows.push(FaultSummary {
+                fault: fault.name().into(),
+                tunnels: sizes.tunnels,
+                completed: counts.completed,
+                cut_rst: counts.reset,
+                silently_truncated: counts.truncated,
+                refused: counts.refused,
+                other: counts.other,
+                struck,
+                first_truncated: counts.first_truncated,
+                first_other: counts.first_other,
+                bystanders_incomplete: (fault == Fault::ActorDeactivate)
+                    .then_some(counts.bystanders_incomplete),
+                recovered: after.completed == sizes.recovery_tunnels,
+                recovery_completed: after.completed,
+                recovery_tunnels: sizes.recovery_tunnels,
+                ipv4: counts.by_family[0].outcomes(),
+                ipv6: counts.by_family[1].outcomes(),
+                recovered_ipv4: recovered(&after.by_family[0]),
+                recovered_ipv6: recovered(&after.by_family[1]),
+            });
         }
         Ok::<_, BoxError>(rows)
     }
@@ -658,36 +664,29 @@ pub(super) async fn chaos(bench: &mut Bench) -> Result<ScenarioResult, BoxError>
     gateway.stop().await;
     destination.abort();
     let rows = result?;
-    let truncated: u64 = rows
-        .iter()
-        .filter_map(|r| r["silently_truncated"].as_u64())
-        .sum();
-    let baseline_clean = rows
-        .first()
-        .is_some_and(|r| r["completed"].as_u64() == Some(sizes.tunnels));
+    let truncated: u64 = rows.iter().map(|r| r.silently_truncated).sum();
+    let baseline_clean = rows.first().is_some_and(|r| r.completed == sizes.tunnels);
     // Deactivating one actor cuts its tunnels and no one else's.
     let bystanders_clean = rows
         .iter()
-        .all(|r| r["bystanders_incomplete"].as_u64().unwrap_or(0) == 0);
+        .all(|r| r.bystanders_incomplete.unwrap_or(0) == 0);
     let pass = truncated == 0 && baseline_clean && bystanders_clean;
-    let family_truncated = |family: &str| -> u64 {
-        rows.iter()
-            .filter_map(|r| r[family]["silently_truncated"].as_u64())
-            .sum()
+    let family_truncated = |family: fn(&FaultSummary) -> &Outcomes| -> u64 {
+        rows.iter().map(|r| family(r).silently_truncated).sum()
     };
-    Ok(ScenarioResult {
-        name: Scenario::Chaos.name().into(),
-        rungs: Vec::new(),
-        summary: json!({
-            "faults": rows,
-            "silently_truncated": truncated,
-            "silently_truncated_ipv4": family_truncated("ipv4"),
-            "silently_truncated_ipv6": family_truncated("ipv6"),
-            "pass": pass,
-            "tunnels_per_fault": sizes.tunnels,
-            "bytes_each_way": sizes.bytes,
-        }),
-        notes: vec![
+    let summary = Summary {
+        silently_truncated: truncated,
+        silently_truncated_ipv4: family_truncated(|r| &r.ipv4),
+        silently_truncated_ipv6: family_truncated(|r| &r.ipv6),
+        pass,
+        tunnels_per_fault: sizes.tunnels,
+        bytes_each_way: sizes.bytes,
+        faults: rows,
+    };
+    Ok(ScenarioResult::new(
+        &summary,
+        Vec::new(),
+        vec![
             format!(
                 "per fault, {} concurrent egress tunnels spread over the actors, each {} MiB each way of a pseudo-random stream (splitmix64 from the tunnel's id), through atunnel and a forwarding gateway process (the scenario's, in the sink's namespace) to a destination in the load process; the actor checks every byte of the download and the destination's trailer (the upload's byte count and FNV-1a hash as it received them), then a clean end",
                 sizes.tunnels,
@@ -700,46 +699,36 @@ pub(super) async fn chaos(bench: &mut Bench) -> Result<ScenarioResult, BoxError>
                 sizes.tunnels, sizes.recovery_tunnels
             ),
         ],
-    })
+    ))
 }
 
 /// The faults as a table for report.md.
 pub(in crate::run) fn report_section(s: &ScenarioResult) -> String {
     use std::fmt::Write as _;
-    let Some(rows) = s.summary["faults"].as_array() else {
+    let Some(summary) = s.summary::<Summary>() else {
         return String::new();
     };
     let mut md = String::from(
         "| fault | tunnels | completed | cut with RST | silently truncated | refused | other | recovered | other actors' tunnels not completed | IPv4 completed / RST / truncated | IPv6 completed / RST / truncated |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
-    let family = |r: &Value, f: &str| {
-        let f = &r[f];
-        let n = |k: &str| f[k].as_u64().map_or("-".to_string(), |n| n.to_string());
-        format!(
-            "{} / {} / {}",
-            n("completed"),
-            n("cut_rst"),
-            n("silently_truncated")
-        )
-    };
-    let n = |r: &Value, k: &str| r[k].as_u64().unwrap_or(0);
-    for r in rows {
+    let family =
+        |f: &Outcomes| format!("{} / {} / {}", f.completed, f.cut_rst, f.silently_truncated);
+    for r in &summary.faults {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r["fault"].as_str().unwrap_or(""),
-            n(r, "tunnels"),
-            n(r, "completed"),
-            n(r, "cut_rst"),
-            n(r, "silently_truncated"),
-            n(r, "refused"),
-            n(r, "other"),
-            r["recovered"].as_bool().unwrap_or(false),
-            r["bystanders_incomplete"]
-                .as_u64()
+            r.fault,
+            r.tunnels,
+            r.completed,
+            r.cut_rst,
+            r.silently_truncated,
+            r.refused,
+            r.other,
+            r.recovered,
+            r.bystanders_incomplete
                 .map_or("-".to_string(), |n| n.to_string()),
-            family(r, "ipv4"),
-            family(r, "ipv6"),
+            family(&r.ipv4),
+            family(&r.ipv6),
         );
     }
     md.push('\n');

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atunnel_bench::load::results::ScenarioResult;
-use atunnel_bench::scenario::Scenario;
+use atunnel_bench::scenario::{PerFamily, egress_http, egress_idle, egress_new, egress_tcp};
 use atunnel_measure::schedule::Rung;
-use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -19,9 +18,9 @@ use crate::run::dial::Actors;
 use crate::run::rung::{climb, ladder, measure, sustainable};
 use crate::traffic::{DISCARD, DISCARD6, ECHO, ECHO6, HTTP, HTTP_ANSWER_LEN};
 
-/// The address families egress-tcp and egress-new run over, with the
-/// destination each dials (a suffix on the IPv6 figures' keys).
-const FAMILIES: [(&str, &str, &str); 2] = [("ipv4", "", DISCARD), ("ipv6", "_ipv6", DISCARD6)];
+/// The address families egress-tcp runs over, with the destination each
+/// dials.
+const FAMILIES: [(&str, &str); 2] = [("ipv4", DISCARD), ("ipv6", DISCARD6)];
 
 async fn ping(s: &mut TcpStream) -> Result<(), String> {
     crate::traffic::ping(s).await.map_err(|e| e.to_string())
@@ -104,25 +103,21 @@ pub(super) async fn egress_idle(
     let cg4 = bench.cgroup_sample();
     let retained_cgroup = cg4.memory_bytes as f64 - cg0.memory_bytes as f64;
     let retained_rss = closed.process.rss_bytes as f64 - before.process.rss_bytes as f64;
-    Ok(ScenarioResult {
-        name: Scenario::EgressIdle.name().into(),
-        rungs: vec![result],
-        summary: json!({
-            "conns": opened,
-            "heap_bytes_per_conn": heap.round(),
-            "cgroup_bytes_per_conn": cgroup.round(),
-            "socket_bytes_per_conn": sock.round(),
-            "tasks_per_conn": (tasks * 100.0).round() / 100.0,
-            "open_cpu_ms_per_conn": (per(open_cpu) * 1e3 * 1000.0).round() / 1000.0,
-            "hold_cpu_cores": (hold_cores * 1000.0).round() / 1000.0,
-            "actors": actors.sandboxes.len(),
-            "retained_cgroup_bytes_after_close": retained_cgroup.round(),
-            "retained_rss_bytes_after_close": retained_rss.round(),
-            "allocator": crate::allocator::NAME,
-            "tunnel_worker_threads": after.process.worker_threads,
-        }),
-        notes,
-    })
+    let summary = egress_idle::Summary {
+        conns: opened,
+        heap_bytes_per_conn: heap.round(),
+        cgroup_bytes_per_conn: cgroup.round(),
+        socket_bytes_per_conn: sock.round(),
+        tasks_per_conn: (tasks * 100.0).round() / 100.0,
+        open_cpu_ms_per_conn: (per(open_cpu) * 1e3 * 1000.0).round() / 1000.0,
+        hold_cpu_cores: (hold_cores * 1000.0).round() / 1000.0,
+        actors: actors.sandboxes.len(),
+        retained_cgroup_bytes_after_close: retained_cgroup.round(),
+        retained_rss_bytes_after_close: retained_rss.round(),
+        allocator: crate::allocator::NAME.into(),
+        tunnel_worker_threads: after.process.worker_threads,
+    };
+    Ok(ScenarioResult::new(&summary, vec![result], notes))
 }
 
 /// Bulk throughput from an actor to a destination through the tunnel, three
@@ -131,7 +126,7 @@ pub(super) async fn egress_idle(
 pub(super) async fn egress_tcp(
     bench: &mut Bench,
 ) -> Result<ScenarioResult, atunnel_process::BoxError> {
-    let mut summary = serde_json::Map::new();
+    let mut runs = PerFamily::default();
     let mut notes = vec![
         "one TCP connection from actor-0's sandbox to the sink's discard port, through the tunnel's HTTP/2 CONNECT path".to_string(),
         "three runs per family: the unsuffixed keys to 192.0.2.10:9 over IPv4, the _ipv6 keys to [2001:db8::10]:9 over IPv6 (the sandbox's IPv6 redirect, CONNECT [addr]:port)".into(),
@@ -144,32 +139,32 @@ pub(super) async fn egress_tcp(
         );
     }
     let bytes: u64 = if bench.quick { 128 << 20 } else { 512 << 20 };
-    for (family, suffix, dest) in FAMILIES {
+    for (family, dest) in FAMILIES {
         if family == "ipv6" && !contender.relays_egress_ipv6() {
             notes.push(format!("{contender} relays IPv4 only: no _ipv6 runs"));
             continue;
         }
         eprintln!("         {family}");
-        let runs = egress_tcp_runs(bench, dest, bytes).await?;
-        for (key, v) in runs {
-            summary.insert(format!("{key}{suffix}"), v);
+        let measured = egress_tcp_runs(bench, dest, bytes).await?;
+        if family == "ipv4" {
+            runs.ipv4 = measured;
+        } else {
+            runs.ipv6 = Some(measured);
         }
     }
-    summary.insert("bytes_per_run".into(), json!(bytes));
-    Ok(ScenarioResult {
-        name: Scenario::EgressTcp.name().into(),
-        rungs: Vec::new(),
-        summary: serde_json::Value::Object(summary),
-        notes,
-    })
+    let summary = egress_tcp::Summary {
+        runs,
+        bytes_per_run: bytes,
+    };
+    Ok(ScenarioResult::new(&summary, Vec::new(), notes))
 }
 
-/// Three bulk uploads to `dest`: their figures by key.
+/// Three bulk uploads to `dest`.
 async fn egress_tcp_runs(
     bench: &mut Bench,
     dest: &str,
     bytes: u64,
-) -> Result<Vec<(&'static str, serde_json::Value)>, atunnel_process::BoxError> {
+) -> Result<egress_tcp::Runs, atunnel_process::BoxError> {
     let actors = Actors::of(bench);
     let mut mbps = Vec::new();
     let mut cores = Vec::new();
@@ -205,17 +200,14 @@ async fn egress_tcp_runs(
         .collect();
     let per_cpu_s_runs = per_cpu_s.clone();
     per_cpu_s.sort_by(f64::total_cmp);
-    Ok(vec![
-        ("mb_per_s", json!(mbps)),
-        ("mb_per_tunnel_cpu_s", json!(per_cpu_s_runs)),
-        (
-            "mb_per_tunnel_cpu_s_median",
-            json!(per_cpu_s[per_cpu_s.len() / 2]),
-        ),
-        ("tunnel_cores", json!(cores)),
-        ("sink_cores", json!(sink_cores)),
-        ("generator_cores", json!(generator_cores)),
-    ])
+    Ok(egress_tcp::Runs {
+        mb_per_s: mbps,
+        mb_per_tunnel_cpu_s: per_cpu_s_runs,
+        mb_per_tunnel_cpu_s_median: Some(per_cpu_s[per_cpu_s.len() / 2]),
+        tunnel_cores: cores,
+        sink_cores,
+        generator_cores,
+    })
 }
 
 /// One request over a persistent egress connection to the sink's HTTP port.
@@ -261,16 +253,16 @@ pub(super) async fn egress_http(
         .iter()
         .find(|r| r.offered == 8000.0)
         .map(|r| r.tunnel_cpu_cores);
-    Ok(ScenarioResult {
-        name: Scenario::EgressHttp.name().into(),
-        summary: json!({
-            "cores_at_8000_rps": cores_at_8000.map(|c| (c * 1000.0).round() / 1000.0),
-            "connections": conns,
-            "sustainable_rps": sustainable(&rungs),
-        }),
+    let summary = egress_http::Summary {
+        cores_at_8000_rps: cores_at_8000.map(|c| (c * 1000.0).round() / 1000.0),
+        connections: conns,
+        sustainable_rps: sustainable(&rungs),
+    };
+    Ok(ScenarioResult::new(
+        &summary,
         rungs,
-        notes: vec!["HTTP/1.1 keep-alive requests from the actors' sandboxes to the sink's port 80 over 64 reused tunnels".into()],
-    })
+        vec!["HTTP/1.1 keep-alive requests from the actors' sandboxes to the sink's port 80 over 64 reused tunnels".into()],
+    ))
 }
 
 /// New egress connections per second: connect, one byte there and back,
@@ -279,9 +271,9 @@ pub(super) async fn egress_http(
 pub(super) async fn egress_new(
     bench: &mut Bench,
 ) -> Result<ScenarioResult, atunnel_process::BoxError> {
-    let mut summary = serde_json::Map::new();
+    let mut summary = egress_new::Summary::default();
     let mut ipv4_rungs = Vec::new();
-    for (family, suffix, dest) in [("ipv4", "", ECHO), ("ipv6", "_ipv6", ECHO6)] {
+    for (family, dest) in [("ipv4", ECHO), ("ipv6", ECHO6)] {
         eprintln!("         {family}");
         let actors = Actors::of(bench);
         let (rates, duration) = ladder(
@@ -304,28 +296,32 @@ pub(super) async fn egress_new(
         )
         .await;
         // A rung's offered rate is its ladder rate (every rate is positive).
-        let cpu_per_conn: Vec<_> = rungs
-            .iter()
-            .filter(|r| r.achieved > 0.0)
-            .map(|r| json!({"rate": r.offered, "tunnel_cpu_ms_per_conn": (r.tunnel_cpu_cores / r.achieved * 1e3 * 1000.0).round() / 1000.0}))
-            .collect();
-        summary.insert(
-            format!("sustainable_rate{suffix}"),
-            json!(sustainable(&rungs)),
-        );
-        summary.insert(format!("cpu_per_conn{suffix}"), json!(cpu_per_conn));
+        let figures = egress_new::Family {
+            sustainable_rate: sustainable(&rungs),
+            cpu_per_conn: rungs
+                .iter()
+                .filter(|r| r.achieved > 0.0)
+                .map(|r| egress_new::CpuPerConn {
+                    rate: r.offered,
+                    tunnel_cpu_ms_per_conn: (r.tunnel_cpu_cores / r.achieved * 1e3 * 1000.0)
+                        .round()
+                        / 1000.0,
+                })
+                .collect(),
+        };
         if family == "ipv4" {
+            summary.families.ipv4 = figures;
             ipv4_rungs = rungs;
         } else {
-            summary.insert(format!("rungs{suffix}"), json!(rungs));
+            summary.families.ipv6 = Some(figures);
+            summary.rungs_ipv6 = rungs;
         }
     }
-    Ok(ScenarioResult {
-        name: Scenario::EgressNew.name().into(),
-        summary: serde_json::Value::Object(summary),
-        rungs: ipv4_rungs,
-        notes: vec!["a ladder per family, each rung half the usual length: the rungs (and the unsuffixed keys) are IPv4's, to 192.0.2.10:7; the _ipv6 keys (rungs_ipv6 among them) IPv6's, to [2001:db8::10]:7 through the sandbox's IPv6 redirect".into()],
-    })
+    Ok(ScenarioResult::new(
+        &summary,
+        ipv4_rungs,
+        vec!["a ladder per family, each rung half the usual length: the rungs (and the unsuffixed keys) are IPv4's, to 192.0.2.10:7; the _ipv6 keys (rungs_ipv6 among them) IPv6's, to [2001:db8::10]:7 through the sandbox's IPv6 redirect".into()],
+    ))
 }
 
 /// A bounded multi-producer multi-consumer queue of pooled connections.

@@ -9,10 +9,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use atunnel_bench::load::results::{RungResult, ScenarioResult};
-use atunnel_bench::scenario::Scenario;
+use atunnel_bench::scenario::{ingress_connect, ingress_https};
 use atunnel_measure::schedule::Rung;
 use bytes::Bytes;
-use serde_json::json;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -136,24 +135,25 @@ pub(super) async fn ingress_https(
         move |i| routed_request(s[i as usize % s.len()].clone(), i % actors),
     )
     .await;
-    let mut summary = json!({
-        "sustainable_rps": sustained,
-        "cpu_us_per_request": cpu_us_per_request(&rungs, sustained),
-        "saturated": {
-            "streams_in_flight": ROUTER_CONNS * SATURATING_STREAMS,
-            "rps": saturated.achieved.round(),
-            "errors": saturated.errors,
-            "tunnel_cores": (saturated.tunnel_cpu_cores * 100.0).round() / 100.0,
-            "cpu_us_per_request": cpu_us_per_request(std::slice::from_ref(&saturated), None),
-            "verdict": saturated.verdict,
-        },
-    });
+    let mut summary = ingress_https::Summary {
+        sustainable_rps: sustained,
+        cpu_us_per_request: cpu_us_per_request(&rungs, sustained),
+        saturated: Some(ingress_https::Saturated {
+            streams_in_flight: ROUTER_CONNS * SATURATING_STREAMS,
+            rps: saturated.achieved.round(),
+            errors: saturated.errors,
+            tunnel_cores: (saturated.tunnel_cpu_cores * 100.0).round() / 100.0,
+            cpu_us_per_request: cpu_us_per_request(std::slice::from_ref(&saturated), None),
+            verdict: Some(saturated.verdict),
+        }),
+        new_upstream_conns_per_1000: None,
+    };
     let mut notes = vec![
         "4 router HTTP/2 connections with the router's certificate, GET / to actor-(i mod actors), HTTP/1.1 to the actor".to_string(),
         format!("saturated: the 4 connections kept {SATURATING_STREAMS} requests each in flight for a rung's length, closed-loop; its verdict says whose CPU ran out first (the generator shares the machine's other core with the actors)"),
     ];
     if bench.is_atunnel() {
-        summary["new_upstream_conns_per_1000"] = json!((per_1000 * 100.0).round() / 100.0);
+        summary.new_upstream_conns_per_1000 = Some((per_1000 * 100.0).round() / 100.0);
     } else {
         let path = bench.contender().peer().map_or("", |p| p.path());
         notes.push(format!(
@@ -161,12 +161,7 @@ pub(super) async fn ingress_https(
             bench.contender()
         ));
     }
-    Ok(ScenarioResult {
-        name: Scenario::IngressHttps.name().into(),
-        summary,
-        rungs,
-        notes,
-    })
+    Ok(ScenarioResult::new(&summary, rungs, notes))
 }
 
 /// One request as the router sends it: GET / to `bench/actor-<actor>`
@@ -219,12 +214,14 @@ pub(super) async fn ingress_connect(
         async move { connect_exchange(send, i % actors).await }
     })
     .await;
-    Ok(ScenarioResult {
-        name: Scenario::IngressConnect.name().into(),
-        summary: json!({ "sustainable_rps": sustainable(&rungs) }),
+    let summary = ingress_connect::Summary {
+        sustainable_rps: sustainable(&rungs),
+    };
+    Ok(ScenarioResult::new(
+        &summary,
         rungs,
-        notes: vec!["each unit: a new HTTP/2 CONNECT stream to actor:80, one HTTP/1.1 request and answer inside it, close".into()],
-    })
+        vec!["each unit: a new HTTP/2 CONNECT stream to actor:80, one HTTP/1.1 request and answer inside it, close".into()],
+    ))
 }
 
 pub(super) async fn connect_exchange(

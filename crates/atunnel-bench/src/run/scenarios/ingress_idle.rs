@@ -24,13 +24,12 @@ use std::time::{Duration, Instant};
 
 use atunnel_bench::load::confidence::{Bound, Counts, Figure, ratio};
 use atunnel_bench::load::results::{RungResult, ScenarioResult};
-use atunnel_bench::scenario::Scenario;
+use atunnel_bench::scenario::ingress_idle::{Case as CaseSummary, OffOn, Summary, WakeRound};
 use atunnel_measure::schedule::{Rung, new_histogram};
 use atunnel_support::stats_client::Stats;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::{http1, http2};
-use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -481,49 +480,65 @@ pub(super) async fn ingress_idle(
     }
     let wake: Vec<Figure> = passes[1].iter().map(Held::wake_figure).collect();
     let wake_counts = Counts::of(wake.iter().map(|f| f.conclusion));
-    let cases: Vec<Value> = cases
+    let cases: Vec<CaseSummary> = cases
         .iter()
         .enumerate()
         .map(|(i, case)| {
             let (off, on) = (&passes[0][i], &passes[1][i]);
             let heap = |h: &Held| h.heap_per_conn.map(round);
-            json!({
-                "case": case.name(),
-                "heap_bytes_per_conn": heap(off),
-                "hibernated_heap_bytes_per_conn": heap(on),
-                "cgroup_bytes_per_conn": round(off.cgroup_per_conn),
-                "hibernated_cgroup_bytes_per_conn": round(on.cgroup_per_conn),
-                "idle_cpu_us_per_conn": round(off.idle_cpu_us_per_conn),
-                "hibernated_idle_cpu_us_per_conn": round(on.idle_cpu_us_per_conn),
+            CaseSummary {
+                case: case.name().into(),
+                heap_bytes_per_conn: heap(off),
+                hibernated_heap_bytes_per_conn: heap(on),
+                cgroup_bytes_per_conn: round(off.cgroup_per_conn),
+                hibernated_cgroup_bytes_per_conn: Some(round(on.cgroup_per_conn)),
+                idle_cpu_us_per_conn: round(off.idle_cpu_us_per_conn),
+                hibernated_idle_cpu_us_per_conn: Some(round(on.idle_cpu_us_per_conn)),
                 // What hibernating adds: the same idle window's CPU with
                 // hibernation on, less with it off.
-                "hibernating_cpu_us_per_conn": round(on.idle_cpu_us_per_conn - off.idle_cpu_us_per_conn),
-                "next_request_cpu_us": round(off.next_cpu_us),
-                "first_request_after_wake_cpu_us": round(on.next_cpu_us),
-                "next_request_p50_us": off.next_p50_us,
-                "next_request_p99_us": off.next_p99_us,
-                "first_request_after_wake_p50_us": on.next_p50_us,
-                "first_request_after_wake_p99_us": on.next_p99_us,
+                hibernating_cpu_us_per_conn: Some(round(
+                    on.idle_cpu_us_per_conn - off.idle_cpu_us_per_conn,
+                )),
+                next_request_cpu_us: round(off.next_cpu_us),
+                first_request_after_wake_cpu_us: Some(round(on.next_cpu_us)),
+                next_request_p50_us: off.next_p50_us,
+                next_request_p99_us: off.next_p99_us,
+                first_request_after_wake_p50_us: Some(on.next_p50_us),
+                first_request_after_wake_p99_us: Some(on.next_p99_us),
                 // Per round, the median first request after waking and the
                 // next one awake; their ratio's interval and verdict.
-                "wake_rounds": on.wake_rounds.iter().map(|(w, a)| json!({"woken_p50_us": w, "awake_p50_us": a})).collect::<Vec<_>>(),
-                "first_request_after_wake_ratio": wake[i].json(),
-            })
+                wake_rounds: Some(
+                    on.wake_rounds
+                        .iter()
+                        .map(|&(woken_p50_us, awake_p50_us)| WakeRound {
+                            woken_p50_us,
+                            awake_p50_us,
+                        })
+                        .collect(),
+                ),
+                first_request_after_wake_ratio: Some(wake[i].summary()),
+            }
         })
         .collect();
-    Ok(ScenarioResult {
-        name: Scenario::IngressIdle.name().into(),
-        summary: json!({
-            "conns": n,
-            "hibernate_after_s": PERIOD.as_secs(),
-            "cases": cases,
-            "keepalive_rps": {"off": rungs[0].achieved, "on": rungs[1].achieved},
-            "keepalive_cores_per_1000_rps": {"off": cores_per_krps(&rungs[0]), "on": cores_per_krps(&rungs[1])},
-            "wake_verdict": wake_counts.overall().as_str(),
-            "wake_verdicts": wake_counts.json(),
-        }),
+    let summary = Summary {
+        conns: n,
+        hibernate_after_s: Some(PERIOD.as_secs()),
+        cases,
+        keepalive_rps: OffOn {
+            off: rungs[0].achieved,
+            on: Some(rungs[1].achieved),
+        },
+        keepalive_cores_per_1000_rps: OffOn {
+            off: cores_per_krps(&rungs[0]),
+            on: Some(cores_per_krps(&rungs[1])),
+        },
+        wake_verdict: Some(wake_counts.overall()),
+        wake_verdicts: Some(wake_counts),
+    };
+    Ok(ScenarioResult::new(
+        &summary,
         rungs,
-        notes: [
+        [
             format!("first request after waking, per case: {} rounds of the connections idle past hibernation, one request on each (the first after waking), {} ms idle, one request on each again (awake); each round's ratio is the woken median over the awake median, on the same connections a moment apart, so that the host's drift cancels; the interval is 95 % (Student's t on the log ratios, as noisy-neighbour's), and a case passes when the whole interval is at most {WAKE_RATIO_MAX}, fails when it is wholly above, and is inconclusive otherwise (wake_verdicts counts them; a round in which a connection had hibernated again before its awake request has no ratio)", if bench.quick { WAKE_ROUNDS.0 } else { WAKE_ROUNDS.1 }, AWAKE_IDLE.as_millis()),
         ]
         .into_iter()
@@ -536,7 +551,7 @@ pub(super) async fn ingress_idle(
             format!("idle CPU is atunnel's CPU over the {:.1} s after the last request, per connection, the same window in both passes with nothing else asked of atunnel; hibernating_cpu_us_per_conn is that with hibernation on less that with it off; the next-request figures are one request at a time on each idle connection", IDLE_WINDOW.as_secs_f64()),
         ])
         .collect(),
-    })
+    ))
 }
 
 /// Cores per 1,000 requests/s of a keep-alive rung.
@@ -559,35 +574,41 @@ fn peer_result(
     rungs: Vec<RungResult>,
 ) -> ScenarioResult {
     let round = |x: f64| x.round();
-    let cases: Vec<Value> = cases
+    let cases = cases
         .iter()
         .zip(pass)
-        .map(|(case, h)| {
-            json!({
-                "case": case.name(),
-                "cgroup_bytes_per_conn": round(h.cgroup_per_conn),
-                "idle_cpu_us_per_conn": round(h.idle_cpu_us_per_conn),
-                "next_request_cpu_us": round(h.next_cpu_us),
-                "next_request_p50_us": h.next_p50_us,
-                "next_request_p99_us": h.next_p99_us,
-            })
+        .map(|(case, h)| CaseSummary {
+            case: case.name().into(),
+            cgroup_bytes_per_conn: round(h.cgroup_per_conn),
+            idle_cpu_us_per_conn: round(h.idle_cpu_us_per_conn),
+            next_request_cpu_us: round(h.next_cpu_us),
+            next_request_p50_us: h.next_p50_us,
+            next_request_p99_us: h.next_p99_us,
+            ..CaseSummary::default()
         })
         .collect();
-    ScenarioResult {
-        name: Scenario::IngressIdle.name().into(),
-        summary: json!({
-            "conns": n,
-            "cases": cases,
-            "keepalive_rps": {"off": rungs[0].achieved},
-            "keepalive_cores_per_1000_rps": {"off": cores_per_krps(&rungs[0])},
-        }),
+    let summary = Summary {
+        conns: n,
+        cases,
+        keepalive_rps: OffOn {
+            off: rungs[0].achieved,
+            on: None,
+        },
+        keepalive_cores_per_1000_rps: OffOn {
+            off: cores_per_krps(&rungs[0]),
+            on: None,
+        },
+        ..Summary::default()
+    };
+    ScenarioResult::new(
+        &summary,
         rungs,
-        notes: vec![format!(
+        vec![format!(
             "{} in atunnel's place, fresh for each case, reaching the actors {}: {n} router connections per case, each served one request, then idle for as long as atunnel's pass with hibernation off; cgroup bytes per connection (its heap is not in /stats); no CONNECT case (it has no CONNECT listener) and no hibernation",
             bench.contender(),
             bench.contender().peer().map_or("", |p| p.path()),
         )],
-    }
+    )
 }
 
 #[cfg(test)]
@@ -628,8 +649,8 @@ mod tests {
         ]);
         assert_eq!(noisy.wake_figure().conclusion, Conclusion::Inconclusive);
         assert_eq!(
-            noisy.wake_figure().json()["bound"],
-            json!({"at_most": WAKE_RATIO_MAX})
+            noisy.wake_figure().summary().bound,
+            Some(Bound::AtMost(WAKE_RATIO_MAX))
         );
     }
 

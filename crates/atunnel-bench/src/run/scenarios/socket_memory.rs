@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use atunnel_bench::load::results::ScenarioResult;
-use atunnel_bench::scenario::Scenario;
+use atunnel_bench::scenario::socket_memory as summary;
 use atunnel_measure::sockmem::SocketMemory;
 use atunnel_support::stats_client::fetch_as_over;
-use serde_json::{Value, json};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
@@ -625,23 +624,23 @@ pub(super) async fn socket_memory(
     through_forwarding_gateway(bench, reps, &gateway_flags, &mut table).await?;
 
     let round = |x: f64| (x * 10.0).round() / 10.0;
-    let cases_json: Vec<Value> = ROWS
+    // A figure that is not a number (nothing measured) is written as null.
+    let kib = |x: f64| Some(round(x)).filter(|x| x.is_finite());
+    let cases: Vec<summary::Case> = ROWS
         .iter()
         .filter_map(|row| table.iter().find(|(r, _)| r == row))
-        .map(|((case, proxy), s)| {
-            json!({
-                "case": case.name(),
-                "measured": proxy.name(),
-                "kernel_kib": round(s.kernel),
-                "heap_kib": round(s.heap),
-                "total_kib": round(s.total()),
-                "parts_kib": {
-                    "receive": round(s.parts[0]),
-                    "send": round(s.parts[1]),
-                    "reserved": round(s.parts[2]),
-                },
-                "pass": s.total() <= BOUND_KIB,
-            })
+        .map(|((case, proxy), s)| summary::Case {
+            case: case.name().into(),
+            measured: proxy.name().into(),
+            kernel_kib: kib(s.kernel),
+            heap_kib: kib(s.heap),
+            total_kib: kib(s.total()),
+            parts_kib: summary::Parts {
+                receive: kib(s.parts[0]),
+                send: kib(s.parts[1]),
+                reserved: kib(s.parts[2]),
+            },
+            pass: Some(s.total() <= BOUND_KIB),
         })
         .collect();
     let mut notes = vec![
@@ -659,18 +658,14 @@ pub(super) async fn socket_memory(
         bytes >> 20
     ));
     notes.push(netem_note(bench).await);
-    Ok(ScenarioResult {
-        name: Scenario::SocketMemory.name().into(),
-        rungs: Vec::new(),
-        summary: json!({
-            "cases": cases_json,
-            "conns": CONNS,
-            "repeats": reps,
-            "bound_kib": BOUND_KIB,
-            "throughput_mb_per_s": throughput,
-        }),
-        notes,
-    })
+    let summary = summary::Summary {
+        cases,
+        conns: CONNS,
+        repeats: reps,
+        bound_kib: Some(BOUND_KIB),
+        throughput_mb_per_s: throughput,
+    };
+    Ok(ScenarioResult::new(&summary, Vec::new(), notes))
 }
 
 /// Why socket memory at 5 ms of added round trip was not measured, in the

@@ -1,111 +1,7 @@
-//! The figures: what each reads from a run's results and draws.
+//! The figures of a run: what each draws from the run's results, every
+//! contender's where it compares them.
 
 use super::*;
-
-#[test]
-fn a_cost_unit_is_drawn_with_each_contender_side_by_side_and_a_peers_allocations_as_na() {
-    let unit = json!({
-        "name": "ingress-https",
-        "per": "request",
-        "n": 200,
-        "contenders": [
-            {"name": "atunnel", "instructions": 84400.0, "syscalls": 6.1,
-             "syscalls_by_name": {"writev": 2.0, "recvfrom": 2.0, "epoll_wait": 2.1},
-             "context_switches": 2.0, "allocations": 35.0},
-            {"name": "nginx", "instructions": null, "syscalls": 8.0,
-             "syscalls_by_name": {"read": 2.0, "writev": 1.0, "epoll_wait": 2.0},
-             "context_switches": 2.0, "allocations": null},
-        ],
-    });
-    let svg = cost_unit(&unit).expect("drawn");
-    check(&svg);
-    // Each panel names both contenders.
-    assert_eq!(text(&svg, "atunnel"), 3, "{svg}");
-    assert_eq!(text(&svg, "nginx"), 3, "{svg}");
-    // The syscalls panel's series: the top names and the rest.
-    for name in ["writev", "epoll_wait", "read", "rest"] {
-        assert!(text(&svg, name) >= 1, "{name} missing: {svg}");
-    }
-    // nginx's instructions and allocations were not measured.
-    assert!(svg.contains("n/a"), "{svg}");
-}
-
-#[test]
-fn a_cost_units_syscalls_are_one_stacked_bar_per_contender_summing_to_its_total() {
-    // Top five over both: recvfrom 6, epoll_wait 4, getpid 3, sendto 3,
-    // writev 2; atunnel's futex, close and other are its rest.
-    let unit = json!({
-        "name": "egress-open",
-        "per": "tunnel",
-        "n": 64,
-        "contenders": [
-            {"name": "atunnel", "instructions": 90000.0, "syscalls": 10.0,
-             "syscalls_by_name": {"writev": 2.0, "recvfrom": 2.0, "epoll_wait": 2.0,
-                 "sendto": 1.0, "futex": 1.0, "close": 0.5, "other": 1.5},
-             "context_switches": 5.0, "allocations": 19.0},
-            {"name": "haproxy", "instructions": null, "syscalls": 12.0,
-             "syscalls_by_name": {"recvfrom": 4.0, "sendto": 2.0, "epoll_wait": 2.0,
-                 "getpid": 3.0, "other": 1.0},
-             "context_switches": 4.0, "allocations": null},
-        ],
-    });
-    let svg = cost_unit(&unit).expect("drawn");
-    check(&svg);
-    // The stacked panel's bars are the only ones drawn as columns of
-    // several rects of one x and width: (recvfrom, epoll_wait, getpid, sendto,
-    // writev, rest) are series 0-5.
-    let drawn = bars_drawn(&svg, 6);
-    let mut columns: Vec<(f64, f64)> = drawn.iter().map(|r| (r.1, r.3)).collect();
-    columns.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
-    columns.dedup();
-    let columns: Vec<Vec<Drawn>> = columns
-        .into_iter()
-        .map(|(x, w)| {
-            drawn
-                .iter()
-                .copied()
-                .filter(|r| (r.1, r.3) == (x, w))
-                .collect::<Vec<_>>()
-        })
-        .filter(|c| c.len() >= 2)
-        .collect();
-    assert_eq!(columns.len(), 2, "a stacked bar per contender: {drawn:?}");
-    let mut heights = Vec::new();
-    for column in &columns {
-        // Each segment starts where the one before it ends (y grows
-        // downwards), from the axis up.
-        for pair in column.windows(2) {
-            let (below, above) = (pair[0], pair[1]);
-            assert!(
-                (above.2 + above.4 - below.2).abs() <= 1.0,
-                "segments apart: {column:?}"
-            );
-        }
-        heights.push(column.iter().map(|r| r.4).sum::<f64>());
-    }
-    // atunnel: 2 + 2 + 1 + 2 + a rest of 3 = 10; haproxy: 4 + 2 + 3 + 2
-    // + a rest of 1 = 12: the segments sum to each one's total.
-    let ratio = heights[0] / heights[1];
-    assert!((ratio - 10.0 / 12.0).abs() < 0.02, "{heights:?}");
-    let rest = columns[0]
-        .iter()
-        .find(|r| r.0 == 5)
-        .expect("atunnel's rest");
-    assert!(
-        (rest.4 / heights[0] - 0.3).abs() < 0.02,
-        "{rest:?} of {heights:?}"
-    );
-    assert!(
-        !columns[0].iter().any(|r| r.0 == 2),
-        "atunnel makes no getpid"
-    );
-    // The other panels kept.
-    assert!(svg.contains("user-space instructions"), "{svg}");
-    assert!(
-        svg.contains("context switches and heap allocations"),
-        "{svg}"
-    );
-}
 
 #[test]
 fn idle_memory_per_connection_has_a_bar_per_contender_and_variant() {
@@ -161,33 +57,35 @@ fn peers_are_one_more_series_in_the_same_plots() {
     // does not hibernate.
     let contender = |label: &str, cores: f64, cgroup: f64, hibernates: bool| {
         let case = |name: &str| {
-            let mut c = json!({"case": name, "cgroup_bytes_per_conn": cgroup,
-                               "heap_bytes_per_conn": null});
+            let mut c = ingress_idle::Case {
+                case: name.into(),
+                cgroup_bytes_per_conn: cgroup,
+                ..Default::default()
+            };
             if hibernates {
-                c["heap_bytes_per_conn"] = json!(cgroup / 2.0);
-                c["hibernated_heap_bytes_per_conn"] = json!(2000.0);
-                c["hibernated_cgroup_bytes_per_conn"] = json!(4000.0);
+                c.heap_bytes_per_conn = Some(cgroup / 2.0);
+                c.hibernated_heap_bytes_per_conn = Some(2000.0);
+                c.hibernated_cgroup_bytes_per_conn = Some(4000.0);
             }
             c
+        };
+        let idle = ingress_idle::Summary {
+            conns: 150,
+            cases: vec![case("http1-keepalive-short"), case("http2-one-request")],
+            ..Default::default()
         };
         Variant {
             label: label.into(),
             flags: Vec::new(),
             scenarios: vec![
-                ScenarioResult {
-                    name: "ingress-https".into(),
-                    rungs: vec![
+                rungs_only(
+                    Scenario::IngressHttps,
+                    vec![
                         rung(1000.0, cores, Verdict::Ok),
                         rung(2000.0, cores * 2.0, Verdict::Ok),
                     ],
-                    ..ScenarioResult::default()
-                },
-                ScenarioResult {
-                    name: "ingress-idle".into(),
-                    summary: json!({"conns": 150, "cases": [
-                        case("http1-keepalive-short"), case("http2-one-request")]}),
-                    ..ScenarioResult::default()
-                },
+                ),
+                ScenarioResult::new(&idle, Vec::new(), Vec::new()),
             ],
         }
     };
@@ -257,7 +155,10 @@ fn a_contender_measured_at_several_counts_is_one_more_line() {
         at("nginx", 10000.0, 15000.0),
         at("nginx", 20000.0, 15100.0),
     ];
-    let svg = memory_per_connection("egress-idle", &contenders).expect("drawn");
+    let svg = memory_per_connection("egress-idle", &contenders)
+        .chart
+        .render()
+        .expect("drawn");
     check(&svg);
     // Two panels, a line each; markers per point; the swatches.
     assert_eq!(
@@ -298,14 +199,16 @@ fn hibernation_has_awake_and_hibernated_bars_per_case_and_the_cpu() {
     }
     // Without the CPU figure: two panels.
     let mut r = sample();
+    let mut summary = ingress_idle_summary();
+    for c in &mut summary.cases {
+        c.hibernated_idle_cpu_us_per_conn = None;
+    }
     let idle = r
         .scenarios
         .iter_mut()
         .find(|s| s.name == "ingress-idle")
         .expect("there");
-    for c in idle.summary["cases"].as_array_mut().expect("cases") {
-        c["hibernated_idle_cpu_us_per_conn"] = Value::Null;
-    }
+    *idle = ingress_idle_result(&summary);
     let svg = plot(&r, "ingress-idle.hibernation.svg");
     assert_eq!(rects(&svg, 0), 2 * 2 + 2, "{svg}");
 }
@@ -382,17 +285,14 @@ fn stall_memory_has_kernel_heap_and_total_per_case_with_the_bound() {
 #[test]
 fn a_run_without_the_figures_draws_none_of_them() {
     assert!(of_results(&Results::default()).expect("drawn").is_empty());
-    let bare = |name: &str| ScenarioResult {
-        name: name.into(),
-        ..ScenarioResult::default()
-    };
+    let bare = |s: Scenario| ScenarioResult::without_summary(s, Vec::new());
     let r = Results {
         scenarios: [
-            "egress-idle",
-            "ingress-idle",
-            "egress-tcp",
-            "socket-memory",
-            "ingress-https",
+            Scenario::EgressIdle,
+            Scenario::IngressIdle,
+            Scenario::EgressTcp,
+            Scenario::SocketMemory,
+            Scenario::IngressHttps,
         ]
         .into_iter()
         .map(bare)
@@ -434,44 +334,4 @@ fn every_plot_of_a_run_is_named_for_its_scenario() {
     let svg = plot(&sample(), "ingress-idle.svg");
     assert_eq!((rects(&svg, 0), lines(&svg, 0)), (3 * 2 + 3, 0), "{svg}");
     assert_eq!(text(&svg, "rung 2 at 1000/s"), 3, "{svg}");
-}
-
-#[test]
-fn noisy_neighbour_draws_the_victim_beside_its_baseline_per_pattern() {
-    let row = |pattern: &str, recovered: Value| {
-        json!({"pattern": pattern, "baseline_http_p50_us": 400, "victim_http_p50_us": 450,
-               "baseline_http_p99_us": 900, "victim_http_p99_us": 1800,
-               "baseline_https_p99_us": 1500, "victim_https_p99_us": 1400,
-               "baseline_tcp_mb_s": 600.0, "victim_tcp_mb_s": 570.0,
-               "victim_p99_ratio": 2.0, "victim_https_p99_ratio": 0.93, "victim_tcp_ratio": 0.95,
-               "baseline_memory_bytes": 60u64 << 20, "peak_memory_bytes": 120u64 << 20,
-               "soft_threshold_bytes": 870u64 << 20, "recovered_s": recovered})
-    };
-    let rows = [
-        row("unread-downloads", json!(0.4)),
-        row("dns-flood", Value::Null),
-    ];
-    let bounds = VictimBounds {
-        p99_ratio_max: 1.1,
-        tcp_ratio_min: 0.9,
-    };
-    let svg = noisy_neighbour(&rows, bounds).expect("drawn");
-    check(&svg);
-    // Series 0 is in all six panels (http p50 baseline, https p99
-    // baseline, tcp baseline, the http ratio, baseline memory, the
-    // recovery, which only the first pattern has); series 3 (http p99
-    // under) only in the first.
-    assert_eq!(rects(&svg, 0), 2 * 5 + 1 + 6, "{svg}");
-    assert_eq!(rects(&svg, 3), 2 + 1, "{svg}");
-    assert_eq!(text(&svg, "n/a"), 1, "never recovered: {svg}");
-    for t in [
-        "0.45",
-        "1.8",
-        "p99 bound 1.1",
-        "tcp bound 0.9",
-        "soft threshold 870 MiB",
-        "dns-flood",
-    ] {
-        assert!(text(&svg, t) >= 1, "{t}: {svg}");
-    }
 }

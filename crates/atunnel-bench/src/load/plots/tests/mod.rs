@@ -5,10 +5,11 @@ mod chart;
 mod figures;
 
 use super::*;
-use crate::load::results::{Comparison, Latency, Variant};
-use serde_json::json;
+use crate::load::results::{Comparison, Latency, RungResult, ScenarioResult, Variant};
+use crate::load::verdict::Verdict;
+use crate::scenario::{PerFamily, egress_idle, egress_tcp, ingress_idle, socket_memory};
 
-pub(super) fn rung(offered: f64, cores: f64, verdict: Verdict) -> RungResult {
+pub(crate) fn rung(offered: f64, cores: f64, verdict: Verdict) -> RungResult {
     RungResult {
         offered,
         achieved: offered,
@@ -28,67 +29,83 @@ pub(super) fn rung(offered: f64, cores: f64, verdict: Verdict) -> RungResult {
     }
 }
 
-pub(super) fn idle(heap: f64, cgroup: f64) -> ScenarioResult {
-    ScenarioResult {
-        name: "egress-idle".into(),
-        rungs: vec![rung(200.0, 0.05, Verdict::Ok)],
-        summary: json!({"conns": 1000, "heap_bytes_per_conn": heap, "cgroup_bytes_per_conn": cgroup}),
-        notes: Vec::new(),
-    }
+/// `scenario`'s result with rungs and no summary.
+pub(crate) fn rungs_only(scenario: Scenario, rungs: Vec<RungResult>) -> ScenarioResult {
+    let mut s = ScenarioResult::without_summary(scenario, Vec::new());
+    s.rungs = rungs;
+    s
 }
 
-pub(super) fn tcp(mbps: [f64; 3], cores: [f64; 3]) -> ScenarioResult {
-    ScenarioResult {
-        name: "egress-tcp".into(),
-        summary: json!({"mb_per_s": mbps, "tunnel_cores": cores}),
-        ..ScenarioResult::default()
-    }
-}
-
-pub(super) fn ingress_idle() -> ScenarioResult {
-    let case = |name: &str, heap: f64, hib: f64| {
-        json!({"case": name, "heap_bytes_per_conn": heap, "hibernated_heap_bytes_per_conn": hib,
-               "cgroup_bytes_per_conn": heap * 2.0, "hibernated_cgroup_bytes_per_conn": hib * 2.0,
-               "idle_cpu_us_per_conn": 1.0, "hibernated_idle_cpu_us_per_conn": 9.0})
+pub(crate) fn idle(heap: f64, cgroup: f64) -> ScenarioResult {
+    let summary = egress_idle::Summary {
+        conns: 1000,
+        heap_bytes_per_conn: heap,
+        cgroup_bytes_per_conn: cgroup,
+        ..Default::default()
     };
-    ScenarioResult {
-        name: "ingress-idle".into(),
-        rungs: vec![
-            rung(1000.0, 0.2, Verdict::Ok),
-            rung(1000.0, 0.21, Verdict::Ok),
-        ],
-        summary: json!({"conns": 150, "cases": [
+    ScenarioResult::new(&summary, vec![rung(200.0, 0.05, Verdict::Ok)], Vec::new())
+}
+
+pub(crate) fn tcp(mbps: [f64; 3], cores: [f64; 3]) -> ScenarioResult {
+    let runs = egress_tcp::Runs {
+        mb_per_s: mbps.to_vec(),
+        tunnel_cores: cores.to_vec(),
+        ..Default::default()
+    };
+    let summary = egress_tcp::Summary {
+        runs: PerFamily {
+            ipv4: runs,
+            ipv6: None,
+        },
+        ..Default::default()
+    };
+    ScenarioResult::new(&summary, Vec::new(), Vec::new())
+}
+
+pub(crate) fn ingress_idle_summary() -> ingress_idle::Summary {
+    let case = |name: &str, heap: f64, hib: f64| ingress_idle::Case {
+        case: name.into(),
+        heap_bytes_per_conn: Some(heap),
+        hibernated_heap_bytes_per_conn: Some(hib),
+        cgroup_bytes_per_conn: heap * 2.0,
+        hibernated_cgroup_bytes_per_conn: Some(hib * 2.0),
+        idle_cpu_us_per_conn: 1.0,
+        hibernated_idle_cpu_us_per_conn: Some(9.0),
+        ..Default::default()
+    };
+    ingress_idle::Summary {
+        conns: 150,
+        cases: vec![
             case("http1-keepalive-short", 8600.0, 2100.0),
             case("http2-one-request", 21100.0, 3300.0),
-        ]}),
-        notes: Vec::new(),
+        ],
+        ..Default::default()
     }
 }
 
-pub(super) fn sample() -> Results {
+pub(crate) fn ingress_idle_result(summary: &ingress_idle::Summary) -> ScenarioResult {
+    let rungs = vec![
+        rung(1000.0, 0.2, Verdict::Ok),
+        rung(1000.0, 0.21, Verdict::Ok),
+    ];
+    ScenarioResult::new(summary, rungs, Vec::new())
+}
+
+pub(crate) fn sample() -> Results {
     Results {
         scenarios: vec![
             idle(1500.0, 5600.0),
-            ScenarioResult {
-                name: "ingress-https".into(),
-                rungs: vec![
+            rungs_only(
+                Scenario::IngressHttps,
+                vec![
                     rung(1000.0, 0.1, Verdict::Ok),
                     rung(2000.0, 0.2, Verdict::Ok),
                     rung(4000.0, 0.5, Verdict::TunnelCpu),
                 ],
-                ..ScenarioResult::default()
-            },
+            ),
             tcp([900.0, 950.0, 870.0], [0.9, 0.95, 0.9]),
-            ingress_idle(),
-            ScenarioResult {
-                name: "socket-memory".into(),
-                summary: json!({"bound_kib": 64, "cases": [
-                    {"case": "actor-stops-reading", "measured": "atunnel", "kernel_kib": 20.0, "heap_kib": 1.5, "total_kib": 21.5},
-                    {"case": "destination-stops-reading", "measured": "gateway", "kernel_kib": 300.0, "heap_kib": 0.0, "total_kib": 300.0},
-                    {"case": "router-stops-reading", "measured": "atunnel", "kernel_kib": null, "heap_kib": 2.0, "total_kib": null},
-                ]}),
-                ..ScenarioResult::default()
-            },
+            ingress_idle_result(&ingress_idle_summary()),
+            ScenarioResult::new(&stall_memory(), Vec::new(), Vec::new()),
         ],
         comparisons: vec![Comparison {
             name: "copy-mode".into(),
@@ -108,9 +125,29 @@ pub(super) fn sample() -> Results {
     }
 }
 
+pub(crate) fn stall_memory() -> socket_memory::Summary {
+    let case = |case: &str, measured: &str, kernel: Option<f64>, heap: f64| socket_memory::Case {
+        case: case.into(),
+        measured: measured.into(),
+        kernel_kib: kernel,
+        heap_kib: Some(heap),
+        total_kib: kernel.map(|k| k + heap),
+        ..Default::default()
+    };
+    socket_memory::Summary {
+        bound_kib: Some(64.0),
+        cases: vec![
+            case("actor-stops-reading", "atunnel", Some(20.0), 1.5),
+            case("destination-stops-reading", "gateway", Some(300.0), 0.0),
+            case("router-stops-reading", "atunnel", None, 2.0),
+        ],
+        ..Default::default()
+    }
+}
+
 /// Well-formed enough for a browser: one `<svg>` document, every
 /// `<text>` closed, no number plotters could not format.
-pub(super) fn check(svg: &str) {
+pub(crate) fn check(svg: &str) {
     assert!(svg.starts_with("<svg"), "{svg}");
     assert!(svg.trim_end().ends_with("</svg>"), "{svg}");
     assert_eq!(svg.matches("<svg").count(), 1, "{svg}");
@@ -118,14 +155,14 @@ pub(super) fn check(svg: &str) {
     assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
 }
 
-pub(super) fn hex(i: usize) -> String {
+pub(crate) fn hex(i: usize) -> String {
     let c = color(i);
     format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
 }
 
 /// plotters writes one element a line: the `<rect>`s filled with series
 /// `i`'s colour (its bars, and its legend swatch in each panel).
-pub(super) fn rects(svg: &str, i: usize) -> usize {
+pub(crate) fn rects(svg: &str, i: usize) -> usize {
     let fill = format!(r#"fill="{}""#, hex(i));
     svg.lines()
         .filter(|l| l.starts_with("<rect") && l.contains(&fill))
@@ -133,14 +170,14 @@ pub(super) fn rects(svg: &str, i: usize) -> usize {
 }
 
 /// Series `i`'s lines (the axes and ticks are 1 px black polylines).
-pub(super) fn lines(svg: &str, i: usize) -> usize {
+pub(crate) fn lines(svg: &str, i: usize) -> usize {
     let stroke = format!(r#"stroke="{}" stroke-width="2""#, hex(i));
     svg.lines()
         .filter(|l| l.starts_with("<polyline") && l.contains(&stroke))
         .count()
 }
 
-pub(super) fn markers(svg: &str, i: usize) -> usize {
+pub(crate) fn markers(svg: &str, i: usize) -> usize {
     let fill = format!(r#"fill="{}""#, hex(i));
     svg.lines()
         .filter(|l| l.starts_with("<circle") && l.contains(&fill))
@@ -148,15 +185,15 @@ pub(super) fn markers(svg: &str, i: usize) -> usize {
 }
 
 /// A `<text>` whose whole content is `t`.
-pub(super) fn text(svg: &str, t: &str) -> usize {
+pub(crate) fn text(svg: &str, t: &str) -> usize {
     svg.matches(&format!(">\n{t}\n</text>")).count()
 }
 
 /// A bar's rect: (series, x, y, width, height) in pixels.
-type Drawn = (usize, f64, f64, f64, f64);
+pub(crate) type Drawn = (usize, f64, f64, f64, f64);
 
 /// The series-coloured `<rect>`s wider than a legend swatch.
-pub(super) fn bars_drawn(svg: &str, series: usize) -> Vec<Drawn> {
+pub(crate) fn bars_drawn(svg: &str, series: usize) -> Vec<Drawn> {
     let attr = |l: &str, a: &str| -> f64 {
         let start = l.find(&format!(" {a}=\"")).expect("attribute") + a.len() + 3;
         l[start..]
@@ -182,7 +219,7 @@ pub(super) fn bars_drawn(svg: &str, series: usize) -> Vec<Drawn> {
         .collect()
 }
 
-pub(super) fn plot(r: &Results, file: &str) -> String {
+pub(crate) fn plot(r: &Results, file: &str) -> String {
     let plots = of_results(r).expect("drawn");
     let names: Vec<&str> = plots.iter().map(|p| p.file.as_str()).collect();
     let p = plots

@@ -55,9 +55,9 @@ use atunnel_bench::load::results::ScenarioResult;
 use atunnel_bench::lockstep::Lockstep;
 use atunnel_bench::peers::Contender;
 use atunnel_bench::scenario::Scenario;
+use atunnel_bench::scenario::cost::{ContenderCounts, Spread as CountSpread, Summary, UnitCounts};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
-use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::egress::http_exchange;
@@ -317,11 +317,10 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
     // machine with nothing installed; CI installs both and its test
     // requires them (`ATUNNEL_REQUIRE_COST_TOOLS`).
     if let Err(e) = cost::require_tools() {
-        return Ok(ScenarioResult {
-            name: Scenario::Cost.name().into(),
-            notes: vec![format!("left out: {e}")],
-            ..ScenarioResult::default()
-        });
+        return Ok(ScenarioResult::without_summary(
+            Scenario::Cost,
+            vec![format!("left out: {e}")],
+        ));
     }
     let dir = bench.out_dir().join("cost");
     std::fs::create_dir_all(&dir)?;
@@ -405,12 +404,11 @@ pub(super) async fn cost(bench: &mut Bench) -> Result<ScenarioResult, atunnel_pr
     }
     notes.push("callgrind dumps of every window are in cost/ (callgrind_annotate reads them); profile-atunnel-ingress-https.txt, profile-atunnel-egress-upload.txt and profile-atunnel-egress-download.txt are the 2N windows' per-function inclusive counts".into());
     notes.push("egress on HAProxy: a TCP -> TLS relay (mode tcp) listening where actor-0's sandbox redirects its TCP, dialled by the same code from the same sandbox-side socket as atunnel, its sandbox-side buffers fixed at atunnel's 64 KiB (tune.rcvbuf.client, tune.sndbuf.client). atunnel's HTTP/2 framing (CONNECT streams over one kept mTLS connection to the gateway) is work the relay does not do; the relay makes a TLS handshake per tunnel instead, resuming the session it kept from its first (HAProxy's default for a server; the sink's log counts full and resumed handshakes)".into());
-    Ok(ScenarioResult {
-        name: Scenario::Cost.name().into(),
-        rungs: Vec::new(),
-        summary: units_json(&units, bench.quick, &measured),
+    Ok(ScenarioResult::new(
+        &summary(&units, bench.quick, &measured),
+        Vec::new(),
         notes,
-    })
+    ))
 }
 
 /// The callgrind dump of the larger window whose name starts with `prefix`.

@@ -74,136 +74,125 @@ pub(super) fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
-/// The run folder's `cost` part: per unit, each contender's counts.
-pub(super) fn units_json(
+/// The scenario's summary (and results.json's `cost`): per unit, each
+/// contender's counts.
+pub(super) fn summary(
     units: &[Unit],
     quick: bool,
     measured: &[(Contender, BTreeMap<&'static str, PerUnit>)],
-) -> Value {
-    let units: Vec<Value> = units
+) -> Summary {
+    let units = units
         .iter()
-        .map(|u| {
-            let contenders: Vec<Value> = measured
+        .map(|u| UnitCounts {
+            name: u.name().into(),
+            per: u.per().into(),
+            n: u.count(Pass::Callgrind, quick),
+            n_perf: u.count(Pass::Perf, quick),
+            rounds: Some(rounds(*u, Pass::Callgrind, quick) as u64),
+            rounds_perf: Some(rounds(*u, Pass::Perf, quick) as u64),
+            contenders: measured
                 .iter()
-                .filter_map(|(c, m)| {
-                    let r = m.get(u.name())?;
-                    let by_name: serde_json::Map<String, Value> = r
-                        .rounds
-                        .keys()
-                        .filter_map(|k| {
-                            let name = k.strip_prefix("sys:")?;
-                            let v = r.get(k)?.median;
-                            (v.abs() >= 0.005).then(|| (name.to_string(), json!(round2(v))))
-                        })
-                        .collect();
-                    let median = |k: &str, round: fn(f64) -> f64| r.get(k).map(|s| round(s.median));
-                    // [min, max] of the pairs' estimates, beside each median.
-                    let spread: serde_json::Map<String, Value> = [
-                        ("instructions", f64::round as fn(f64) -> f64),
-                        ("syscalls", round2),
-                        ("context_switches", round2),
-                        ("preemptions", round2),
-                        ("allocations", round2),
-                    ]
-                    .into_iter()
-                    .filter_map(|(k, round)| {
-                        let s = r.get(k)?;
-                        Some((k.to_string(), json!([round(s.min), round(s.max)])))
-                    })
-                    .collect();
-                    Some(json!({
-                        "name": c.name(),
-                        "path": path_of(*c, *u),
-                        "instructions": median("instructions", f64::round),
-                        "syscalls": median("syscalls", round2),
-                        "syscalls_by_name": by_name,
-                        "context_switches": median("context_switches", round2),
-                        "preemptions": median("preemptions", round2),
-                        "allocations": median("allocations", round2),
-                        "spread": spread,
-                    }))
-                })
-                .collect();
-            json!({
-                "name": u.name(),
-                "per": u.per(),
-                "n": u.count(Pass::Callgrind, quick),
-                "n_perf": u.count(Pass::Perf, quick),
-                "rounds": rounds(*u, Pass::Callgrind, quick),
-                "rounds_perf": rounds(*u, Pass::Perf, quick),
-                "contenders": contenders,
-            })
+                .filter_map(|(c, m)| Some(contender_counts(*c, *u, m.get(u.name())?)))
+                .collect(),
         })
         .collect();
-    json!({ "units": units })
+    Summary { units }
+}
+
+/// `contender`'s counts for `unit`: each count's median over the pairs
+/// of windows, its [min, max] beside it.
+fn contender_counts(contender: Contender, unit: Unit, r: &PerUnit) -> ContenderCounts {
+    let median = |k: &str, round: fn(f64) -> f64| r.get(k).map(|s| round(s.median));
+    let spread = |k: &str, round: fn(f64) -> f64| r.get(k).map(|s| [round(s.min), round(s.max)]);
+    ContenderCounts {
+        name: contender.name().into(),
+        path: path_of(contender, unit).into(),
+        instructions: median("instructions", f64::round),
+        syscalls: median("syscalls", round2),
+        syscalls_by_name: r
+            .rounds
+            .keys()
+            .filter_map(|k| {
+                let name = k.strip_prefix("sys:")?;
+                let v = r.get(k)?.median;
+                (v.abs() >= 0.005).then(|| (name.to_string(), round2(v)))
+            })
+            .collect(),
+        context_switches: median("context_switches", round2),
+        preemptions: median("preemptions", round2),
+        allocations: median("allocations", round2),
+        spread: CountSpread {
+            instructions: spread("instructions", f64::round),
+            syscalls: spread("syscalls", round2),
+            context_switches: spread("context_switches", round2),
+            preemptions: spread("preemptions", round2),
+            allocations: spread("allocations", round2),
+        },
+    }
 }
 
 /// report.md's tables: per unit, each contender's counts (the median over
 /// the pairs of windows, their range in brackets) and atunnel's ratio to it.
-pub fn report_section(summary: &Value) -> String {
+pub fn report_section(summary: &Summary) -> String {
     use std::fmt::Write;
     let mut md = String::new();
-    let num = |v: &Value| match v.as_f64() {
+    let num = |v: Option<f64>| match v {
         Some(x) if x.abs() >= 1000.0 => format!("{:.0}", x),
         Some(x) => format!("{x:.2}"),
         None => "n/a".into(),
     };
-    // `key`'s median and, when the pairs disagreed, their min..max.
-    let fmt = |c: &Value, key: &str| {
-        let median = num(&c[key]);
-        match c["spread"][key]
-            .as_array()
-            .map(|r| (num(&r[0]), num(&r[1])))
-        {
+    // A count's median and, when the pairs disagreed, their min..max.
+    let fmt = |median: Option<f64>, spread: Option<[f64; 2]>| {
+        let median = num(median);
+        match spread.map(|[lo, hi]| (num(Some(lo)), num(Some(hi)))) {
             Some((lo, hi)) if lo != hi || lo != median => format!("{median} ({lo}..{hi})"),
             _ => median,
         }
     };
-    for unit in summary["units"].as_array().into_iter().flatten() {
+    for unit in &summary.units {
         let _ = writeln!(
             md,
             "### cost: {} (per {}; N = {} under callgrind, median of {} pairs of windows; N = {} under perf, median of {})\n",
-            unit["name"].as_str().unwrap_or(""),
-            unit["per"].as_str().unwrap_or(""),
-            unit["n"],
-            unit["rounds"].as_u64().unwrap_or(1),
-            unit["n_perf"],
-            unit["rounds_perf"].as_u64().unwrap_or(1),
+            unit.name,
+            unit.per,
+            unit.n,
+            unit.rounds.unwrap_or(1),
+            unit.n_perf,
+            unit.rounds_perf.unwrap_or(1),
         );
         let _ = writeln!(
             md,
             "| contender | instructions | syscalls | top {TOP_SYSCALLS} syscalls | context switches | preemptions | allocations | path |"
         );
         let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
-        let contenders = unit["contenders"].as_array().cloned().unwrap_or_default();
-        for c in &contenders {
+        for c in &unit.contenders {
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                c["name"].as_str().unwrap_or(""),
-                fmt(c, "instructions"),
-                fmt(c, "syscalls"),
-                top_syscalls(&c["syscalls_by_name"]),
-                fmt(c, "context_switches"),
-                fmt(c, "preemptions"),
-                fmt(c, "allocations"),
-                c["path"].as_str().unwrap_or(""),
+                c.name,
+                fmt(c.instructions, c.spread.instructions),
+                fmt(c.syscalls, c.spread.syscalls),
+                top_syscalls(&c.syscalls_by_name),
+                fmt(c.context_switches, c.spread.context_switches),
+                fmt(c.preemptions, c.spread.preemptions),
+                fmt(c.allocations, c.spread.allocations),
+                c.path,
             );
         }
-        let atunnel = contenders.iter().find(|c| c["name"] == "atunnel");
-        for peer in contenders.iter().filter(|c| c["name"] != "atunnel") {
+        let atunnel = unit.contenders.iter().find(|c| c.name == "atunnel");
+        for peer in unit.contenders.iter().filter(|c| c.name != "atunnel") {
             let Some(a) = atunnel else { break };
-            let ratio = |k: &str| match (a[k].as_f64(), peer[k].as_f64()) {
+            let ratio = |count: fn(&ContenderCounts) -> Option<f64>| match (count(a), count(peer)) {
                 (Some(x), Some(y)) if y > 0.0 => format!("{:.2}", x / y),
                 _ => "n/a".into(),
             };
             let _ = writeln!(
                 md,
                 "| atunnel / {} | {} | {} | | {} | | n/a | |",
-                peer["name"].as_str().unwrap_or(""),
-                ratio("instructions"),
-                ratio("syscalls"),
-                ratio("context_switches"),
+                peer.name,
+                ratio(|c| c.instructions),
+                ratio(|c| c.syscalls),
+                ratio(|c| c.context_switches),
             );
         }
         let _ = writeln!(md);
@@ -212,13 +201,8 @@ pub fn report_section(summary: &Value) -> String {
 }
 
 /// The top syscalls by name, `name count` each, the most first.
-pub(super) fn top_syscalls(by_name: &Value) -> String {
-    let mut v: Vec<(&String, f64)> = by_name
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k, v.as_f64()?)))
-        .collect();
+pub(super) fn top_syscalls(by_name: &BTreeMap<String, f64>) -> String {
+    let mut v: Vec<(&String, f64)> = by_name.iter().map(|(k, v)| (k, *v)).collect();
     v.sort_by(|a, b| b.1.total_cmp(&a.1));
     v.iter()
         .take(TOP_SYSCALLS)
@@ -263,8 +247,9 @@ mod tests {
             Contender::Atunnel,
             BTreeMap::from([(Unit::IngressHttps.name(), r)]),
         )];
-        let summary = units_json(&[Unit::IngressHttps], true, &measured);
-        let c = &summary["units"][0]["contenders"][0];
+        let summary = summary(&[Unit::IngressHttps], true, &measured);
+        let json = serde_json::to_value(&summary).expect("JSON");
+        let c = &json["units"][0]["contenders"][0];
         for key in [
             "name",
             "instructions",
@@ -275,9 +260,12 @@ mod tests {
         ] {
             assert!(c.get(key).is_some(), "{key} missing: {c}");
         }
-        assert_eq!(c["instructions"], json!(84_500.0));
-        assert_eq!(c["spread"]["instructions"], json!([84_300.0, 91_000.0]));
-        assert_eq!(c["syscalls_by_name"]["writev"], json!(2.0));
+        assert_eq!(c["instructions"], serde_json::json!(84_500.0));
+        assert_eq!(
+            c["spread"]["instructions"],
+            serde_json::json!([84_300.0, 91_000.0])
+        );
+        assert_eq!(c["syscalls_by_name"]["writev"], serde_json::json!(2.0));
         let md = report_section(&summary);
         assert!(md.contains("| 84500 (84300..91000) |"), "{md}");
         assert!(md.contains("| 6.00 (6.00..6.10) |"), "{md}");

@@ -61,25 +61,26 @@ pub(super) fn ingress_of(stats: &Stats, actors: &[u64]) -> IngressSum {
 
 /// What a pattern made atunnel refuse or end, from two /stats readings:
 /// the hostile actors' refusals and the process's.
-pub(super) fn refusals(before: &Stats, after: &Stats, hostiles: &[u64]) -> Value {
+pub(super) fn refusals(before: &Stats, after: &Stats, hostiles: &[u64]) -> summary::Refused {
     let d = |f: fn(&Stats) -> u64| (f(after) as f64 - f(before) as f64).max(0.0);
     let (eb, ea) = (egress_of(before, hostiles), egress_of(after, hostiles));
     let de = |f: fn(&EgressSum) -> f64| (f(&ea) - f(&eb)).max(0.0);
     let (ib, ia) = (ingress_of(before, hostiles), ingress_of(after, hostiles));
-    json!({
-        "refused_tunnels": de(|e| e.refused_tunnels_total),
-        "refused_opening": de(|e| e.refused_opening_total),
-        "refused_overload": de(|e| e.refused_overload_total),
-        "shed": de(|e| e.shed_total),
-        "buffer_waits": de(|e| e.buffer_waits_total),
-        "refusal_pauses": de(|e| e.refusal_pauses_total),
-        "stalled_write_ends": d(|s| s.egress.map_or(0, |e| e.stalled_write_ends_total)),
-        "half_closed_ends": d(|s| s.egress.map_or(0, |e| e.half_closed_ends_total)),
-        "overload_refused": d(|s| s.overload.as_ref().map_or(0, |o| o.refused_total)),
-        "overload_shed": d(|s| s.overload.as_ref().map_or(0, |o| o.shed_total)),
-        "ingress_refused_in_flight": (ia.refused_in_flight_total - ib.refused_in_flight_total).max(0.0),
-        "ingress_refused_overload": d(|s| s.ingress.as_ref().map_or(0, |i| i.refused_overload_total)),
-    })
+    summary::Refused {
+        refused_tunnels: de(|e| e.refused_tunnels_total),
+        refused_opening: de(|e| e.refused_opening_total),
+        refused_overload: de(|e| e.refused_overload_total),
+        shed: de(|e| e.shed_total),
+        buffer_waits: de(|e| e.buffer_waits_total),
+        refusal_pauses: de(|e| e.refusal_pauses_total),
+        stalled_write_ends: d(|s| s.egress.map_or(0, |e| e.stalled_write_ends_total)),
+        half_closed_ends: d(|s| s.egress.map_or(0, |e| e.half_closed_ends_total)),
+        overload_refused: d(|s| s.overload.as_ref().map_or(0, |o| o.refused_total)),
+        overload_shed: d(|s| s.overload.as_ref().map_or(0, |o| o.shed_total)),
+        ingress_refused_in_flight: (ia.refused_in_flight_total - ib.refused_in_flight_total)
+            .max(0.0),
+        ingress_refused_overload: d(|s| s.ingress.as_ref().map_or(0, |i| i.refused_overload_total)),
+    }
 }
 
 /// Whether recovery waits for memory too: between a pattern's pairs only
@@ -176,16 +177,16 @@ impl Resources {
         out
     }
 
-    pub(super) fn json(&self) -> Value {
-        json!({
-            "heap_bytes": self.heap,
-            "cgroup_bytes": self.cgroup,
-            "open_fds": self.fds,
-            "tasks": self.tasks,
-            "pool_in_use": self.pool_in_use,
-            "gateway_connections": self.gateway_conns,
-            "neighbour_sockets": self.neighbours,
-        })
+    pub(super) fn summary(&self) -> summary::Resources {
+        summary::Resources {
+            heap_bytes: self.heap,
+            cgroup_bytes: self.cgroup,
+            open_fds: self.fds,
+            tasks: self.tasks,
+            pool_in_use: self.pool_in_use,
+            gateway_connections: self.gateway_conns,
+            neighbour_sockets: self.neighbours,
+        }
     }
 }
 
@@ -308,19 +309,18 @@ impl Census {
             .sum()
     }
 
-    pub(super) fn json(&self) -> Value {
-        let sandboxes: serde_json::Map<String, Value> = self
-            .sandboxes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (format!("actor-{i}"), json!(n)))
-            .collect();
-        json!({
-            "sockets": self.sockets,
-            "worker_namespace": self.worker,
-            "sandboxes": sandboxes,
-            "unlisted": self.unlisted,
-        })
+    pub(super) fn summary(&self) -> summary::Sockets {
+        summary::Sockets {
+            sockets: self.sockets,
+            worker_namespace: self.worker,
+            sandboxes: self
+                .sandboxes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (format!("actor-{i}"), *n))
+                .collect(),
+            unlisted: self.unlisted,
+        }
     }
 }
 

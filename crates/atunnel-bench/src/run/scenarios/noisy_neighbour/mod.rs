@@ -41,16 +41,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use atunnel_bench::load::confidence::{Bound, Conclusion, Counts, Figure, ratio};
+use atunnel_bench::load::confidence::{Bound, Conclusion, Counts, Figure, FigureSummary, ratio};
 use atunnel_bench::load::results::{Latency, ScenarioResult};
-use atunnel_bench::scenario::Scenario;
+use atunnel_bench::scenario::noisy_neighbour as summary;
 use atunnel_measure::schedule::{Rung, RungOutcome, run_rung};
 use atunnel_process::overload::OverloadState;
 use atunnel_sandbox::NsExecutor;
 use atunnel_support::stats_client::Stats;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
-use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
@@ -189,7 +188,7 @@ async fn run_pattern(
     pattern: Pattern,
     sizes: &Sizes,
     cgroup_limit: u64,
-) -> Result<Value, BoxError> {
+) -> Result<summary::Pattern, BoxError> {
     bench.check_tunnel().await?;
     let plan = Plan::of(pattern, bench.actor_count(), fd_room());
     let hostiles = &plan.hostiles[..];
@@ -266,10 +265,10 @@ async fn run_pattern(
             let (_, _, _, base_res, _) = first.as_ref().expect("taken above");
             let (cleared, still, _) =
                 recover(bench, &stage.actors, base_res, hostiles, Memory::NotChecked).await;
-            between.push(json!({
-                "cleared_s": cleared.map(|s| (s * 10.0).round() / 10.0),
-                "still_held": still,
-            }));
+            between.push(summary::Between {
+                cleared_s: cleared.map(|s| (s * 10.0).round() / 10.0),
+                still_held: still,
+            });
             pairs.push((measure_victim(bench, &stage.victim, sizes).await, under));
         }
     }
@@ -295,14 +294,17 @@ async fn run_pattern(
     let transitions = (transitions_total(&after) - transitions_total(&before)).max(0.0);
     let victim_errors: u64 = pairs.iter().map(|(_, u)| u.errors()).sum();
     let (victim_e0, victim_e1) = (egress_of(&before, &[VICTIM]), egress_of(&after, &[VICTIM]));
-    let victim_refused = json!({
-        "new_tunnels_tried": PROBE_TUNNELS * pairs.len(),
-        "new_tunnels_refused": probe.0,
-        "new_tunnels_first_error": probe.1,
-        "request_errors": victim_errors,
-        "egress_refused_overload": (victim_e1.refused_overload_total - victim_e0.refused_overload_total).max(0.0),
-        "egress_refused_tunnels": (victim_e1.refused_tunnels_total - victim_e0.refused_tunnels_total).max(0.0),
-    });
+    let victim_refused = summary::VictimRefused {
+        new_tunnels_tried: PROBE_TUNNELS * pairs.len(),
+        new_tunnels_refused: probe.0,
+        new_tunnels_first_error: probe.1,
+        request_errors: victim_errors,
+        egress_refused_overload: (victim_e1.refused_overload_total
+            - victim_e0.refused_overload_total)
+            .max(0.0),
+        egress_refused_tunnels: (victim_e1.refused_tunnels_total - victim_e0.refused_tunnels_total)
+            .max(0.0),
+    };
     let (conclusion, failed, inconclusive) = verdict(&Checks {
         http: http.clone(),
         https: https.clone(),
@@ -319,38 +321,6 @@ async fn run_pattern(
     let peak = peaks.memory;
     let hostile_egress_during = egress_of(&during, hostiles);
     let hostile_ingress_during = ingress_of(&during, hostiles);
-    let mut row = json!({
-        "pattern": pattern.name(),
-        "verdict": conclusion.as_str(),
-        "pass": conclusion == Conclusion::Pass,
-        "failed": failed,
-        "inconclusive": inconclusive,
-        "pairs": pairs.len(),
-        "confidence": {
-            "http_p99": http.json(),
-            "https_p99": https.json(),
-            "tcp_mb_s": tcp.json(),
-        },
-        "victim_p99_ratio": http.point(),
-        "victim_https_p99_ratio": https.point(),
-        "victim_tcp_ratio": tcp.point(),
-        "windows": pairs.iter().map(|(b, u)| json!({"baseline": window_figures(b), "under": window_figures(u)})).collect::<Vec<_>>(),
-        "between_pairs": between,
-        "oom_kills": oom_kills,
-        "tunnel_died": !alive,
-        "peak_memory_bytes": peak,
-        "baseline_memory_bytes": cg0.memory_bytes,
-        "soft_threshold_bytes": soft.round(),
-        "recovered_s": recovered.map(|s| (s * 10.0).round() / 10.0),
-        "not_recovered": above,
-        "victim_refused": victim_refused,
-        "overload": {
-            "worst_state": peaks.overload,
-            "transitions": transitions,
-            "peak_open_fds": peaks.open_fds,
-            "descriptor_limit": before.overload.as_ref().and_then(|o| o.descriptors).map_or(0, |d| d.limit),
-        },
-    });
     // The table's figures: the median window of each side.
     let med = |side: usize, f: &dyn Fn(&Window) -> f64| {
         median(
@@ -369,74 +339,125 @@ async fn run_pattern(
     };
     let (b, u) = (0, 1);
     let last_under = &pairs.last().expect("a pair").1;
-    let victim = json!({
-        "victim_http_p99_us": med(u, &|w| w.http.latency.p99 as f64),
-        "baseline_http_p99_us": med(b, &|w| w.http.latency.p99 as f64),
-        "victim_http_p50_us": med(u, &|w| w.http.latency.p50 as f64),
-        "baseline_http_p50_us": med(b, &|w| w.http.latency.p50 as f64),
-        "victim_https_p99_us": med(u, &|w| w.https.latency.p99 as f64),
-        "baseline_https_p99_us": med(b, &|w| w.https.latency.p99 as f64),
-        "victim_tcp_mb_s": med(u, &Window::tcp_median),
-        "baseline_tcp_mb_s": med(b, &Window::tcp_median),
-        "victim_tcp_runs_mb_s": pairs.iter().flat_map(|p| p.1.tcp_mb_s.iter().copied()).collect::<Vec<_>>(),
-        "baseline_tcp_runs_mb_s": pairs.iter().flat_map(|p| p.0.tcp_mb_s.iter().copied()).collect::<Vec<_>>(),
-        "victim_errors": victim_errors,
-        "baseline_errors": pairs.iter().map(|(b, _)| b.errors()).sum::<u64>(),
-        "victim_first_error": pairs.iter().find_map(|(_, u)| u.first_error()),
-        "victim_dispatch_lag_p99_us": pairs.iter().map(|(_, u)| u.http.dispatch_lag_p99_us.max(u.https.dispatch_lag_p99_us)).max(),
-        "victim_shed": pairs.iter().map(|(_, u)| u.http.shed + u.https.shed).sum::<u64>(),
-        "victim_achieved_per_s": [last_under.http.achieved.round(), last_under.https.achieved.round()],
-    });
+    let victim = summary::Victim {
+        victim_http_p99_us: med(u, &|w| w.http.latency.p99 as f64),
+        baseline_http_p99_us: med(b, &|w| w.http.latency.p99 as f64),
+        victim_http_p50_us: med(u, &|w| w.http.latency.p50 as f64),
+        baseline_http_p50_us: med(b, &|w| w.http.latency.p50 as f64),
+        victim_https_p99_us: med(u, &|w| w.https.latency.p99 as f64),
+        baseline_https_p99_us: med(b, &|w| w.https.latency.p99 as f64),
+        victim_tcp_mb_s: med(u, &Window::tcp_median),
+        baseline_tcp_mb_s: med(b, &Window::tcp_median),
+        victim_tcp_runs_mb_s: pairs
+            .iter()
+            .flat_map(|p| p.1.tcp_mb_s.iter().copied())
+            .collect(),
+        baseline_tcp_runs_mb_s: pairs
+            .iter()
+            .flat_map(|p| p.0.tcp_mb_s.iter().copied())
+            .collect(),
+        victim_errors,
+        baseline_errors: pairs.iter().map(|(b, _)| b.errors()).sum(),
+        victim_first_error: pairs.iter().find_map(|(_, u)| u.first_error()),
+        victim_dispatch_lag_p99_us: pairs
+            .iter()
+            .map(|(_, u)| u.http.dispatch_lag_p99_us.max(u.https.dispatch_lag_p99_us))
+            .max(),
+        victim_shed: pairs.iter().map(|(_, u)| u.http.shed + u.https.shed).sum(),
+        victim_achieved_per_s: [
+            last_under.http.achieved.round(),
+            last_under.https.achieved.round(),
+        ],
+    };
     let established_s = established_all.iter().map(|e| e.0).fold(0.0, f64::max);
-    let context = json!({
-        "tunnel_cores": mean(u, &|w| w.tunnel_cores),
-        "baseline_tunnel_cores": mean(b, &|w| w.tunnel_cores),
-        "tunnel_throttled": pairs.iter().any(|(_, u)| u.throttled),
-        "generator_cores": mean(u, &|w| w.generator_cores),
-        "baseline_generator_cores": mean(b, &|w| w.generator_cores),
-        "sink_cores": mean(u, &|w| w.sink_cores),
-        "baseline_sink_cores": mean(b, &|w| w.sink_cores),
-        "actors_cores": mean(u, &|w| w.actors_cores),
-        "baseline_actors_cores": mean(b, &|w| w.actors_cores),
-        "others_cores": mean(u, &|w| w.others_cores),
-        "machine_saturated": pairs.iter().any(|(_, u)| u.machine_saturated()),
-        "baseline_machine_saturated": pairs.iter().any(|(b, _)| b.machine_saturated()),
-        "baseline_others_cores": mean(b, &|w| w.others_cores),
-        "established_s": (established_s * 10.0).round() / 10.0,
-        "established": established_all.iter().all(|e| e.1),
-        "hostile": {
-            "held": held,
-            "opened": opened,
-            "reopened": ended,
-            "failed": failed_opens,
-            "sent": sent,
-            "tunnels_in_atunnel": hostile_egress_during.tunnels,
-            "buffers_in_atunnel": hostile_egress_during.buffers,
-            "ingress_in_flight_in_atunnel": hostile_ingress_during.in_flight,
-            "actors": hostiles.iter().map(|a| format!("actor-{a}")).collect::<Vec<_>>(),
-            "target": target,
-            "egress_each": plan.egress_each,
-            "fd_limited": plan.fd_limited,
+    let context = summary::Context {
+        tunnel_cores: mean(u, &|w| w.tunnel_cores),
+        baseline_tunnel_cores: mean(b, &|w| w.tunnel_cores),
+        tunnel_throttled: pairs.iter().any(|(_, u)| u.throttled),
+        generator_cores: mean(u, &|w| w.generator_cores),
+        baseline_generator_cores: mean(b, &|w| w.generator_cores),
+        sink_cores: mean(u, &|w| w.sink_cores),
+        baseline_sink_cores: mean(b, &|w| w.sink_cores),
+        actors_cores: mean(u, &|w| w.actors_cores),
+        baseline_actors_cores: mean(b, &|w| w.actors_cores),
+        others_cores: mean(u, &|w| w.others_cores),
+        baseline_others_cores: mean(b, &|w| w.others_cores),
+        machine_saturated: pairs.iter().any(|(_, u)| u.machine_saturated()),
+        baseline_machine_saturated: pairs.iter().any(|(b, _)| b.machine_saturated()),
+        established_s: (established_s * 10.0).round() / 10.0,
+        established: established_all.iter().all(|e| e.1),
+        hostile: summary::Hostile {
+            held,
+            opened,
+            reopened: ended,
+            failed: failed_opens,
+            sent,
+            tunnels_in_atunnel: hostile_egress_during.tunnels,
+            buffers_in_atunnel: hostile_egress_during.buffers,
+            ingress_in_flight_in_atunnel: hostile_ingress_during.in_flight,
+            actors: hostiles.iter().map(|a| format!("actor-{a}")).collect(),
+            target,
+            egress_each: plan.egress_each,
+            fd_limited: plan.fd_limited,
         },
-        "refused": refusals(&before, &after, hostiles),
-        "during": {
-            "heap_bytes": during.process.heap_bytes,
-            "open_fds": during.process.open_fds,
-            "tasks": during.process.tasks,
-            "pool_in_use": during.pool.in_use,
-            "overload_state": during.overload.as_ref().map(|o| o.state),
-            "gateway_connections": bench.tunnel_pid().map_or(0.0, gateway_connections),
+        refused: refusals(&before, &after, hostiles),
+        during: summary::During {
+            heap_bytes: during.process.heap_bytes,
+            open_fds: during.process.open_fds,
+            tasks: during.process.tasks,
+            pool_in_use: during.pool.in_use,
+            overload_state: during.overload.as_ref().map(|o| o.state),
+            gateway_connections: bench.tunnel_pid().map_or(0.0, gateway_connections),
         },
-        "baseline_resources": base_res.json(),
-        "recovered_resources": after_res.json(),
-        "tunnel_sockets_before": census0.json(),
-        "tunnel_sockets_after": census.json(),
-    });
-    for part in [victim, context] {
-        if let (Some(row), Value::Object(part)) = (row.as_object_mut(), part) {
-            row.extend(part);
-        }
-    }
+        baseline_resources: base_res.summary(),
+        recovered_resources: after_res.summary(),
+        tunnel_sockets_before: census0.summary(),
+        tunnel_sockets_after: census.summary(),
+    };
+    let row = summary::Pattern {
+        pattern: pattern.name().into(),
+        verdict: Some(conclusion),
+        pass: conclusion == Conclusion::Pass,
+        failed: failed.iter().map(|f| f.to_string()).collect(),
+        inconclusive: inconclusive.iter().map(|f| f.to_string()).collect(),
+        pairs: pairs.len(),
+        confidence: Some(summary::Confidence {
+            http_p99: Some(http.summary()),
+            https_p99: Some(https.summary()),
+            tcp_mb_s: Some(tcp.summary()),
+        }),
+        victim_p99_ratio: http.point(),
+        victim_https_p99_ratio: https.point(),
+        victim_tcp_ratio: tcp.point(),
+        windows: pairs
+            .iter()
+            .map(|(b, u)| summary::WindowPair {
+                baseline: window_figures(b),
+                under: window_figures(u),
+            })
+            .collect(),
+        between_pairs: between,
+        oom_kills,
+        tunnel_died: !alive,
+        peak_memory_bytes: peak,
+        baseline_memory_bytes: cg0.memory_bytes,
+        soft_threshold_bytes: soft.round(),
+        recovered_s: recovered.map(|s| (s * 10.0).round() / 10.0),
+        not_recovered: above,
+        victim_refused,
+        overload: summary::Overload {
+            worst_state: Some(peaks.overload),
+            transitions,
+            peak_open_fds: peaks.open_fds,
+            descriptor_limit: before
+                .overload
+                .as_ref()
+                .and_then(|o| o.descriptors)
+                .map_or(0, |d| d.limit),
+        },
+        victim,
+        context,
+    };
     eprintln!(
         "         {}: {} pairs; ratio [95 % interval]: http p99 {}, https p99 {}, tcp {}; victim errors {} and {} of {} new tunnels refused, hostile held {held}, guard {}, peak {:.0} MiB (soft {:.0}), recovered {}: {}{}",
         pattern.name(),
@@ -521,28 +542,23 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
 
     // How far the baselines themselves moved over the run: the largest
     // over the smallest of every baseline window, per figure.
-    let spread = |key: &str| {
+    let spread = |figure: fn(&summary::Window) -> f64| {
         let v: Vec<f64> = rows
             .iter()
-            .filter_map(|r| r["windows"].as_array())
-            .flatten()
-            .filter_map(|w| w["baseline"][key].as_f64())
+            .flat_map(|r| &r.windows)
+            .map(|w| figure(&w.baseline))
             .filter(|&x| x > 0.0)
             .collect();
         let lo = v.iter().copied().reduce(f64::min)?;
         let hi = v.iter().copied().reduce(f64::max)?;
         Some((hi / lo * 100.0).round() / 100.0)
     };
-    let spread = json!({
-        "http_p99": spread("http_p99_us"),
-        "https_p99": spread("https_p99_us"),
-        "tcp_mb_s": spread("tcp_mb_s"),
-    });
-    let counts = Counts::of(rows.iter().map(|r| match r["verdict"].as_str() {
-        Some("pass") => Conclusion::Pass,
-        Some("fail") => Conclusion::Fail,
-        _ => Conclusion::Inconclusive,
-    }));
+    let spread = summary::Spread {
+        http_p99: spread(|w| w.http_p99_us as f64),
+        https_p99: spread(|w| w.https_p99_us as f64),
+        tcp_mb_s: spread(|w| w.tcp_mb_s),
+    };
+    let counts = Counts::of(rows.iter().map(|r| r.verdict.unwrap_or_default()));
     let mut notes = vec![
         format!(
             "each pattern runs {} pairs of windows, in blocks of two ordered baseline, pattern, pattern, baseline (a window: the victim's three figures; the pattern started and established once per block and stopped after its two windows; before the block's second baseline atunnel is given until the hostile actors' tunnels, descriptors, tasks and buffers are gone, between_pairs saying how long); the first pair of a block is its first two windows, the second its last two, so each pair's windows are next to each other and the order cancels a steady drift; each figure's ratio (under / baseline, per pair) is given as the geometric mean of the pairs with a 95 % interval (Student's t on the log ratios, docs/isolation.md says why); a figure passes when its whole interval is inside its bound, fails when it is wholly outside, and is inconclusive otherwise; a pattern fails on any figure or other check failing, is inconclusive when none failed but a figure was inconclusive, and passes otherwise; verdicts counts them",
@@ -572,23 +588,19 @@ pub(super) async fn noisy_neighbour(bench: &mut Bench) -> Result<ScenarioResult,
     let actors = bench.actor_count();
     notes.extend(PATTERNS.iter().map(|p| p.what(&sizes, &p.hostiles(actors))));
     notes.extend(rows.iter().map(verdict_line));
-    Ok(ScenarioResult {
-        name: Scenario::NoisyNeighbour.name().into(),
-        rungs: Vec::new(),
-        summary: json!({
-            "patterns": rows,
-            "verdict": counts.overall().as_str(),
-            "verdicts": counts.json(),
-            "pass": counts.overall() == Conclusion::Pass,
-            "pairs": sizes.pairs,
-            "victim": format!("actor-{VICTIM}"),
-            "hostile": format!("actor-{HOSTILE}"),
-            "tunnel_flags": own,
-            "rate_per_s": RATE,
-            "window_s": sizes.window.as_secs_f64(),
-            "tcp_bytes": sizes.tcp_bytes,
-            "baseline_spread": spread,
-        }),
-        notes,
-    })
+    let summary = summary::Summary {
+        patterns: rows,
+        verdict: counts.overall(),
+        verdicts: counts,
+        pass: counts.overall() == Conclusion::Pass,
+        pairs: sizes.pairs,
+        victim: format!("actor-{VICTIM}"),
+        hostile: format!("actor-{HOSTILE}"),
+        tunnel_flags: own,
+        rate_per_s: RATE,
+        window_s: sizes.window.as_secs_f64(),
+        tcp_bytes: sizes.tcp_bytes,
+        baseline_spread: spread,
+    };
+    Ok(ScenarioResult::new(&summary, Vec::new(), notes))
 }

@@ -1,6 +1,6 @@
 //! noisy-neighbour's part of report.md: one table row per hostile pattern
 //! (each ratio with its 95 % interval and verdict), the count of each
-//! verdict, and its plot (drawn by `load::plots::noisy_neighbour`): the victim's
+//! verdict, and its plot (drawn by `scenario::noisy_neighbour::chart`): the victim's
 //! latency and throughput beside its baseline, their ratios against the
 //! bounds, atunnel's peak memory against the soft threshold, and the time
 //! to recover.
@@ -8,9 +8,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use atunnel_bench::load::plots::{self, VictimBounds};
+use atunnel_bench::load::confidence::{Conclusion, FigureSummary};
 use atunnel_bench::load::results::{ScenarioResult, write_whole};
-use serde_json::Value;
+use atunnel_bench::scenario::noisy_neighbour::{self, Confidence, Pattern, Summary, VictimBounds};
 
 use super::{P99_RATIO_MAX, TCP_RATIO_MIN};
 
@@ -21,134 +21,127 @@ pub(in crate::run) const PLOT_FILE: &str = "noisy-neighbour.svg";
 /// its plot, which this writes into `dir` (the run folder). Empty when `s`
 /// has no patterns (the scenario failed before any ran; its notes say why).
 pub(in crate::run) fn section(dir: &Path, s: &ScenarioResult) -> std::io::Result<String> {
-    let Some(rows) = s.summary["patterns"].as_array().filter(|r| !r.is_empty()) else {
+    let Some(summary) = s.summary::<Summary>().filter(|s| !s.patterns.is_empty()) else {
         return Ok(String::new());
     };
+    let rows = &summary.patterns;
     let bounds = VictimBounds {
         p99_ratio_max: P99_RATIO_MAX,
         tcp_ratio_min: TCP_RATIO_MIN,
     };
-    let svg = plots::noisy_neighbour(rows, bounds).map_err(std::io::Error::other)?;
+    let svg = noisy_neighbour::chart(rows, bounds)
+        .render()
+        .map_err(std::io::Error::other)?;
     write_whole(&dir.join(PLOT_FILE), svg)?;
-    let spread = &s.summary["baseline_spread"];
-    let counts = &s.summary["verdicts"];
+    let (spread, counts) = (&summary.baseline_spread, &summary.verdicts);
     Ok(format!(
         "{}\nVerdicts: {} pass, {} fail, {} inconclusive (a ratio's interval straddling its bound; neither pass nor fail).\n\nThe baselines themselves moved by up to {}x (egress-http p99), {}x (ingress-https p99) and {}x (egress-tcp) over the run, the noise each pair's ratio cancels and each interval is as wide as.\n\n![victim latency and throughput against its baseline, ratios, peak memory and recovery per pattern]({PLOT_FILE})\n\n",
         table(rows),
-        num(&counts["pass"], 0),
-        num(&counts["fail"], 0),
-        num(&counts["inconclusive"], 0),
-        num(&spread["http_p99"], 2),
-        num(&spread["https_p99"], 2),
-        num(&spread["tcp_mb_s"], 2),
+        counts.pass,
+        counts.fail,
+        counts.inconclusive,
+        num(spread.http_p99, 2),
+        num(spread.https_p99, 2),
+        num(spread.tcp_mb_s, 2),
     ))
 }
 
-fn ms(v: &Value) -> String {
-    v.as_f64()
-        .map_or("-".into(), |us| format!("{:.2}", us / 1e3))
+fn ms(us: f64) -> String {
+    format!("{:.2}", us / 1e3)
 }
 
-fn num(v: &Value, digits: usize) -> String {
-    v.as_f64().map_or("-".into(), |x| format!("{x:.digits$}"))
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
-fn mib(v: &Value) -> String {
-    v.as_f64()
-        .map_or("-".into(), |b| format!("{:.0}", b / 1048576.0))
+fn mib(bytes: f64) -> String {
+    format!("{:.0}", bytes / 1048576.0)
 }
 
 /// A ratio with its 95 % interval and verdict: `1.02 [0.95, 1.10] pass`;
 /// the bare ratio for a row without one.
-fn ratio(r: &Value, figure: &str, bare: &str) -> String {
-    let f = &r["confidence"][figure];
-    if f.is_null() {
-        return num(&r[bare], 2);
-    }
-    let interval = match (f["ci95"][0].as_f64(), f["ci95"][1].as_f64()) {
-        (Some(lo), Some(hi)) => format!("[{lo:.2}, {hi:.2}]"),
-        _ => "[-]".into(),
+fn ratio(
+    r: &Pattern,
+    figure: fn(&Confidence) -> &Option<FigureSummary>,
+    bare: Option<f64>,
+) -> String {
+    let Some(f) = r.confidence.as_ref().and_then(|c| figure(c).as_ref()) else {
+        return num(bare, 2);
     };
     format!(
-        "{} {interval} {}",
-        num(&f["estimate"], 2),
-        f["verdict"].as_str().unwrap_or("-")
+        "{} {} {}",
+        num(f.estimate, 2),
+        f.interval_text("[-]"),
+        f.verdict
     )
 }
 
 /// The table: one row per pattern.
-fn table(rows: &[Value]) -> String {
+fn table(rows: &[Pattern]) -> String {
     let mut md = String::from(
         "| pattern | http p99 ms (base -> under, median window) | ratio [95 %] | https p99 ms (base -> under) | ratio [95 %] | tcp MB/s (base -> under) | ratio [95 %] | OOM kills | peak / soft MiB | recovered s | atunnel refused or reset | victim refused; overload guard | cores under: tunnel / generator / sink / other work | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
-        let refused = &r["refused"];
-        let sum = |keys: &[&str]| -> f64 { keys.iter().filter_map(|k| refused[*k].as_f64()).sum() };
+        let f = &r.context.refused;
         let refused_text = format!(
             "{:.0} refused, {:.0} reset at a bound, {:.0} shed",
-            sum(&[
-                "refused_tunnels",
-                "refused_opening",
-                "refused_overload",
-                "ingress_refused_in_flight",
-                "ingress_refused_overload"
-            ]),
-            sum(&["stalled_write_ends", "half_closed_ends"]),
-            sum(&["shed", "overload_shed"]),
+            f.refused_tunnels
+                + f.refused_opening
+                + f.refused_overload
+                + f.ingress_refused_in_flight
+                + f.ingress_refused_overload,
+            f.stalled_write_ends + f.half_closed_ends,
+            f.shed + f.overload_shed,
         );
-        let victim = &r["victim_refused"];
+        let victim = &r.victim_refused;
         let victim_text = format!(
             "{}/{} new tunnels, {} request errors; {}",
-            num(&victim["new_tunnels_refused"], 0),
-            num(&victim["new_tunnels_tried"], 0),
-            num(&victim["request_errors"], 0),
-            r["overload"]["worst_state"].as_str().unwrap_or("-"),
+            victim.new_tunnels_refused,
+            victim.new_tunnels_tried,
+            victim.request_errors,
+            r.overload
+                .worst_state
+                .map_or("-".to_string(), |s| s.to_string()),
         );
-        let list = |key: &str| -> String {
-            let v: Vec<&str> = r[key]
-                .as_array()
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            v.join(", ")
-        };
-        let pass = match r["verdict"].as_str() {
-            Some("pass") => "pass".to_string(),
-            Some("inconclusive") => format!("inconclusive: {}", list("inconclusive")),
+        let verdict = match r.verdict {
+            Some(Conclusion::Pass) => "pass".to_string(),
+            Some(Conclusion::Inconclusive) => {
+                format!("inconclusive: {}", r.inconclusive.join(", "))
+            }
             // Rows written before the intervals have only `pass`.
-            None if r["pass"] == true => "pass".to_string(),
-            _ => format!("**fail**: {}", list("failed")),
+            None if r.pass => "pass".to_string(),
+            _ => format!("**fail**: {}", r.failed.join(", ")),
         };
+        let (v, c) = (&r.victim, &r.context);
         let _ = writeln!(
             md,
             "| {} | {} -> {} | {} | {} -> {} | {} | {} -> {} | {} | {} | {} / {} | {} | {} | {} | {} / {} / {} / {}{} | {} |",
-            r["pattern"].as_str().unwrap_or("?"),
-            ms(&r["baseline_http_p99_us"]),
-            ms(&r["victim_http_p99_us"]),
-            ratio(r, "http_p99", "victim_p99_ratio"),
-            ms(&r["baseline_https_p99_us"]),
-            ms(&r["victim_https_p99_us"]),
-            ratio(r, "https_p99", "victim_https_p99_ratio"),
-            num(&r["baseline_tcp_mb_s"], 0),
-            num(&r["victim_tcp_mb_s"], 0),
-            ratio(r, "tcp_mb_s", "victim_tcp_ratio"),
-            num(&r["oom_kills"], 0),
-            mib(&r["peak_memory_bytes"]),
-            mib(&r["soft_threshold_bytes"]),
-            r["recovered_s"]
-                .as_f64()
-                .map_or("never".into(), |s| format!("{s:.1}")),
+            r.pattern,
+            ms(v.baseline_http_p99_us),
+            ms(v.victim_http_p99_us),
+            ratio(r, |c| &c.http_p99, r.victim_p99_ratio),
+            ms(v.baseline_https_p99_us),
+            ms(v.victim_https_p99_us),
+            ratio(r, |c| &c.https_p99, r.victim_https_p99_ratio),
+            num(Some(v.baseline_tcp_mb_s), 0),
+            num(Some(v.victim_tcp_mb_s), 0),
+            ratio(r, |c| &c.tcp_mb_s, r.victim_tcp_ratio),
+            r.oom_kills,
+            mib(r.peak_memory_bytes as f64),
+            mib(r.soft_threshold_bytes),
+            r.recovered_s.map_or("never".into(), |s| format!("{s:.1}")),
             refused_text,
             victim_text,
-            num(&r["tunnel_cores"], 2),
-            num(&r["generator_cores"], 2),
-            num(&r["sink_cores"], 2),
-            num(&r["others_cores"], 2),
-            if r["machine_saturated"] == true || r["baseline_machine_saturated"] == true {
+            num(Some(c.tunnel_cores), 2),
+            num(Some(c.generator_cores), 2),
+            num(Some(c.sink_cores), 2),
+            num(Some(c.others_cores), 2),
+            if c.machine_saturated || c.baseline_machine_saturated {
                 " (machine saturated)"
             } else {
                 ""
             },
-            pass,
+            verdict,
         );
     }
     md
@@ -156,47 +149,115 @@ fn table(rows: &[Value]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use atunnel_bench::load::confidence::Counts;
+    use atunnel_bench::scenario::noisy_neighbour::{
+        Context, Overload, Refused, Spread, Victim, VictimRefused,
+    };
+    use atunnel_process::overload::OverloadState;
 
     use super::*;
 
+    fn figure(estimate: f64, ci95: Option<[f64; 2]>, verdict: Conclusion) -> Option<FigureSummary> {
+        Some(FigureSummary {
+            estimate: Some(estimate),
+            ci95,
+            verdict,
+            ..FigureSummary::default()
+        })
+    }
+
     fn result() -> ScenarioResult {
-        let row = |name: &str, pass: bool, recovered: Value| {
-            json!({
-                "pattern": name, "pass": pass, "verdict": if pass { "pass" } else { "fail" },
-                "confidence": {
-                    "http_p99": {"estimate": if pass { 1.02 } else { 1.8 }, "ci95": if pass { json!([0.97, 1.07]) } else { json!([1.5, 2.2]) },
-                                 "verdict": if pass { "pass" } else { "fail" }},
-                    "https_p99": {"estimate": 0.97, "ci95": [0.9, 1.3], "verdict": "inconclusive"},
-                    "tcp_mb_s": {"estimate": 0.95, "ci95": null, "verdict": "inconclusive"},
+        let row = |name: &str, pass: bool, recovered: Option<f64>| {
+            let (verdict, http) = if pass {
+                (Conclusion::Pass, 1.02)
+            } else {
+                (Conclusion::Fail, 1.8)
+            };
+            Pattern {
+                pattern: name.into(),
+                pass,
+                verdict: Some(verdict),
+                confidence: Some(Confidence {
+                    http_p99: figure(
+                        http,
+                        Some(if pass { [0.97, 1.07] } else { [1.5, 2.2] }),
+                        verdict,
+                    ),
+                    https_p99: figure(0.97, Some([0.9, 1.3]), Conclusion::Inconclusive),
+                    tcp_mb_s: figure(0.95, None, Conclusion::Inconclusive),
+                }),
+                failed: if pass {
+                    vec![]
+                } else {
+                    vec!["victim egress-http p99".into()]
                 },
-                "failed": if pass { json!([]) } else { json!(["victim egress-http p99"]) },
-                "victim_p99_ratio": if pass { 1.02 } else { 1.8 },
-                "victim_https_p99_ratio": 0.97, "victim_tcp_ratio": 0.95,
-                "oom_kills": 0, "peak_memory_bytes": 120u64 << 20,
-                "baseline_memory_bytes": 60u64 << 20, "soft_threshold_bytes": 870u64 << 20,
-                "recovered_s": recovered,
-                "baseline_http_p99_us": 900, "victim_http_p99_us": 950,
-                "baseline_http_p50_us": 400, "victim_http_p50_us": 420,
-                "baseline_https_p99_us": 1500, "victim_https_p99_us": 1400,
-                "baseline_tcp_mb_s": 600.0, "victim_tcp_mb_s": 570.0,
-                "tunnel_cores": 0.6, "generator_cores": 0.7, "sink_cores": 0.1,
-                "others_cores": 0.2, "machine_saturated": !pass,
-                "refused": {"refused_tunnels": 300.0, "stalled_write_ends": 12.0, "shed": 0.0},
-                "victim_refused": {"new_tunnels_tried": 50, "new_tunnels_refused": if pass { 0 } else { 17 },
-                                   "request_errors": if pass { 0 } else { 2500 }},
-                "overload": {"worst_state": if pass { "normal" } else { "soft" }},
-            })
+                victim_p99_ratio: Some(http),
+                victim_https_p99_ratio: Some(0.97),
+                victim_tcp_ratio: Some(0.95),
+                oom_kills: 0,
+                peak_memory_bytes: 120 << 20,
+                baseline_memory_bytes: 60 << 20,
+                soft_threshold_bytes: (870u64 << 20) as f64,
+                recovered_s: recovered,
+                victim: Victim {
+                    baseline_http_p99_us: 900.0,
+                    victim_http_p99_us: 950.0,
+                    baseline_http_p50_us: 400.0,
+                    victim_http_p50_us: 420.0,
+                    baseline_https_p99_us: 1500.0,
+                    victim_https_p99_us: 1400.0,
+                    baseline_tcp_mb_s: 600.0,
+                    victim_tcp_mb_s: 570.0,
+                    ..Victim::default()
+                },
+                context: Context {
+                    tunnel_cores: 0.6,
+                    generator_cores: 0.7,
+                    sink_cores: 0.1,
+                    others_cores: 0.2,
+                    machine_saturated: !pass,
+                    refused: Refused {
+                        refused_tunnels: 300.0,
+                        stalled_write_ends: 12.0,
+                        ..Refused::default()
+                    },
+                    ..Context::default()
+                },
+                victim_refused: VictimRefused {
+                    new_tunnels_tried: 50,
+                    new_tunnels_refused: if pass { 0 } else { 17 },
+                    request_errors: if pass { 0 } else { 2500 },
+                    ..VictimRefused::default()
+                },
+                overload: Overload {
+                    worst_state: Some(if pass {
+                        OverloadState::Normal
+                    } else {
+                        OverloadState::Soft
+                    }),
+                    ..Overload::default()
+                },
+                ..Pattern::default()
+            }
         };
-        ScenarioResult {
-            name: "noisy-neighbour".into(),
-            summary: json!({"patterns": [
-                row("unread-downloads", true, json!(0.4)),
-                row("stalled-uploads", false, Value::Null),
-            ], "baseline_spread": {"http_p99": 1.3, "https_p99": 1.25, "tcp_mb_s": null},
-               "verdicts": {"pass": 1, "fail": 1, "inconclusive": 0}}),
-            ..ScenarioResult::default()
-        }
+        let summary = Summary {
+            patterns: vec![
+                row("unread-downloads", true, Some(0.4)),
+                row("stalled-uploads", false, None),
+            ],
+            baseline_spread: Spread {
+                http_p99: Some(1.3),
+                https_p99: Some(1.25),
+                tcp_mb_s: None,
+            },
+            verdicts: Counts {
+                pass: 1,
+                fail: 1,
+                inconclusive: 0,
+            },
+            ..Summary::default()
+        };
+        ScenarioResult::new(&summary, Vec::new(), Vec::new())
     }
 
     #[test]
@@ -278,15 +339,24 @@ mod tests {
     #[test]
     fn an_inconclusive_pattern_says_which_figure_and_is_counted_apart() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let s = ScenarioResult {
-            name: "noisy-neighbour".into(),
-            summary: json!({"patterns": [
-                {"pattern": "dns-flood", "verdict": "inconclusive", "pass": false,
-                 "inconclusive": ["victim ingress-https p99"], "failed": [],
-                 "confidence": {"https_p99": {"estimate": 1.24, "ci95": [0.8, 1.9], "verdict": "inconclusive"}}},
-            ], "verdicts": {"pass": 0, "fail": 0, "inconclusive": 1}}),
-            ..ScenarioResult::default()
+        let summary = Summary {
+            patterns: vec![Pattern {
+                pattern: "dns-flood".into(),
+                verdict: Some(Conclusion::Inconclusive),
+                inconclusive: vec!["victim ingress-https p99".into()],
+                confidence: Some(Confidence {
+                    https_p99: figure(1.24, Some([0.8, 1.9]), Conclusion::Inconclusive),
+                    ..Confidence::default()
+                }),
+                ..Pattern::default()
+            }],
+            verdicts: Counts {
+                inconclusive: 1,
+                ..Counts::default()
+            },
+            ..Summary::default()
         };
+        let s = ScenarioResult::new(&summary, Vec::new(), Vec::new());
         let md = section(dir.path(), &s).expect("written");
         let row = md
             .lines()
@@ -306,7 +376,10 @@ mod tests {
     #[test]
     fn a_failed_scenario_has_no_section() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let empty = ScenarioResult::default();
+        let empty = ScenarioResult::without_summary(
+            atunnel_bench::scenario::Scenario::NoisyNeighbour,
+            vec!["scenario failed: no actors".into()],
+        );
         assert_eq!(section(dir.path(), &empty).expect("nothing to write"), "");
         assert!(!dir.path().join(PLOT_FILE).exists());
     }

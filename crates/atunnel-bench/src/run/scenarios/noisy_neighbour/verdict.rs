@@ -75,15 +75,15 @@ pub(super) fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The victim's three figures of one window, as a pair compares them.
-pub(super) fn window_figures(w: &Window) -> Value {
-    json!({
-        "http_p99_us": w.http.latency.p99,
-        "http_p50_us": w.http.latency.p50,
-        "https_p99_us": w.https.latency.p99,
-        "tcp_mb_s": w.tcp_median(),
-        "errors": w.errors(),
-        "machine_saturated": w.machine_saturated(),
-    })
+pub(super) fn window_figures(w: &Window) -> summary::Window {
+    summary::Window {
+        http_p99_us: w.http.latency.p99,
+        http_p50_us: w.http.latency.p50,
+        https_p99_us: w.https.latency.p99,
+        tcp_mb_s: w.tcp_median(),
+        errors: w.errors(),
+        machine_saturated: w.machine_saturated(),
+    }
 }
 
 /// The victim's three figures over `pairs` of (baseline, under) windows:
@@ -108,38 +108,31 @@ pub(super) fn figures(pairs: &[(Window, Window)]) -> (Figure, Figure, Figure) {
 /// A pattern's verdict in one line, with each figure's interval:
 /// `unread-downloads: inconclusive (http p99 1.02 [0.95, 1.14] <= 1.1:
 /// inconclusive; ...)`.
-pub(super) fn verdict_line(row: &Value) -> String {
-    let figure = |key: &str| {
-        let f = &row["confidence"][key];
-        let point = f["estimate"]
-            .as_f64()
-            .map_or("-".into(), |x| format!("{x:.2}"));
-        let interval = match (f["ci95"][0].as_f64(), f["ci95"][1].as_f64()) {
-            (Some(lo), Some(hi)) => format!("[{lo:.2}, {hi:.2}]"),
-            _ => "[no interval]".into(),
+pub(super) fn verdict_line(row: &summary::Pattern) -> String {
+    let figure = |f: fn(&summary::Confidence) -> &Option<FigureSummary>| {
+        let Some(f) = row.confidence.as_ref().and_then(|c| f(c).as_ref()) else {
+            return "- [no interval]: -".to_string();
         };
+        let point = f.estimate.map_or("-".into(), |x| format!("{x:.2}"));
         format!(
-            "{point} {interval}: {}",
-            f["verdict"].as_str().unwrap_or("-")
+            "{point} {}: {}",
+            f.interval_text("[no interval]"),
+            f.verdict
         )
     };
-    let failed: Vec<&str> = row["failed"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
     format!(
         "{}: {}{} over {} pairs; http p99 ratio {}, https p99 ratio {}, tcp ratio {}",
-        row["pattern"].as_str().unwrap_or("?"),
-        row["verdict"].as_str().unwrap_or("?"),
-        if failed.is_empty() {
+        row.pattern,
+        row.verdict.map_or("?", Conclusion::as_str),
+        if row.failed.is_empty() {
             String::new()
         } else {
-            format!(" ({})", failed.join(", "))
+            format!(" ({})", row.failed.join(", "))
         },
-        row["pairs"],
-        figure("http_p99"),
-        figure("https_p99"),
-        figure("tcp_mb_s"),
+        row.pairs,
+        figure(|c| &c.http_p99),
+        figure(|c| &c.https_p99),
+        figure(|c| &c.tcp_mb_s),
     )
 }
 
@@ -272,10 +265,17 @@ mod tests {
             ),
             steady(0.95, Bound::AtLeast(TCP_RATIO_MIN)),
         );
-        let row = json!({
-            "pattern": "dns-flood", "verdict": "inconclusive", "failed": [], "pairs": 4,
-            "confidence": {"http_p99": http.json(), "https_p99": https.json(), "tcp_mb_s": tcp.json()},
-        });
+        let row = summary::Pattern {
+            pattern: "dns-flood".into(),
+            verdict: Some(Conclusion::Inconclusive),
+            pairs: 4,
+            confidence: Some(summary::Confidence {
+                http_p99: Some(http.summary()),
+                https_p99: Some(https.summary()),
+                tcp_mb_s: Some(tcp.summary()),
+            }),
+            ..Default::default()
+        };
         let line = verdict_line(&row);
         let (lo, hi) = https.interval().expect("interval");
         assert!(
