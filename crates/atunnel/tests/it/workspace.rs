@@ -96,51 +96,128 @@ fn module_imports(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
             .split("#[cfg(test)]\nmod tests")
             .next()
             .unwrap_or_default();
+        let code: String = code
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
         let mut names = BTreeSet::new();
-        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for (at, _) in line
-                .match_indices("crate::")
-                .chain(line.match_indices("super::"))
-            {
-                let before = line[..at].chars().next_back();
-                if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-                    continue;
-                }
-                let path: Vec<&str> = line[at..]
-                    .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-                    .next()
-                    .unwrap_or_default()
-                    .split("::")
-                    .filter(|s| !s.is_empty())
-                    .collect();
-                let (mut base, mut rest) = (Vec::new(), &path[..]);
-                if rest.first() == Some(&"crate") {
+        for path in crate_paths(&code) {
+            let (mut base, mut rest) = (Vec::new(), &path[..]);
+            if rest.first().map(String::as_str) == Some("crate") {
+                rest = &rest[1..];
+            } else {
+                base = module.clone();
+                while rest.first().map(String::as_str) == Some("super") {
+                    base.pop();
                     rest = &rest[1..];
-                } else {
-                    base = module.clone();
-                    while rest.first() == Some(&"super") {
-                        base.pop();
-                        rest = &rest[1..];
-                    }
                 }
-                // The longest prefix that is a module of this crate.
-                let mut named = None;
-                for seg in rest {
-                    base.push(seg.to_string());
-                    if modules.contains_key(&base) {
-                        named = Some(base.clone());
-                    }
+            }
+            // The longest prefix that is a module of this crate.
+            let mut named = None;
+            for seg in rest {
+                base.push(seg.clone());
+                if modules.contains_key(&base) {
+                    named = Some(base.clone());
                 }
-                if let Some(n) = named
-                    && !module.starts_with(&n)
-                {
-                    names.insert(n);
-                }
+            }
+            if let Some(n) = named
+                && !module.starts_with(&n)
+            {
+                names.insert(n);
             }
         }
         graph.insert(module.clone(), names);
     }
     graph
+}
+
+/// Every path `code` names from `crate::` or `super::`, segment by
+/// segment, with `use` groups expanded: `crate::a::{b, c::{d}}` names
+/// `crate::a::b` and `crate::a::c::d`.
+fn crate_paths(code: &str) -> Vec<Vec<String>> {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = Vec::new();
+    for (at, _) in code
+        .match_indices("crate::")
+        .chain(code.match_indices("super::"))
+    {
+        if code[..at].chars().next_back().is_some_and(is_ident) {
+            continue;
+        }
+        let tail = &code[at..];
+        let len = tail
+            .find(|c: char| !(is_ident(c) || c == ':'))
+            .unwrap_or(tail.len());
+        let prefix = &tail[..len];
+        if tail[len..].starts_with('{') {
+            for item in expand_group(&tail[len..]) {
+                out.push(segments(&format!("{prefix}{item}")));
+            }
+        } else {
+            out.push(segments(prefix));
+        }
+    }
+    out
+}
+
+/// The items of the `{...}` group `text` starts with, nested groups
+/// expanded, each as a path relative to the group.
+fn expand_group(text: &str) -> Vec<String> {
+    let mut depth = 0;
+    let mut end = text.len();
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    end = i;
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let inner = &text[1..end];
+    let (mut items, mut depth, mut from) = (Vec::new(), 0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&inner[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&inner[from..]);
+    let mut out = Vec::new();
+    for item in items.into_iter().map(str::trim).filter(|i| !i.is_empty()) {
+        match item.find('{') {
+            Some(brace) => {
+                for sub in expand_group(&item[brace..]) {
+                    out.push(format!("{}{sub}", &item[..brace]));
+                }
+            }
+            None => out.push(
+                item.split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
+        }
+    }
+    out
+}
+
+fn segments(path: &str) -> Vec<String> {
+    path.split("::")
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && *s != "self")
+        .map(str::to_string)
+        .collect()
 }
 
 /// The import circles of `graph`: each strongly connected set of more than
@@ -251,6 +328,16 @@ fn the_circle_check_finds_a_circle_and_only_a_circle() {
     let graph = module_imports(src);
     assert_eq!(
         circles(&graph),
+        vec![vec!["load::plots".to_string(), "load::results".to_string()]]
+    );
+    // The same circle through a `use` group over two lines.
+    std::fs::write(
+        src.join("load/results.rs"),
+        "use crate::{\n    load::{plots::draw as d, self},\n};\n",
+    )
+    .expect("write");
+    assert_eq!(
+        circles(&module_imports(src)),
         vec![vec!["load::plots".to_string(), "load::results".to_string()]]
     );
     std::fs::write(src.join("load/results.rs"), "pub struct Results;\n").expect("write");
