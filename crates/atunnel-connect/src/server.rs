@@ -8,7 +8,7 @@
 //! idles for the hibernation period drops its rustls session for its
 //! traffic keys (atunnel_tls::stream), tunnels open or not.
 
-use atunnel_tls::{PreAuthFigures, PreAuthGate, PreAuthLimits, ReloadableConfig};
+use atunnel_tls::{PreAuthGate, PreAuthLimits, PreAuthStats, ReloadableConfig};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -19,7 +19,7 @@ use std::time::Duration;
 use atunnel_core::H2Stream;
 use atunnel_core::endpoint::Endpoint;
 use atunnel_core::sockopt::SocketOptions;
-use atunnel_core::{Listener, ListenerFigures, ListenerStats};
+use atunnel_core::{Listener, ListenerCounters, ListenerStats};
 use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -172,7 +172,7 @@ pub struct ConnectServer<H: ConnectHandler> {
     socket: SocketOptions,
     h2: H2Settings,
     hibernation: Arc<Hibernation>,
-    listeners: ListenerStats,
+    listeners: ListenerCounters,
     pre_auth: Arc<PreAuthGate>,
     /// HTTP/2 connections ended for a control-frame flood.
     floods: Arc<FloodCount>,
@@ -192,15 +192,15 @@ impl<H: ConnectHandler> ConnectServer<H> {
             socket,
             h2,
             hibernation,
-            listeners: ListenerStats::default(),
+            listeners: ListenerCounters::default(),
             pre_auth: PreAuthGate::new(h2.pre_auth),
             floods: Arc::new(FloodCount::with_limits(h2.floods)),
         })
     }
 
     /// Connections in their TLS handshake now, and those refused for it.
-    pub fn pre_auth(&self) -> PreAuthFigures {
-        self.pre_auth.figures()
+    pub fn pre_auth(&self) -> PreAuthStats {
+        self.pre_auth.stats()
     }
 
     /// The handler every connection's tunnels go to.
@@ -214,8 +214,8 @@ impl<H: ConnectHandler> ConnectServer<H> {
     }
 
     /// Connections accepted and open, and one connection's task size.
-    pub fn listener_stats(&self) -> ListenerFigures {
-        self.listeners.figures()
+    pub fn listener_stats(&self) -> ListenerStats {
+        self.listeners.stats()
     }
 
     /// Accepts until `cancel`, then closes connections (their tunnels reset)

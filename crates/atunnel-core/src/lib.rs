@@ -18,6 +18,6 @@ pub mod sockopt;
 pub mod test_util;
 
 pub use endpoint::{Chunk, Endpoint, H2Stream};
-pub use listener::{Listener, ListenerFigures, ListenerStats, RefusalPace};
+pub use listener::{Listener, ListenerCounters, ListenerStats, RefusalPace};
 pub use pool::{BufferPool, PoolStats, PooledBuf, ShareStats};
 pub use relay::{RelayError, RelayStats, relay};

@@ -26,9 +26,9 @@ use tokio_util::task::TaskTracker;
 /// Pause after a failed accept.
 pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
-/// Figures of the listeners of one server, shared by them all.
+/// The counters of the listeners of one server, shared by them all; read into [`ListenerStats`].
 #[derive(Debug, Default)]
-pub struct ListenerStats {
+pub struct ListenerCounters {
     accepted: AtomicU64,
     accept_errors: AtomicU64,
     /// Size of one connection's task future (the task's one heap
@@ -36,17 +36,17 @@ pub struct ListenerStats {
     future_bytes: AtomicUsize,
 }
 
-/// What [`ListenerStats`] reads.
+/// What [`ListenerCounters`] reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ListenerFigures {
+pub struct ListenerStats {
     pub accepted_total: u64,
     pub accept_errors_total: u64,
     pub connection_future_bytes: usize,
 }
 
-impl ListenerStats {
-    pub fn figures(&self) -> ListenerFigures {
-        ListenerFigures {
+impl ListenerCounters {
+    pub fn stats(&self) -> ListenerStats {
+        ListenerStats {
             accepted_total: self.accepted.load(Ordering::Relaxed),
             accept_errors_total: self.accept_errors.load(Ordering::Relaxed),
             connection_future_bytes: self.future_bytes.load(Ordering::Relaxed),
@@ -183,7 +183,7 @@ impl Listener {
     pub fn serve<'a, F, Fut>(
         &'a mut self,
         cancel: &'a CancellationToken,
-        stats: &'a ListenerStats,
+        stats: &'a ListenerCounters,
         mut accept: F,
     ) -> impl Future<Output = ()> + 'a
     where

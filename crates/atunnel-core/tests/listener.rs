@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel_core::{Listener, ListenerStats};
+use atunnel_core::{Listener, ListenerCounters};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -19,7 +19,7 @@ struct Served {
     addr: std::net::SocketAddr,
     releases: mpsc::UnboundedReceiver<oneshot::Sender<()>>,
     cancel: CancellationToken,
-    stats: Arc<ListenerStats>,
+    stats: Arc<ListenerCounters>,
     done: tokio::task::JoinHandle<()>,
 }
 
@@ -32,7 +32,7 @@ async fn serve(cap: Option<usize>, refused: &'static [u8]) -> Served {
     }
     let (tx, releases) = mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
-    let stats = Arc::new(ListenerStats::default());
+    let stats = Arc::new(ListenerCounters::default());
     let done = tokio::spawn({
         let (cancel, stats) = (cancel.clone(), stats.clone());
         async move {
@@ -86,7 +86,7 @@ async fn a_capped_listener_leaves_the_next_peer_waiting_until_a_connection_ends(
             .is_err(),
         "the second peer was served past the cap"
     );
-    assert_eq!(served.stats.figures().accepted_total, 1);
+    assert_eq!(served.stats.stats().accepted_total, 1);
     release_first.send(()).expect("first still held");
     assert_eq!(
         greeting(&mut second).await,
@@ -110,7 +110,7 @@ async fn a_refused_connection_is_closed_at_once_and_the_next_is_served() {
     assert!(got.is_empty(), "no byte for a refused connection");
     let mut next = TcpStream::connect(served.addr).await.expect("connect");
     assert_eq!(greeting(&mut next).await, 2);
-    assert_eq!(served.stats.figures().accepted_total, 2);
+    assert_eq!(served.stats.stats().accepted_total, 2);
     served.cancel.cancel();
 }
 

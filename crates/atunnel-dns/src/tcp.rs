@@ -5,7 +5,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 
-use atunnel_core::{Listener, ListenerStats};
+use atunnel_core::{Listener, ListenerCounters};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OwnedSemaphorePermit;
@@ -94,7 +94,7 @@ impl DnsRelay {
     ) -> impl Future<Output = ()> + Send + 'static {
         let mut listener = Listener::new(listener, "dns-tcp");
         async move {
-            let stats = ListenerStats::default();
+            let stats = ListenerCounters::default();
             listener
                 .serve(&cancel, &stats, |stream, client| {
                     let Some(permit) = self.try_admit() else {

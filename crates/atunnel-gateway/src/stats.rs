@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use atunnel_core::{BufferPool, ListenerFigures, PoolStats};
-use atunnel_process::admin::{self, AdminFigures, AdminStats};
+use atunnel_core::{BufferPool, ListenerStats, PoolStats};
+use atunnel_process::admin::{self, AdminCounters, AdminStats};
 use atunnel_process::metrics_text::{self, Fmt, Out, Page, n};
 use atunnel_process::process_stats::{ProcessStats, process_and_pool};
 use serde::{Deserialize, Serialize};
@@ -25,21 +25,21 @@ pub struct Stats {
     pub process: ProcessStats,
     pub pool: PoolStats,
     /// The CONNECT listener's figures.
-    pub listener: ListenerFigures,
+    pub listener: ListenerStats,
     /// Connections in their TLS handshake, and those closed at the cap.
-    pub pre_auth: atunnel_tls::PreAuthFigures,
+    pub pre_auth: atunnel_tls::PreAuthStats,
     /// HTTP/2 connections ended for a control-frame flood.
     pub h2_floods_total: u64,
     /// Client identities with tunnels open, and budget refusals.
     pub budgets: crate::budget::BudgetStats,
     /// The overload guard's state and actions, when one runs.
-    pub overload: Option<atunnel_process::overload::OverloadFigures>,
+    pub overload: Option<atunnel_process::overload::OverloadStats>,
     /// The destination policy's refusals (403) by rule, and its reloads;
     /// absent for a far end without one.
     pub policy: Option<crate::policy::PolicyStats>,
     /// /stats's own listener: connections accepted, and those past its
     /// cap taken into the probe reserve.
-    pub admin: AdminFigures,
+    pub admin: AdminStats,
 }
 
 /// The figures `/stats` serves.
@@ -47,13 +47,13 @@ pub(crate) struct StatsSource {
     pub pool: BufferPool,
     /// Reads the CONNECT listener's figures (the gateway's far end type is
     /// generic; this hides it).
-    pub listener: Box<dyn Fn() -> ListenerFigures + Send + Sync>,
-    pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthFigures + Send + Sync>,
+    pub listener: Box<dyn Fn() -> ListenerStats + Send + Sync>,
+    pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthStats + Send + Sync>,
     pub h2_floods: Box<dyn Fn() -> u64 + Send + Sync>,
     pub budgets: Box<dyn Fn() -> crate::budget::BudgetStats + Send + Sync>,
     pub overload: Option<Arc<atunnel_process::overload::OverloadGuard>>,
     pub policy: Option<Arc<crate::policy::PolicyHandle>>,
-    pub admin: Arc<AdminStats>,
+    pub admin: Arc<AdminCounters>,
 }
 
 impl StatsSource {
@@ -66,9 +66,9 @@ impl StatsSource {
             pre_auth: (self.pre_auth)(),
             h2_floods_total: (self.h2_floods)(),
             budgets: (self.budgets)(),
-            overload: self.overload.as_ref().map(|o| o.figures()),
+            overload: self.overload.as_ref().map(|o| o.stats()),
             policy: self.policy.as_ref().map(|p| p.stats()),
-            admin: self.admin.figures(),
+            admin: self.admin.stats(),
         }
     }
 }
@@ -106,7 +106,7 @@ impl admin::AdminApp for GatewayAdmin {
         true
     }
 
-    fn admin_stats(&self) -> &Arc<AdminStats> {
+    fn admin_counters(&self) -> &Arc<AdminCounters> {
         &self.source.admin
     }
 }
@@ -191,11 +191,11 @@ mod tests {
         let addr = tcp.local_addr().expect("addr");
         let source = Arc::new(StatsSource {
             pool: BufferPool::default(),
-            listener: Box::new(|| ListenerFigures {
+            listener: Box::new(|| ListenerStats {
                 accepted_total: 7,
-                ..ListenerFigures::default()
+                ..ListenerStats::default()
             }),
-            pre_auth: Box::new(|| atunnel_tls::PreAuthFigures {
+            pre_auth: Box::new(|| atunnel_tls::PreAuthStats {
                 handshaking: 2,
                 refused_total: 5,
                 evicted_total: 1,

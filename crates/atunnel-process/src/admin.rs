@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use atunnel_core::{Listener, ListenerFigures, ListenerStats};
+use atunnel_core::{Listener, ListenerCounters, ListenerStats};
 use atunnel_tls::{PreAuthGate, PreAuthLimits};
 use bytes::Bytes;
 use http_body_util::Full;
@@ -128,17 +128,17 @@ impl AdminArgs {
 
 /// What the admin listener counts: its accepts, and its probe reserve.
 #[derive(Debug, Default)]
-pub struct AdminStats {
-    pub listener: ListenerStats,
+pub struct AdminCounters {
+    pub listener: ListenerCounters,
     probe_connections: AtomicU64,
     probe_evicted: AtomicU64,
 }
 
-/// What [`AdminStats`] reads.
+/// What [`AdminCounters`] reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct AdminFigures {
+pub struct AdminStats {
     #[serde(flatten)]
-    pub listener: ListenerFigures,
+    pub listener: ListenerStats,
     /// Connections taken into the probe reserve: every /stats connection
     /// was held.
     pub probe_connections_total: u64,
@@ -146,10 +146,10 @@ pub struct AdminFigures {
     pub probe_evicted_total: u64,
 }
 
-impl AdminStats {
-    pub fn figures(&self) -> AdminFigures {
-        AdminFigures {
-            listener: self.listener.figures(),
+impl AdminCounters {
+    pub fn stats(&self) -> AdminStats {
+        AdminStats {
+            listener: self.listener.stats(),
             probe_connections_total: self.probe_connections.load(Ordering::Relaxed),
             probe_evicted_total: self.probe_evicted.load(Ordering::Relaxed),
         }
@@ -166,7 +166,7 @@ impl AdminStats {
 pub async fn serve<A>(
     listener: TcpListener,
     limits: AdminLimits,
-    stats: &AdminStats,
+    stats: &AdminCounters,
     answer: A,
     cancel: CancellationToken,
 ) where
@@ -188,9 +188,9 @@ pub async fn serve<A>(
                 Ok(place) => (Some(place), None),
                 Err(_) => {
                     stats.probe_connections.fetch_add(1, Ordering::Relaxed);
-                    let before = probes.figures().evicted_total;
+                    let before = probes.stats().evicted_total;
                     let probe = probes.admit(IpAddr::V4(Ipv4Addr::UNSPECIFIED))?;
-                    let evicted = probes.figures().evicted_total - before;
+                    let evicted = probes.stats().evicted_total - before;
                     stats.probe_evicted.fetch_add(evicted, Ordering::Relaxed);
                     (None, Some(probe))
                 }
@@ -257,7 +257,7 @@ pub trait AdminApp: Send + Sync + 'static {
     fn ready(&self) -> bool;
 
     /// The admin listener's own figures (part of every snapshot).
-    fn admin_stats(&self) -> &Arc<AdminStats>;
+    fn admin_counters(&self) -> &Arc<AdminCounters>;
 }
 
 /// Serves `app`'s four routes on `listener`, within `limits`, until
@@ -268,7 +268,7 @@ pub async fn serve_app<A: AdminApp>(
     app: A,
     cancel: CancellationToken,
 ) {
-    let stats = app.admin_stats().clone();
+    let stats = app.admin_counters().clone();
     serve(
         listener,
         limits,
@@ -357,12 +357,12 @@ mod tests {
     async fn start(
         limits: AdminLimits,
         body: usize,
-    ) -> (std::net::SocketAddr, CancellationToken, Arc<AdminStats>) {
+    ) -> (std::net::SocketAddr, CancellationToken, Arc<AdminCounters>) {
         let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = tcp.local_addr().expect("addr");
         let cancel = CancellationToken::new();
         let stop = cancel.clone();
-        let stats = Arc::new(AdminStats::default());
+        let stats = Arc::new(AdminCounters::default());
         let counted = stats.clone();
         tokio::spawn(async move {
             // `/big` gets `body` bytes, anything else ten.
@@ -476,7 +476,7 @@ mod tests {
             "probes waited {:?}, near the header timeout that frees a /stats place",
             started.elapsed()
         );
-        let figures = stats.figures();
+        let figures = stats.stats();
         assert_eq!(figures.probe_connections_total, 4, "{figures:?}");
         assert!(figures.probe_evicted_total >= 1, "{figures:?}");
         // Once the silent and idle ones time out, /stats is served again.
@@ -508,7 +508,7 @@ mod tests {
             "closed after {:?}",
             started.elapsed()
         );
-        let figures = stats.figures();
+        let figures = stats.stats();
         assert_eq!(
             (figures.probe_connections_total, figures.probe_evicted_total),
             (1, 0)

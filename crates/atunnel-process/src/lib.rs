@@ -27,8 +27,8 @@ pub use args::{
 };
 pub use entry::{LogArgs, LogFormat, run_main};
 pub use overload::{
-    Held, OverloadConfig, OverloadFigures, OverloadGuard, OverloadState, Overloaded, Resource,
-    Shed, ShedAction,
+    Held, OverloadConfig, OverloadGuard, OverloadState, OverloadStats, Overloaded, Resource, Shed,
+    ShedAction,
 };
 
 /// Errors at process entry points, where the message is all that is left.

@@ -4,7 +4,7 @@
 //! gateway share (the process, the buffer pool, the overload guard, the
 //! admin listener), so each is named and described once.
 
-use crate::overload::{OverloadFigures, OverloadState};
+use crate::overload::{OverloadState, OverloadStats};
 use atunnel_core::PoolStats;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
@@ -15,7 +15,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::admin::AdminFigures;
+use crate::admin::AdminStats;
 use crate::process_stats::ProcessStats;
 
 pub type Fmt = Result<(), std::fmt::Error>;
@@ -249,7 +249,7 @@ pub fn process(out: &mut Out, p: &ProcessStats, pool: &PoolStats) -> Fmt {
 }
 
 /// The overload guard's state and actions.
-pub fn overload(out: &mut Out, o: &OverloadFigures) -> Fmt {
+pub fn overload(out: &mut Out, o: &OverloadStats) -> Fmt {
     let state = match o.state {
         OverloadState::Normal => 0,
         OverloadState::Soft => 1,
@@ -288,7 +288,7 @@ pub fn overload(out: &mut Out, o: &OverloadFigures) -> Fmt {
 }
 
 /// The admin listener's own connections.
-pub fn admin(out: &mut Out, a: &AdminFigures) -> Fmt {
+pub fn admin(out: &mut Out, a: &AdminStats) -> Fmt {
     out.counter(
         "admin_connections",
         "Connections accepted by /stats and /metrics",

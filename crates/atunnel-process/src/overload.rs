@@ -216,7 +216,7 @@ pub struct ResourceReading {
 
 /// What the guard reports on /stats.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct OverloadFigures {
+pub struct OverloadStats {
     pub state: OverloadState,
     /// The resource that set the state (none when normal).
     pub tripped_by: Option<Resource>,
@@ -505,11 +505,11 @@ impl OverloadGuard {
     }
 
     /// The figures for /stats.
-    pub fn figures(&self) -> OverloadFigures {
+    pub fn stats(&self) -> OverloadStats {
         let last = lock(&self.last);
         let (state, tripped_by, everyone) = unpack(self.packed.load(Ordering::Relaxed));
         let soft = state == OverloadState::Soft && !everyone;
-        OverloadFigures {
+        OverloadStats {
             state,
             tripped_by,
             memory_cgroup: self.memory.dir().map(Path::to_path_buf),
@@ -538,7 +538,7 @@ impl OverloadGuard {
 impl fmt::Debug for OverloadGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OverloadGuard")
-            .field("figures", &self.figures())
+            .field("figures", &self.stats())
             .finish()
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use atunnel_process::overload::{Held, OverloadFigures, RECENT_SHED, ResourceReading};
+use atunnel_process::overload::{Held, OverloadStats, RECENT_SHED, ResourceReading};
 use atunnel_process::{
     OverloadConfig, OverloadGuard, OverloadState, Overloaded, Resource, Shed, ShedAction,
 };
@@ -37,19 +37,19 @@ fn serial(paused: bool, test: impl Future<Output = ()>) {
 
 const MIB: u64 = 1 << 20;
 
-fn memory(f: &OverloadFigures) -> ResourceReading {
+fn memory(f: &OverloadStats) -> ResourceReading {
     f.memory
         .unwrap_or_else(|| panic!("memory unread: {:?}", f.memory_error))
 }
 
-fn descriptors(f: &OverloadFigures) -> ResourceReading {
+fn descriptors(f: &OverloadStats) -> ResourceReading {
     f.descriptors
         .unwrap_or_else(|| panic!("descriptors unread: {:?}", f.descriptors_error))
 }
 
 /// The guard's next sample finds it `state` (its figures printed if not).
 fn samples(guard: &OverloadGuard, state: OverloadState) {
-    assert_eq!(guard.sample(), state, "{:?}", guard.figures());
+    assert_eq!(guard.sample(), state, "{:?}", guard.stats());
 }
 
 // ---------------------------------------------------------------------------
@@ -249,7 +249,7 @@ fn real_cgroup_memory_refuses_past_soft_sheds_past_hard_and_recovers() {
             ..OverloadConfig::default()
         })
         .expect("guard");
-        let f = guard.figures();
+        let f = guard.stats();
         assert_eq!(f.state, OverloadState::Normal, "{f:?}");
         assert_eq!(f.memory_cgroup.as_deref(), Some(cgroup.dir.as_path()));
         assert_eq!(memory(&f).limit, limit);
@@ -269,7 +269,7 @@ fn real_cgroup_memory_refuses_past_soft_sheds_past_hard_and_recovers() {
         cgroup.fill(cache.clone(), 48 * MIB).await;
         assert!(cgroup.usage() as f64 >= 0.5 * limit as f64);
         samples(&guard, OverloadState::Normal);
-        assert!(memory(&guard.figures()).used < 16 * MIB);
+        assert!(memory(&guard.stats()).used < 16 * MIB);
         cgroup.remove(&cache, 48 * MIB).await;
 
         // 40 MiB of shmem (not reclaimable without swap): soft.
@@ -285,7 +285,7 @@ fn real_cgroup_memory_refuses_past_soft_sheds_past_hard_and_recovers() {
                 everyone: true,
             })
         );
-        let f = guard.figures();
+        let f = guard.stats();
         assert_eq!(f.refused_total, 1);
         assert_eq!(f.tripped_by, Some(Resource::Memory));
         assert!(memory(&f).used >= 40 * MIB, "{f:?}");
@@ -309,13 +309,13 @@ fn real_cgroup_memory_refuses_past_soft_sheds_past_hard_and_recovers() {
             .expect("channel open");
         let deadline = Instant::now() + Duration::from_secs(10);
         while guard.state() != OverloadState::Soft {
-            assert!(Instant::now() < deadline, "{:?}", guard.figures());
+            assert!(Instant::now() < deadline, "{:?}", guard.stats());
             tokio::time::sleep(interval).await;
         }
         // A few more intervals in soft: no more sheds.
         tokio::time::sleep(interval * 5).await;
         assert_eq!(shedder.calls.load(Ordering::Relaxed), 1);
-        let f = guard.figures();
+        let f = guard.stats();
         assert_eq!(f.shed_total, 1);
         assert_eq!(f.recent_shed, [action]);
         cancel.cancel();
@@ -331,7 +331,7 @@ fn real_cgroup_memory_refuses_past_soft_sheds_past_hard_and_recovers() {
         samples(&guard, OverloadState::Normal);
         assert_eq!(guard.admit(), Ok(()));
         // normal -> soft -> hard -> soft -> normal
-        assert_eq!(guard.figures().transitions_total, 4);
+        assert_eq!(guard.stats().transitions_total, 4);
     });
 }
 
@@ -391,12 +391,12 @@ fn descriptors_past_the_thresholds_refuse_and_recover_when_closed() {
             ..OverloadConfig::default()
         })
         .expect("guard");
-        let f = guard.figures();
+        let f = guard.stats();
         assert_eq!(f.state, OverloadState::Normal, "{f:?}");
         assert_eq!(descriptors(&f).limit, limit);
         let mut files = Vec::new();
         let mut open_to = |n: u64| {
-            let open = descriptors(&guard.figures()).used;
+            let open = descriptors(&guard.stats()).used;
             for _ in open..n {
                 files.push(fs::File::open("/dev/null").expect("open /dev/null"));
             }
@@ -404,7 +404,7 @@ fn descriptors_past_the_thresholds_refuse_and_recover_when_closed() {
 
         open_to(150);
         samples(&guard, OverloadState::Soft);
-        assert_eq!(descriptors(&guard.figures()).used, 150);
+        assert_eq!(descriptors(&guard.stats()).used, 150);
         // Counted independently (less read_dir's own descriptor).
         let listed = fs::read_dir("/proc/self/fd").expect("list fds").count() as u64 - 1;
         assert_eq!(listed, 150);
@@ -430,15 +430,15 @@ fn descriptors_past_the_thresholds_refuse_and_recover_when_closed() {
         };
         assert_eq!(exhausted.raw_os_error(), Some(libc::EMFILE), "{exhausted}");
         assert_eq!(guard.sample(), OverloadState::Hard);
-        let f = guard.figures();
+        let f = guard.stats();
         assert_eq!(descriptors(&f).used, limit, "{f:?}");
         assert_eq!(f.tripped_by, Some(Resource::Descriptors));
 
         files.clear();
         samples(&guard, OverloadState::Normal);
         assert_eq!(guard.admit(), Ok(()));
-        assert!(descriptors(&guard.figures()).used < 100);
-        assert_eq!(guard.figures().refused_total, 2);
+        assert!(descriptors(&guard.stats()).used < 100);
+        assert_eq!(guard.stats().refused_total, 2);
     });
 }
 
@@ -533,7 +533,7 @@ fn run_sheds_once_per_interval_while_hard_stops_after_and_ends_at_cancel() {
 
         // Hard before anyone can shed: nothing happens, nothing is counted.
         tokio::time::sleep(interval * 3).await;
-        assert_eq!(guard.figures().shed_total, 0);
+        assert_eq!(guard.stats().shed_total, 0);
 
         // The shedder arrives after the guard and its run loop.
         let (tx, mut calls) = mpsc::unbounded_channel();
@@ -554,7 +554,7 @@ fn run_sheds_once_per_interval_while_hard_stops_after_and_ends_at_cancel() {
         for pair in at.windows(2) {
             assert_eq!(pair[1] - pair[0], interval);
         }
-        let f = guard.figures();
+        let f = guard.stats();
         assert_eq!(f.shed_total, sheds);
         assert_eq!(f.recent_shed.len(), RECENT_SHED);
         assert_eq!(f.recent_shed[0].who, format!("actor-{}", sheds - 15));
@@ -574,7 +574,7 @@ fn run_sheds_once_per_interval_while_hard_stops_after_and_ends_at_cancel() {
         assert_eq!(guard.state(), OverloadState::Soft);
         assert!(calls.try_recv().is_err());
         assert_eq!(recorder.calls.load(Ordering::Relaxed), sheds);
-        assert_eq!(guard.figures().shed_total, sheds);
+        assert_eq!(guard.stats().shed_total, sheds);
 
         // Hard again: shedding again.
         cgroup.write("memory.current", "900");
@@ -589,7 +589,7 @@ fn run_sheds_once_per_interval_while_hard_stops_after_and_ends_at_cancel() {
             .expect("run ends at cancel")
             .expect("run did not panic");
         // normal -> hard (first sample) -> soft -> hard
-        assert_eq!(guard.figures().transitions_total, 3);
+        assert_eq!(guard.stats().transitions_total, 3);
     });
 }
 
@@ -650,7 +650,7 @@ fn soft_refuses_those_above_their_fair_share_first_and_everyone_past_the_second_
         // Soft on memory: the share is (4 x 200 + 10) / 5 = 162 bytes.
         cgroup.write("memory.current", "600");
         assert_eq!(guard.sample(), OverloadState::Soft);
-        let f = guard.figures();
+        let f = guard.stats();
         assert_eq!((f.fair_share, f.consumers), (Some(held(18, 162)), 5));
         assert!(!f.refusing_everyone);
         let refused = guard.admit_held(|| big).expect_err("above its share");
@@ -661,13 +661,13 @@ fn soft_refuses_those_above_their_fair_share_first_and_everyone_past_the_second_
         assert_eq!(guard.admit_held(|| small), Ok(()));
         // Plain admission (no one in particular) is refused in soft.
         assert!(guard.admit().is_err());
-        let f = guard.figures();
+        let f = guard.stats();
         assert_eq!((f.refused_total, f.refused_over_share_total), (2, 1));
 
         // Past the second line: everyone.
         cgroup.write("memory.current", "750");
         assert_eq!(guard.sample(), OverloadState::Soft);
-        assert!(guard.figures().refusing_everyone);
+        assert!(guard.stats().refusing_everyone);
         let refused = guard.admit_held(|| small).expect_err("everyone refused");
         assert!(refused.everyone);
 
@@ -697,7 +697,7 @@ fn unreadable_memory_is_left_out_instead_of_refusing() {
         // A directory with no cgroup files.
         let empty = FakeCgroup::new(&[]);
         let guard = OverloadGuard::new(empty.config(0.5, 0.8)).expect("guard");
-        let f = guard.figures();
+        let f = guard.stats();
         assert_eq!(f.state, OverloadState::Normal);
         assert_eq!(f.memory, None);
         let error = f.memory_error.as_deref().expect("an error");
@@ -713,7 +713,7 @@ fn unreadable_memory_is_left_out_instead_of_refusing() {
         ]);
         let guard = OverloadGuard::new(cgroup.config(0.5, 0.8)).expect("guard");
         assert_eq!(guard.state(), OverloadState::Normal);
-        let error = guard.figures().memory_error.expect("an error");
+        let error = guard.stats().memory_error.expect("an error");
         assert!(
             error.contains("memory.stat") && error.contains("inactive_file"),
             "{error}"
@@ -724,7 +724,7 @@ fn unreadable_memory_is_left_out_instead_of_refusing() {
         cgroup.write("memory.stat", "anon 990\ninactive_file 0\n");
         cgroup.write("memory.current", "lots\n");
         assert_eq!(guard.sample(), OverloadState::Normal);
-        let error = guard.figures().memory_error.expect("an error");
+        let error = guard.stats().memory_error.expect("an error");
         assert!(
             error.contains("memory.current") && error.contains("lots"),
             "{error}"
@@ -732,12 +732,12 @@ fn unreadable_memory_is_left_out_instead_of_refusing() {
         cgroup.write("memory.current", "990\n");
         fs::remove_file(cgroup.dir.join("memory.max")).expect("rm");
         assert_eq!(guard.sample(), OverloadState::Normal);
-        assert!(guard.figures().memory_error.is_some());
+        assert!(guard.stats().memory_error.is_some());
 
         // Readable again: counted again.
         cgroup.write("memory.max", "1000\n");
         assert_eq!(guard.sample(), OverloadState::Hard);
-        assert_eq!(guard.figures().memory_error, None);
+        assert_eq!(guard.stats().memory_error, None);
     });
 }
 
@@ -763,7 +763,7 @@ fn memory_is_usage_less_inactive_file_against_the_tightest_limit() {
         })
         .expect("guard");
         assert_eq!(guard.state(), OverloadState::Soft);
-        let m = memory(&guard.figures());
+        let m = memory(&guard.stats());
         assert_eq!((m.used, m.limit), (700, 1000));
         assert!((m.pressure - 0.7).abs() < 1e-12);
 
@@ -776,7 +776,7 @@ fn memory_is_usage_less_inactive_file_against_the_tightest_limit() {
             .and_then(|v| v.trim().strip_suffix("kB"))
             .and_then(|v| v.trim().parse().ok())
             .expect("MemTotal");
-        assert_eq!(memory(&guard.figures()).limit, kib * 1024);
+        assert_eq!(memory(&guard.stats()).limit, kib * 1024);
         assert_eq!(guard.state(), OverloadState::Normal);
 
         // v1: an ancestor's limit (hierarchical_memory_limit) is tighter.
@@ -786,7 +786,7 @@ fn memory_is_usage_less_inactive_file_against_the_tightest_limit() {
             "total_inactive_file 2000\nhierarchical_memory_limit 1200\n",
         );
         guard.sample();
-        let m = memory(&guard.figures());
+        let m = memory(&guard.stats());
         // Inactive page cache beyond the usage: floored at 0.
         assert_eq!((m.used, m.limit), (0, 1200));
 
@@ -794,7 +794,7 @@ fn memory_is_usage_less_inactive_file_against_the_tightest_limit() {
         let v2 = FakeCgroup::v2(1000, "max\n", 100);
         fs::write(v2.root.path().join("memory.max"), "1200\n").expect("write");
         let guard = OverloadGuard::new(v2.config(0.5, 0.8)).expect("guard");
-        let m = memory(&guard.figures());
+        let m = memory(&guard.stats());
         assert_eq!((m.used, m.limit), (900, 1200));
         assert_eq!(guard.state(), OverloadState::Soft);
     });
@@ -822,5 +822,5 @@ fn thresholds_and_interval_are_validated_and_defaults_documented() {
     };
     assert!(OverloadGuard::new(config).is_err());
     fn serializable<T: serde::Serialize>() {}
-    serializable::<OverloadFigures>();
+    serializable::<OverloadStats>();
 }

@@ -27,7 +27,7 @@ pub struct RunningGateway {
     pub seen: mpsc::UnboundedReceiver<ConnectSeen>,
     pub cancel: CancellationToken,
     /// The CONNECT listener's pre-authentication figures.
-    pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthFigures + Send + Sync>,
+    pub pre_auth: Box<dyn Fn() -> atunnel_tls::PreAuthStats + Send + Sync>,
     /// HTTP/2 connections ended for a control-frame flood.
     pub h2_floods: Box<dyn Fn() -> u64 + Send + Sync>,
 }

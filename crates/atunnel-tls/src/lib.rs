@@ -29,6 +29,6 @@ pub mod stream;
 
 pub use admission::accept;
 pub use hibernate::{Activity, ActivityIo, Hibernation, HibernationStats, with_hibernation};
-pub use pre_auth::{PreAuthFigures, PreAuthGate, PreAuthLimits, PreAuthPermit};
+pub use pre_auth::{PreAuthGate, PreAuthLimits, PreAuthPermit, PreAuthStats};
 pub use reloadable::ReloadableConfig;
 pub use stream::{RecordStream, RecordTracking, RustlsStream, ServerTls};

@@ -81,7 +81,7 @@ impl Held {
 
 /// What [`PreAuthGate`] reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PreAuthFigures {
+pub struct PreAuthStats {
     pub handshaking: usize,
     /// New connections closed at once: their source was at its cap.
     pub refused_total: u64,
@@ -128,8 +128,8 @@ impl PreAuthGate {
         })
     }
 
-    pub fn figures(&self) -> PreAuthFigures {
-        PreAuthFigures {
+    pub fn stats(&self) -> PreAuthStats {
+        PreAuthStats {
             handshaking: self
                 .held
                 .lock()
@@ -192,8 +192,8 @@ mod tests {
         );
         let other = gate.admit(ip("10.0.0.2")).unwrap();
         assert_eq!(
-            gate.figures(),
-            PreAuthFigures {
+            gate.stats(),
+            PreAuthStats {
                 handshaking: 3,
                 refused_total: 1,
                 evicted_total: 0,
@@ -201,7 +201,7 @@ mod tests {
         );
         drop(held);
         drop(other);
-        assert_eq!(gate.figures().handshaking, 0);
+        assert_eq!(gate.stats().handshaking, 0);
         let held = gate.held.lock().unwrap();
         assert!(
             held.by_source.is_empty() && held.by_age.is_empty(),
@@ -221,8 +221,8 @@ mod tests {
         let second = gate.admit(ip("10.0.0.2")).unwrap();
         let newcomer = gate.admit(ip("10.0.0.3")).expect("admitted at the cap");
         assert_eq!(
-            gate.figures(),
-            PreAuthFigures {
+            gate.stats(),
+            PreAuthStats {
                 handshaking: 2,
                 refused_total: 0,
                 evicted_total: 1,
@@ -230,10 +230,10 @@ mod tests {
         );
         // The oldest's handshake ends at once, though it would never finish.
         assert_eq!(oldest.run(std::future::pending::<()>()).await, None);
-        assert_eq!(gate.figures().handshaking, 2, "its place was already given");
+        assert_eq!(gate.stats().handshaking, 2, "its place was already given");
         assert_eq!(newcomer.run(async { 7 }).await, Some(7));
         assert_eq!(second.run(async { 8 }).await, Some(8));
-        assert_eq!(gate.figures().handshaking, 0);
+        assert_eq!(gate.stats().handshaking, 0);
         assert!(gate.held.lock().unwrap().by_source.is_empty());
     }
 }

@@ -44,7 +44,7 @@ impl admin::AdminApp for TunnelAdmin {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn admin_stats(&self) -> &Arc<admin::AdminStats> {
+    fn admin_counters(&self) -> &Arc<admin::AdminCounters> {
         &self.source.admin
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use atunnel_core::{BufferPool, PoolStats};
-use atunnel_process::admin::{AdminFigures, AdminStats};
+use atunnel_process::admin::{AdminCounters, AdminStats};
 use atunnel_process::process_stats::{ProcessStats, process_and_pool};
 use serde::Serialize;
 
@@ -24,7 +24,7 @@ pub struct Stats {
     pub egress_actors: Vec<ActorEgressStats>,
     pub ingress: Option<crate::ingress::RouteStats>,
     /// The overload guard's state, readings and actions.
-    pub overload: Option<atunnel_process::overload::OverloadFigures>,
+    pub overload: Option<atunnel_process::overload::OverloadStats>,
     /// Ingress connections hibernated now, and counts so far.
     pub hibernation: Option<atunnel_tls::HibernationStats>,
     /// Each sandbox's DNS relay: queries, answers, timeouts, drops.
@@ -34,17 +34,17 @@ pub struct Stats {
     pub pre_auth: Option<IngressPreAuth>,
     /// /stats's own listener: connections accepted, and those past its
     /// cap taken into the probe reserve.
-    pub admin: AdminFigures,
+    pub admin: AdminStats,
     /// The control socket: connections closed before they were served.
-    pub control: ControlFigures,
+    pub control: ControlStats,
     /// Sandboxes an earlier process left: adopted, removed, pending.
     pub leftovers: Option<crate::leftovers::LeftoverStats>,
 }
 
 #[derive(Debug, Serialize, serde::Deserialize)]
 pub struct IngressPreAuth {
-    pub https: atunnel_tls::PreAuthFigures,
-    pub connect: atunnel_tls::PreAuthFigures,
+    pub https: atunnel_tls::PreAuthStats,
+    pub connect: atunnel_tls::PreAuthStats,
 }
 
 /// The figures `/stats` serves.
@@ -55,8 +55,8 @@ pub(crate) struct StatsSource {
     pub ingress: Option<Arc<crate::ingress::Ingress>>,
     pub dns_relays: crate::dns_relays::DnsRelays,
     pub leftovers: Option<Arc<crate::leftovers::Leftovers>>,
-    pub admin: Arc<AdminStats>,
-    pub control: Arc<ControlStats>,
+    pub admin: Arc<AdminCounters>,
+    pub control: Arc<ControlCounters>,
     /// Set once the tunnel drains or shuts down.
     pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -73,15 +73,15 @@ impl StatsSource {
                 .as_ref()
                 .map_or_else(Vec::new, |e| e.actor_stats()),
             ingress: self.ingress.as_ref().map(|i| i.stats()),
-            overload: self.overload.as_ref().map(|o| o.figures()),
+            overload: self.overload.as_ref().map(|o| o.stats()),
             hibernation: self.ingress.as_ref().map(|i| i.hibernation().stats()),
             dns_relays: crate::dns_relays::dns_stats(&self.dns_relays),
             pre_auth: self.ingress.as_ref().map(|i| {
                 let (https, connect) = i.pre_auth();
                 IngressPreAuth { https, connect }
             }),
-            admin: self.admin.figures(),
-            control: self.control.figures(),
+            admin: self.admin.stats(),
+            control: self.control.stats(),
             leftovers: self.leftovers.as_ref().map(|l| l.stats()),
         }
     }
@@ -90,7 +90,7 @@ impl StatsSource {
 /// What the control socket counts: connections it closed before serving
 /// them, by why.
 #[derive(Debug, Default)]
-pub struct ControlStats {
+pub struct ControlCounters {
     pub(crate) accepted: AtomicU64,
     pub(crate) refused_uid: AtomicU64,
     pub(crate) preface_timeouts: AtomicU64,
@@ -98,9 +98,9 @@ pub struct ControlStats {
     pub(crate) bad_preface: AtomicU64,
 }
 
-/// What [`ControlStats`] reads.
+/// What [`ControlCounters`] reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ControlFigures {
+pub struct ControlStats {
     pub accepted_total: u64,
     /// Closed at accept: the peer's uid is not allowed.
     pub refused_uid_total: u64,
@@ -112,10 +112,10 @@ pub struct ControlFigures {
     pub bad_preface_total: u64,
 }
 
-impl ControlStats {
-    pub fn figures(&self) -> ControlFigures {
+impl ControlCounters {
+    pub fn stats(&self) -> ControlStats {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        ControlFigures {
+        ControlStats {
             accepted_total: load(&self.accepted),
             refused_uid_total: load(&self.refused_uid),
             preface_timeouts_total: load(&self.preface_timeouts),

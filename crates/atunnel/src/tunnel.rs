@@ -196,7 +196,7 @@ pub struct Tunnel {
     tasks: TaskTracker,
     stats: Option<SocketAddr>,
     /// The control socket's counts, when a daemon serves one; in /stats.
-    control: Arc<crate::stats::ControlStats>,
+    control: Arc<crate::stats::ControlCounters>,
     overload: Option<Arc<OverloadGuard>>,
 }
 
@@ -215,7 +215,7 @@ impl Tunnel {
         };
         let max_descriptors =
             crate::holdings::start_budget(&cfg.holdings, cfg.overload.as_ref(), cfg.dns.as_ref());
-        if let Some(memory) = overload.as_ref().and_then(|g| g.figures().memory) {
+        if let Some(memory) = overload.as_ref().and_then(|g| g.stats().memory) {
             crate::holdings::check_memory_fit(
                 cfg.holdings.actors_at_budget,
                 max_descriptors,
@@ -282,7 +282,7 @@ impl Tunnel {
             }));
             tasks.spawn(guard.clone().run(cancel.clone()));
         }
-        let control = Arc::new(crate::stats::ControlStats::default());
+        let control = Arc::new(crate::stats::ControlCounters::default());
         if let (Some(leftovers), Some(grace)) = (&leftovers, cfg.leftover_grace) {
             tasks.spawn(
                 leftovers
@@ -362,7 +362,7 @@ impl Tunnel {
     }
 
     /// What the control socket serving this tunnel counts (zero without one).
-    pub fn control_stats(&self) -> &Arc<crate::stats::ControlStats> {
+    pub fn control_counters(&self) -> &Arc<crate::stats::ControlCounters> {
         &self.control
     }
 

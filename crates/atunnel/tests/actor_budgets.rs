@@ -324,7 +324,7 @@ async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fift
     // fair share of the bytes actors hold, the fifth below it.
     memory.set(880);
     assert_eq!(guard.sample(), OverloadState::Soft);
-    let f = guard.figures();
+    let f = guard.stats();
     assert!(!f.refusing_everyone, "{f:?}");
     assert_eq!(f.consumers, 5, "{f:?}");
     assert!(
@@ -340,7 +340,7 @@ async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fift
     );
     let answer = get(&mut router, "actor-4").await.expect("answer");
     assert_eq!(answer.status(), 200);
-    let f = guard.figures();
+    let f = guard.stats();
     assert_eq!(f.refused_over_share_total, 2, "{f:?}");
     for s in &mut held {
         // Established tunnels go on.
@@ -352,7 +352,7 @@ async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fift
     // Past the second line: everyone.
     memory.set(920);
     assert_eq!(guard.sample(), OverloadState::Soft);
-    assert!(guard.figures().refusing_everyone);
+    assert!(guard.stats().refusing_everyone);
     assert!(
         echoing_tunnel(listeners[4]).await.is_none(),
         "everyone refused"
@@ -428,7 +428,7 @@ async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_t
     memory.set(990);
     let first = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            if let Some(first) = guard.figures().recent_shed.first().cloned() {
+            if let Some(first) = guard.stats().recent_shed.first().cloned() {
                 return first;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -452,7 +452,7 @@ async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_t
     }
     // The activation stays: once the pressure is gone, actor-0 is served.
     tokio::time::timeout(Duration::from_secs(10), async {
-        while guard.figures().state != OverloadState::Normal {
+        while guard.stats().state != OverloadState::Normal {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
@@ -566,7 +566,7 @@ async fn four_actors_at_their_budgets_leave_the_guard_normal_and_a_fifth_is_serv
         assert_eq!(busy.status(), 503);
     }
     let sampled = tunnel.overload().expect("guard").sample();
-    let figures = tunnel.overload().expect("guard").figures();
+    let figures = tunnel.overload().expect("guard").stats();
     eprintln!(
         "four actors at {budget} descriptors each: {:?} of {:?}",
         figures.descriptors.map(|d| d.used),

@@ -279,7 +279,7 @@ async fn thousands_of_silent_connections_from_many_addresses_leave_routers_serve
         // The last connections may still wait in the accept queue: the
         // listener's count is read until it has taken them all (polled,
         // bounded: its accepts are not events a test can await).
-        let taken = |f: atunnel_tls::PreAuthFigures| {
+        let taken = |f: atunnel_tls::PreAuthStats| {
             f.evicted_total + f.refused_total + f.handshaking as u64 >= held.len() as u64
         };
         let started = Instant::now();

@@ -139,7 +139,7 @@ fn temp_path(path: &Path) -> PathBuf {
 }
 
 /// The HTTP/2 client preface every gRPC connection opens with.
-pub use crate::stats::{ControlFigures, ControlStats};
+pub use crate::stats::{ControlCounters, ControlStats};
 
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -226,7 +226,7 @@ struct Admission {
     served: Arc<Semaphore>,
     /// Places for connections accepted and not yet served.
     waiting: Arc<PreAuthGate>,
-    stats: Arc<ControlStats>,
+    stats: Arc<ControlCounters>,
     refusals_logged: LogLimit,
 }
 
@@ -272,7 +272,7 @@ async fn wait_for_preface(
     place: PreAuthPermit,
     served: Arc<Semaphore>,
     timeout: Duration,
-    stats: Arc<ControlStats>,
+    stats: Arc<ControlCounters>,
 ) -> Option<ControlConn> {
     let admitted = async {
         let mut preface = [0u8; PREFACE.len()];
@@ -357,7 +357,7 @@ pub async fn serve(
             total: cfg.max_connections,
             per_source: usize::MAX,
         }),
-        stats: service.tunnel().control_stats().clone(),
+        stats: service.tunnel().control_counters().clone(),
         refusals_logged: LogLimit::default(),
     };
     let server = ControlServer::new(service.clone()).max_decoding_message_size(MAX_REQUEST_BYTES);

@@ -20,7 +20,7 @@ use atunnel_core::endpoint::ReadReady;
 use atunnel_core::original_dst::original_dst_from;
 use atunnel_core::relay::{Op, RelayError, relay_within};
 use atunnel_core::sockopt::{ListenerOptions, SocketOptions};
-use atunnel_core::{BufferPool, Listener, ListenerStats, RefusalPace};
+use atunnel_core::{BufferPool, Listener, ListenerCounters, RefusalPace};
 use atunnel_identity::cert_source::CertificateSource;
 use atunnel_identity::identity::ActorRef;
 use atunnel_process::overload::{Held, OverloadGuard};
@@ -357,7 +357,7 @@ pub struct Egress {
     stop: CancellationToken,
     counters: Counters,
     /// Every egress listener's figures, together.
-    listener_stats: ListenerStats,
+    listener_stats: ListenerCounters,
     /// Refuses new tunnels while the process is overloaded.
     overload: Option<Arc<OverloadGuard>>,
     /// Every actor's holdings, shared with ingress.
@@ -395,7 +395,7 @@ impl Egress {
             listeners: TaskTracker::new(),
             stop: CancellationToken::new(),
             counters: Counters::default(),
-            listener_stats: ListenerStats::default(),
+            listener_stats: ListenerCounters::default(),
         })
     }
 

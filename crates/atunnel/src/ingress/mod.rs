@@ -13,7 +13,7 @@ mod router_h2;
 mod routes;
 pub(crate) mod tls;
 
-use atunnel_tls::{PreAuthFigures, PreAuthGate, PreAuthLimits};
+use atunnel_tls::{PreAuthGate, PreAuthLimits, PreAuthStats};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ use crate::activation::ActorActivation;
 use atunnel_core::relay::RelayBounds;
 
 use atunnel_core::sockopt::SocketOptions;
-use atunnel_core::{BufferPool, Listener, ListenerStats};
+use atunnel_core::{BufferPool, Listener, ListenerCounters};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -158,7 +158,7 @@ pub struct Ingress {
     /// Both listeners' TLS, replaced by [`Ingress::reload_tls`].
     tls: Arc<atunnel_tls::ReloadableConfig>,
     connect: Arc<ConnectServer<connect::IngressConnect>>,
-    https_listeners: ListenerStats,
+    https_listeners: ListenerCounters,
     https_pre_auth: Arc<PreAuthGate>,
     hibernation: Arc<Hibernation>,
     /// The listeners' tasks and the allocator trim, for shutdown to wait on.
@@ -235,7 +235,7 @@ impl Ingress {
             routes,
             tls,
             connect,
-            https_listeners: ListenerStats::default(),
+            https_listeners: ListenerCounters::default(),
             https_pre_auth,
             tasks: TaskTracker::new(),
             force_close: CancellationToken::new(),
@@ -311,8 +311,8 @@ impl Ingress {
     }
 
     /// The pre-authentication figures of the HTTPS and the CONNECT listener.
-    pub fn pre_auth(&self) -> (PreAuthFigures, PreAuthFigures) {
-        (self.https_pre_auth.figures(), self.connect.pre_auth())
+    pub fn pre_auth(&self) -> (PreAuthStats, PreAuthStats) {
+        (self.https_pre_auth.stats(), self.connect.pre_auth())
     }
 
     /// Sizes of one HTTPS and one CONNECT connection's task future: part of

@@ -684,7 +684,7 @@ impl ActorRoute {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn figures(&self) -> ActorIngressStats {
+    fn stats(&self) -> ActorIngressStats {
         let s = &self.shared;
         let share = s.pool.share_stats().unwrap_or_default();
         ActorIngressStats {
@@ -1123,7 +1123,7 @@ impl Routes {
                 actors_total: self.upstream.h2c_floods.total(),
             },
             actors: {
-                let mut actors: Vec<_> = active.values().map(|a| a.figures()).collect();
+                let mut actors: Vec<_> = active.values().map(|a| a.stats()).collect();
                 actors.sort_by(|a, b| a.actor.cmp(&b.actor));
                 actors
             },

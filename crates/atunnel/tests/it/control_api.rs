@@ -670,7 +670,7 @@ async fn a_peer_whose_uid_is_not_allowed_is_closed_at_accept_and_changes_nothing
     // Each refusal is counted before its connection closes, but tonic may
     // fail a call on the broken connection of the one before without
     // dialling again: four calls make one to four connections, all refused.
-    let figures = d.tunnel.control_stats().figures();
+    let figures = d.tunnel.control_counters().stats();
     assert!((1..=4).contains(&figures.refused_uid_total), "{figures:?}");
     assert_eq!(figures.accepted_total, figures.refused_uid_total);
     let actor = ActorRef::new(&a.atespace, &a.name, &a.uid).expect("actor");
@@ -779,7 +779,7 @@ async fn silent_connections_and_a_refused_uid_do_not_keep_the_worker_out() {
         c.preface_timeout = preface_timeout;
     })
     .await;
-    assert_eq!(d.tunnel.control_stats().figures().accepted_total, 0);
+    assert_eq!(d.tunnel.control_counters().stats().accepted_total, 0);
     // As many connections as are served at once, none sending a byte;
     // then one from a uid not allowed, which is closed at once.
     let mut silent = Vec::new();
@@ -808,7 +808,7 @@ async fn silent_connections_and_a_refused_uid_do_not_keep_the_worker_out() {
         "ctl list took {took:?} (preface timeout {preface_timeout:?})"
     );
     closed_within(&mut silent[0], Duration::from_secs(5)).await;
-    let figures = d.tunnel.control_stats().figures();
+    let figures = d.tunnel.control_counters().stats();
     assert_eq!(figures.refused_uid_total, 1, "{figures:?}");
     assert_eq!(figures.evicted_total, 1, "{figures:?}");
     assert_eq!(figures.accepted_total, 18, "{figures:?}");
@@ -841,7 +841,7 @@ async fn a_connection_without_its_preface_is_closed_at_the_preface_timeout() {
         .await
         .expect("write");
     closed_within(&mut other, Duration::from_secs(10)).await;
-    let figures = d.tunnel.control_stats().figures();
+    let figures = d.tunnel.control_counters().stats();
     assert_eq!(
         (figures.preface_timeouts_total, figures.bad_preface_total),
         (1, 1),
@@ -888,11 +888,11 @@ async fn a_connection_silent_after_its_preface_is_pinged_and_closed() {
     // A client's library answers PINGs: its connection stays served past
     // several (a new one would be counted).
     assert!(d.list().await.is_empty());
-    let accepted = d.tunnel.control_stats().figures().accepted_total;
+    let accepted = d.tunnel.control_counters().stats().accepted_total;
     tokio::time::sleep(ping * 4).await;
     assert!(d.list().await.is_empty());
     assert_eq!(
-        d.tunnel.control_stats().figures().accepted_total,
+        d.tunnel.control_counters().stats().accepted_total,
         accepted,
         "the client reconnected"
     );
@@ -967,7 +967,7 @@ async fn ctl_as_another_uid_is_kept_out_by_the_mode_or_refused_by_the_uid_check(
             .is_some_and(|m| m.contains("uid (65534)")),
         "{json}"
     );
-    assert_eq!(d.tunnel.control_stats().figures().refused_uid_total, 1);
+    assert_eq!(d.tunnel.control_counters().stats().refused_uid_total, 1);
     d.stop().await;
     let d = Daemon::start(&pki, "uid2", |c| {
         group(c);

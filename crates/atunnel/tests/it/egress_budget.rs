@@ -353,7 +353,7 @@ async fn an_overloaded_process_refuses_new_tunnels_and_sheds_the_largest_actor()
     }
     let mut after = echoing(alpha).await;
     still_echoes(&mut after).await;
-    assert!(guard.figures().shed_total >= 1);
+    assert!(guard.stats().shed_total >= 1);
     cancel.cancel();
     run.await.expect("the guard's loop ends at cancel");
 }

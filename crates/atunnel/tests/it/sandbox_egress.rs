@@ -992,7 +992,7 @@ async fn an_actors_dns_queries_in_flight_count_as_what_it_holds() {
     // Soft: the fair share is what the one actor holds, its DNS alone.
     memory.set(880);
     assert_eq!(guard.sample(), OverloadState::Soft);
-    let f = guard.figures();
+    let f = guard.stats();
     let n = u64::from(QUERIES);
     assert_eq!(
         (f.consumers, f.fair_share),

@@ -505,7 +505,7 @@ mod tests {
     use super::*;
     use atunnel::egress::ActorEgressStats;
     use atunnel::ingress::{ActorIngressStats, RouteStats};
-    use atunnel_process::overload::{OverloadFigures, OverloadState};
+    use atunnel_process::overload::{OverloadState, OverloadStats};
 
     #[test]
     fn the_hostile_actors_figures_are_summed_and_the_victims_left_out() {
@@ -544,7 +544,7 @@ mod tests {
     /// A snapshot in overload `state` with `fds` open (the guard's other
     /// figures as a fresh guard has them).
     fn overloaded(state: OverloadState, fds: usize) -> Stats {
-        let figures = OverloadFigures {
+        let figures = OverloadStats {
             state,
             tripped_by: None,
             memory_cgroup: None,
