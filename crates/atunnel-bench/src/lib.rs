@@ -5,5 +5,6 @@
 pub mod cost;
 pub mod load;
 pub mod lockstep;
+pub mod markdown;
 pub mod peers;
 pub mod scenario;

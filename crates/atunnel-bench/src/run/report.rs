@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use atunnel_bench::load::plots::file_stem;
 use atunnel_bench::load::results::{self, Results, ScenarioResult};
+use atunnel_bench::markdown::Table;
 use atunnel_bench::scenario::{Scenario, cost, socket_memory};
 
 /// How the run was set up, for the report's opening lines.
@@ -136,28 +137,33 @@ pub fn write(
             let _ = writeln!(md, "{reference}\n");
         }
         if !s.rungs.is_empty() {
-            let _ = writeln!(
-                md,
-                "| offered/s | achieved/s | errors | verdict | tunnel cores | heap MiB | cgroup MiB | p50 ms | p99 ms | max ms |"
-            );
-            let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+            let mut t = Table::new(&[
+                "offered/s",
+                "achieved/s",
+                "errors",
+                "verdict",
+                "tunnel cores",
+                "heap MiB",
+                "cgroup MiB",
+                "p50 ms",
+                "p99 ms",
+                "max ms",
+            ]);
             for r in &s.rungs {
-                let _ = writeln!(
-                    md,
-                    "| {:.0} | {:.1} | {} | {} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} |",
-                    r.offered,
-                    r.achieved,
-                    r.errors,
-                    r.verdict,
-                    r.tunnel_cpu_cores,
-                    r.tunnel_heap_bytes as f64 / 1048576.0,
-                    r.tunnel_cgroup_bytes as f64 / 1048576.0,
-                    r.latency_us.p50 as f64 / 1e3,
-                    r.latency_us.p99 as f64 / 1e3,
-                    r.latency_us.max as f64 / 1e3
-                );
+                t.row([
+                    format!("{:.0}", r.offered),
+                    format!("{:.1}", r.achieved),
+                    r.errors.to_string(),
+                    r.verdict.to_string(),
+                    format!("{:.2}", r.tunnel_cpu_cores),
+                    format!("{:.1}", r.tunnel_heap_bytes as f64 / 1048576.0),
+                    format!("{:.1}", r.tunnel_cgroup_bytes as f64 / 1048576.0),
+                    format!("{:.2}", r.latency_us.p50 as f64 / 1e3),
+                    format!("{:.2}", r.latency_us.p99 as f64 / 1e3),
+                    format!("{:.2}", r.latency_us.max as f64 / 1e3),
+                ]);
             }
-            let _ = writeln!(md);
+            md.push_str(&t.end());
         }
         if s.name == Scenario::NoisyNeighbour.name() {
             md.push_str(&super::scenarios::noisy_neighbour::report_section(dir, s)?);
@@ -249,27 +255,30 @@ fn stall_table(summary: &socket_memory::Summary) -> String {
     }
     let bound = summary.bound_kib.unwrap_or(64.0);
     let kib = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.1}"));
-    let mut md = format!(
-        "| case | proxy | kernel KiB | heap KiB | total KiB | verdict (<= {bound} KiB) |\n|---|---|---|---|---|---|\n"
-    );
+    let mut t = Table::new(&[
+        "case".to_string(),
+        "proxy".into(),
+        "kernel KiB".into(),
+        "heap KiB".into(),
+        "total KiB".into(),
+        format!("verdict (<= {bound} KiB)"),
+    ]);
     for c in &summary.cases {
         let verdict = match c.pass {
             Some(true) => "pass",
             Some(false) => "FAIL",
             None => "-",
         };
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} | {verdict} |",
-            c.case,
-            c.measured,
+        t.row([
+            c.case.clone(),
+            c.measured.clone(),
             kib(c.kernel_kib),
             kib(c.heap_kib),
             kib(c.total_kib),
-        );
+            verdict.into(),
+        ]);
     }
-    md.push('\n');
-    md
+    t.end()
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use atunnel_bench::load::results::ScenarioResult;
+use atunnel_bench::markdown::Table;
 use atunnel_bench::scenario::chaos::{Fault as FaultSummary, Outcomes, Summary};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -704,33 +705,39 @@ pub(super) async fn chaos(bench: &mut Bench) -> Result<ScenarioResult, BoxError>
 
 /// The faults as a table for report.md.
 pub(in crate::run) fn report_section(s: &ScenarioResult) -> String {
-    use std::fmt::Write as _;
     let Some(summary) = s.summary::<Summary>() else {
         return String::new();
     };
-    let mut md = String::from(
-        "| fault | tunnels | completed | cut with RST | silently truncated | refused | other | recovered | other actors' tunnels not completed | IPv4 completed / RST / truncated | IPv6 completed / RST / truncated |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+    let mut t = Table::new(&[
+        "fault",
+        "tunnels",
+        "completed",
+        "cut with RST",
+        "silently truncated",
+        "refused",
+        "other",
+        "recovered",
+        "other actors' tunnels not completed",
+        "IPv4 completed / RST / truncated",
+        "IPv6 completed / RST / truncated",
+    ]);
     let family =
         |f: &Outcomes| format!("{} / {} / {}", f.completed, f.cut_rst, f.silently_truncated);
     for r in &summary.faults {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.fault,
-            r.tunnels,
-            r.completed,
-            r.cut_rst,
-            r.silently_truncated,
-            r.refused,
-            r.other,
-            r.recovered,
+        t.row([
+            r.fault.to_string(),
+            r.tunnels.to_string(),
+            r.completed.to_string(),
+            r.cut_rst.to_string(),
+            r.silently_truncated.to_string(),
+            r.refused.to_string(),
+            r.other.to_string(),
+            r.recovered.to_string(),
             r.bystanders_incomplete
                 .map_or("-".to_string(), |n| n.to_string()),
             family(&r.ipv4),
             family(&r.ipv6),
-        );
+        ]);
     }
-    md.push('\n');
-    md
+    t.end()
 }

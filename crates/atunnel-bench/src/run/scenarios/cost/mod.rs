@@ -53,6 +53,7 @@ use std::time::Duration;
 use atunnel_bench::cost::{self, CallgrindProcess, PerfWindow, SyscallCounts};
 use atunnel_bench::load::results::ScenarioResult;
 use atunnel_bench::lockstep::Lockstep;
+use atunnel_bench::markdown::Table;
 use atunnel_bench::peers::Contender;
 use atunnel_bench::scenario::Scenario;
 use atunnel_bench::scenario::cost::{ContenderCounts, Spread as CountSpread, Summary, UnitCounts};

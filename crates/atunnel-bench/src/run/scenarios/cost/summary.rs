@@ -160,24 +160,27 @@ pub fn report_section(summary: &Summary) -> String {
             unit.n_perf,
             unit.rounds_perf.unwrap_or(1),
         );
-        let _ = writeln!(
-            md,
-            "| contender | instructions | syscalls | top {TOP_SYSCALLS} syscalls | context switches | preemptions | allocations | path |"
-        );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+        let mut t = Table::new(&[
+            "contender".to_string(),
+            "instructions".into(),
+            "syscalls".into(),
+            format!("top {TOP_SYSCALLS} syscalls"),
+            "context switches".into(),
+            "preemptions".into(),
+            "allocations".into(),
+            "path".into(),
+        ]);
         for c in &unit.contenders {
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                c.name,
+            t.row([
+                c.name.clone(),
                 fmt(c.instructions, c.spread.instructions),
                 fmt(c.syscalls, c.spread.syscalls),
                 top_syscalls(&c.syscalls_by_name),
                 fmt(c.context_switches, c.spread.context_switches),
                 fmt(c.preemptions, c.spread.preemptions),
                 fmt(c.allocations, c.spread.allocations),
-                c.path,
-            );
+                c.path.clone(),
+            ]);
         }
         let atunnel = unit.contenders.iter().find(|c| c.name == "atunnel");
         for peer in unit.contenders.iter().filter(|c| c.name != "atunnel") {
@@ -186,16 +189,18 @@ pub fn report_section(summary: &Summary) -> String {
                 (Some(x), Some(y)) if y > 0.0 => format!("{:.2}", x / y),
                 _ => "n/a".into(),
             };
-            let _ = writeln!(
-                md,
-                "| atunnel / {} | {} | {} | | {} | | n/a | |",
-                peer.name,
+            t.row([
+                format!("atunnel / {}", peer.name),
                 ratio(|c| c.instructions),
                 ratio(|c| c.syscalls),
+                String::new(),
                 ratio(|c| c.context_switches),
-            );
+                String::new(),
+                "n/a".into(),
+                String::new(),
+            ]);
         }
-        let _ = writeln!(md);
+        md.push_str(&t.end());
     }
     md
 }
