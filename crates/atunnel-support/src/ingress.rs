@@ -16,6 +16,7 @@ use atunnel::ingress::{Ingress, IngressConfig, ROUTER_SPIFFE_ID};
 use atunnel_core::BufferPool;
 use atunnel_core::sockopt::SocketOptions;
 use atunnel_identity::pki::{CertificateAuthority, IssuedCert, Usage, WORKER_SPIFFE_ID};
+use atunnel_process::overload::OverloadGuard;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -168,7 +169,11 @@ pub async fn ingress_tuned(
     let mut cfg = pki.ingress_config();
     tune(&mut cfg);
     let pool = BufferPool::default();
-    let ingress = Ingress::new(cfg, pool.clone()).expect("ingress");
+    running(Ingress::new(cfg, pool.clone()).expect("ingress"), pool).await
+}
+
+/// `ingress` listening on loopback, HTTPS and CONNECT.
+async fn running(ingress: Arc<Ingress>, pool: BufferPool) -> RunningIngress {
     let cancel = CancellationToken::new();
     let local = "127.0.0.1:0".parse().expect("addr");
     let (https, connect) = ingress
@@ -182,6 +187,15 @@ pub async fn ingress_tuned(
         connect,
         cancel,
     }
+}
+
+/// An ingress with [`IngressPki::ingress_config`] that asks `guard` before
+/// it admits work.
+pub async fn ingress_guarded(pki: &IngressPki, guard: Arc<OverloadGuard>) -> RunningIngress {
+    let pool = BufferPool::default();
+    let ingress =
+        Ingress::with_overload(pki.ingress_config(), pool.clone(), Some(guard)).expect("ingress");
+    running(ingress, pool).await
 }
 
 /// Dials loopback ports, with some actor ports mapped to others (so tests

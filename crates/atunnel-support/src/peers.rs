@@ -162,15 +162,39 @@ pub async fn closes_with_no_bytes(s: &mut TcpStream) -> bool {
 /// The next read on `s` fails with a reset within 10 s: not a clean EOF
 /// (which would pass a cut stream off as complete), not more bytes.
 pub async fn next_read_is_reset(s: &mut (impl tokio::io::AsyncRead + Unpin), what: &str) {
+    next_read_is_reset_within(s, what, Duration::from_secs(10)).await
+}
+
+/// [`next_read_is_reset`] within `wait`.
+pub async fn next_read_is_reset_within(
+    s: &mut (impl tokio::io::AsyncRead + Unpin),
+    what: &str,
+    wait: Duration,
+) {
     let mut buf = [0u8; 64];
-    let read = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+    let read = tokio::time::timeout(wait, s.read(&mut buf))
         .await
-        .unwrap_or_else(|_| panic!("{what}: the socket was left open"));
+        .unwrap_or_else(|_| panic!("{what}: the socket was left open {wait:?}"));
     match read {
         Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{what}: {e}"),
         Ok(0) => panic!("{what}: a clean end instead of a reset"),
         Ok(n) => panic!("{what}: {n} more bytes instead of a reset"),
     }
+}
+
+/// The connection ends (EOF or an error) within 20 s.
+pub async fn ends(s: &mut (impl tokio::io::AsyncRead + Unpin), what: &str) {
+    let mut buf = [0u8; 4096];
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "{what} still open");
 }
 
 /// What `watched` reports within 10 s is a reset.

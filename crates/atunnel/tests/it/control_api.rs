@@ -293,21 +293,6 @@ async fn expect_seen(gw: &mut RunningGateway, actor_name: &str) {
     assert_eq!(seen.identity.actor_name, actor_name);
 }
 
-/// The connection was ended under the actor (EOF or reset), within 20 s.
-async fn expect_ended(s: &mut TcpStream) {
-    let mut buf = [0u8; 1024];
-    let ended = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            match s.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-    assert!(ended.is_ok(), "the deactivated actor's tunnel still open");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_actors_go_through_the_whole_lifecycle_with_bytes_both_ways() {
     require_root("control API lifecycle test");
@@ -373,7 +358,7 @@ async fn several_actors_go_through_the_whole_lifecycle_with_bytes_both_ways() {
         .expect("Deactivate");
     assert!(r.was_active && r.drained, "{r:?}");
     assert_eq!(phase(&r.status.expect("status")), Phase::Sandboxed);
-    expect_ended(&mut conns[0]).await;
+    ends(&mut conns[0], "the deactivated actor's tunnel").await;
     for (i, s) in conns.iter_mut().enumerate().skip(1) {
         echo_check(s, &random(64 * 1024, 10 + i as u64)).await;
     }
@@ -410,7 +395,7 @@ async fn several_actors_go_through_the_whole_lifecycle_with_bytes_both_ways() {
         assert!(!r.existed, "{r:?}");
     }
     for mut s in conns.drain(1..) {
-        expect_ended(&mut s).await;
+        ends(&mut s, "the deactivated actor's tunnel").await;
     }
     assert!(d.list().await.is_empty());
     d.stop().await;
@@ -1070,7 +1055,7 @@ async fn atunnel_ctl_drives_atunnel_serve_through_a_lifecycle() {
     let (code, json) = ctl(with("deactivate", &[])).await;
     assert_eq!(code, 0, "{json}");
     assert_eq!(json["was_active"], true, "{json}");
-    expect_ended(&mut s).await;
+    ends(&mut s, "the deactivated actor's tunnel").await;
     let (code, json) = ctl(with("close-sandbox", &[])).await;
     assert_eq!(
         (code, &json["existed"]),

@@ -293,21 +293,6 @@ async fn ingress_both_ways(
     (router, at_actor)
 }
 
-/// The connection ends (EOF or an error) within 20 s.
-async fn ends(s: &mut (impl AsyncReadExt + Unpin), what: &str) {
-    let mut buf = [0u8; 4096];
-    let ended = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            match s.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-    assert!(ended.is_ok(), "{what} still open");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_daemon_is_replaced_by_one_that_serves_the_same_actors() {
     require_root("daemon restart test");

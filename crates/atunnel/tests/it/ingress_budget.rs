@@ -9,13 +9,11 @@ use atunnel_support::prelude::*;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel::ingress::{Ingress, PoolSettings};
-use atunnel_core::BufferPool;
+use atunnel::ingress::PoolSettings;
 use atunnel_process::overload::OverloadConfig;
 use bytes::Bytes;
 use http_body_util::Full;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 /// A GET to `team-a/<actor>` on a new stream, not awaited.
 fn get(router: &mut h2::client::SendRequest<Bytes>, actor: &str) -> h2::client::ResponseFuture {
@@ -151,22 +149,12 @@ async fn an_overloaded_process_answers_503_with_retry_after() {
         retry_after: Duration::from_secs(7),
         ..OverloadConfig::default()
     });
-    let ingress = Ingress::with_overload(
-        pki.ingress_config(),
-        BufferPool::default(),
-        Some(guard.clone()),
-    )
-    .expect("ingress");
-    let cancel = CancellationToken::new();
-    let local = "127.0.0.1:0".parse().expect("addr");
-    let (https, _connect) = ingress
-        .spawn(local, local, cancel.clone())
-        .await
-        .expect("listen");
+    let running = ingress_guarded(&pki, guard.clone()).await;
+    let (ingress, https) = (&running.ingress, running.https);
     let actor =
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
             .await;
-    activate_loopback(&ingress, "alpha", "uid-1", actor.port());
+    activate_loopback(ingress, "alpha", "uid-1", actor.port());
     let mut router = h2_router(&pki, https).await;
     router = router.ready().await.expect("ready");
     assert_eq!(
@@ -185,5 +173,5 @@ async fn an_overloaded_process_answers_503_with_retry_after() {
         get(&mut router, "alpha").await.expect("answer").status(),
         200
     );
-    cancel.cancel();
+    running.cancel.cancel();
 }

@@ -9,13 +9,10 @@ use atunnel_support::prelude::*;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use atunnel::ingress::Ingress;
-use atunnel_core::BufferPool;
 use atunnel_core::relay::RelayBounds;
 use atunnel_process::overload::OverloadConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 const BOUND: Duration = Duration::from_millis(500);
 
@@ -155,18 +152,8 @@ async fn a_connect_refused_for_overload_says_the_configured_retry_after() {
         ..OverloadConfig::default()
     });
     guard.sample();
-    let ingress = Ingress::with_overload(
-        pki.ingress_config(),
-        BufferPool::default(),
-        Some(guard.clone()),
-    )
-    .expect("ingress");
-    let cancel = CancellationToken::new();
-    let local = "127.0.0.1:0".parse().expect("addr");
-    let (_https, connect) = ingress
-        .spawn(local, local, cancel.clone())
-        .await
-        .expect("listen");
+    let guarded = ingress_guarded(&pki, guard.clone()).await;
+    let (ingress, connect) = (&guarded.ingress, guarded.connect);
     // A known actor: an unknown one is 421 whatever the load.
     ingress
         .activate(
@@ -188,7 +175,7 @@ async fn a_connect_refused_for_overload_says_the_configured_retry_after() {
     let (resp, _send) = h2_request(&mut router, "CONNECT", "actor:8080", Some("alpha")).await;
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "7");
-    cancel.cancel();
+    guarded.cancel.cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
