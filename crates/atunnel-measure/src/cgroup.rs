@@ -18,7 +18,7 @@
 //! removes.
 //!
 //! Written by hand: cgroups-rs (MIT OR Apache-2.0, v1 and v2) was checked
-//! and not taken. It would bring zbus and a second nix into the bench for
+//! and not taken. It would bring zbus and a second nix into atunnel-measure for
 //! what is here a mkdir, a few one-line writes and an rmdir per group, and it
 //! does not do what the bench needs around them: place the group under the
 //! caller's own cgroup in each v1 hierarchy, fall back to the v2 root under

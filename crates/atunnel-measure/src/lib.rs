@@ -6,7 +6,8 @@
 //! - [`schedule`]: one rung of load, open-loop, at a fixed rate.
 //!
 //! Reading the host (where the hierarchies are, a group's counters) is
-//! `atunnel-host`'s; this crate creates and drives.
+//! `atunnel-host`'s; this crate creates and drives. Only atunnel-bench
+//! (and its tests) may depend on it.
 
 pub mod cgroup;
 pub mod schedule;

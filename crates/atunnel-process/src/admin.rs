@@ -166,7 +166,7 @@ impl AdminCounters {
 pub async fn serve<A>(
     listener: TcpListener,
     limits: AdminLimits,
-    stats: &AdminCounters,
+    counters: &AdminCounters,
     answer: A,
     cancel: CancellationToken,
 ) where
@@ -182,16 +182,16 @@ pub async fn serve<A>(
     });
     let mut listener = Listener::new(listener, "admin");
     listener
-        .serve(&cancel, &stats.listener, |tcp, _| {
+        .serve(&cancel, &counters.listener, |tcp, _| {
             let (answer, cancel) = (answer.clone(), cancel.clone());
             let (place, probe) = match places.clone().try_acquire_owned() {
                 Ok(place) => (Some(place), None),
                 Err(_) => {
-                    stats.probe_connections.fetch_add(1, Ordering::Relaxed);
+                    counters.probe_connections.fetch_add(1, Ordering::Relaxed);
                     let before = probes.stats().evicted_total;
                     let probe = probes.admit(IpAddr::V4(Ipv4Addr::UNSPECIFIED))?;
                     let evicted = probes.stats().evicted_total - before;
-                    stats.probe_evicted.fetch_add(evicted, Ordering::Relaxed);
+                    counters.probe_evicted.fetch_add(evicted, Ordering::Relaxed);
                     (None, Some(probe))
                 }
             };
@@ -268,11 +268,11 @@ pub async fn serve_app<A: AdminApp>(
     app: A,
     cancel: CancellationToken,
 ) {
-    let stats = app.admin_counters().clone();
+    let counters = app.admin_counters().clone();
     serve(
         listener,
         limits,
-        &stats,
+        &counters,
         move |req| answer(&app, req),
         cancel,
     )

@@ -12,6 +12,9 @@
 //! post-handshake messages a server receives: alerts and KeyUpdate. The AEAD
 //! and HKDF are ring's, the code rustls itself runs.
 //!
+//! [`Framing`], which finds record boundaries in what a socket read, serves
+//! the sockets under rustls too, during and after the handshake.
+//!
 //! Sans I/O: [`Inbound`] takes bytes and yields plaintext, an end or an
 //! error carrying the alert owed to the peer; [`Outbound`] seals records.
 //! Where rustls and the RFC disagree on an alert, the RFC is followed (each
@@ -44,8 +47,9 @@ const NONCE_LEN: usize = 12;
 /// holds one.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Framing {
-    /// Header bytes of the next record seen so far (0-4).
+    /// The next record's header, as far as it has been seen.
     header: [u8; HEADER_LEN],
+    /// How much of it: 0-4 (at 5 the header is complete and reset to 0).
     header_seen: u8,
     /// Bytes of the current record's body still to come.
     body_left: u16,

@@ -357,7 +357,7 @@ pub struct Egress {
     stop: CancellationToken,
     counters: Counters,
     /// Every egress listener's figures, together.
-    listener_stats: ListenerCounters,
+    listener_counters: ListenerCounters,
     /// Refuses new tunnels while the process is overloaded.
     overload: Option<Arc<OverloadGuard>>,
     /// Every actor's holdings, shared with ingress.
@@ -395,7 +395,7 @@ impl Egress {
             listeners: TaskTracker::new(),
             stop: CancellationToken::new(),
             counters: Counters::default(),
-            listener_stats: ListenerCounters::default(),
+            listener_counters: ListenerCounters::default(),
         })
     }
 
@@ -420,7 +420,7 @@ impl Egress {
             bytes_up_total: c.bytes_up.load(Ordering::Relaxed),
             bytes_down_total: c.bytes_down.load(Ordering::Relaxed),
             open_latency: c.open_latency(),
-            tunnel_future_bytes: self.listener_stats.connection_future_bytes(),
+            tunnel_future_bytes: self.listener_counters.connection_future_bytes(),
         }
     }
 
@@ -553,7 +553,7 @@ impl Egress {
             Listener::new(listener, "egress").with_refusal_pace(binding.refusals.clone());
         async move {
             listener
-                .serve(&cancel, &self.listener_stats, |tcp, peer| {
+                .serve(&cancel, &self.listener_counters, |tcp, peer| {
                     let Some(activation) = binding.current().filter(|a| a.admits()) else {
                         // Closed with no bytes: inactive, deactivated or expired.
                         self.counters.rejected.fetch_add(1, Ordering::Relaxed);

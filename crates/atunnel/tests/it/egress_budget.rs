@@ -68,7 +68,7 @@ async fn is_reset(addr: SocketAddr) {
     next_read_is_reset_within(&mut s, "refused", Duration::from_secs(5)).await;
 }
 
-fn figures(egress: &Egress, name: &str) -> ActorEgressStats {
+fn stats_of(egress: &Egress, name: &str) -> ActorEgressStats {
     let uid = actor(name).uid;
     egress
         .actor_stats()
@@ -98,7 +98,7 @@ async fn an_actor_past_its_tunnel_budget_is_reset_and_no_one_else_notices() {
     }
     is_reset(alpha).await;
     is_reset(alpha).await;
-    let a = figures(&egress, "alpha");
+    let a = stats_of(&egress, "alpha");
     assert_eq!((a.tunnels, a.refused_tunnels_total), (3, 2), "{a:?}");
     // Its established tunnels go on; the other actor has its whole budget.
     for s in &mut held {
@@ -108,12 +108,12 @@ async fn an_actor_past_its_tunnel_budget_is_reset_and_no_one_else_notices() {
     for _ in 0..3 {
         others.push(echoing(beta).await);
     }
-    let b = figures(&egress, "beta");
+    let b = stats_of(&egress, "beta");
     assert_eq!((b.tunnels, b.refused_tunnels_total), (3, 0), "{b:?}");
     // A place that frees is taken by the next tunnel.
     drop(held.pop());
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while figures(&egress, "alpha").tunnels > 2 {
+    while stats_of(&egress, "alpha").tunnels > 2 {
         assert!(
             tokio::time::Instant::now() < until,
             "the closed tunnel never ended"
@@ -122,7 +122,7 @@ async fn an_actor_past_its_tunnel_budget_is_reset_and_no_one_else_notices() {
     }
     let mut again = echoing(alpha).await;
     still_echoes(&mut again).await;
-    assert_eq!(figures(&egress, "alpha").refused_tunnels_total, 2);
+    assert_eq!(stats_of(&egress, "alpha").refused_tunnels_total, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,7 +162,7 @@ async fn a_connection_flood_past_the_budget_is_refused_at_the_actors_refusal_rat
     still_echoes(&mut held).await;
     flood.shutdown().await;
     let elapsed = started.elapsed().as_secs_f64();
-    let a = figures(&egress, "alpha");
+    let a = stats_of(&egress, "alpha");
     // One second's burst, then the rate; without the pace a loopback flood
     // is reset thousands of times a second.
     let most = f64::from(RATE) * (1.0 + elapsed) + 10.0;
@@ -173,7 +173,7 @@ async fn a_connection_flood_past_the_budget_is_refused_at_the_actors_refusal_rat
     );
     assert!(a.refused_tunnels_total >= u64::from(RATE), "{a:?}");
     assert!(a.refusal_pauses_total > 0, "{a:?}");
-    let b = figures(&egress, "beta");
+    let b = stats_of(&egress, "beta");
     assert_eq!((b.refused_tunnels_total, b.refusal_pauses_total), (0, 0));
 
     // Once its tunnel ends the actor gets a new one, connections the flood
@@ -235,7 +235,7 @@ async fn an_actor_opening_past_its_budget_is_reset_and_another_opens_as_usual() 
         TcpStream::connect(alpha).await.expect("connect"),
     ];
     let until = tokio::time::Instant::now() + Duration::from_secs(5);
-    while figures(&egress, "alpha").opening < 2 {
+    while stats_of(&egress, "alpha").opening < 2 {
         assert!(
             tokio::time::Instant::now() < until,
             "the opens never started"
@@ -243,11 +243,11 @@ async fn an_actor_opening_past_its_budget_is_reset_and_another_opens_as_usual() 
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     is_reset(alpha).await;
-    let a = figures(&egress, "alpha");
+    let a = stats_of(&egress, "alpha");
     assert_eq!((a.opening, a.refused_opening_total), (2, 1), "{a:?}");
     let mut b = echoing(beta).await;
     still_echoes(&mut b).await;
-    assert_eq!(figures(&egress, "beta").refused_opening_total, 0);
+    assert_eq!(stats_of(&egress, "beta").refused_opening_total, 0);
 }
 
 /// Sheds through the egress, like the tunnel's own shedder, and says so.
@@ -314,7 +314,7 @@ async fn an_overloaded_process_refuses_new_tunnels_and_sheds_the_largest_actor()
     guard.sample();
     is_reset(beta).await;
     still_echoes(&mut modest).await;
-    assert_eq!(figures(&egress, "beta").refused_overload_total, 1);
+    assert_eq!(stats_of(&egress, "beta").refused_overload_total, 1);
 
     // Hard: the run loop sheds the actor with the most tunnels first.
     let run = tokio::spawn(guard.clone().run(cancel.clone()));
@@ -335,7 +335,7 @@ async fn an_overloaded_process_refuses_new_tunnels_and_sheds_the_largest_actor()
             "{r:?}"
         );
     }
-    assert_eq!(figures(&egress, "alpha").shed_total, 3);
+    assert_eq!(stats_of(&egress, "alpha").shed_total, 3);
     // Back to normal: new tunnels are admitted again.
     let until = tokio::time::Instant::now() + Duration::from_secs(5);
     while guard.admit().is_err() {

@@ -156,7 +156,13 @@ impl ScenarioResult {
         if self.name != S::SCENARIO.name() || empty {
             return None;
         }
-        S::deserialize(&self.summary).ok()
+        // A summary this bench wrote that no longer reads would drop its
+        // report section and plots without a word: say so.
+        S::deserialize(&self.summary)
+            .inspect_err(
+                |e| tracing::warn!(scenario = %self.name, error = %e, "summary does not read"),
+            )
+            .ok()
     }
 
     /// The summary as one line of JSON (the console and report.md show it

@@ -308,7 +308,8 @@ async fn scale(
     let pass_heap = heap_idle <= 8.0 * 1024.0;
     let nothing_left = left_netns.is_empty() && still_known == 0 && left_fds <= 2.0;
     let growth = timing(&up_times).last_over_first;
-    let heap_first_half = (half.heap - base.heap) / (n / 2) as f64;
+    // `max(1)`: one actor has no first half.
+    let heap_first_half = (half.heap - base.heap) / (n / 2).max(1) as f64;
     let heap_second_half = (up.heap - half.heap) / (n - n / 2) as f64;
     if dial_failures > 0 {
         notes.push(format!(

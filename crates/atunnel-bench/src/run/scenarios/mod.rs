@@ -1,4 +1,4 @@
-//! The scenarios, and running one. Load is open loop (`load::schedule`):
+//! The scenarios, and running one. Load is open loop (`atunnel_measure::schedule`):
 //! units are due on a fixed schedule whatever earlier ones take, latency
 //! counts from the due time. Egress traffic starts inside the sandboxes
 //! (sockets made in each actor's runtime namespace, as its program's would
