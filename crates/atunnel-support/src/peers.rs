@@ -182,6 +182,13 @@ pub async fn next_read_is_reset_within(
     }
 }
 
+/// A connection refused with a reset the moment it is used: written to,
+/// its next read fails with a reset within 5 s (not after an open timeout).
+pub async fn written_to_is_reset(s: &mut TcpStream, what: &str) {
+    let _ = s.write_all(b"ping").await;
+    next_read_is_reset_within(s, what, Duration::from_secs(5)).await
+}
+
 /// The connection ends (EOF or an error) within 20 s.
 pub async fn ends(s: &mut (impl tokio::io::AsyncRead + Unpin), what: &str) {
     let mut buf = [0u8; 4096];
