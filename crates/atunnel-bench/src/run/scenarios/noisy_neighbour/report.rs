@@ -5,11 +5,11 @@
 //! bounds, atunnel's peak memory against the soft threshold, and the time
 //! to recover.
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use atunnel_bench::load::confidence::{Conclusion, FigureSummary};
 use atunnel_bench::load::results::{ScenarioResult, write_whole};
+use atunnel_bench::markdown::Table;
 use atunnel_bench::scenario::noisy_neighbour::{self, Confidence, Pattern, Summary, VictimBounds};
 
 use super::{P99_RATIO_MAX, TCP_RATIO_MIN};
@@ -35,7 +35,7 @@ pub(in crate::run) fn section(dir: &Path, s: &ScenarioResult) -> std::io::Result
     write_whole(&dir.join(PLOT_FILE), svg)?;
     let (spread, counts) = (&summary.baseline_spread, &summary.verdicts);
     Ok(format!(
-        "{}\nVerdicts: {} pass, {} fail, {} inconclusive (a ratio's interval straddling its bound; neither pass nor fail).\n\nThe baselines themselves moved by up to {}x (egress-http p99), {}x (ingress-https p99) and {}x (egress-tcp) over the run, the noise each pair's ratio cancels and each interval is as wide as.\n\n![victim latency and throughput against its baseline, ratios, peak memory and recovery per pattern]({PLOT_FILE})\n\n",
+        "{}Verdicts: {} pass, {} fail, {} inconclusive (a ratio's interval straddling its bound; neither pass nor fail).\n\nThe baselines themselves moved by up to {}x (egress-http p99), {}x (ingress-https p99) and {}x (egress-tcp) over the run, the noise each pair's ratio cancels and each interval is as wide as.\n\n![victim latency and throughput against its baseline, ratios, peak memory and recovery per pattern]({PLOT_FILE})\n\n",
         table(rows),
         counts.pass,
         counts.fail,
@@ -78,9 +78,22 @@ fn ratio(
 
 /// The table: one row per pattern.
 fn table(rows: &[Pattern]) -> String {
-    let mut md = String::from(
-        "| pattern | http p99 ms (base -> under, median window) | ratio [95 %] | https p99 ms (base -> under) | ratio [95 %] | tcp MB/s (base -> under) | ratio [95 %] | OOM kills | peak / soft MiB | recovered s | atunnel refused or reset | victim refused; overload guard | cores under: tunnel / generator / sink / other work | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+    let mut t = Table::new(&[
+        "pattern",
+        "http p99 ms (base -> under, median window)",
+        "ratio [95 %]",
+        "https p99 ms (base -> under)",
+        "ratio [95 %]",
+        "tcp MB/s (base -> under)",
+        "ratio [95 %]",
+        "OOM kills",
+        "peak / soft MiB",
+        "recovered s",
+        "atunnel refused or reset",
+        "victim refused; overload guard",
+        "cores under: tunnel / generator / sink / other work",
+        "verdict",
+    ]);
     for r in rows {
         let f = &r.context.refused;
         let refused_text = format!(
@@ -113,38 +126,51 @@ fn table(rows: &[Pattern]) -> String {
             _ => format!("**fail**: {}", r.failed.join(", ")),
         };
         let (v, c) = (&r.victim, &r.context);
-        let _ = writeln!(
-            md,
-            "| {} | {} -> {} | {} | {} -> {} | {} | {} -> {} | {} | {} | {} / {} | {} | {} | {} | {} / {} / {} / {}{} | {} |",
-            r.pattern,
-            ms(v.baseline_http_p99_us),
-            ms(v.victim_http_p99_us),
+        let saturated = if c.machine_saturated || c.baseline_machine_saturated {
+            " (machine saturated)"
+        } else {
+            ""
+        };
+        t.row([
+            r.pattern.clone(),
+            format!(
+                "{} -> {}",
+                ms(v.baseline_http_p99_us),
+                ms(v.victim_http_p99_us)
+            ),
             ratio(r, |c| &c.http_p99, r.victim_p99_ratio),
-            ms(v.baseline_https_p99_us),
-            ms(v.victim_https_p99_us),
+            format!(
+                "{} -> {}",
+                ms(v.baseline_https_p99_us),
+                ms(v.victim_https_p99_us)
+            ),
             ratio(r, |c| &c.https_p99, r.victim_https_p99_ratio),
-            num(Some(v.baseline_tcp_mb_s), 0),
-            num(Some(v.victim_tcp_mb_s), 0),
+            format!(
+                "{} -> {}",
+                num(Some(v.baseline_tcp_mb_s), 0),
+                num(Some(v.victim_tcp_mb_s), 0)
+            ),
             ratio(r, |c| &c.tcp_mb_s, r.victim_tcp_ratio),
-            r.oom_kills,
-            mib(r.peak_memory_bytes as f64),
-            mib(r.soft_threshold_bytes),
+            r.oom_kills.to_string(),
+            format!(
+                "{} / {}",
+                mib(r.peak_memory_bytes as f64),
+                mib(r.soft_threshold_bytes)
+            ),
             r.recovered_s.map_or("never".into(), |s| format!("{s:.1}")),
             refused_text,
             victim_text,
-            num(Some(c.tunnel_cores), 2),
-            num(Some(c.generator_cores), 2),
-            num(Some(c.sink_cores), 2),
-            num(Some(c.others_cores), 2),
-            if c.machine_saturated || c.baseline_machine_saturated {
-                " (machine saturated)"
-            } else {
-                ""
-            },
+            format!(
+                "{} / {} / {} / {}{saturated}",
+                num(Some(c.tunnel_cores), 2),
+                num(Some(c.generator_cores), 2),
+                num(Some(c.sink_cores), 2),
+                num(Some(c.others_cores), 2)
+            ),
             verdict,
-        );
+        ]);
     }
-    md
+    t.end()
 }
 
 #[cfg(test)]
