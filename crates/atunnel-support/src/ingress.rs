@@ -360,12 +360,23 @@ where
 
 /// Reads a request body to its end and answers with its length.
 pub async fn count_body(req: http::Request<hyper::body::Incoming>) -> Full<Bytes> {
-    let mut body = req.into_body();
-    let mut n = 0u64;
-    while let Some(Ok(frame)) = body.frame().await {
-        n += frame.data_ref().map_or(0, |d| d.len() as u64);
-    }
+    let n = body_len(req.into_body()).await.unwrap_or_else(|(n, _)| n);
     Full::new(Bytes::from(n.to_string()))
+}
+
+/// Reads `body` to its end, keeping none of it: its length, or the length
+/// so far and the error that ended it.
+pub async fn body_len<B: hyper::body::Body<Data = Bytes> + Unpin>(
+    mut body: B,
+) -> Result<u64, (u64, B::Error)> {
+    let mut n = 0u64;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => n += frame.data_ref().map_or(0, |d| d.len() as u64),
+            Err(e) => return Err((n, e)),
+        }
+    }
+    Ok(n)
 }
 
 /// A tunnel's configuration with ingress on loopback (ports chosen by the

@@ -322,14 +322,10 @@ async fn a_hundred_mib_up_and_down_stream_with_bounded_heap() {
         )
         .await
         .expect("response");
-    let mut body = resp.into_body();
-    let mut got = 0u64;
-    while let Some(frame) = body.frame().await {
-        got += frame
-            .expect("frame")
-            .data_ref()
-            .map_or(0, |d| d.len() as u64);
-    }
+    let got = body_len(resp.into_body())
+        .await
+        .map_err(|(_, e)| e)
+        .expect("body");
     assert_eq!(got, N);
     sampler.abort();
     let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline as u64);

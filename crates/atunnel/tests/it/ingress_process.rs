@@ -164,14 +164,10 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
         )
         .await
         .expect("download answered");
-    let mut body = resp.into_body();
-    let mut got = 0u64;
-    while let Some(frame) = body.frame().await {
-        got += frame
-            .expect("frame")
-            .data_ref()
-            .map_or(0, |d| d.len() as u64);
-    }
+    let got = body_len(resp.into_body())
+        .await
+        .map_err(|(_, e)| e)
+        .expect("body");
     assert_eq!(got, N);
     sampler.abort();
     let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline);
