@@ -185,8 +185,12 @@ pub async fn next_read_is_reset_within(
 /// A connection refused with a reset the moment it is used: written to,
 /// its next read fails with a reset within 5 s (not after an open timeout).
 pub async fn written_to_is_reset(s: &mut TcpStream, what: &str) {
-    let _ = s.write_all(b"ping").await;
-    next_read_is_reset_within(s, what, Duration::from_secs(5)).await
+    match s.write_all(b"ping").await {
+        // The reset arrived before the write, which reports it; the error
+        // is then spent, and a read would see only an end.
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{what}: {e}"),
+        Ok(()) => next_read_is_reset_within(s, what, Duration::from_secs(5)).await,
+    }
 }
 
 /// The connection ends (EOF or an error) within 20 s.
