@@ -15,7 +15,7 @@
 use atunnel_support::prelude::*;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use atunnel::egress::{ActorBudget, Destination};
@@ -32,7 +32,6 @@ use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use std::alloc::System;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -44,91 +43,11 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const DEST: &str = "192.0.2.10:443";
 
-/// What the hand-made gateway does with each CONNECT it answers 200.
-#[derive(Clone, Copy)]
-enum Far {
-    /// Echoes the stream.
-    Echo,
-    /// Once `flood` is set, sends as fast as the client's windows allow.
-    Flood,
-}
-
-struct FakeGateway {
-    addr: SocketAddr,
-    accepted: Arc<AtomicUsize>,
-    /// Bytes sent on all flooded streams.
-    flooded: Arc<AtomicUsize>,
-    flood: watch::Sender<bool>,
-    /// Each connection's ping handle.
-    pings: mpsc::UnboundedReceiver<h2::PingPong>,
-    _gateway: ScriptedGateway,
-}
-
 /// A gateway allowing 1,000 streams a connection, as atunnel-gateway does.
-async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
-    let flooded = Arc::new(AtomicUsize::new(0));
-    let (open_flood, gate) = watch::channel(false);
-    let (pings_tx, pings) = mpsc::unbounded_channel();
-    let sent = flooded.clone();
+async fn fake_gateway(pki: &Pki, far: Far) -> FarGateway {
     let mut h2 = h2::server::Builder::new();
     h2.max_concurrent_streams(atunnel_connect::limits::MAX_CONCURRENT_STREAMS);
-    let gateway = scripted_h2_gateway(pki, h2, move |_, mut conn| {
-        let (sent, pings, gate) = (sent.clone(), pings_tx.clone(), gate.clone());
-        async move {
-            let _ = pings.send(conn.ping_pong().expect("ping handle"));
-            let mut streams = JoinSet::new();
-            while let Some(Ok((request, mut respond))) = conn.accept().await {
-                let Ok(send) = respond.send_response(http::Response::new(()), false) else {
-                    continue;
-                };
-                match far {
-                    Far::Echo => streams.spawn(echo_h2(request.into_body(), send)),
-                    Far::Flood => {
-                        // The request body is kept, so the stream stays open.
-                        let body = request.into_body();
-                        streams.spawn(flood(send, body, sent.clone(), gate.clone()))
-                    }
-                };
-            }
-        }
-    })
-    .await;
-    FakeGateway {
-        addr: gateway.addr,
-        accepted: gateway.accepted.clone(),
-        flooded,
-        flood: open_flood,
-        pings,
-        _gateway: gateway,
-    }
-}
-
-/// Once the gate opens, sends whatever window the client grants, counting it.
-async fn flood(
-    mut send: h2::SendStream<Bytes>,
-    _body: h2::RecvStream,
-    sent: Arc<AtomicUsize>,
-    mut gate: watch::Receiver<bool>,
-) {
-    const PIECE: usize = 16 * 1024;
-    // One piece for every stream: the test measures the whole process's
-    // heap, the far end's included.
-    static ZEROS: [u8; PIECE] = [0; PIECE];
-    if gate.wait_for(|open| *open).await.is_err() {
-        return;
-    }
-    let zeros = Bytes::from_static(&ZEROS);
-    loop {
-        send.reserve_capacity(PIECE);
-        let granted = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
-            Some(Ok(n)) => n,
-            _ => return,
-        };
-        if send.send_data(zeros.slice(..granted), false).is_err() {
-            return;
-        }
-        sent.fetch_add(granted, Ordering::SeqCst);
-    }
+    far_gateway(pki, h2, far).await
 }
 
 fn gateway_spec(addr: SocketAddr) -> GatewaySpec {
@@ -180,18 +99,7 @@ async fn one_actors_unread_downloads_hold_no_more_than_its_gateway_bytes_bound()
     gateway.flood.send_replace(true);
     let window = budget.gateway_connection_window(u32::MAX) as usize;
     let expected = window * connections;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while gateway.flooded.load(Ordering::SeqCst) < expected {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "the far end sent {} of {expected}",
-            gateway.flooded.load(Ordering::SeqCst)
-        )
-    });
+    gateway.flooded_to(expected, Duration::from_secs(30)).await;
     // Every window update the client sent, and every byte sent before, is
     // in once each connection answers a PING.
     for _ in 0..connections {
