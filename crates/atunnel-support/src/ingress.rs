@@ -358,6 +358,16 @@ where
     (addr, connections)
 }
 
+/// A request's whole body, or what an actor echoing it answers when it
+/// ended in an error: nothing.
+pub async fn whole_body(req: http::Request<hyper::body::Incoming>) -> Bytes {
+    req.into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default()
+}
+
 /// Reads a request body to its end and answers with its length.
 pub async fn count_body(req: http::Request<hyper::body::Incoming>) -> Full<Bytes> {
     let n = body_len(req.into_body()).await.unwrap_or_else(|(n, _)| n);

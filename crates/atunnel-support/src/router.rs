@@ -97,6 +97,20 @@ pub async fn h2_request(
     (resp.await.expect("response"), send)
 }
 
+/// A GET of `path` to `team-a/<actor>` on a new stream, its end sent, not
+/// awaited: a test may leave it in flight.
+pub fn h2_get(
+    router: &mut h2::client::SendRequest<Bytes>,
+    actor: &str,
+    path: &str,
+) -> h2::client::ResponseFuture {
+    let req = http::Request::get(format!("https://w{path}"))
+        .header("ate-target-actor", format!("team-a/{actor}"))
+        .body(())
+        .expect("request");
+    router.send_request(req, true).expect("send").0
+}
+
 /// An HTTP/2 CONNECT tunnel to `team-a/<actor>`'s `port`, answered 200, as
 /// a relay endpoint.
 pub async fn h2_tunnel(
