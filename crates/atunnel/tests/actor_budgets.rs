@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use atunnel::egress::{ActorBudget, Destination};
 use atunnel::holdings::{HoldingsConfig, derive_max_descriptors};
-use atunnel::tunnel::{GatewaySpec, Tunnel};
+use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
 use atunnel_identity::clock::Clock;
 use atunnel_process::overload::{OverloadConfig, OverloadState};
@@ -151,14 +151,6 @@ async fn echoing_tunnel(addr: SocketAddr) -> Option<TcpStream> {
     }
 }
 
-fn get(router: &mut h2::client::SendRequest<Bytes>, actor: &str) -> h2::client::ResponseFuture {
-    let req = http::Request::get("https://w/")
-        .header("ate-target-actor", format!("team-a/{actor}"))
-        .body(())
-        .expect("request");
-    router.send_request(req, true).expect("send").0
-}
-
 /// Actors `actor-<i>`, one per port in `ports` (their ingress goes to that
 /// loopback port), with egress through `gateway`; their egress listeners.
 async fn serve_actors(
@@ -191,34 +183,72 @@ async fn serve_actors(
     listeners
 }
 
+/// [`serve_actors`] on a tunnel with ingress, configured by `tune`, whose
+/// egress goes to a fake gateway; a router connection to its ingress.
+struct Actors {
+    tunnel: Arc<Tunnel>,
+    /// Each actor's egress listener.
+    listeners: Vec<SocketAddr>,
+    /// Ready for a stream.
+    router: h2::client::SendRequest<Bytes>,
+    /// Stops the egress listeners.
+    cancel: CancellationToken,
+    /// The gateway and ingress certificates, for as long as the test runs.
+    _keep: (FarGateway, IngressPki),
+}
+
+/// [`actors_on_a_tunnel`] with an overload guard that reads `memory`'s use
+/// every `interval`.
+async fn actors_under_memory(
+    ports: &[u16],
+    memory: &FakeMemoryCgroup,
+    interval: Duration,
+) -> Actors {
+    actors_on_a_tunnel(ports, |cfg| {
+        cfg.overload = Some(OverloadConfig {
+            memory_cgroup: Some(memory.path().to_path_buf()),
+            interval,
+            ..OverloadConfig::default()
+        })
+    })
+    .await
+}
+
+async fn actors_on_a_tunnel(ports: &[u16], tune: impl FnOnce(&mut TunnelConfig)) -> Actors {
+    let pki = Pki::new();
+    let ingress_pki = IngressPki::new();
+    let gateway = fake_gateway(&pki, Far::Echo).await;
+    let mut cfg = tunnel_with_ingress(&ingress_pki, &pki, Duration::from_secs(2));
+    tune(&mut cfg);
+    let tunnel = Tunnel::start(cfg).await.expect("tunnel");
+    let cancel = CancellationToken::new();
+    let listeners = serve_actors(&tunnel, gateway.addr, ports, &cancel).await;
+    let (_, https, _) = tunnel.ingress().expect("ingress");
+    let router = h2_router(&ingress_pki, https).await;
+    Actors {
+        tunnel,
+        listeners,
+        router: router.ready().await.expect("ready"),
+        cancel,
+        _keep: (gateway, ingress_pki),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fifth_is_served() {
     require_root("actor budgets test");
     let _serial = SERIAL.lock().await;
-    let pki = Pki::new();
-    let ingress_pki = IngressPki::new();
-    let gateway = fake_gateway(&pki, Far::Echo).await;
     let memory = FakeMemoryCgroup::new(100);
-    let mut cfg = tunnel_with_ingress(&ingress_pki, &pki, Duration::from_secs(2));
-    cfg.overload = Some(OverloadConfig {
-        memory_cgroup: Some(memory.path().to_path_buf()),
-        // Sampled by the test alone.
-        interval: Duration::from_secs(3600),
-        ..OverloadConfig::default()
-    });
-    let tunnel = Tunnel::start(cfg).await.expect("tunnel");
-    let guard = tunnel.overload().expect("guard").clone();
-    let (_, https, _) = tunnel.ingress().expect("ingress");
     let answering =
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
             .await;
-    let cancel = CancellationToken::new();
-    let listeners = serve_actors(&tunnel, gateway.addr, &[answering.port(); 5], &cancel).await;
-    let mut router = h2_router(&ingress_pki, https).await;
-    router = router.ready().await.expect("ready");
+    // Sampled by the test alone.
+    let never = Duration::from_secs(3600);
+    let mut actors = actors_under_memory(&[answering.port(); 5], &memory, never).await;
+    let guard = actors.tunnel.overload().expect("guard").clone();
     // Four actors hold five tunnels each, the fifth none.
     let mut held = Vec::new();
-    for &listener in &listeners[..4] {
+    for &listener in &actors.listeners[..4] {
         for _ in 0..5 {
             held.push(
                 echoing_tunnel(listener)
@@ -236,17 +266,21 @@ async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fift
     assert!(!f.refusing_everyone, "{f:?}");
     assert_eq!(f.consumers, 5, "{f:?}");
     assert!(
-        echoing_tunnel(listeners[0]).await.is_none(),
+        echoing_tunnel(actors.listeners[0]).await.is_none(),
         "above its share"
     );
-    let busy = get(&mut router, "actor-0").await.expect("answer");
+    let busy = h2_get(&mut actors.router, "actor-0", "/")
+        .await
+        .expect("answer");
     assert_eq!(busy.status(), 503);
     held.push(
-        echoing_tunnel(listeners[4])
+        echoing_tunnel(actors.listeners[4])
             .await
             .expect("the fifth's tunnel"),
     );
-    let answer = get(&mut router, "actor-4").await.expect("answer");
+    let answer = h2_get(&mut actors.router, "actor-4", "/")
+        .await
+        .expect("answer");
     assert_eq!(answer.status(), 200);
     let f = guard.stats();
     assert_eq!(f.refused_over_share_total, 2, "{f:?}");
@@ -262,12 +296,12 @@ async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fift
     assert_eq!(guard.sample(), OverloadState::Soft);
     assert!(guard.stats().refusing_everyone);
     assert!(
-        echoing_tunnel(listeners[4]).await.is_none(),
+        echoing_tunnel(actors.listeners[4]).await.is_none(),
         "everyone refused"
     );
     drop(held);
-    cancel.cancel();
-    tunnel.shutdown().await;
+    actors.cancel.cancel();
+    actors.tunnel.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,20 +309,7 @@ async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_t
     require_root("actor budgets test");
     let _serial = SERIAL.lock().await;
     const REQUESTS: usize = 20;
-    let pki = Pki::new();
-    let ingress_pki = IngressPki::new();
-    let gateway = fake_gateway(&pki, Far::Echo).await;
     let memory = FakeMemoryCgroup::new(100);
-    let mut cfg = tunnel_with_ingress(&ingress_pki, &pki, Duration::from_secs(2));
-    cfg.overload = Some(OverloadConfig {
-        memory_cgroup: Some(memory.path().to_path_buf()),
-        interval: Duration::from_millis(20),
-        ..OverloadConfig::default()
-    });
-    let tunnel = Tunnel::start(cfg).await.expect("tunnel");
-    let guard = tunnel.overload().expect("guard").clone();
-    let (ingress, https, _) = tunnel.ingress().expect("ingress");
-    let ingress = ingress.clone();
     // Answers at once, but never a request to /hold.
     let holding = http1_actor(|req: http::Request<hyper::body::Incoming>| async move {
         if req.uri().path() == "/hold" {
@@ -297,21 +318,16 @@ async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_t
         http::Response::new(Full::new(Bytes::from_static(b"ok")))
     })
     .await;
-    let cancel = CancellationToken::new();
-    let listeners = serve_actors(&tunnel, gateway.addr, &[holding.port(); 2], &cancel).await;
-    let mut router = h2_router(&ingress_pki, https).await;
-    router = router.ready().await.expect("ready");
-    let hold = |router: &mut h2::client::SendRequest<Bytes>| {
-        let req = http::Request::get("https://w/hold")
-            .header("ate-target-actor", "team-a/actor-0")
-            .body(())
-            .expect("request");
-        router.send_request(req, true).expect("send").0
-    };
+    let interval = Duration::from_millis(20);
+    let mut actors = actors_under_memory(&[holding.port(); 2], &memory, interval).await;
+    let guard = actors.tunnel.overload().expect("guard").clone();
+    let ingress = actors.tunnel.ingress().expect("ingress").0.clone();
 
     // actor-0 holds requests in flight and nothing else; actor-1 holds
     // egress tunnels, fewer bytes in all.
-    let pending: Vec<_> = (0..REQUESTS).map(|_| hold(&mut router)).collect();
+    let pending: Vec<_> = (0..REQUESTS)
+        .map(|_| h2_get(&mut actors.router, "actor-0", "/hold"))
+        .collect();
     let uid0 = actor("actor-0").uid;
     let in_flight = |uid: &str| {
         ingress
@@ -328,7 +344,7 @@ async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_t
     }
     let mut tunnels = Vec::new();
     for _ in 0..2 {
-        tunnels.push(echoing_tunnel(listeners[1]).await.expect("admitted"));
+        tunnels.push(echoing_tunnel(actors.listeners[1]).await.expect("admitted"));
     }
 
     // Hard: the guard sheds the actor holding the most bytes first, and
@@ -366,15 +382,11 @@ async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_t
     })
     .await
     .expect("normal again");
-    let req = http::Request::get("https://w/")
-        .header("ate-target-actor", "team-a/actor-0")
-        .body(())
-        .expect("request");
-    let answer = router.send_request(req, true).expect("send").0;
+    let answer = h2_get(&mut actors.router, "actor-0", "/");
     assert_eq!(answer.await.expect("answer").status(), 200);
     drop(tunnels);
-    cancel.cancel();
-    tunnel.shutdown().await;
+    actors.cancel.cancel();
+    actors.tunnel.shutdown().await;
 }
 
 /// Restores RLIMIT_NOFILE when dropped, on a panic too.
@@ -406,30 +418,29 @@ async fn four_actors_at_their_budgets_leave_the_guard_normal_and_a_fifth_is_serv
     let soft = OverloadConfig::default().soft;
     let budget = derive_max_descriptors(NOFILE, soft, ACTORS, 0);
 
-    let pki = Pki::new();
-    let ingress_pki = IngressPki::new();
-    let gateway = fake_gateway(&pki, Far::Echo).await;
-    let mut cfg = tunnel_with_ingress(&ingress_pki, &pki, Duration::from_secs(2));
-    cfg.overload = Some(OverloadConfig {
-        interval: Duration::from_millis(20),
-        ..OverloadConfig::default()
-    });
-    cfg.holdings = HoldingsConfig {
-        max_descriptors: budget,
-        actors_at_budget: ACTORS,
-    };
-    let tunnel = Tunnel::start(cfg).await.expect("tunnel");
-    let (_, https, _) = tunnel.ingress().expect("ingress");
     let silent = silent_actor().await;
     let answering =
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
             .await;
-    let cancel = CancellationToken::new();
     let mut ports = vec![silent.port(); ACTORS as usize];
     ports.push(answering.port());
-    let listeners = serve_actors(&tunnel, gateway.addr, &ports, &cancel).await;
-    let mut router = h2_router(&ingress_pki, https).await;
-    router = router.ready().await.expect("ready");
+    let Actors {
+        tunnel,
+        listeners,
+        mut router,
+        cancel,
+        _keep,
+    } = actors_on_a_tunnel(&ports, |cfg| {
+        cfg.overload = Some(OverloadConfig {
+            interval: Duration::from_millis(20),
+            ..OverloadConfig::default()
+        });
+        cfg.holdings = HoldingsConfig {
+            max_descriptors: budget,
+            actors_at_budget: ACTORS,
+        };
+    })
+    .await;
 
     // Four actors each hold requests in flight, then tunnels until their
     // descriptor budget refuses one.
@@ -438,7 +449,7 @@ async fn four_actors_at_their_budgets_leave_the_guard_normal_and_a_fifth_is_serv
     for (i, &listener) in listeners.iter().enumerate().take(ACTORS as usize) {
         let name = format!("actor-{i}");
         for _ in 0..REQUESTS {
-            pending.push(get(&mut router, &name));
+            pending.push(h2_get(&mut router, &name, "/"));
         }
         let uid = actor(&name).uid;
         let until = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -470,7 +481,7 @@ async fn four_actors_at_their_budgets_leave_the_guard_normal_and_a_fifth_is_serv
         );
         assert_eq!(f.refused_descriptors_total, 1, "{f:?}");
         // At its budget, an ingress request is refused too.
-        let busy = get(&mut router, &name).await.expect("answer");
+        let busy = h2_get(&mut router, &name, "/").await.expect("answer");
         assert_eq!(busy.status(), 503);
     }
     let sampled = tunnel.overload().expect("guard").sample();
@@ -487,7 +498,7 @@ async fn four_actors_at_their_budgets_leave_the_guard_normal_and_a_fifth_is_serv
     for _ in 0..10 {
         held.push(echoing_tunnel(fifth).await.expect("the fifth's tunnel"));
     }
-    let answer = get(&mut router, &format!("actor-{ACTORS}"))
+    let answer = h2_get(&mut router, &format!("actor-{ACTORS}"), "/")
         .await
         .expect("answer");
     assert_eq!(answer.status(), 200);
