@@ -239,3 +239,17 @@ pub async fn ready_line<T: serde::de::DeserializeOwned>(child: &mut tokio::proce
     .expect("a ready line");
     serde_json::from_str(&line).expect("ready JSON")
 }
+
+/// Starts `cmd` with a piped stdout, killed when dropped, and waits for its
+/// [`ready_line`].
+pub async fn spawn_ready<T: serde::de::DeserializeOwned>(
+    cmd: &mut tokio::process::Command,
+) -> (tokio::process::Child, T) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the process starts");
+    let ready = ready_line(&mut child).await;
+    (child, ready)
+}

@@ -197,6 +197,20 @@ impl RouterConn {
             }
         }
     }
+
+    /// Sends `req` with no body and counts its answer's body to the end,
+    /// keeping none of it (a download may be far larger than the heap a
+    /// test measures).
+    pub async fn download_len(&mut self, req: http::request::Builder) -> u64 {
+        let resp = self
+            .send(req.body(Full::new(Bytes::new())).expect("request"))
+            .await
+            .expect("response");
+        crate::ingress::body_len(resp.into_body())
+            .await
+            .map_err(|(_, e)| e)
+            .expect("body")
+    }
 }
 
 /// Reads a whole body as text.

@@ -312,20 +312,13 @@ async fn a_hundred_mib_up_and_down_stream_with_bounded_heap() {
             .into_owned();
     assert_eq!(counted, N.to_string());
     // Download: 100 MiB, consumed frame by frame.
-    let resp = conn
-        .send(
+    let got = conn
+        .download_len(
             http::Request::builder()
                 .uri(format!("https://{WORKER_NAME}/download/{N}"))
-                .header("ate-target-actor", "team-a/alpha")
-                .body(http_body_util::Full::new(Bytes::new()))
-                .expect("request"),
+                .header("ate-target-actor", "team-a/alpha"),
         )
-        .await
-        .expect("response");
-    let got = body_len(resp.into_body())
-        .await
-        .map_err(|(_, e)| e)
-        .expect("body");
+        .await;
     assert_eq!(got, N);
     sampler.abort();
     let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline as u64);

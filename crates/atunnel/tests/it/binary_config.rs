@@ -16,28 +16,25 @@ async fn start(
     config: &str,
     extra: &[&str],
 ) -> (HostReady, tokio::process::Child) {
-    std::fs::write(dir.join("gateway-ca.pem"), pki.gateway_ca.cert_pem()).expect("write");
-    std::fs::write(dir.join("actor-ca.pem"), pki.actor_ca.cert_pem()).expect("write");
-    std::fs::write(dir.join("actor-ca.key"), pki.actor_ca.key_pem()).expect("write");
+    let ca = pki.write_ca_files(dir);
     let file = format!(
         "gateway-ca = \"{}\"\nactor-ca-cert = \"{}\"\nactor-ca-key = \"{}\"\n{config}",
-        dir.join("gateway-ca.pem").display(),
-        dir.join("actor-ca.pem").display(),
-        dir.join("actor-ca.key").display(),
+        ca.gateway_ca.display(),
+        ca.actor_ca_cert.display(),
+        ca.actor_ca_key.display(),
     );
     let path = dir.join("atunnel.toml");
     std::fs::write(&path, file).expect("write the config");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
-        .args(["host", "--config"])
-        .arg(&path)
-        .args(extra)
-        .env("RUST_LOG", "debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("atunnel starts");
-    (ready_line(&mut child).await, child)
+    let (child, ready) = spawn_ready(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+            .args(["host", "--config"])
+            .arg(&path)
+            .args(extra)
+            .env("RUST_LOG", "debug")
+            .stderr(Stdio::piped()),
+    )
+    .await;
+    (ready, child)
 }
 
 /// Kills `child` and returns all it wrote to stderr.

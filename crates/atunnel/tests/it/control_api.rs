@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{dial_from, echo_check};
 use atunnel::control::ControlConfig;
 use atunnel::control::client::connect;
 use atunnel::control::daemon::ServeReady;
@@ -22,9 +23,8 @@ use atunnel::tunnel::{Tunnel, TunnelConfig};
 use atunnel_identity::cert_source::{CertificateSource, MintError, MintFuture};
 use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
-use atunnel_sandbox::{NetNs, NsExecutor, require_root};
+use atunnel_sandbox::{NsExecutor, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -244,43 +244,6 @@ async fn status(c: &mut ControlClient<Channel>, uid: &str) -> proto::ActorStatus
 
 fn phase(s: &proto::ActorStatus) -> Phase {
     Phase::try_from(s.phase).expect("a known phase")
-}
-
-/// Dials `dest` from the named runtime namespace, as the actor's program
-/// started there by the worker would.
-async fn dial_from(exec: &NsExecutor, runtime_netns: &str, dest: SocketAddr) -> TcpStream {
-    let ns = NetNs::open(runtime_netns).expect("the runtime namespace exists");
-    let stream = exec
-        .run_in(&ns, move || {
-            // The redirect hands it to atunnel's listener in the gateway
-            // namespace next door: a local connect, it does not block long.
-            let s = std::net::TcpStream::connect(dest)?;
-            s.set_nonblocking(true)?;
-            Ok::<_, std::io::Error>(s)
-        })
-        .await
-        .expect("executor")
-        .expect("actor dials");
-    TcpStream::from_std(stream).expect("register")
-}
-
-/// `data` goes out through the sandbox's egress and comes back echoed.
-async fn echo_check(s: &mut TcpStream, data: &[u8]) {
-    let (mut r, mut w) = s.split();
-    let write = async { w.write_all(data).await.expect("write") };
-    let read = async {
-        let mut got = vec![0u8; data.len()];
-        r.read_exact(&mut got).await.expect("read the echo");
-        got
-    };
-    let ((), got) =
-        tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(write, read) })
-            .await
-            .expect("echoed within 20 s");
-    assert!(
-        got == data,
-        "the echo through the sandbox came back corrupted"
-    );
 }
 
 /// The gateway saw one tunnel, from `actor_name`, to `ECHOED`.
@@ -971,34 +934,20 @@ async fn atunnel_ctl_drives_atunnel_serve_through_a_lifecycle() {
     let pki = Pki::new();
     let mut gw = gateway(&pki, echo_sink(), |_| {}).await;
     let dir = tempfile::tempdir().expect("dir");
-    let file = |name: &str, text: String| {
-        let path = dir.path().join(name);
-        std::fs::write(&path, text).expect("write");
-        path
-    };
-    let gateway_ca = file("gateway-ca.pem", pki.gateway_ca.cert_pem());
-    let actor_ca = file("actor-ca.pem", pki.actor_ca.cert_pem());
-    let actor_key = file("actor-ca.key", pki.actor_ca.key_pem());
+    let ca = pki.write_ca_files(dir.path());
     let socket = dir.path().join("run/control.sock");
     let prefix = format!("atnc-{}-ctl-", std::process::id());
     let _sweep = NetnsSweep(prefix.clone());
-    let mut daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
-        .arg("serve")
-        .arg("--gateway-ca")
-        .arg(&gateway_ca)
-        .arg("--actor-ca-cert")
-        .arg(&actor_ca)
-        .arg("--actor-ca-key")
-        .arg(&actor_key)
-        .arg("--control-socket")
-        .arg(&socket)
-        .args(["--netns-prefix", &prefix, "--resolv-conf", ""])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("atunnel serve starts");
-    let ready: ServeReady = ready_line(&mut daemon).await;
+    let (mut daemon, ready): (_, ServeReady) = spawn_ready(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+            .arg("serve")
+            .args(ca.args())
+            .arg("--control-socket")
+            .arg(&socket)
+            .args(["--netns-prefix", &prefix, "--resolv-conf", ""])
+            .stderr(Stdio::inherit()),
+    )
+    .await;
     assert_eq!(ready.control_socket, socket);
 
     let actor = [

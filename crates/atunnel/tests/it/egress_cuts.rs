@@ -11,7 +11,6 @@
 use atunnel_support::prelude::*;
 use std::io;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -426,29 +425,16 @@ async fn atunnel_process(
     gateway: SocketAddr,
     dest: SocketAddr,
 ) -> (tokio::process::Child, HostReady) {
-    let file = |name: &str, body: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, body).expect("write");
-        path
-    };
-    let gateway_ca = file("gateway-ca.pem", pki.gateway_ca.cert_pem());
-    let actor_ca = file("actor-ca.pem", pki.actor_ca.cert_pem());
-    let actor_key = file("actor-ca.key", pki.actor_ca.key_pem());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
-        .args(["host", "--network=loopback", "--actors=1"])
-        .arg(format!("--gateway={gateway}"))
-        .arg(format!("--gateway-name={GATEWAY_NAME}"))
-        .arg(format!("--gateway-ca={}", gateway_ca.display()))
-        .arg(format!("--actor-ca-cert={}", actor_ca.display()))
-        .arg(format!("--actor-ca-key={}", actor_key.display()))
-        .arg(format!("--destinations={dest}"))
-        .arg("--stats=127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("atunnel starts");
-    let ready: HostReady = ready_line(&mut child).await;
-    (child, ready)
+    spawn_ready(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+            .args(["host", "--network=loopback", "--actors=1"])
+            .arg(format!("--gateway={gateway}"))
+            .arg(format!("--gateway-name={GATEWAY_NAME}"))
+            .args(pki.write_ca_files(dir).args())
+            .arg(format!("--destinations={dest}"))
+            .arg("--stats=127.0.0.1:0"),
+    )
+    .await
 }
 
 /// atunnel killed (SIGKILL: nothing of it runs to reset anything) while a

@@ -1,0 +1,53 @@
+//! What several of this binary's modules need and no other test binary
+//! does (what they share with other binaries is in atunnel-support).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use atunnel_sandbox::{NetNs, NsExecutor};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Dials `dest` from the named runtime namespace, as the actor's program
+/// started there by the worker would.
+pub async fn dial_from(exec: &NsExecutor, runtime_netns: &str, dest: SocketAddr) -> TcpStream {
+    let ns = NetNs::open(runtime_netns).expect("the runtime namespace exists");
+    let stream = exec
+        .run_in(&ns, move || {
+            // The redirect hands it to atunnel's listener in the gateway
+            // namespace next door: a local connect, it does not block long.
+            let s = std::net::TcpStream::connect(dest)?;
+            s.set_nonblocking(true)?;
+            Ok::<_, std::io::Error>(s)
+        })
+        .await
+        .expect("executor")
+        .expect("actor dials");
+    TcpStream::from_std(stream).expect("register")
+}
+
+/// `data` goes out on `a` and arrives intact on `b`, within 20 s.
+pub async fn carries(
+    a: &mut (impl AsyncWriteExt + Unpin),
+    b: &mut (impl AsyncReadExt + Unpin),
+    data: &[u8],
+) {
+    let write = async { a.write_all(data).await.expect("write") };
+    let read = async {
+        let mut got = vec![0u8; data.len()];
+        b.read_exact(&mut got).await.expect("read");
+        got
+    };
+    let ((), got) =
+        tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(write, read) })
+            .await
+            .expect("carried within 20 s");
+    assert!(got == data, "the bytes arrived corrupted");
+}
+
+/// `data` goes out on `s` (through a sandbox's egress, to an echo) and
+/// comes back intact, within 20 s.
+pub async fn echo_check(s: &mut TcpStream, data: &[u8]) {
+    let (mut r, mut w) = s.split();
+    carries(&mut w, &mut r, data).await;
+}
