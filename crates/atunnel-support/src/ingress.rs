@@ -135,14 +135,7 @@ pub struct RunningIngress {
 impl RunningIngress {
     /// Activates `team-a/alpha` (uid-1), its ports mapped to loopback ports.
     pub fn activate_alpha(&self, ports: &[(u16, u16)]) {
-        self.ingress
-            .activate(
-                "team-a",
-                "alpha",
-                "uid-1",
-                Box::new(LoopbackDialer(ports.iter().copied().collect())),
-            )
-            .expect("activate");
+        activate_ports(&self.ingress, "alpha", "uid-1", ports);
     }
 }
 
@@ -212,12 +205,18 @@ impl ActorDialer for LoopbackDialer {
 /// Activates actor `team-a/name` (`uid`) with its port 80 on loopback
 /// `port`.
 pub fn activate_loopback(ingress: &Ingress, name: &str, uid: &str, port: u16) {
+    activate_ports(ingress, name, uid, &[(80, port)]);
+}
+
+/// Activates actor `team-a/name` (`uid`), each of its `ports` mapped to a
+/// loopback port: `(actor's port, loopback port)`.
+pub fn activate_ports(ingress: &Ingress, name: &str, uid: &str, ports: &[(u16, u16)]) {
     ingress
         .activate(
             "team-a",
             name,
             uid,
-            Box::new(LoopbackDialer([(80, port)].into_iter().collect())),
+            Box::new(LoopbackDialer(ports.iter().copied().collect())),
         )
         .expect("activate");
 }

@@ -198,6 +198,17 @@ impl RouterConn {
         }
     }
 
+    /// Sends `req` with no body, asserts it was answered 200, and returns
+    /// the answer's whole body.
+    pub async fn get_ok(&mut self, req: http::request::Builder) -> Bytes {
+        let resp = self
+            .send(req.body(Full::new(Bytes::new())).expect("request"))
+            .await
+            .expect("response");
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.expect("body").to_bytes()
+    }
+
     /// Sends `req` with no body and counts its answer's body to the end,
     /// keeping none of it (a download may be far larger than the heap a
     /// test measures).

@@ -326,12 +326,8 @@ async fn ingress_sockets_carry(sets: Sets) {
     let req = http::Request::builder()
         .uri(format!("https://{}/", WORKER_NAME))
         .header("host", "app.example.com")
-        .header("ate-target-actor", "team-a/alpha")
-        .body(Full::new(Bytes::new()))
-        .expect("request");
-    let resp = router.send(req).await.expect("response");
-    assert_eq!(resp.status(), 200);
-    assert_eq!(body_text(resp).await, "hello");
+        .header("ate-target-actor", "team-a/alpha");
+    assert_eq!(router.get_ok(req).await, "hello");
 
     assert_sockets(&[
         (

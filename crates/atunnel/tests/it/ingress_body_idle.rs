@@ -363,15 +363,7 @@ async fn an_actor_gets_503_for_a_port_past_its_port_cap() {
     .await;
     let actor = quick_actor().await;
     let ports = [(80, actor.port()), (81, actor.port()), (82, actor.port())];
-    running
-        .ingress
-        .activate(
-            "team-a",
-            "beta",
-            "uid-2",
-            Box::new(LoopbackDialer(ports.into_iter().collect())),
-        )
-        .expect("activate");
+    activate_ports(&running.ingress, "beta", "uid-2", &ports);
     let mut router = h2_router(&pki, running.https).await;
     router = router.ready().await.expect("ready");
     for port in [80, 81, 80] {

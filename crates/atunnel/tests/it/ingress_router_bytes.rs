@@ -109,15 +109,7 @@ async fn an_actors_unread_bodies_hold_no_more_than_its_router_bytes_across_conne
     let beta = holding_actor().await;
     // alpha's port 7 echoes, for its CONNECT tunnels.
     let ports = [(80, alpha.port()), (7, alpha_echo.port())];
-    running
-        .ingress
-        .activate(
-            "team-a",
-            "alpha",
-            "uid-1",
-            Box::new(LoopbackDialer(ports.into_iter().collect())),
-        )
-        .expect("activate");
+    activate_ports(&running.ingress, "alpha", "uid-1", &ports);
     activate_loopback(&running.ingress, "beta", "uid-2", beta.port());
     let (mut one, mut two) = two_routers(&pki, running.https).await;
 
