@@ -284,6 +284,22 @@ async fn a_hang_up_after_the_tls_handshake_before_the_connect_answer_is_a_handsh
     }
 }
 
+/// An HTTP/2 gateway over TLS 1.3 whose connections, where `script` says
+/// to hang up, end with a reset (RST): as a crashed peer's do.
+async fn h2_gateway_hanging_up_with_resets(
+    pki: &Pki,
+    script: impl Fn(usize, usize) -> Answer + Send + Sync + 'static,
+) -> FakeGateway {
+    fake_gateway(
+        pki,
+        &rustls::version::TLS13,
+        Proto::H2,
+        Close::Reset,
+        script,
+    )
+    .await
+}
+
 /// Connection 1 answers its first CONNECT and kills itself (RST) at its
 /// second, so the client's pooled connection still looks alive when the
 /// stream is opened.
@@ -298,14 +314,8 @@ fn pooled_connection_dies_at_second_connect(conn: usize, connect: usize) -> Answ
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_h2_connection_dying_at_the_connect_is_retried_once_on_a_fresh_one() {
     let pki = Pki::new();
-    let gw = fake_gateway(
-        &pki,
-        &rustls::version::TLS13,
-        Proto::H2,
-        Close::Reset,
-        pooled_connection_dies_at_second_connect,
-    )
-    .await;
+    let gw =
+        h2_gateway_hanging_up_with_resets(&pki, pooled_connection_dies_at_second_connect).await;
     let prepared = actor_egress(&pki, client_config(&pki, gw.addr)).await;
     let client = prepared.client().clone();
     let first = client.open_authority(DEST).await.expect("first tunnel");
@@ -343,19 +353,13 @@ async fn a_retry_that_dies_too_is_a_handshake_error_after_exactly_two_connection
     let pki = Pki::new();
     // Only connection 1's first CONNECT is answered; every later one, on any
     // connection, kills its connection.
-    let gw = fake_gateway(
-        &pki,
-        &rustls::version::TLS13,
-        Proto::H2,
-        Close::Reset,
-        |conn, connect| {
-            if (conn, connect) == (1, 1) {
-                Answer::Echo
-            } else {
-                Answer::HangUp
-            }
-        },
-    )
+    let gw = h2_gateway_hanging_up_with_resets(&pki, |conn, connect| {
+        if (conn, connect) == (1, 1) {
+            Answer::Echo
+        } else {
+            Answer::HangUp
+        }
+    })
     .await;
     let egress = actor_egress(&pki, client_config(&pki, gw.addr)).await;
     drop(

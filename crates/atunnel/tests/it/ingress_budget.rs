@@ -121,6 +121,11 @@ async fn an_actor_at_its_in_flight_budget_gets_503_and_another_is_served() {
     }
 }
 
+/// The status of a GET to alpha.
+async fn status_of_alpha(router: &mut h2::client::SendRequest<Bytes>) -> http::StatusCode {
+    h2_get(router, "alpha", "/").await.expect("answer").status()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overloaded_process_answers_503_with_retry_after() {
     let pki = IngressPki::new();
@@ -137,13 +142,7 @@ async fn an_overloaded_process_answers_503_with_retry_after() {
     activate_loopback(ingress, "alpha", "uid-1", actor.port());
     let mut router = h2_router(&pki, https).await;
     router = router.ready().await.expect("ready");
-    assert_eq!(
-        h2_get(&mut router, "alpha", "/")
-            .await
-            .expect("answer")
-            .status(),
-        200
-    );
+    assert_eq!(status_of_alpha(&mut router).await, 200);
     memory.set(900);
     guard.sample();
     let refused = h2_get(&mut router, "alpha", "/").await.expect("answer");
@@ -152,12 +151,6 @@ async fn an_overloaded_process_answers_503_with_retry_after() {
     assert_eq!(ingress.stats().refused_overload_total, 1);
     memory.set(100);
     guard.sample();
-    assert_eq!(
-        h2_get(&mut router, "alpha", "/")
-            .await
-            .expect("answer")
-            .status(),
-        200
-    );
+    assert_eq!(status_of_alpha(&mut router).await, 200);
     running.cancel.cancel();
 }

@@ -152,22 +152,32 @@ async fn answer_over_tcp(mut stream: TcpStream) -> std::io::Result<()> {
 /// A UDP query from the actor's runtime namespace to the relay at `relay`
 /// comes back answered by the worker's resolver, from `relay` (a resolver
 /// drops an answer from any other address).
-async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor, relay: SocketAddr) {
+/// A UDP socket bound to `local` in `sandbox`'s runtime namespace, as the
+/// actor's program would bind it.
+async fn udp_in_runtime(
+    exec: &NsExecutor,
+    sandbox: &SandboxNetwork,
+    local: SocketAddr,
+) -> UdpSocket {
     let udp = exec
         .run_in(&sandbox.runtime, move || {
-            let any: SocketAddr = if relay.is_ipv4() {
-                "0.0.0.0:0".parse().expect("addr")
-            } else {
-                "[::]:0".parse().expect("addr")
-            };
-            let s = std::net::UdpSocket::bind(any)?;
+            let s = std::net::UdpSocket::bind(local)?;
             s.set_nonblocking(true)?;
             Ok::<_, std::io::Error>(s)
         })
         .await
         .expect("executor")
         .expect("socket");
-    let udp = UdpSocket::from_std(udp).expect("register");
+    UdpSocket::from_std(udp).expect("register")
+}
+
+async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor, relay: SocketAddr) {
+    let any: SocketAddr = if relay.is_ipv4() {
+        "0.0.0.0:0".parse().expect("addr")
+    } else {
+        "[::]:0".parse().expect("addr")
+    };
+    let udp = udp_in_runtime(exec, sandbox, any).await;
     let query = dns_query(0x1234);
     udp.send_to(&query, relay).await.expect("send");
     let mut answer = [0u8; 512];
@@ -952,16 +962,7 @@ async fn an_actors_dns_queries_in_flight_count_as_what_it_holds() {
     let a = actor("alpha");
     let sandbox = serve_activated(&tunnel, &gw, &a).await;
     let exec = tunnel.executor().clone();
-    let udp = exec
-        .run_in(&sandbox.runtime, || {
-            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
-            s.set_nonblocking(true)?;
-            Ok::<_, std::io::Error>(s)
-        })
-        .await
-        .expect("executor")
-        .expect("socket");
-    let udp = UdpSocket::from_std(udp).expect("register");
+    let udp = udp_in_runtime(&exec, &sandbox, "0.0.0.0:0".parse().expect("addr")).await;
     for id in 0..QUERIES {
         udp.send_to(&dns_query(id), (GATEWAY_ADDR, DNS_PORT))
             .await
