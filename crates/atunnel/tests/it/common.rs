@@ -51,3 +51,14 @@ pub async fn echo_check(s: &mut TcpStream, data: &[u8]) {
     let (mut r, mut w) = s.split();
     carries(&mut w, &mut r, data).await;
 }
+
+/// The error opening a tunnel to `authority` through `egress` ends in.
+pub async fn open_error(
+    egress: &atunnel::egress::ActorEgress,
+    authority: &str,
+) -> atunnel_connect::OpenError {
+    match egress.client().open_authority(authority).await {
+        Err(e) => e,
+        Ok(t) => panic!("expected an error, got a {} tunnel", t.protocol()),
+    }
+}

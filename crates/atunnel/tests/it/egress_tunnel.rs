@@ -2,6 +2,8 @@
 //! (HTTP/2 and HTTP/1.1) -> destination, with real certificates.
 
 use atunnel_support::prelude::*;
+
+use crate::common::open_error;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,10 +38,10 @@ impl Proto {
     }
 }
 
-/// Each `scenario => h2_test, h1_test` is two tests: `scenario` through an
+/// Each `scenario => h2_test, h1_test;` is two tests: `scenario` through an
 /// HTTP/2 gateway, and through an HTTP/1.1 one.
 macro_rules! over_h2_and_h1 {
-    ($(#[$attr:meta])* $scenario:ident => $h2:ident, $h1:ident) => {
+    ($($(#[$attr:meta])* $scenario:ident => $h2:ident, $h1:ident;)*) => {$(
         $(#[$attr])*
         async fn $h2() {
             $scenario(Proto::H2).await;
@@ -49,7 +51,43 @@ macro_rules! over_h2_and_h1 {
         async fn $h1() {
             $scenario(Proto::H1).await;
         }
-    };
+    )*};
+}
+
+// The scenarios below, each over both protocols.
+over_h2_and_h1! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    an_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes =>
+        h2_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes,
+        h1_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    bytes_reach_the_destination_and_come_back =>
+        h2_bytes_reach_the_destination_and_come_back,
+        h1_bytes_reach_the_destination_and_come_back;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    half_close_travels_through_the_tunnel =>
+        h2_half_close_travels_through_the_tunnel,
+        h1_half_close_travels_through_the_tunnel;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    destination_half_close_travels_through_the_tunnel =>
+        h2_destination_half_close_travels_through_the_tunnel,
+        h1_destination_half_close_travels_through_the_tunnel;
+    #[tokio::test]
+    refused_connect_closes_the_actor_socket_with_no_bytes =>
+        h2_refused_connect_closes_the_actor_socket_with_no_bytes,
+        h1_refused_connect_closes_the_actor_socket_with_no_bytes;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_destination_reset_reaches_the_actor_as_a_reset =>
+        h2_a_destination_reset_reaches_the_actor_as_a_reset,
+        h1_a_destination_reset_reaches_the_actor_as_a_reset;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    deactivation_resets_the_actor_and_the_destination =>
+        h2_deactivation_resets_the_actor_and_the_destination,
+        h1_deactivation_resets_the_actor_and_the_destination;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    gateway_shutdown_resets_the_destination_and_the_actor =>
+        h2_gateway_shutdown_resets_the_destination_and_the_actor,
+        h1_gateway_shutdown_resets_the_destination_and_the_actor;
 }
 
 async fn one_actor_through(
@@ -193,20 +231,6 @@ async fn an_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes(proto: Proto)
     );
 }
 
-over_h2_and_h1! {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    an_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes =>
-        h2_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes,
-        h1_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes
-}
-
-over_h2_and_h1! {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    bytes_reach_the_destination_and_come_back =>
-        h2_bytes_reach_the_destination_and_come_back,
-        h1_bytes_reach_the_destination_and_come_back
-}
-
 async fn half_close_travels_through_the_tunnel(proto: Proto) {
     let counter = counting_server().await;
     let (addr, _gw, _cancel, _egress) = one_actor_through(proto, counter).await;
@@ -223,13 +247,6 @@ async fn fin_reaches_the_destination(addr: std::net::SocketAddr, proto: Proto) {
         "{}",
         proto.name()
     );
-}
-
-over_h2_and_h1! {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    half_close_travels_through_the_tunnel =>
-        h2_half_close_travels_through_the_tunnel,
-        h1_half_close_travels_through_the_tunnel
 }
 
 /// The destination half-closes first: its greeting reaches the actor with
@@ -268,13 +285,6 @@ async fn destination_half_close_travels_through_the_tunnel(proto: Proto) {
     );
 }
 
-over_h2_and_h1! {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    destination_half_close_travels_through_the_tunnel =>
-        h2_destination_half_close_travels_through_the_tunnel,
-        h1_destination_half_close_travels_through_the_tunnel
-}
-
 async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
     let pki = Pki::new();
     // Default deny: nothing allowed.
@@ -295,13 +305,6 @@ async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
     assert_eq!(egress.stats().open_failed_total, 1);
 }
 
-over_h2_and_h1! {
-    #[tokio::test]
-    refused_connect_closes_the_actor_socket_with_no_bytes =>
-        h2_refused_connect_closes_the_actor_socket_with_no_bytes,
-        h1_refused_connect_closes_the_actor_socket_with_no_bytes
-}
-
 #[tokio::test]
 async fn unreachable_gateway_closes_the_actor_socket_with_no_bytes() {
     let pki = Pki::new();
@@ -311,12 +314,7 @@ async fn unreachable_gateway_closes_the_actor_socket_with_no_bytes() {
         l.local_addr().expect("addr")
     };
     let (a, prepared) = alpha_prepared(&pki, dead).await;
-    let err = prepared
-        .client()
-        .open_authority("192.0.2.10:443")
-        .await
-        .err()
-        .expect("fails");
+    let err = open_error(&prepared, "192.0.2.10:443").await;
     assert!(matches!(err, OpenError::GatewayUnreachable { .. }), "{err}");
     let (addr, egress, _cancel) =
         activated(&a, prepared, "192.0.2.10:443".parse().expect("addr")).await;
@@ -407,11 +405,12 @@ async fn handshake_refused(
     err
 }
 
-#[tokio::test]
-async fn gateway_refuses_certificates_from_another_ca_under_tls12_and_tls13() {
+/// [`handshake_refused`] over h2 and HTTP/1.1, TLS 1.3 and 1.2: each a
+/// handshake error.
+async fn refused_in_every_handshake(options: ActorCertOptions, other_ca: bool) {
     for proto in [Proto::H2, Proto::H1] {
         for tls13 in [true, false] {
-            let err = handshake_refused(proto, tls13, ActorCertOptions::default(), true).await;
+            let err = handshake_refused(proto, tls13, options.clone(), other_ca).await;
             assert!(
                 matches!(err, OpenError::GatewayHandshake { .. }),
                 "{} tls13={tls13}: {err}",
@@ -422,21 +421,17 @@ async fn gateway_refuses_certificates_from_another_ca_under_tls12_and_tls13() {
 }
 
 #[tokio::test]
+async fn gateway_refuses_certificates_from_another_ca_under_tls12_and_tls13() {
+    refused_in_every_handshake(ActorCertOptions::default(), true).await;
+}
+
+#[tokio::test]
 async fn gateway_refuses_certificates_without_the_actor_extension() {
     let options = ActorCertOptions {
         include_identity_extension: false,
         ..ActorCertOptions::default()
     };
-    for proto in [Proto::H2, Proto::H1] {
-        for tls13 in [true, false] {
-            let err = handshake_refused(proto, tls13, options.clone(), false).await;
-            assert!(
-                matches!(err, OpenError::GatewayHandshake { .. }),
-                "{} tls13={tls13}: {err}",
-                proto.name()
-            );
-        }
-    }
+    refused_in_every_handshake(options, false).await;
 }
 
 #[tokio::test]
@@ -460,12 +455,7 @@ async fn opening_a_tunnel_is_bounded_in_time() {
         .await
         .expect("prepare");
     let started = std::time::Instant::now();
-    let err = prepared
-        .client()
-        .open_authority("192.0.2.10:443")
-        .await
-        .err()
-        .expect("fails");
+    let err = open_error(&prepared, "192.0.2.10:443").await;
     let took = started.elapsed();
     assert!(
         matches!(err, OpenError::Timeout { after, .. } if after == Duration::from_millis(300)),
@@ -743,13 +733,6 @@ async fn a_destination_reset_reaches_the_actor_as_a_reset(proto: Proto) {
     next_read_is_reset(&mut s, proto.name()).await;
 }
 
-over_h2_and_h1! {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    a_destination_reset_reaches_the_actor_as_a_reset =>
-        h2_a_destination_reset_reaches_the_actor_as_a_reset,
-        h1_a_destination_reset_reaches_the_actor_as_a_reset
-}
-
 /// An open tunnel from an actor socket to a watched echo: a round trip
 /// shows it carries bytes both ways.
 async fn open_watched_tunnel(
@@ -783,13 +766,6 @@ async fn deactivation_resets_the_actor_and_the_destination(proto: Proto) {
     watched_end_is_reset(&mut watched, &format!("{}: destination", proto.name())).await;
 }
 
-over_h2_and_h1! {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    deactivation_resets_the_actor_and_the_destination =>
-        h2_deactivation_resets_the_actor_and_the_destination,
-        h1_deactivation_resets_the_actor_and_the_destination
-}
-
 /// The gateway shutting down with a tunnel open resets the destination's
 /// connection and, through atunnel, the actor's socket.
 async fn gateway_shutdown_resets_the_destination_and_the_actor(proto: Proto) {
@@ -797,11 +773,4 @@ async fn gateway_shutdown_resets_the_destination_and_the_actor(proto: Proto) {
     gw.cancel.cancel();
     watched_end_is_reset(&mut watched, &format!("{}: destination", proto.name())).await;
     next_read_is_reset(&mut s, &format!("{}: actor", proto.name())).await;
-}
-
-over_h2_and_h1! {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    gateway_shutdown_resets_the_destination_and_the_actor =>
-        h2_gateway_shutdown_resets_the_destination_and_the_actor,
-        h1_gateway_shutdown_resets_the_destination_and_the_actor
 }
