@@ -165,6 +165,15 @@ pub async fn ingress_tuned(
     running(Ingress::new(cfg, pool.clone()).expect("ingress"), pool).await
 }
 
+/// An [`ingress_tuned`] whose pool settings, the defaults otherwise, are
+/// changed by `tune`.
+pub async fn ingress_pools(
+    pki: &IngressPki,
+    tune: impl FnOnce(&mut atunnel::ingress::PoolSettings),
+) -> RunningIngress {
+    ingress_tuned(pki, |cfg| tune(&mut cfg.pools)).await
+}
+
 /// `ingress` listening on loopback, HTTPS and CONNECT.
 async fn running(ingress: Arc<Ingress>, pool: BufferPool) -> RunningIngress {
     let cancel = CancellationToken::new();

@@ -73,6 +73,11 @@ pub async fn h2_router(pki: &IngressPki, addr: SocketAddr) -> h2::client::SendRe
     send_request
 }
 
+/// [`h2_router`], once ready for a stream: the server's SETTINGS are in.
+pub async fn ready_h2_router(pki: &IngressPki, addr: SocketAddr) -> h2::client::SendRequest<Bytes> {
+    h2_router(pki, addr).await.ready().await.expect("ready")
+}
+
 /// Sends `method authority` (to `team-a/<actor>` if given) on a new stream;
 /// returns the answer and the stream's sending half.
 pub async fn h2_request(

@@ -224,11 +224,11 @@ async fn actors_on_a_tunnel(ports: &[u16], tune: impl FnOnce(&mut TunnelConfig))
     let cancel = CancellationToken::new();
     let listeners = serve_actors(&tunnel, gateway.addr, ports, &cancel).await;
     let (_, https, _) = tunnel.ingress().expect("ingress");
-    let router = h2_router(&ingress_pki, https).await;
+    let router = ready_h2_router(&ingress_pki, https).await;
     Actors {
         tunnel,
         listeners,
-        router: router.ready().await.expect("ready"),
+        router,
         cancel,
         _keep: (gateway, ingress_pki),
     }

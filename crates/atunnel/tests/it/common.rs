@@ -5,6 +5,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use atunnel_sandbox::{NetNs, NsExecutor};
+use atunnel_support::prelude::*;
+use bytes::Bytes;
+use http_body_util::Full;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -61,4 +64,22 @@ pub async fn open_error(
         Err(e) => e,
         Ok(t) => panic!("expected an error, got a {} tunnel", t.protocol()),
     }
+}
+
+/// An actor answering every request at once with "now".
+pub async fn quick_actor() -> SocketAddr {
+    http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"now"))) }).await
+}
+
+/// Activates alpha, answered at `alpha`, and beta, a [`quick_actor`]; a
+/// router connection ready for a stream.
+pub async fn alpha_and_quick_beta(
+    pki: &IngressPki,
+    running: &RunningIngress,
+    alpha: SocketAddr,
+) -> h2::client::SendRequest<Bytes> {
+    let quick = quick_actor().await;
+    activate_loopback(&running.ingress, "alpha", "uid-1", alpha.port());
+    activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
+    ready_h2_router(pki, running.https).await
 }

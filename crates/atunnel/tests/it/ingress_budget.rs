@@ -6,42 +6,21 @@
 //! with Retry-After.
 
 use atunnel_support::prelude::*;
+
+use crate::common::alpha_and_quick_beta;
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel::ingress::PoolSettings;
 use atunnel_process::overload::OverloadConfig;
 use bytes::Bytes;
 use http_body_util::Full;
 use tokio::sync::Notify;
 
-/// Activates alpha, answered at `alpha`, and beta, an actor answering at
-/// once; a router connection ready for a stream.
-async fn alpha_and_quick_beta(
-    pki: &IngressPki,
-    running: &RunningIngress,
-    alpha: std::net::SocketAddr,
-) -> h2::client::SendRequest<Bytes> {
-    let quick =
-        http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"now"))) })
-            .await;
-    activate_loopback(&running.ingress, "alpha", "uid-1", alpha.port());
-    activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
-    let router = h2_router(pki, running.https).await;
-    router.ready().await.expect("ready")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_that_never_answers_gets_504_after_the_response_timeout() {
     const TIMEOUT: Duration = Duration::from_millis(400);
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            response_timeout: TIMEOUT,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.response_timeout = TIMEOUT).await;
     let silent = http1_actor(|_req| async {
         std::future::pending::<()>().await;
         http::Response::new(Full::new(Bytes::new()))
@@ -75,13 +54,7 @@ async fn an_actor_that_never_answers_gets_504_after_the_response_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_at_its_in_flight_budget_gets_503_and_another_is_served() {
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            max_in_flight: 2,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.max_in_flight = 2).await;
     // alpha answers nothing until released; beta answers at once.
     let release = Arc::new(Notify::new());
     let r = release.clone();
@@ -140,8 +113,7 @@ async fn an_overloaded_process_answers_503_with_retry_after() {
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
             .await;
     activate_loopback(ingress, "alpha", "uid-1", actor.port());
-    let mut router = h2_router(&pki, https).await;
-    router = router.ready().await.expect("ready");
+    let mut router = ready_h2_router(&pki, https).await;
     assert_eq!(status_of_alpha(&mut router).await, 200);
     memory.set(900);
     guard.sample();

@@ -8,7 +8,7 @@
 
 use atunnel_support::prelude::*;
 
-use atunnel::ingress::{Ingress, PoolSettings};
+use atunnel::ingress::Ingress;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -33,9 +33,10 @@ async fn two_routers(
     h2::client::SendRequest<Bytes>,
     h2::client::SendRequest<Bytes>,
 ) {
-    let one = h2_router(pki, addr).await.ready().await.expect("ready");
-    let two = h2_router(pki, addr).await.ready().await.expect("ready");
-    (one, two)
+    (
+        ready_h2_router(pki, addr).await,
+        ready_h2_router(pki, addr).await,
+    )
 }
 
 /// An actor that never reads a request to `/hold` (nor answers it), and
@@ -97,13 +98,7 @@ async fn echoed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actors_unread_bodies_hold_no_more_than_its_router_bytes_across_connections() {
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            max_router_bytes: BOUND,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.max_router_bytes = BOUND).await;
     let alpha = holding_actor().await;
     let alpha_echo = echo_server().await;
     let beta = holding_actor().await;
@@ -186,13 +181,7 @@ async fn in_flight_is(ingress: &Ingress, uid: &str, want: usize) {
 async fn an_actor_holds_at_most_its_share_of_a_router_connections_streams() {
     const SHARE: u32 = 5;
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            max_router_streams: SHARE,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.max_router_streams = SHARE).await;
     let alpha = holding_actor().await;
     let beta = holding_actor().await;
     activate_loopback(&running.ingress, "alpha", "uid-1", alpha.port());
