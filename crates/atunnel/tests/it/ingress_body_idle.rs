@@ -12,7 +12,7 @@ use atunnel_support::prelude::*;
 use crate::common::{alpha_and_quick_beta, quick_actor};
 use std::time::Duration;
 
-use atunnel::ingress::Ingress;
+use atunnel::ingress::{ActorIngressStats, Ingress};
 use bytes::Bytes;
 use http_body_util::{Full, StreamBody};
 use hyper::body::Frame;
@@ -40,6 +40,14 @@ async fn drained(ingress: &Ingress, uid: &str) {
         f.in_flight == 0
     })
     .await;
+}
+
+/// Alpha's in-flight slot came back, and `ends` counts one end of alpha's
+/// and none of beta's.
+async fn one_end_for_alpha(ingress: &Ingress, ends: impl Fn(&ActorIngressStats) -> u64) {
+    drained(ingress, "uid-1").await;
+    assert_eq!(ends(&actor_figures(ingress, "uid-1")), 1, "alpha's ends");
+    assert_eq!(ends(&actor_figures(ingress, "uid-2")), 0, "beta's ends");
 }
 
 /// An actor that reads a request's head and nothing more, ever; the
@@ -141,15 +149,7 @@ async fn a_response_body_the_actor_stops_sending_is_reset_after_the_idle_bound()
         alpha_conns.closed(0, Duration::from_secs(5)).await,
         "alpha's connection was closed, not pooled"
     );
-    drained(&running.ingress, "uid-1").await;
-    assert_eq!(
-        actor_figures(&running.ingress, "uid-1").response_body_idle_ends_total,
-        1
-    );
-    assert_eq!(
-        actor_figures(&running.ingress, "uid-2").response_body_idle_ends_total,
-        0
-    );
+    one_end_for_alpha(&running.ingress, |f| f.response_body_idle_ends_total).await;
     // The same router connection still serves.
     served(&mut router).await;
 }
@@ -252,12 +252,9 @@ async fn a_request_body_the_actor_never_reads_is_ended_after_the_idle_bound() {
             .is_ok(),
         "alpha's connection was closed"
     );
-    drained(&running.ingress, "uid-1").await;
-    let alpha = actor_figures(&running.ingress, "uid-1");
-    assert_eq!(alpha.request_body_idle_ends_total, 1);
-    assert_eq!(alpha.response_timeouts_total, 0);
+    one_end_for_alpha(&running.ingress, |f| f.request_body_idle_ends_total).await;
     assert_eq!(
-        actor_figures(&running.ingress, "uid-2").request_body_idle_ends_total,
+        actor_figures(&running.ingress, "uid-1").response_timeouts_total,
         0
     );
     served(&mut router).await;
@@ -306,11 +303,7 @@ async fn a_request_body_unread_behind_a_streaming_response_is_reset_after_the_id
         alpha_conns.closed(0, Duration::from_secs(5)).await,
         "alpha's connection was closed"
     );
-    drained(&running.ingress, "uid-1").await;
-    assert_eq!(
-        actor_figures(&running.ingress, "uid-1").request_body_idle_ends_total,
-        1
-    );
+    one_end_for_alpha(&running.ingress, |f| f.request_body_idle_ends_total).await;
     served(&mut router).await;
 }
 
