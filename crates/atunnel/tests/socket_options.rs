@@ -197,6 +197,16 @@ fn kernel_defaults() -> Sets {
     }
 }
 
+/// 64 KiB (random from `seed`) written to `s` come back intact from the
+/// echo at its far end, through `what`.
+async fn echoes_64_kib(s: &mut (impl AsyncReadExt + AsyncWriteExt + Unpin), seed: u64, what: &str) {
+    let data = random(64 * KIB, seed);
+    s.write_all(&data).await.expect("write");
+    let mut back = vec![0u8; data.len()];
+    s.read_exact(&mut back).await.expect("read");
+    assert!(back == data, "echo through {what} corrupted");
+}
+
 /// A tunnel's configuration with `sets` for its egress's two sides.
 fn tunnel_config(pki: &Pki, sets: &Sets) -> TunnelConfig {
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
@@ -240,11 +250,7 @@ async fn egress_sockets_carry(sets: Sets) {
         .expect("activate");
 
     let mut actor_conn = TcpStream::connect(listen_addr).await.expect("connect");
-    let data = random(64 * KIB, 7);
-    actor_conn.write_all(&data).await.expect("write");
-    let mut back = vec![0u8; data.len()];
-    actor_conn.read_exact(&mut back).await.expect("read");
-    assert!(back == data, "echo through the tunnel corrupted");
+    echoes_64_kib(&mut actor_conn, 7, "the tunnel").await;
 
     // The tunnel is open: its four sockets exist.
     let actor_addr = actor_conn.local_addr().expect("actor addr");
@@ -314,11 +320,7 @@ async fn ingress_sockets_carry(sets: Sets) {
         "{:?}",
         String::from_utf8_lossy(&head)
     );
-    let data = random(64 * KIB, 8);
-    tunnel.write_all(&data).await.expect("write");
-    let mut back = vec![0u8; data.len()];
-    tunnel.read_exact(&mut back).await.expect("read");
-    assert!(back == data, "echo through the CONNECT tunnel corrupted");
+    echoes_64_kib(&mut tunnel, 8, "the CONNECT tunnel").await;
 
     // The router's HTTPS connection and ingress's pooled connection to the
     // actor stay open after the answer (keep-alive).
