@@ -36,6 +36,17 @@ const ECHO_PORT: u16 = 8080;
 const SILENT_PORT: u16 = 81;
 const ENDLESS_PORT: u16 = 82;
 
+/// Each `test: args;` after `scenario;` is a test of its own running
+/// `scenario(args)`: one scenario, the cases it is run for.
+macro_rules! tests_of {
+    ($scenario:ident; $($test:ident: $($arg:expr),+;)*) => {$(
+        #[tokio::test]
+        async fn $test() {
+            $scenario($($arg),+).await;
+        }
+    )*};
+}
+
 /// The two HTTP/2 servers under test.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Server {
@@ -410,14 +421,12 @@ async fn rapid_reset_gets_goaway(server: Server) {
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn a_rapid_reset_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    rapid_reset_gets_goaway(Server::Https).await;
-}
-
-#[tokio::test]
-async fn a_rapid_reset_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    rapid_reset_gets_goaway(Server::Connect).await;
+tests_of! {
+    rapid_reset_gets_goaway;
+    a_rapid_reset_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https;
+    a_rapid_reset_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect;
 }
 
 // ---- CONTINUATION flood ----
@@ -464,14 +473,12 @@ async fn continuation_flood_gets_goaway(server: Server) {
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn a_continuation_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    continuation_flood_gets_goaway(Server::Https).await;
-}
-
-#[tokio::test]
-async fn a_continuation_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    continuation_flood_gets_goaway(Server::Connect).await;
+tests_of! {
+    continuation_flood_gets_goaway;
+    a_continuation_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https;
+    a_continuation_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect;
 }
 
 // ---- oversized headers ----
@@ -507,14 +514,12 @@ async fn oversized_headers_are_refused_and_the_connection_serves_on(server: Serv
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn headers_past_the_limit_on_ingress_https_are_refused_and_the_connection_serves_on() {
-    oversized_headers_are_refused_and_the_connection_serves_on(Server::Https).await;
-}
-
-#[tokio::test]
-async fn headers_past_the_limit_on_ingress_connect_are_refused_and_the_connection_serves_on() {
-    oversized_headers_are_refused_and_the_connection_serves_on(Server::Connect).await;
+tests_of! {
+    oversized_headers_are_refused_and_the_connection_serves_on;
+    headers_past_the_limit_on_ingress_https_are_refused_and_the_connection_serves_on:
+        Server::Https;
+    headers_past_the_limit_on_ingress_connect_are_refused_and_the_connection_serves_on:
+        Server::Connect;
 }
 
 // ---- too many streams ----
@@ -553,14 +558,12 @@ async fn streams_past_the_limit_are_refused(server: Server, limit: u32) {
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn streams_past_max_concurrent_streams_on_ingress_https_are_refused() {
-    streams_past_the_limit_are_refused(Server::Https, PROXY_ROUTER_MAX_CONCURRENT_STREAMS).await;
-}
-
-#[tokio::test]
-async fn streams_past_max_concurrent_streams_on_ingress_connect_are_refused() {
-    streams_past_the_limit_are_refused(Server::Connect, MAX_CONCURRENT_STREAMS).await;
+tests_of! {
+    streams_past_the_limit_are_refused;
+    streams_past_max_concurrent_streams_on_ingress_https_are_refused:
+        Server::Https, PROXY_ROUTER_MAX_CONCURRENT_STREAMS;
+    streams_past_max_concurrent_streams_on_ingress_connect_are_refused:
+        Server::Connect, MAX_CONCURRENT_STREAMS;
 }
 
 // ---- zero window ----
@@ -608,14 +611,12 @@ async fn a_zero_window_peer_pins_a_bounded_amount(server: Server) {
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn a_zero_window_router_on_ingress_https_pins_a_bounded_amount_and_others_are_served() {
-    a_zero_window_peer_pins_a_bounded_amount(Server::Https).await;
-}
-
-#[tokio::test]
-async fn a_zero_window_router_on_ingress_connect_pins_a_bounded_amount_and_others_are_served() {
-    a_zero_window_peer_pins_a_bounded_amount(Server::Connect).await;
+tests_of! {
+    a_zero_window_peer_pins_a_bounded_amount;
+    a_zero_window_router_on_ingress_https_pins_a_bounded_amount_and_others_are_served:
+        Server::Https;
+    a_zero_window_router_on_ingress_connect_pins_a_bounded_amount_and_others_are_served:
+        Server::Connect;
 }
 
 // ---- control-frame floods (atunnel_connect::flood) ----
@@ -757,72 +758,32 @@ async fn the_configured_control_frame_budget_is_where_a_flood_is_cut() {
     }
 }
 
-#[tokio::test]
-async fn a_settings_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::Settings).await;
-}
-
-#[tokio::test]
-async fn a_settings_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::Settings).await;
-}
-
-#[tokio::test]
-async fn a_ping_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::Ping).await;
-}
-
-#[tokio::test]
-async fn a_ping_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::Ping).await;
-}
-
-#[tokio::test]
-async fn a_window_update_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::WindowUpdate).await;
-}
-
-#[tokio::test]
-async fn a_window_update_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::WindowUpdate).await;
-}
-
-#[tokio::test]
-async fn a_priority_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::Priority).await;
-}
-
-#[tokio::test]
-async fn a_priority_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::Priority).await;
-}
-
-#[tokio::test]
-async fn an_empty_data_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::EmptyData).await;
-}
-
-#[tokio::test]
-async fn an_empty_data_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::EmptyData).await;
-}
-
-#[tokio::test]
-async fn a_flood_of_headers_on_a_closed_stream_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(
-        Server::Https,
-        Flood::HeadersOnClosedStream,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_flood_of_headers_on_a_closed_stream_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(
-        Server::Connect,
-        Flood::HeadersOnClosedStream,
-    )
-    .await;
+tests_of! {
+    a_control_frame_flood_gets_goaway_enhance_your_calm;
+    a_settings_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::Settings;
+    a_settings_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::Settings;
+    a_ping_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::Ping;
+    a_ping_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::Ping;
+    a_window_update_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::WindowUpdate;
+    a_window_update_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::WindowUpdate;
+    a_priority_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::Priority;
+    a_priority_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::Priority;
+    an_empty_data_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::EmptyData;
+    an_empty_data_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::EmptyData;
+    a_flood_of_headers_on_a_closed_stream_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::HeadersOnClosedStream;
+    a_flood_of_headers_on_a_closed_stream_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::HeadersOnClosedStream;
 }
 
 /// A router that behaves: a few SETTINGS and PINGs, then a 32 MiB answer
@@ -883,14 +844,12 @@ async fn a_well_behaved_peers_control_frames_are_not_cut(server: Server) {
     assert_eq!(floods_counted(&site, server), 0, "{server:?}");
 }
 
-#[tokio::test]
-async fn a_well_behaved_routers_control_frames_on_ingress_https_are_not_cut() {
-    a_well_behaved_peers_control_frames_are_not_cut(Server::Https).await;
-}
-
-#[tokio::test]
-async fn a_well_behaved_routers_control_frames_on_ingress_connect_are_not_cut() {
-    a_well_behaved_peers_control_frames_are_not_cut(Server::Connect).await;
+tests_of! {
+    a_well_behaved_peers_control_frames_are_not_cut;
+    a_well_behaved_routers_control_frames_on_ingress_https_are_not_cut:
+        Server::Https;
+    a_well_behaved_routers_control_frames_on_ingress_connect_are_not_cut:
+        Server::Connect;
 }
 
 // ---- the clients: a hostile gateway, a hostile actor ----
@@ -1139,64 +1098,26 @@ async fn a_hostile_gateway_loses_its_connection_and_others_are_unaffected(mode: 
     assert_eq!(echoed(&mut tunnel, &data).await, data);
 }
 
-#[tokio::test]
-async fn a_gateway_flooding_pings_is_dropped_and_other_actors_tunnels_are_unaffected() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::PingFlood).await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_settings_is_dropped_and_other_actors_tunnels_are_unaffected() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::SettingsFlood).await;
-}
-
-#[tokio::test]
-async fn a_gateway_answering_with_a_continuation_flood_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::ContinuationAnswer)
-        .await;
-}
-
-#[tokio::test]
-async fn a_gateway_answering_with_headers_past_the_limit_opens_no_tunnel() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::OversizedAnswer)
-        .await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_window_updates_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
-        Flood::WindowUpdate,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_priority_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
-        Flood::Priority,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_pings_after_a_request_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(Flood::Ping))
-        .await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_settings_after_a_request_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
-        Flood::Settings,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
-        Flood::HeadersOnClosedStream,
-    ))
-    .await;
+tests_of! {
+    a_hostile_gateway_loses_its_connection_and_others_are_unaffected;
+    a_gateway_flooding_pings_is_dropped_and_other_actors_tunnels_are_unaffected:
+        Hostile::PingFlood;
+    a_gateway_flooding_settings_is_dropped_and_other_actors_tunnels_are_unaffected:
+        Hostile::SettingsFlood;
+    a_gateway_answering_with_a_continuation_flood_gets_goaway_enhance_your_calm:
+        Hostile::ContinuationAnswer;
+    a_gateway_answering_with_headers_past_the_limit_opens_no_tunnel:
+        Hostile::OversizedAnswer;
+    a_gateway_flooding_window_updates_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::WindowUpdate);
+    a_gateway_flooding_priority_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Priority);
+    a_gateway_flooding_pings_after_a_request_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Ping);
+    a_gateway_flooding_settings_after_a_request_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Settings);
+    a_gateway_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::HeadersOnClosedStream);
 }
 
 /// An actor speaking h2c that misbehaves as `mode` on every connection.
@@ -1303,63 +1224,26 @@ async fn a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(mode: Ho
     assert_eq!(body_text(resp).await, "hello");
 }
 
-#[tokio::test]
-async fn an_h2c_actor_flooding_pings_gets_the_router_an_error_and_others_are_served() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::PingFlood).await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_settings_gets_the_router_an_error_and_others_are_served() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::SettingsFlood).await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_answering_with_a_continuation_flood_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::ContinuationAnswer)
-        .await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_answering_with_headers_past_the_limit_gets_the_router_an_error() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::OversizedAnswer).await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_window_updates_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
-        Flood::WindowUpdate,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_priority_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
-        Flood::Priority,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_pings_after_a_request_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(Flood::Ping))
-        .await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_settings_after_a_request_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
-        Flood::Settings,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
-        Flood::HeadersOnClosedStream,
-    ))
-    .await;
+tests_of! {
+    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served;
+    an_h2c_actor_flooding_pings_gets_the_router_an_error_and_others_are_served:
+        Hostile::PingFlood;
+    an_h2c_actor_flooding_settings_gets_the_router_an_error_and_others_are_served:
+        Hostile::SettingsFlood;
+    an_h2c_actor_answering_with_a_continuation_flood_gets_goaway_enhance_your_calm:
+        Hostile::ContinuationAnswer;
+    an_h2c_actor_answering_with_headers_past_the_limit_gets_the_router_an_error:
+        Hostile::OversizedAnswer;
+    an_h2c_actor_flooding_window_updates_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::WindowUpdate);
+    an_h2c_actor_flooding_priority_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Priority);
+    an_h2c_actor_flooding_pings_after_a_request_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Ping);
+    an_h2c_actor_flooding_settings_after_a_request_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Settings);
+    an_h2c_actor_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::HeadersOnClosedStream);
 }
 
 /// An h2c actor that takes a request and then never reads or answers
@@ -1471,14 +1355,12 @@ async fn a_malformed_request_header_costs_what_h2_allows(server: Server) {
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn a_malformed_request_header_on_ingress_https_resets_its_stream_where_h2_allows() {
-    a_malformed_request_header_costs_what_h2_allows(Server::Https).await;
-}
-
-#[tokio::test]
-async fn a_malformed_request_header_on_ingress_connect_resets_its_stream_where_h2_allows() {
-    a_malformed_request_header_costs_what_h2_allows(Server::Connect).await;
+tests_of! {
+    a_malformed_request_header_costs_what_h2_allows;
+    a_malformed_request_header_on_ingress_https_resets_its_stream_where_h2_allows:
+        Server::Https;
+    a_malformed_request_header_on_ingress_connect_resets_its_stream_where_h2_allows:
+        Server::Connect;
 }
 
 // ---- the gateway's server ----
@@ -1549,22 +1431,14 @@ async fn a_flood_on_the_gateway_gets_goaway_enhance_your_calm(flood: Flood) {
     assert_eq!(echoed(&mut tunnel, &data).await, data);
 }
 
-#[tokio::test]
-async fn a_settings_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
-    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Settings).await;
-}
-
-#[tokio::test]
-async fn a_ping_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
-    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Ping).await;
-}
-
-#[tokio::test]
-async fn a_window_update_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
-    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::WindowUpdate).await;
-}
-
-#[tokio::test]
-async fn a_priority_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
-    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Priority).await;
+tests_of! {
+    a_flood_on_the_gateway_gets_goaway_enhance_your_calm;
+    a_settings_flood_on_the_gateway_gets_goaway_enhance_your_calm:
+        Flood::Settings;
+    a_ping_flood_on_the_gateway_gets_goaway_enhance_your_calm:
+        Flood::Ping;
+    a_window_update_flood_on_the_gateway_gets_goaway_enhance_your_calm:
+        Flood::WindowUpdate;
+    a_priority_flood_on_the_gateway_gets_goaway_enhance_your_calm:
+        Flood::Priority;
 }
