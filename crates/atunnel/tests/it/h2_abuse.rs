@@ -1024,6 +1024,62 @@ async fn hostile_gateway(
     (addr, rx)
 }
 
+/// The hostile peer's first report fits `mode`: a flood of its cut short
+/// and its connection closed (counted by `floods`, the side under test's
+/// count of flooded connections), a CONTINUATION answer cut with GOAWAY, an
+/// oversized answer's stream reset. `(peer, side)` name the two in messages.
+async fn hostile_peer_was_cut(
+    seen: &mut tokio::sync::mpsc::UnboundedReceiver<Seen>,
+    mode: Hostile,
+    (peer, side): (&str, &str),
+    floods: impl Fn() -> u64,
+) {
+    let first = tokio::time::timeout(WITHIN, seen.recv())
+        .await
+        .unwrap_or_else(|_| panic!("the hostile {peer} reports"))
+        .expect("report");
+    eprintln!("{mode:?}: the hostile {peer} saw {first:?}");
+    match mode {
+        Hostile::PingFlood | Hostile::SettingsFlood => {
+            assert!(
+                first.flooded < FLOOD,
+                "{mode:?}: {side} read the whole flood while its answers went unread"
+            );
+            assert!(
+                first.closed,
+                "{mode:?}: {side} kept the connection: {first:?}"
+            );
+            assert!(floods() >= 1, "{mode:?}");
+        }
+        Hostile::Control(_) => {
+            assert_eq!(
+                first.goaway,
+                Some(code::ENHANCE_YOUR_CALM),
+                "{mode:?}: {first:?}"
+            );
+            assert!(first.closed, "{mode:?}: {first:?}");
+            assert!(floods() >= 1, "{mode:?}");
+        }
+        Hostile::ContinuationAnswer => {
+            assert_eq!(
+                first.goaway,
+                Some(code::ENHANCE_YOUR_CALM),
+                "{mode:?}: {first:?}"
+            );
+            assert!(first.closed, "{mode:?}: {first:?}");
+        }
+        // A stream error (RFC 9113 §8.1.1): the stream is reset, no tunnel
+        // opens or no answer comes, and h2 keeps the connection.
+        Hostile::OversizedAnswer => {
+            assert_eq!(
+                first.reset,
+                Some(code::PROTOCOL_ERROR),
+                "{mode:?}: {first:?}"
+            )
+        }
+    }
+}
+
 async fn a_hostile_gateway_loses_its_connection_and_others_are_unaffected(mode: Hostile) {
     let pki = Pki::new();
     let (hostile, mut seen) = hostile_gateway(&pki, mode).await;
@@ -1045,50 +1101,10 @@ async fn a_hostile_gateway_loses_its_connection_and_others_are_unaffected(mode: 
         open.is_err(),
         "{mode:?}: a tunnel opened through a hostile gateway"
     );
-    let first = tokio::time::timeout(WITHIN, seen.recv())
-        .await
-        .expect("the hostile gateway reports")
-        .expect("report");
-    eprintln!("{mode:?}: the hostile gateway saw {first:?}");
-    match mode {
-        Hostile::PingFlood | Hostile::SettingsFlood => {
-            assert!(
-                first.flooded < FLOOD,
-                "{mode:?}: the client read the whole flood while its answers went unread"
-            );
-            assert!(
-                first.closed,
-                "{mode:?}: the client kept the connection: {first:?}"
-            );
-            assert!(alpha.client().stats().h2_floods_total >= 1, "{mode:?}");
-        }
-        Hostile::Control(_) => {
-            assert_eq!(
-                first.goaway,
-                Some(code::ENHANCE_YOUR_CALM),
-                "{mode:?}: {first:?}"
-            );
-            assert!(first.closed, "{mode:?}: {first:?}");
-            assert!(alpha.client().stats().h2_floods_total >= 1, "{mode:?}");
-        }
-        Hostile::ContinuationAnswer => {
-            assert_eq!(
-                first.goaway,
-                Some(code::ENHANCE_YOUR_CALM),
-                "{mode:?}: {first:?}"
-            );
-            assert!(first.closed, "{mode:?}: {first:?}");
-        }
-        // A stream error (RFC 9113 §8.1.1): the stream is reset, no tunnel
-        // opens, and h2 keeps the connection.
-        Hostile::OversizedAnswer => {
-            assert_eq!(
-                first.reset,
-                Some(code::PROTOCOL_ERROR),
-                "{mode:?}: {first:?}"
-            )
-        }
-    }
+    hostile_peer_was_cut(&mut seen, mode, ("gateway", "the client"), || {
+        alpha.client().stats().h2_floods_total
+    })
+    .await;
     // Another actor's tunnels, through a real gateway, are untouched.
     let mut tunnel = tokio::time::timeout(WITHIN, beta.client().open_authority(SINK_ECHO))
         .await
@@ -1162,54 +1178,10 @@ async fn a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(mode: Ho
         "{mode:?}: a hostile actor's answer came back as {}",
         resp.status()
     );
-    let first = tokio::time::timeout(WITHIN, seen.recv())
-        .await
-        .expect("the hostile actor reports")
-        .expect("report");
-    eprintln!("{mode:?}: the hostile actor saw {first:?}");
-    match mode {
-        Hostile::PingFlood | Hostile::SettingsFlood => {
-            assert!(
-                first.flooded < FLOOD,
-                "{mode:?}: ingress read the whole flood while its answers went unread"
-            );
-            assert!(
-                first.closed,
-                "{mode:?}: ingress kept the connection: {first:?}"
-            );
-            assert!(
-                running.ingress.stats().h2_floods.actors_total >= 1,
-                "{mode:?}"
-            );
-        }
-        Hostile::Control(_) => {
-            assert_eq!(
-                first.goaway,
-                Some(code::ENHANCE_YOUR_CALM),
-                "{mode:?}: {first:?}"
-            );
-            assert!(first.closed, "{mode:?}: {first:?}");
-            assert!(
-                running.ingress.stats().h2_floods.actors_total >= 1,
-                "{mode:?}"
-            );
-        }
-        Hostile::ContinuationAnswer => {
-            assert_eq!(
-                first.goaway,
-                Some(code::ENHANCE_YOUR_CALM),
-                "{mode:?}: {first:?}"
-            );
-            assert!(first.closed, "{mode:?}: {first:?}");
-        }
-        Hostile::OversizedAnswer => {
-            assert_eq!(
-                first.reset,
-                Some(code::PROTOCOL_ERROR),
-                "{mode:?}: {first:?}"
-            )
-        }
-    }
+    hostile_peer_was_cut(&mut seen, mode, ("actor", "ingress"), || {
+        running.ingress.stats().h2_floods.actors_total
+    })
+    .await;
     // Another actor, on the same router connection, is served.
     let req = http::Request::builder()
         .uri("https://worker.test/")
