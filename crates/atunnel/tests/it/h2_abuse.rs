@@ -24,7 +24,7 @@ use atunnel_core::sockopt::SocketOptions;
 use atunnel_identity::clock::Clock;
 use bytes::Bytes;
 use http_body_util::Full;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};
 
 /// Long enough for a busy 2-core host; every wait ends on an event first.
@@ -377,19 +377,27 @@ async fn ingress_connect_takes_frames_up_to_its_max_frame_size_and_no_larger() {
     raw.send(&Frame::data(1, &past, false))
         .await
         .expect("DATA past the limit");
+    ends_with_goaway(
+        &mut raw,
+        code::FRAME_SIZE_ERROR,
+        &format!("a frame of {} bytes", past.len()),
+    )
+    .await;
+    a_well_behaved_router_is_served(&site, server).await;
+}
+
+/// The connection ends (within [`WITHIN`]) with a GOAWAY of `error`; `what`
+/// ended it.
+async fn ends_with_goaway<S: AsyncRead + AsyncWrite + Unpin>(
+    raw: &mut RawH2<S>,
+    error: u32,
+    what: &str,
+) {
     let ended = raw.until_goaway(WITHIN).await.expect("GOAWAY or close");
     assert!(
-        matches!(
-            ended,
-            Ended::GoAway {
-                error: code::FRAME_SIZE_ERROR,
-                ..
-            }
-        ),
-        "a frame of {} bytes ended with {ended:?}",
-        past.len()
+        matches!(ended, Ended::GoAway { error: e, .. } if e == error),
+        "{what} ended with {ended:?}"
     );
-    a_well_behaved_router_is_served(&site, server).await;
 }
 
 // ---- rapid reset ----
@@ -407,17 +415,12 @@ async fn rapid_reset_gets_goaway(server: Server) {
     }
     // The server may close while the burst is still going out.
     let _ = raw.send_all(&frames).await;
-    let ended = raw.until_goaway(WITHIN).await.expect("GOAWAY or close");
-    assert!(
-        matches!(
-            ended,
-            Ended::GoAway {
-                error: code::ENHANCE_YOUR_CALM,
-                ..
-            }
-        ),
-        "{server:?}: a rapid reset ended with {ended:?}"
-    );
+    ends_with_goaway(
+        &mut raw,
+        code::ENHANCE_YOUR_CALM,
+        &format!("{server:?}: a rapid reset"),
+    )
+    .await;
     a_well_behaved_router_is_served(&site, server).await;
 }
 
@@ -455,17 +458,12 @@ async fn continuation_flood_gets_goaway(server: Server) {
             _ => break,
         }
     }
-    let ended = raw.until_goaway(WITHIN).await.expect("GOAWAY or close");
-    assert!(
-        matches!(
-            ended,
-            Ended::GoAway {
-                error: code::ENHANCE_YOUR_CALM,
-                ..
-            }
-        ),
-        "{server:?}: a CONTINUATION flood of {frames_out} frames ended with {ended:?}"
-    );
+    ends_with_goaway(
+        &mut raw,
+        code::ENHANCE_YOUR_CALM,
+        &format!("{server:?}: a CONTINUATION flood of {frames_out} frames"),
+    )
+    .await;
     assert!(
         raw.closes_within(WITHIN).await,
         "the connection is closed after its GOAWAY"
@@ -656,6 +654,20 @@ fn flood_frame(flood: Flood, i: u32) -> Frame {
     }
 }
 
+/// Writes `frames` frames of `flood` back to back, in one write. The
+/// peer may cut the connection mid-flood: the write may fail.
+async fn send_flood<S: AsyncRead + AsyncWrite + Unpin>(
+    raw: &mut RawH2<S>,
+    flood: Flood,
+    frames: u32,
+) {
+    let mut batch = Vec::new();
+    for i in 0..frames {
+        flood_frame(flood, i).encode_into(&mut batch);
+    }
+    let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
+}
+
 /// The HTTPS or CONNECT listener's flood count.
 fn floods_counted(site: &Site, server: Server) -> u64 {
     let f = site.running.ingress.stats().h2_floods;
@@ -693,23 +705,13 @@ async fn a_control_frame_flood_gets_goaway_enhance_your_calm(server: Server, flo
         }
         _ => {}
     }
-    let mut batch = Vec::new();
-    for i in 0..FLOOD_FRAMES {
-        flood_frame(flood, i).encode_into(&mut batch);
-    }
-    // The server cuts the connection mid-flood: the write may fail.
-    let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
-    let ended = raw.until_goaway(WITHIN).await.expect("the flood is cut");
-    assert!(
-        matches!(
-            ended,
-            Ended::GoAway {
-                error: code::ENHANCE_YOUR_CALM,
-                ..
-            }
-        ),
-        "{server:?} {flood:?}: {ended:?}"
-    );
+    send_flood(&mut raw, flood, FLOOD_FRAMES).await;
+    ends_with_goaway(
+        &mut raw,
+        code::ENHANCE_YOUR_CALM,
+        &format!("{server:?} {flood:?}"),
+    )
+    .await;
     // h2 0.4.20 ends a stream's empty DATA flood itself, first
     // (`MAX_RECV_EMPTY_DATA_FRAMES`); the guard counts every other kind.
     if flood != Flood::EmptyData {
@@ -729,23 +731,14 @@ async fn the_configured_control_frame_budget_is_where_a_flood_is_cut() {
         })
         .await;
         let mut raw = raw_router(&site, Server::Https, &[]).await;
-        let mut batch = Vec::new();
-        for i in 0..40 {
-            flood_frame(Flood::Ping, i).encode_into(&mut batch);
-        }
-        let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
+        send_flood(&mut raw, Flood::Ping, 40).await;
         if cut {
-            let ended = raw.until_goaway(WITHIN).await.expect("the flood is cut");
-            assert!(
-                matches!(
-                    ended,
-                    Ended::GoAway {
-                        error: code::ENHANCE_YOUR_CALM,
-                        ..
-                    }
-                ),
-                "{ended:?}"
-            );
+            ends_with_goaway(
+                &mut raw,
+                code::ENHANCE_YOUR_CALM,
+                "40 PINGs past a budget of 10",
+            )
+            .await;
         } else {
             // Answered: the 40th PING's ACK comes back.
             raw.wait_for(WITHIN, |f| {
@@ -1376,22 +1369,8 @@ async fn a_flood_on_the_gateway_gets_goaway_enhance_your_calm(flood: Flood) {
     let pki = Pki::new();
     let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let mut raw = raw_actor_to_gateway(&pki, gw.addr, "alpha").await;
-    let mut batch = Vec::new();
-    for i in 0..FLOOD_FRAMES {
-        flood_frame(flood, i).encode_into(&mut batch);
-    }
-    let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
-    let ended = raw.until_goaway(WITHIN).await.expect("the flood is cut");
-    assert!(
-        matches!(
-            ended,
-            Ended::GoAway {
-                error: code::ENHANCE_YOUR_CALM,
-                ..
-            }
-        ),
-        "{flood:?}: {ended:?}"
-    );
+    send_flood(&mut raw, flood, FLOOD_FRAMES).await;
+    ends_with_goaway(&mut raw, code::ENHANCE_YOUR_CALM, &format!("{flood:?}")).await;
     assert_eq!((gw.h2_floods)(), 1, "{flood:?}");
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let beta = prepare(&pki, gw.addr, actor("beta"), source).await;
