@@ -1073,6 +1073,17 @@ async fn hostile_peer_was_cut(
     }
 }
 
+/// A tunnel of beta's, through a real gateway, opens within [`WITHIN`] and
+/// echoes 16 KiB (random from `seed`).
+async fn beta_is_served(beta: &ActorEgress, seed: u64) {
+    let mut tunnel = tokio::time::timeout(WITHIN, beta.client().open_authority(SINK_ECHO))
+        .await
+        .expect("beta opens within 10 s")
+        .expect("beta's tunnel");
+    let data = random(16 * 1024, seed);
+    assert_eq!(echoed(&mut tunnel, &data).await, data);
+}
+
 async fn a_hostile_gateway_loses_its_connection_and_others_are_unaffected(mode: Hostile) {
     let pki = Pki::new();
     let (hostile, mut seen) = hostile_gateway(&pki, mode).await;
@@ -1099,12 +1110,7 @@ async fn a_hostile_gateway_loses_its_connection_and_others_are_unaffected(mode: 
     })
     .await;
     // Another actor's tunnels, through a real gateway, are untouched.
-    let mut tunnel = tokio::time::timeout(WITHIN, beta.client().open_authority(SINK_ECHO))
-        .await
-        .expect("beta opens within 10 s")
-        .expect("beta's tunnel");
-    let data = random(16 * 1024, 7);
-    assert_eq!(echoed(&mut tunnel, &data).await, data);
+    beta_is_served(&beta, 7).await;
 }
 
 tests_of! {
@@ -1374,12 +1380,7 @@ async fn a_flood_on_the_gateway_gets_goaway_enhance_your_calm(flood: Flood) {
     assert_eq!((gw.h2_floods)(), 1, "{flood:?}");
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let beta = prepare(&pki, gw.addr, actor("beta"), source).await;
-    let mut tunnel = tokio::time::timeout(WITHIN, beta.client().open_authority(SINK_ECHO))
-        .await
-        .expect("beta opens within 10 s")
-        .expect("beta's tunnel");
-    let data = random(16 * 1024, 9);
-    assert_eq!(echoed(&mut tunnel, &data).await, data);
+    beta_is_served(&beta, 9).await;
 }
 
 tests_of! {
