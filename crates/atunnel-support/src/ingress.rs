@@ -405,11 +405,7 @@ pub fn tunnel_with_ingress(
     egress_pki: &crate::pki::Pki,
     drain: Duration,
 ) -> atunnel::tunnel::TunnelConfig {
-    let source = Arc::new(crate::pki::TestSource::new(
-        egress_pki.actor_ca.clone(),
-        atunnel_identity::clock::Clock::new(),
-    ));
-    let mut cfg = atunnel::tunnel::TunnelConfig::new(egress_pki.gateway_roots(), source);
+    let mut cfg = egress_pki.tunnel_config();
     let local: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     cfg.ingress = Some(atunnel::tunnel::IngressListen {
         config: IngressConfig {

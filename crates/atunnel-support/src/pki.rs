@@ -56,6 +56,13 @@ impl Pki {
         Arc::new(roots)
     }
 
+    /// A tunnel's configuration trusting this PKI's gateway CA, its actors'
+    /// certificates minted by a new [`TestSource`] of its actor CA.
+    pub fn tunnel_config(&self) -> atunnel::tunnel::TunnelConfig {
+        let source = Arc::new(TestSource::new(self.actor_ca.clone(), Clock::new()));
+        atunnel::tunnel::TunnelConfig::new(self.gateway_roots(), source)
+    }
+
     /// Writes the gateway CA's certificate and the actor CA's certificate
     /// and key into `dir`, where atunnel's binary is told to read them.
     pub fn write_ca_files(&self, dir: &Path) -> CaFiles {

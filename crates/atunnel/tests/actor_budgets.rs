@@ -22,7 +22,6 @@ use atunnel::egress::{ActorBudget, Destination};
 use atunnel::holdings::{HoldingsConfig, derive_max_descriptors};
 use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
-use atunnel_identity::clock::Clock;
 use atunnel_process::overload::{OverloadConfig, OverloadState};
 use atunnel_sandbox::require_root;
 use atunnel_support::ingress::IngressPki;
@@ -64,8 +63,7 @@ async fn one_actors_unread_downloads_hold_no_more_than_its_gateway_bytes_bound()
     const TUNNELS: usize = 4096;
     let pki = Pki::new();
     let mut gateway = fake_gateway(&pki, Far::Flood).await;
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = atunnel::tunnel::TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.overload = None;
     let budget = ActorBudget::default();
     let bound = budget.max_gateway_bytes as usize;

@@ -12,7 +12,6 @@ use atunnel::egress::EgressConfig;
 use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_core::sockopt::{ReadBack, SocketOptions, read_back};
 use atunnel_dns::RelayConfig;
-use atunnel_identity::clock::Clock;
 use atunnel_sandbox::require_root;
 use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR};
 use bytes::Bytes;
@@ -209,8 +208,7 @@ async fn echoes_64_kib(s: &mut (impl AsyncReadExt + AsyncWriteExt + Unpin), seed
 
 /// A tunnel's configuration with `sets` for its egress's two sides.
 fn tunnel_config(pki: &Pki, sets: &Sets) -> TunnelConfig {
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.egress = EgressConfig {
         socket: sets.network,
         sandbox_socket: sets.sandbox,

@@ -13,9 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
+use atunnel::tunnel::{GatewaySpec, Tunnel};
 use atunnel_dns::RelayConfig;
-use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
 use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR, GATEWAY_ADDR6};
 use atunnel_sandbox::{NetNs, NsExecutor, SandboxNetwork, require_root};
@@ -32,8 +31,7 @@ fn echo_sink() -> SinkConfig {
 
 /// A tunnel whose namespace names are this process's and this test's alone.
 async fn tunnel(pki: &Pki, dns: Option<SocketAddr>, test: &str) -> Arc<Tunnel> {
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.netns_prefix = format!("atnt-{}-{test}-", std::process::id());
     cfg.dns = dns.map(|upstream| RelayConfig {
         upstreams: vec![upstream],
@@ -311,8 +309,7 @@ async fn the_tunnel_budget_is_one_across_both_families() {
     require_root("sandbox egress budget test");
     let pki = Pki::new();
     let gw = gateway(&pki, echo_sink(), |_| {}).await;
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.netns_prefix = format!("atnt-{}-budget6-", std::process::id());
     cfg.egress.budget.max_tunnels = 2;
     let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
@@ -378,8 +375,7 @@ async fn with_ipv6_off_an_ipv6_dial_fails_at_once_and_ipv4_is_tunnelled() {
     require_root("IPv4-only sandbox egress test");
     let pki = Pki::new();
     let mut gw = gateway(&pki, echo_sink(), |_| {}).await;
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.netns_prefix = format!("atnt-{}-v4only-", std::process::id());
     cfg.sandbox_ipv6 = false;
     let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
@@ -943,8 +939,7 @@ async fn an_actors_dns_queries_in_flight_count_as_what_it_holds() {
     let silent = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
     let upstream = silent.local_addr().expect("addr");
     let memory = FakeMemoryCgroup::new(100);
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.netns_prefix = format!("atnt-{}-dnsheld-", std::process::id());
     cfg.dns = Some(RelayConfig {
         upstreams: vec![upstream],
