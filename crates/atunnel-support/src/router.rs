@@ -159,6 +159,27 @@ pub fn grpc_to_alpha(uri: &str) -> http::request::Builder {
         .header("x-ate-target-port", GRPC_PORT.to_string())
 }
 
+/// An HTTP/1.1 connection to `addr` as the router, sending bodies of type
+/// `B` (a streamed one, say), its connection task spawned.
+pub async fn h1_router<B>(
+    pki: &IngressPki,
+    addr: SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<B>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tls = router_tls(pki, addr, None, None, &[b"http/1.1"])
+        .await
+        .expect("router TLS");
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .expect("h1 handshake");
+    tokio::spawn(conn);
+    send
+}
+
 /// A router-side HTTP connection (h1 or h2 by ALPN).
 pub enum RouterConn {
     H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
@@ -167,24 +188,18 @@ pub enum RouterConn {
 
 impl RouterConn {
     pub async fn open(pki: &IngressPki, addr: SocketAddr, h2: bool) -> Self {
-        let alpn: &[&[u8]] = if h2 { &[b"h2"] } else { &[b"http/1.1"] };
-        let tls = router_tls(pki, addr, None, None, alpn)
+        if !h2 {
+            return RouterConn::H1(h1_router(pki, addr).await);
+        }
+        let tls = router_tls(pki, addr, None, None, &[b"h2"])
             .await
             .expect("router TLS");
-        let io = TokioIo::new(tls);
-        if h2 {
-            let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        let (send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
                 .await
                 .expect("h2 handshake");
-            tokio::spawn(conn);
-            RouterConn::H2(send)
-        } else {
-            let (send, conn) = hyper::client::conn::http1::handshake(io)
-                .await
-                .expect("h1 handshake");
-            tokio::spawn(conn);
-            RouterConn::H1(send)
-        }
+        tokio::spawn(conn);
+        RouterConn::H2(send)
     }
 
     pub async fn send(

@@ -16,7 +16,6 @@ use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
@@ -347,14 +346,7 @@ struct RouterConnStream(hyper::client::conn::http1::SendRequest<StreamBody<Feed>
 
 impl RouterConnStream {
     async fn open(pki: &IngressPki, addr: SocketAddr) -> Self {
-        let tls = router_tls(pki, addr, None, None, &[b"http/1.1"])
-            .await
-            .expect("TLS");
-        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .expect("h1");
-        tokio::spawn(conn);
-        Self(send)
+        Self(h1_router(pki, addr).await)
     }
 
     async fn send(&mut self, req: http::Request<StreamBody<Feed>>) -> http::Response<Incoming> {

@@ -13,7 +13,6 @@ use atunnel_support::stats_client::fetch_stats;
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::TokioIo;
 
 static CHUNK: [u8; 64 * 1024] = [b'z'; 64 * 1024];
 const N: u64 = 100 << 20;
@@ -91,16 +90,7 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
         .expect("warm");
     assert_eq!(warm.status(), 200);
     let _ = warm.into_body().collect().await;
-    let mut up = {
-        let tls = router_tls(&pki, https, None, None, &[b"http/1.1"])
-            .await
-            .expect("TLS");
-        let (send, c) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .expect("h1");
-        tokio::spawn(c);
-        send
-    };
+    let mut up = h1_router(&pki, https).await;
     let warm = up
         .send_request(
             request("POST", "/upload")
