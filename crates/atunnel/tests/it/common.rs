@@ -83,3 +83,13 @@ pub async fn alpha_and_quick_beta(
     activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
     ready_h2_router(pki, running.https).await
 }
+
+/// The gateway saw one tunnel, from `actor_name`, to exactly `authority`.
+pub async fn expect_seen(gw: &mut RunningGateway, actor_name: &str, authority: &str) {
+    let seen = tokio::time::timeout(Duration::from_secs(10), gw.seen.recv())
+        .await
+        .expect("gateway saw the tunnel within 10 s")
+        .expect("gateway running");
+    assert_eq!(seen.authority, authority, "original destination lost");
+    assert_eq!(seen.identity.actor_name, actor_name);
+}

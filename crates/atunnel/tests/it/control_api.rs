@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{dial_from, echo_check};
+use crate::common::{dial_from, echo_check, expect_seen};
 use atunnel::control::ControlConfig;
 use atunnel::control::client::connect;
 use atunnel::control::daemon::ServeReady;
@@ -246,16 +246,6 @@ fn phase(s: &proto::ActorStatus) -> Phase {
     Phase::try_from(s.phase).expect("a known phase")
 }
 
-/// The gateway saw one tunnel, from `actor_name`, to `ECHOED`.
-async fn expect_seen(gw: &mut RunningGateway, actor_name: &str) {
-    let seen = tokio::time::timeout(Duration::from_secs(10), gw.seen.recv())
-        .await
-        .expect("gateway saw the tunnel within 10 s")
-        .expect("gateway running");
-    assert_eq!(seen.authority, ECHOED, "original destination lost");
-    assert_eq!(seen.identity.actor_name, actor_name);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_actors_go_through_the_whole_lifecycle_with_bytes_both_ways() {
     require_root("control API lifecycle test");
@@ -309,7 +299,7 @@ async fn several_actors_go_through_the_whole_lifecycle_with_bytes_both_ways() {
     for (i, a) in actors.iter().enumerate() {
         let mut s = dial_from(&exec, &runtime[i], dest).await;
         echo_check(&mut s, &random(256 * 1024, i as u64)).await;
-        expect_seen(&mut gw, &a.name).await;
+        expect_seen(&mut gw, &a.name, ECHOED).await;
         let st = status(&mut d.client, &a.uid).await;
         assert_eq!(st.egress.expect("counts").tunnels, 1, "{st:?}");
         conns.push(s);
@@ -996,7 +986,7 @@ async fn atunnel_ctl_drives_atunnel_serve_through_a_lifecycle() {
     let exec = NsExecutor::start().expect("executor");
     let mut s = dial_from(&exec, &runtime, ECHOED.parse().expect("addr")).await;
     echo_check(&mut s, &random(128 * 1024, 7)).await;
-    expect_seen(&mut gw, "alpha").await;
+    expect_seen(&mut gw, "alpha", ECHOED).await;
     let (code, json) = ctl(vec!["status", "--uid", "uid-alpha"]).await;
     assert_eq!(code, 0, "{json}");
     assert_eq!(json["status"]["egress"]["tunnels"], 1, "{json}");

@@ -3,6 +3,8 @@
 //! driven by the worker's calls.
 
 use atunnel_support::prelude::*;
+
+use crate::common::expect_seen;
 use std::collections::HashSet;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
@@ -65,16 +67,6 @@ async fn echo_check(s: &mut TcpStream, data: &[u8]) {
     };
     let ((), got) = tokio::join!(write, read);
     assert!(got == data, "echo through the sandbox tunnel corrupted");
-}
-
-/// The gateway saw one tunnel, from `actor_name`, to exactly `authority`.
-async fn expect_seen(gw: &mut RunningGateway, actor_name: &str, authority: &str) {
-    let seen = tokio::time::timeout(Duration::from_secs(10), gw.seen.recv())
-        .await
-        .expect("gateway saw the tunnel within 10 s")
-        .expect("gateway running");
-    assert_eq!(seen.authority, authority, "original destination lost");
-    assert_eq!(seen.identity.actor_name, actor_name);
 }
 
 /// A query for `a.` of type A with `id` (the relay does not parse DNS
