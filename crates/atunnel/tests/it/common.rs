@@ -93,3 +93,18 @@ pub async fn expect_seen(gw: &mut RunningGateway, actor_name: &str, authority: &
     assert_eq!(seen.authority, authority, "original destination lost");
     assert_eq!(seen.identity.actor_name, actor_name);
 }
+
+/// `answer` comes within 10 s, a 504 (Gateway Timeout), and no sooner than
+/// `bound` after `started`.
+pub async fn answered_504_after(
+    answer: h2::client::ResponseFuture,
+    started: tokio::time::Instant,
+    bound: Duration,
+) {
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("answered within 10 s")
+        .expect("an answer");
+    assert_eq!(answer.status(), 504);
+    assert!(started.elapsed() >= bound, "504 before {bound:?}");
+}

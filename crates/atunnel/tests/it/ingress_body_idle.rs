@@ -9,7 +9,7 @@
 
 use atunnel_support::prelude::*;
 
-use crate::common::{alpha_and_quick_beta, quick_actor};
+use crate::common::{alpha_and_quick_beta, answered_504_after, quick_actor};
 use std::time::Duration;
 
 use atunnel::ingress::{ActorIngressStats, Ingress};
@@ -240,12 +240,7 @@ async fn a_request_body_the_actor_never_reads_is_ended_after_the_idle_bound() {
     let started = tokio::time::Instant::now();
     served(&mut router).await;
 
-    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
-        .await
-        .expect("alpha's request ended within 10 s")
-        .expect("an answer");
-    assert_eq!(answer.status(), 504);
-    assert!(started.elapsed() >= BOUND, "ended before the bound");
+    answered_504_after(answer, started, BOUND).await;
     assert!(
         tokio::time::timeout(Duration::from_secs(10), alpha_reset)
             .await

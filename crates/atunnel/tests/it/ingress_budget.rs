@@ -7,7 +7,7 @@
 
 use atunnel_support::prelude::*;
 
-use crate::common::alpha_and_quick_beta;
+use crate::common::{alpha_and_quick_beta, answered_504_after};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,12 +32,7 @@ async fn an_actor_that_never_answers_gets_504_after_the_response_timeout() {
     // The router's other streams are served while alpha's waits.
     let served = h2_get(&mut router, "beta", "/").await.expect("an answer");
     assert_eq!(served.status(), 200);
-    let timed_out = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("answered within 10 s")
-        .expect("an answer");
-    assert_eq!(timed_out.status(), 504);
-    assert!(started.elapsed() >= TIMEOUT, "504 before the timeout");
+    answered_504_after(waiting, started, TIMEOUT).await;
     let stats = running.ingress.stats();
     let of = |uid: &str| {
         stats
