@@ -44,6 +44,21 @@ where
     (addr, rx)
 }
 
+/// A peer that accepts every connection and holds it, never reading or
+/// writing a byte: a gateway or an actor that hangs. Its address, and its
+/// task (aborting it closes the held connections).
+pub async fn silent_peer() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    (addr, task)
+}
+
 /// A destination that echoes every byte and half-closes after the client does.
 pub async fn echo_server() -> SocketAddr {
     destination(|mut s| async move {

@@ -275,16 +275,7 @@ async fn deactivation_closes_one_actors_tunnels_and_leaves_the_others() {
 async fn a_tunnel_opening_during_deactivation_is_never_handed_to_the_next_activation() {
     let pki = Pki::new();
     // A gateway that accepts TCP and never answers: the open hangs.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let hanging = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            held.push(s);
-        }
-    });
+    let (hanging, _hanging) = silent_peer().await;
     let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let a = actor("alpha");
     let egress = egress();

@@ -14,7 +14,7 @@ use atunnel_core::BufferPool;
 use atunnel_identity::clock::Clock;
 use atunnel_process::overload::{Held, OverloadConfig, Shed, ShedAction};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 /// Actors `names` with egress on `egress`, each through `gateway` to `dest`;
@@ -198,23 +198,11 @@ async fn a_connection_flood_past_the_budget_is_refused_at_the_actors_refusal_rat
     }
 }
 
-/// A gateway that accepts TCP and never answers: every open hangs.
-async fn silent_gateway() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let task = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = l.accept().await {
-            held.push(s);
-        }
-    });
-    (addr, task)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_opening_past_its_budget_is_reset_and_another_opens_as_usual() {
     let pki = Pki::new();
-    let (silent, _silent) = silent_gateway().await;
+    // A gateway that accepts TCP and never answers: every open hangs.
+    let (silent, _silent) = silent_peer().await;
     let gw = gateway(&pki, forward_loopback(), |_| {}).await;
     let echo = echo_server().await;
     let egress = egress_config(EgressConfig {

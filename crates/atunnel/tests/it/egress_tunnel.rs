@@ -437,16 +437,7 @@ async fn gateway_refuses_certificates_without_the_actor_extension() {
 #[tokio::test]
 async fn opening_a_tunnel_is_bounded_in_time() {
     // Accepts TCP and never says a word.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let _hold = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            held.push(s);
-        }
-    });
+    let (addr, _hold) = silent_peer().await;
     let pki = Pki::new();
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let mut cfg = client_config(&pki, addr);

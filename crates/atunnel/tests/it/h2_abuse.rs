@@ -74,19 +74,6 @@ impl Site {
     }
 }
 
-/// An actor whose every connection is accepted and never answered.
-async fn silent_actor() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let task = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            held.push(s);
-        }
-    });
-    (addr, task)
-}
-
 /// An echo actor for tunnels.
 async fn echo_actor() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -175,7 +162,8 @@ async fn site_with(floods: FloodLimits) -> Site {
     let hello =
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from("hello"))) }).await;
     let echo = echo_actor().await;
-    let (silent, silent_task) = silent_actor().await;
+    // An actor whose every connection is accepted and never answered.
+    let (silent, silent_task) = silent_peer().await;
     let endless_written = Arc::new(AtomicU64::new(0));
     let endless = endless_actor(endless_written.clone()).await;
     running.activate_alpha(&[
