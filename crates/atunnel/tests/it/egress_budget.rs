@@ -75,18 +75,23 @@ fn stats_of(egress: &Egress, name: &str) -> ActorEgressStats {
         .expect("the actor's figures")
 }
 
+/// An egress whose actors' budget, the default otherwise, is changed by
+/// `tune`.
+fn egress_budgeted(tune: impl FnOnce(&mut ActorBudget)) -> std::sync::Arc<atunnel::egress::Egress> {
+    let mut budget = ActorBudget::default();
+    tune(&mut budget);
+    egress_config(EgressConfig {
+        budget,
+        ..EgressConfig::default()
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_past_its_tunnel_budget_is_reset_and_no_one_else_notices() {
     let pki = Pki::new();
     let gw = gateway(&pki, forward_loopback(), |_| {}).await;
     let echo = echo_server().await;
-    let egress = egress_config(EgressConfig {
-        budget: ActorBudget {
-            max_tunnels: 3,
-            ..ActorBudget::default()
-        },
-        ..EgressConfig::default()
-    });
+    let egress = egress_budgeted(|budget| budget.max_tunnels = 3);
     let cancel = CancellationToken::new();
     let addrs = actors_through(&pki, &egress, gw.addr, echo, &["alpha", "beta"], &cancel).await;
     let (alpha, beta) = (addrs[0], addrs[1]);
@@ -129,13 +134,9 @@ async fn a_connection_flood_past_the_budget_is_refused_at_the_actors_refusal_rat
     let pki = Pki::new();
     let gw = gateway(&pki, forward_loopback(), |_| {}).await;
     let echo = echo_server().await;
-    let egress = egress_config(EgressConfig {
-        budget: ActorBudget {
-            max_tunnels: 1,
-            max_refusals_per_second: RATE,
-            ..ActorBudget::default()
-        },
-        ..EgressConfig::default()
+    let egress = egress_budgeted(|budget| {
+        budget.max_tunnels = 1;
+        budget.max_refusals_per_second = RATE;
     });
     let cancel = CancellationToken::new();
     let addrs = actors_through(&pki, &egress, gw.addr, echo, &["alpha", "beta"], &cancel).await;
@@ -205,13 +206,7 @@ async fn an_actor_opening_past_its_budget_is_reset_and_another_opens_as_usual() 
     let (silent, _silent) = silent_peer().await;
     let gw = gateway(&pki, forward_loopback(), |_| {}).await;
     let echo = echo_server().await;
-    let egress = egress_config(EgressConfig {
-        budget: ActorBudget {
-            max_opening: 2,
-            ..ActorBudget::default()
-        },
-        ..EgressConfig::default()
-    });
+    let egress = egress_budgeted(|budget| budget.max_opening = 2);
     let cancel = CancellationToken::new();
     let alpha = actors_through(&pki, &egress, silent, echo, &["alpha"], &cancel).await[0];
     let beta = actors_through(&pki, &egress, gw.addr, echo, &["beta"], &cancel).await[0];
