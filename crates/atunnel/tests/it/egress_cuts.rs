@@ -94,6 +94,29 @@ enum ResetAt {
     AfterAllDelivered,
 }
 
+/// A CONNECT stream the gateway accepted, and where its answer goes.
+type Stream = (
+    http::Request<h2::RecvStream>,
+    h2::server::SendResponse<Bytes>,
+);
+
+/// Drives `conn` in a task of its own (the returned handle: aborting it
+/// drops the connection), handing each stream it accepts to the receiver.
+fn driven(
+    mut conn: H2Conn,
+) -> (
+    tokio::sync::mpsc::UnboundedReceiver<Stream>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        while let Some(Ok(stream)) = conn.accept().await {
+            let _ = tx.send(stream);
+        }
+    });
+    (rx, driver)
+}
+
 /// A gateway that answers every CONNECT with `answer` and END_STREAM and
 /// resets the stream (CANCEL) at `reset`; it never reads the upload.
 async fn resetting_gateway(pki: &Pki, answer: Bytes, reset: ResetAt) -> ScriptedGateway {
@@ -101,14 +124,9 @@ async fn resetting_gateway(pki: &Pki, answer: Bytes, reset: ResetAt) -> Scripted
         let answer = answer.clone();
         async move {
             let mut pings = conn.ping_pong().expect("ping handle");
-            // The connection is driven by its own task; streams are
-            // answered here, one at a time (each test opens one).
-            let (streams_tx, mut streams) = tokio::sync::mpsc::unbounded_channel();
-            tokio::spawn(async move {
-                while let Some(Ok(stream)) = conn.accept().await {
-                    let _ = streams_tx.send(stream);
-                }
-            });
+            // Streams are answered here, one at a time (each test opens
+            // one).
+            let (mut streams, _driver) = driven(conn);
             while let Some((_request, mut respond)) = streams.recv().await {
                 let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
                     continue;
@@ -251,12 +269,7 @@ async fn gateway_resetting_after_its_end(
                 return;
             };
             let mut pings = conn.ping_pong().expect("ping handle");
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-            tokio::spawn(async move {
-                while let Some(Ok(stream)) = conn.accept().await {
-                    let _ = tx.send(stream);
-                }
-            });
+            let (mut rx, _driver) = driven(conn);
             while let Some((_req, mut respond)) = rx.recv().await {
                 let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
                     continue;
@@ -364,21 +377,15 @@ async fn dropping_gateway(
     drop_now: tokio::sync::oneshot::Receiver<()>,
 ) -> ScriptedGateway {
     let drop_now = Arc::new(std::sync::Mutex::new(Some(drop_now)));
-    scripted_h2_gateway(pki, h2::server::Builder::new(), move |_, mut conn| {
+    scripted_h2_gateway(pki, h2::server::Builder::new(), move |_, conn| {
         let before = before.clone();
         let drop_now = drop_now.lock().expect("drop lock").take();
         async move {
             let Some(drop_now) = drop_now else {
                 return;
             };
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-            let driver = tokio::spawn(async move {
-                while let Some(Ok(stream)) = conn.accept().await {
-                    let _ = tx.send(stream);
-                }
-                // Held so dropping the task drops the connection mid-stream.
-                drop(conn);
-            });
+            // Aborting the driver drops the connection mid-stream.
+            let (mut rx, driver) = driven(conn);
             if let Some((_req, mut respond)) = rx.recv().await
                 && let Ok(mut send) = respond.send_response(http::Response::new(()), false)
             {
