@@ -138,6 +138,30 @@ pub async fn listen(
     addr
 }
 
+/// An egress listener for `a` sending to the sink's echo ([`SINK_ECHO`]),
+/// and `a` activated through `gateway` with certificates from a new
+/// source: the listener's address, and the source (to activate `a` again).
+pub async fn listen_activated(
+    pki: &Pki,
+    egress: &Arc<Egress>,
+    a: &ActorRef,
+    gateway: SocketAddr,
+    cancel: &CancellationToken,
+) -> (SocketAddr, Arc<TestSource>) {
+    let addr = listen(egress, &a.uid, SINK_ECHO.parse().expect("addr"), cancel).await;
+    let source = Arc::new(TestSource::new(
+        pki.actor_ca.clone(),
+        atunnel_identity::clock::Clock::new(),
+    ));
+    egress
+        .activate(
+            &a.uid,
+            prepare(pki, gateway, a.clone(), source.clone()).await,
+        )
+        .expect("activate");
+    (addr, source)
+}
+
 pub fn egress() -> Arc<Egress> {
     egress_config(EgressConfig::default())
 }

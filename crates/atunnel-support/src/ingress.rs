@@ -135,14 +135,7 @@ pub struct RunningIngress {
 impl RunningIngress {
     /// Activates `team-a/alpha` (uid-1), its ports mapped to loopback ports.
     pub fn activate_alpha(&self, ports: &[(u16, u16)]) {
-        self.ingress
-            .activate(
-                "team-a",
-                "alpha",
-                "uid-1",
-                Box::new(LoopbackDialer(ports.iter().copied().collect())),
-            )
-            .expect("activate");
+        activate_ports(&self.ingress, "alpha", "uid-1", ports);
     }
 }
 
@@ -170,6 +163,15 @@ pub async fn ingress_tuned(
     tune(&mut cfg);
     let pool = BufferPool::default();
     running(Ingress::new(cfg, pool.clone()).expect("ingress"), pool).await
+}
+
+/// An [`ingress_tuned`] whose pool settings, the defaults otherwise, are
+/// changed by `tune`.
+pub async fn ingress_pools(
+    pki: &IngressPki,
+    tune: impl FnOnce(&mut atunnel::ingress::PoolSettings),
+) -> RunningIngress {
+    ingress_tuned(pki, |cfg| tune(&mut cfg.pools)).await
 }
 
 /// `ingress` listening on loopback, HTTPS and CONNECT.
@@ -212,12 +214,18 @@ impl ActorDialer for LoopbackDialer {
 /// Activates actor `team-a/name` (`uid`) with its port 80 on loopback
 /// `port`.
 pub fn activate_loopback(ingress: &Ingress, name: &str, uid: &str, port: u16) {
+    activate_ports(ingress, name, uid, &[(80, port)]);
+}
+
+/// Activates actor `team-a/name` (`uid`), each of its `ports` mapped to a
+/// loopback port: `(actor's port, loopback port)`.
+pub fn activate_ports(ingress: &Ingress, name: &str, uid: &str, ports: &[(u16, u16)]) {
     ingress
         .activate(
             "team-a",
             name,
             uid,
-            Box::new(LoopbackDialer([(80, port)].into_iter().collect())),
+            Box::new(LoopbackDialer(ports.iter().copied().collect())),
         )
         .expect("activate");
 }
@@ -358,6 +366,16 @@ where
     (addr, connections)
 }
 
+/// A request's whole body, or what an actor echoing it answers when it
+/// ended in an error: nothing.
+pub async fn whole_body(req: http::Request<hyper::body::Incoming>) -> Bytes {
+    req.into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default()
+}
+
 /// Reads a request body to its end and answers with its length.
 pub async fn count_body(req: http::Request<hyper::body::Incoming>) -> Full<Bytes> {
     let n = body_len(req.into_body()).await.unwrap_or_else(|(n, _)| n);
@@ -387,11 +405,7 @@ pub fn tunnel_with_ingress(
     egress_pki: &crate::pki::Pki,
     drain: Duration,
 ) -> atunnel::tunnel::TunnelConfig {
-    let source = Arc::new(crate::pki::TestSource::new(
-        egress_pki.actor_ca.clone(),
-        atunnel_identity::clock::Clock::new(),
-    ));
-    let mut cfg = atunnel::tunnel::TunnelConfig::new(egress_pki.gateway_roots(), source);
+    let mut cfg = egress_pki.tunnel_config();
     let local: SocketAddr = "127.0.0.1:0".parse().expect("addr");
     cfg.ingress = Some(atunnel::tunnel::IngressListen {
         config: IngressConfig {

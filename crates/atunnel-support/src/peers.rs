@@ -44,6 +44,21 @@ where
     (addr, rx)
 }
 
+/// A peer that accepts every connection and holds it, never reading or
+/// writing a byte: a gateway or an actor that hangs. Its address, and its
+/// task (aborting it closes the held connections).
+pub async fn silent_peer() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    (addr, task)
+}
+
 /// A destination that echoes every byte and half-closes after the client does.
 pub async fn echo_server() -> SocketAddr {
     destination(|mut s| async move {
@@ -238,4 +253,18 @@ pub async fn ready_line<T: serde::de::DeserializeOwned>(child: &mut tokio::proce
     .expect("read")
     .expect("a ready line");
     serde_json::from_str(&line).expect("ready JSON")
+}
+
+/// Starts `cmd` with a piped stdout, killed when dropped, and waits for its
+/// [`ready_line`].
+pub async fn spawn_ready<T: serde::de::DeserializeOwned>(
+    cmd: &mut tokio::process::Command,
+) -> (tokio::process::Child, T) {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the process starts");
+    let ready = ready_line(&mut child).await;
+    (child, ready)
 }

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,6 +54,47 @@ impl Pki {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(self.gateway_ca.cert_der()).expect("root");
         Arc::new(roots)
+    }
+
+    /// A tunnel's configuration trusting this PKI's gateway CA, its actors'
+    /// certificates minted by a new [`TestSource`] of its actor CA.
+    pub fn tunnel_config(&self) -> atunnel::tunnel::TunnelConfig {
+        let source = Arc::new(TestSource::new(self.actor_ca.clone(), Clock::new()));
+        atunnel::tunnel::TunnelConfig::new(self.gateway_roots(), source)
+    }
+
+    /// Writes the gateway CA's certificate and the actor CA's certificate
+    /// and key into `dir`, where atunnel's binary is told to read them.
+    pub fn write_ca_files(&self, dir: &Path) -> CaFiles {
+        let file = |name: &str, text: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("write");
+            path
+        };
+        CaFiles {
+            gateway_ca: file("gateway-ca.pem", self.gateway_ca.cert_pem()),
+            actor_ca_cert: file("actor-ca.pem", self.actor_ca.cert_pem()),
+            actor_ca_key: file("actor-ca.key", self.actor_ca.key_pem()),
+        }
+    }
+}
+
+/// Where [`Pki::write_ca_files`] put the CA files.
+pub struct CaFiles {
+    pub gateway_ca: PathBuf,
+    pub actor_ca_cert: PathBuf,
+    pub actor_ca_key: PathBuf,
+}
+
+impl CaFiles {
+    /// The flags naming them: `--gateway-ca=…`, `--actor-ca-cert=…`,
+    /// `--actor-ca-key=…`.
+    pub fn args(&self) -> [String; 3] {
+        [
+            format!("--gateway-ca={}", self.gateway_ca.display()),
+            format!("--actor-ca-cert={}", self.actor_ca_cert.display()),
+            format!("--actor-ca-key={}", self.actor_ca_key.display()),
+        ]
     }
 }
 

@@ -73,6 +73,11 @@ pub async fn h2_router(pki: &IngressPki, addr: SocketAddr) -> h2::client::SendRe
     send_request
 }
 
+/// [`h2_router`], once ready for a stream: the server's SETTINGS are in.
+pub async fn ready_h2_router(pki: &IngressPki, addr: SocketAddr) -> h2::client::SendRequest<Bytes> {
+    h2_router(pki, addr).await.ready().await.expect("ready")
+}
+
 /// Sends `method authority` (to `team-a/<actor>` if given) on a new stream;
 /// returns the answer and the stream's sending half.
 pub async fn h2_request(
@@ -95,6 +100,20 @@ pub async fn h2_request(
     router.clone().ready().await.expect("h2 ready");
     let (resp, send) = router.send_request(req, false).expect("send");
     (resp.await.expect("response"), send)
+}
+
+/// A GET of `path` to `team-a/<actor>` on a new stream, its end sent, not
+/// awaited: a test may leave it in flight.
+pub fn h2_get(
+    router: &mut h2::client::SendRequest<Bytes>,
+    actor: &str,
+    path: &str,
+) -> h2::client::ResponseFuture {
+    let req = http::Request::get(format!("https://w{path}"))
+        .header("ate-target-actor", format!("team-a/{actor}"))
+        .body(())
+        .expect("request");
+    router.send_request(req, true).expect("send").0
 }
 
 /// An HTTP/2 CONNECT tunnel to `team-a/<actor>`'s `port`, answered 200, as
@@ -140,6 +159,27 @@ pub fn grpc_to_alpha(uri: &str) -> http::request::Builder {
         .header("x-ate-target-port", GRPC_PORT.to_string())
 }
 
+/// An HTTP/1.1 connection to `addr` as the router, sending bodies of type
+/// `B` (a streamed one, say), its connection task spawned.
+pub async fn h1_router<B>(
+    pki: &IngressPki,
+    addr: SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<B>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tls = router_tls(pki, addr, None, None, &[b"http/1.1"])
+        .await
+        .expect("router TLS");
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .expect("h1 handshake");
+    tokio::spawn(conn);
+    send
+}
+
 /// A router-side HTTP connection (h1 or h2 by ALPN).
 pub enum RouterConn {
     H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
@@ -148,24 +188,18 @@ pub enum RouterConn {
 
 impl RouterConn {
     pub async fn open(pki: &IngressPki, addr: SocketAddr, h2: bool) -> Self {
-        let alpn: &[&[u8]] = if h2 { &[b"h2"] } else { &[b"http/1.1"] };
-        let tls = router_tls(pki, addr, None, None, alpn)
+        if !h2 {
+            return RouterConn::H1(h1_router(pki, addr).await);
+        }
+        let tls = router_tls(pki, addr, None, None, &[b"h2"])
             .await
             .expect("router TLS");
-        let io = TokioIo::new(tls);
-        if h2 {
-            let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        let (send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
                 .await
                 .expect("h2 handshake");
-            tokio::spawn(conn);
-            RouterConn::H2(send)
-        } else {
-            let (send, conn) = hyper::client::conn::http1::handshake(io)
-                .await
-                .expect("h1 handshake");
-            tokio::spawn(conn);
-            RouterConn::H1(send)
-        }
+        tokio::spawn(conn);
+        RouterConn::H2(send)
     }
 
     pub async fn send(
@@ -182,6 +216,31 @@ impl RouterConn {
                 s.send_request(req).await
             }
         }
+    }
+
+    /// Sends `req` with no body, asserts it was answered 200, and returns
+    /// the answer's whole body.
+    pub async fn get_ok(&mut self, req: http::request::Builder) -> Bytes {
+        let resp = self
+            .send(req.body(Full::new(Bytes::new())).expect("request"))
+            .await
+            .expect("response");
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.expect("body").to_bytes()
+    }
+
+    /// Sends `req` with no body and counts its answer's body to the end,
+    /// keeping none of it (a download may be far larger than the heap a
+    /// test measures).
+    pub async fn download_len(&mut self, req: http::request::Builder) -> u64 {
+        let resp = self
+            .send(req.body(Full::new(Bytes::new())).expect("request"))
+            .await
+            .expect("response");
+        crate::ingress::body_len(resp.into_body())
+            .await
+            .map_err(|(_, e)| e)
+            .expect("body")
     }
 }
 

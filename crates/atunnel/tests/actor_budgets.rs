@@ -15,14 +15,13 @@
 use atunnel_support::prelude::*;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use atunnel::egress::{ActorBudget, Destination};
 use atunnel::holdings::{HoldingsConfig, derive_max_descriptors};
-use atunnel::tunnel::{GatewaySpec, Tunnel};
+use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
-use atunnel_identity::clock::Clock;
 use atunnel_process::overload::{OverloadConfig, OverloadState};
 use atunnel_sandbox::require_root;
 use atunnel_support::ingress::IngressPki;
@@ -32,7 +31,6 @@ use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use std::alloc::System;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -44,91 +42,11 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const DEST: &str = "192.0.2.10:443";
 
-/// What the hand-made gateway does with each CONNECT it answers 200.
-#[derive(Clone, Copy)]
-enum Far {
-    /// Echoes the stream.
-    Echo,
-    /// Once `flood` is set, sends as fast as the client's windows allow.
-    Flood,
-}
-
-struct FakeGateway {
-    addr: SocketAddr,
-    accepted: Arc<AtomicUsize>,
-    /// Bytes sent on all flooded streams.
-    flooded: Arc<AtomicUsize>,
-    flood: watch::Sender<bool>,
-    /// Each connection's ping handle.
-    pings: mpsc::UnboundedReceiver<h2::PingPong>,
-    _gateway: ScriptedGateway,
-}
-
 /// A gateway allowing 1,000 streams a connection, as atunnel-gateway does.
-async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
-    let flooded = Arc::new(AtomicUsize::new(0));
-    let (open_flood, gate) = watch::channel(false);
-    let (pings_tx, pings) = mpsc::unbounded_channel();
-    let sent = flooded.clone();
+async fn fake_gateway(pki: &Pki, far: Far) -> FarGateway {
     let mut h2 = h2::server::Builder::new();
     h2.max_concurrent_streams(atunnel_connect::limits::MAX_CONCURRENT_STREAMS);
-    let gateway = scripted_h2_gateway(pki, h2, move |_, mut conn| {
-        let (sent, pings, gate) = (sent.clone(), pings_tx.clone(), gate.clone());
-        async move {
-            let _ = pings.send(conn.ping_pong().expect("ping handle"));
-            let mut streams = JoinSet::new();
-            while let Some(Ok((request, mut respond))) = conn.accept().await {
-                let Ok(send) = respond.send_response(http::Response::new(()), false) else {
-                    continue;
-                };
-                match far {
-                    Far::Echo => streams.spawn(echo_h2(request.into_body(), send)),
-                    Far::Flood => {
-                        // The request body is kept, so the stream stays open.
-                        let body = request.into_body();
-                        streams.spawn(flood(send, body, sent.clone(), gate.clone()))
-                    }
-                };
-            }
-        }
-    })
-    .await;
-    FakeGateway {
-        addr: gateway.addr,
-        accepted: gateway.accepted.clone(),
-        flooded,
-        flood: open_flood,
-        pings,
-        _gateway: gateway,
-    }
-}
-
-/// Once the gate opens, sends whatever window the client grants, counting it.
-async fn flood(
-    mut send: h2::SendStream<Bytes>,
-    _body: h2::RecvStream,
-    sent: Arc<AtomicUsize>,
-    mut gate: watch::Receiver<bool>,
-) {
-    const PIECE: usize = 16 * 1024;
-    // One piece for every stream: the test measures the whole process's
-    // heap, the far end's included.
-    static ZEROS: [u8; PIECE] = [0; PIECE];
-    if gate.wait_for(|open| *open).await.is_err() {
-        return;
-    }
-    let zeros = Bytes::from_static(&ZEROS);
-    loop {
-        send.reserve_capacity(PIECE);
-        let granted = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
-            Some(Ok(n)) => n,
-            _ => return,
-        };
-        if send.send_data(zeros.slice(..granted), false).is_err() {
-            return;
-        }
-        sent.fetch_add(granted, Ordering::SeqCst);
-    }
+    far_gateway(pki, h2, far).await
 }
 
 fn gateway_spec(addr: SocketAddr) -> GatewaySpec {
@@ -145,8 +63,7 @@ async fn one_actors_unread_downloads_hold_no_more_than_its_gateway_bytes_bound()
     const TUNNELS: usize = 4096;
     let pki = Pki::new();
     let mut gateway = fake_gateway(&pki, Far::Flood).await;
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = atunnel::tunnel::TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.overload = None;
     let budget = ActorBudget::default();
     let bound = budget.max_gateway_bytes as usize;
@@ -180,18 +97,7 @@ async fn one_actors_unread_downloads_hold_no_more_than_its_gateway_bytes_bound()
     gateway.flood.send_replace(true);
     let window = budget.gateway_connection_window(u32::MAX) as usize;
     let expected = window * connections;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while gateway.flooded.load(Ordering::SeqCst) < expected {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "the far end sent {} of {expected}",
-            gateway.flooded.load(Ordering::SeqCst)
-        )
-    });
+    gateway.flooded_to(expected, Duration::from_secs(30)).await;
     // Every window update the client sent, and every byte sent before, is
     // in once each connection answers a PING.
     for _ in 0..connections {
@@ -243,14 +149,6 @@ async fn echoing_tunnel(addr: SocketAddr) -> Option<TcpStream> {
     }
 }
 
-fn get(router: &mut h2::client::SendRequest<Bytes>, actor: &str) -> h2::client::ResponseFuture {
-    let req = http::Request::get("https://w/")
-        .header("ate-target-actor", format!("team-a/{actor}"))
-        .body(())
-        .expect("request");
-    router.send_request(req, true).expect("send").0
-}
-
 /// Actors `actor-<i>`, one per port in `ports` (their ingress goes to that
 /// loopback port), with egress through `gateway`; their egress listeners.
 async fn serve_actors(
@@ -283,34 +181,72 @@ async fn serve_actors(
     listeners
 }
 
+/// [`serve_actors`] on a tunnel with ingress, configured by `tune`, whose
+/// egress goes to a fake gateway; a router connection to its ingress.
+struct Actors {
+    tunnel: Arc<Tunnel>,
+    /// Each actor's egress listener.
+    listeners: Vec<SocketAddr>,
+    /// Ready for a stream.
+    router: h2::client::SendRequest<Bytes>,
+    /// Stops the egress listeners.
+    cancel: CancellationToken,
+    /// The gateway and ingress certificates, for as long as the test runs.
+    _keep: (FarGateway, IngressPki),
+}
+
+/// [`actors_on_a_tunnel`] with an overload guard that reads `memory`'s use
+/// every `interval`.
+async fn actors_under_memory(
+    ports: &[u16],
+    memory: &FakeMemoryCgroup,
+    interval: Duration,
+) -> Actors {
+    actors_on_a_tunnel(ports, |cfg| {
+        cfg.overload = Some(OverloadConfig {
+            memory_cgroup: Some(memory.path().to_path_buf()),
+            interval,
+            ..OverloadConfig::default()
+        })
+    })
+    .await
+}
+
+async fn actors_on_a_tunnel(ports: &[u16], tune: impl FnOnce(&mut TunnelConfig)) -> Actors {
+    let pki = Pki::new();
+    let ingress_pki = IngressPki::new();
+    let gateway = fake_gateway(&pki, Far::Echo).await;
+    let mut cfg = tunnel_with_ingress(&ingress_pki, &pki, Duration::from_secs(2));
+    tune(&mut cfg);
+    let tunnel = Tunnel::start(cfg).await.expect("tunnel");
+    let cancel = CancellationToken::new();
+    let listeners = serve_actors(&tunnel, gateway.addr, ports, &cancel).await;
+    let (_, https, _) = tunnel.ingress().expect("ingress");
+    let router = ready_h2_router(&ingress_pki, https).await;
+    Actors {
+        tunnel,
+        listeners,
+        router,
+        cancel,
+        _keep: (gateway, ingress_pki),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fifth_is_served() {
     require_root("actor budgets test");
     let _serial = SERIAL.lock().await;
-    let pki = Pki::new();
-    let ingress_pki = IngressPki::new();
-    let gateway = fake_gateway(&pki, Far::Echo).await;
     let memory = FakeMemoryCgroup::new(100);
-    let mut cfg = tunnel_with_ingress(&ingress_pki, &pki, Duration::from_secs(2));
-    cfg.overload = Some(OverloadConfig {
-        memory_cgroup: Some(memory.path().to_path_buf()),
-        // Sampled by the test alone.
-        interval: Duration::from_secs(3600),
-        ..OverloadConfig::default()
-    });
-    let tunnel = Tunnel::start(cfg).await.expect("tunnel");
-    let guard = tunnel.overload().expect("guard").clone();
-    let (_, https, _) = tunnel.ingress().expect("ingress");
     let answering =
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
             .await;
-    let cancel = CancellationToken::new();
-    let listeners = serve_actors(&tunnel, gateway.addr, &[answering.port(); 5], &cancel).await;
-    let mut router = h2_router(&ingress_pki, https).await;
-    router = router.ready().await.expect("ready");
+    // Sampled by the test alone.
+    let never = Duration::from_secs(3600);
+    let mut actors = actors_under_memory(&[answering.port(); 5], &memory, never).await;
+    let guard = actors.tunnel.overload().expect("guard").clone();
     // Four actors hold five tunnels each, the fifth none.
     let mut held = Vec::new();
-    for &listener in &listeners[..4] {
+    for &listener in &actors.listeners[..4] {
         for _ in 0..5 {
             held.push(
                 echoing_tunnel(listener)
@@ -328,17 +264,21 @@ async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fift
     assert!(!f.refusing_everyone, "{f:?}");
     assert_eq!(f.consumers, 5, "{f:?}");
     assert!(
-        echoing_tunnel(listeners[0]).await.is_none(),
+        echoing_tunnel(actors.listeners[0]).await.is_none(),
         "above its share"
     );
-    let busy = get(&mut router, "actor-0").await.expect("answer");
+    let busy = h2_get(&mut actors.router, "actor-0", "/")
+        .await
+        .expect("answer");
     assert_eq!(busy.status(), 503);
     held.push(
-        echoing_tunnel(listeners[4])
+        echoing_tunnel(actors.listeners[4])
             .await
             .expect("the fifth's tunnel"),
     );
-    let answer = get(&mut router, "actor-4").await.expect("answer");
+    let answer = h2_get(&mut actors.router, "actor-4", "/")
+        .await
+        .expect("answer");
     assert_eq!(answer.status(), 200);
     let f = guard.stats();
     assert_eq!(f.refused_over_share_total, 2, "{f:?}");
@@ -354,12 +294,12 @@ async fn under_soft_overload_the_actors_above_their_share_are_refused_and_a_fift
     assert_eq!(guard.sample(), OverloadState::Soft);
     assert!(guard.stats().refusing_everyone);
     assert!(
-        echoing_tunnel(listeners[4]).await.is_none(),
+        echoing_tunnel(actors.listeners[4]).await.is_none(),
         "everyone refused"
     );
     drop(held);
-    cancel.cancel();
-    tunnel.shutdown().await;
+    actors.cancel.cancel();
+    actors.tunnel.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,20 +307,7 @@ async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_t
     require_root("actor budgets test");
     let _serial = SERIAL.lock().await;
     const REQUESTS: usize = 20;
-    let pki = Pki::new();
-    let ingress_pki = IngressPki::new();
-    let gateway = fake_gateway(&pki, Far::Echo).await;
     let memory = FakeMemoryCgroup::new(100);
-    let mut cfg = tunnel_with_ingress(&ingress_pki, &pki, Duration::from_secs(2));
-    cfg.overload = Some(OverloadConfig {
-        memory_cgroup: Some(memory.path().to_path_buf()),
-        interval: Duration::from_millis(20),
-        ..OverloadConfig::default()
-    });
-    let tunnel = Tunnel::start(cfg).await.expect("tunnel");
-    let guard = tunnel.overload().expect("guard").clone();
-    let (ingress, https, _) = tunnel.ingress().expect("ingress");
-    let ingress = ingress.clone();
     // Answers at once, but never a request to /hold.
     let holding = http1_actor(|req: http::Request<hyper::body::Incoming>| async move {
         if req.uri().path() == "/hold" {
@@ -389,21 +316,16 @@ async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_t
         http::Response::new(Full::new(Bytes::from_static(b"ok")))
     })
     .await;
-    let cancel = CancellationToken::new();
-    let listeners = serve_actors(&tunnel, gateway.addr, &[holding.port(); 2], &cancel).await;
-    let mut router = h2_router(&ingress_pki, https).await;
-    router = router.ready().await.expect("ready");
-    let hold = |router: &mut h2::client::SendRequest<Bytes>| {
-        let req = http::Request::get("https://w/hold")
-            .header("ate-target-actor", "team-a/actor-0")
-            .body(())
-            .expect("request");
-        router.send_request(req, true).expect("send").0
-    };
+    let interval = Duration::from_millis(20);
+    let mut actors = actors_under_memory(&[holding.port(); 2], &memory, interval).await;
+    let guard = actors.tunnel.overload().expect("guard").clone();
+    let ingress = actors.tunnel.ingress().expect("ingress").0.clone();
 
     // actor-0 holds requests in flight and nothing else; actor-1 holds
     // egress tunnels, fewer bytes in all.
-    let pending: Vec<_> = (0..REQUESTS).map(|_| hold(&mut router)).collect();
+    let pending: Vec<_> = (0..REQUESTS)
+        .map(|_| h2_get(&mut actors.router, "actor-0", "/hold"))
+        .collect();
     let uid0 = actor("actor-0").uid;
     let in_flight = |uid: &str| {
         ingress
@@ -420,7 +342,7 @@ async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_t
     }
     let mut tunnels = Vec::new();
     for _ in 0..2 {
-        tunnels.push(echoing_tunnel(listeners[1]).await.expect("admitted"));
+        tunnels.push(echoing_tunnel(actors.listeners[1]).await.expect("admitted"));
     }
 
     // Hard: the guard sheds the actor holding the most bytes first, and
@@ -458,15 +380,11 @@ async fn under_hard_overload_the_actor_holding_most_loses_its_ingress_requests_t
     })
     .await
     .expect("normal again");
-    let req = http::Request::get("https://w/")
-        .header("ate-target-actor", "team-a/actor-0")
-        .body(())
-        .expect("request");
-    let answer = router.send_request(req, true).expect("send").0;
+    let answer = h2_get(&mut actors.router, "actor-0", "/");
     assert_eq!(answer.await.expect("answer").status(), 200);
     drop(tunnels);
-    cancel.cancel();
-    tunnel.shutdown().await;
+    actors.cancel.cancel();
+    actors.tunnel.shutdown().await;
 }
 
 /// Restores RLIMIT_NOFILE when dropped, on a panic too.
@@ -498,30 +416,29 @@ async fn four_actors_at_their_budgets_leave_the_guard_normal_and_a_fifth_is_serv
     let soft = OverloadConfig::default().soft;
     let budget = derive_max_descriptors(NOFILE, soft, ACTORS, 0);
 
-    let pki = Pki::new();
-    let ingress_pki = IngressPki::new();
-    let gateway = fake_gateway(&pki, Far::Echo).await;
-    let mut cfg = tunnel_with_ingress(&ingress_pki, &pki, Duration::from_secs(2));
-    cfg.overload = Some(OverloadConfig {
-        interval: Duration::from_millis(20),
-        ..OverloadConfig::default()
-    });
-    cfg.holdings = HoldingsConfig {
-        max_descriptors: budget,
-        actors_at_budget: ACTORS,
-    };
-    let tunnel = Tunnel::start(cfg).await.expect("tunnel");
-    let (_, https, _) = tunnel.ingress().expect("ingress");
     let silent = silent_actor().await;
     let answering =
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
             .await;
-    let cancel = CancellationToken::new();
     let mut ports = vec![silent.port(); ACTORS as usize];
     ports.push(answering.port());
-    let listeners = serve_actors(&tunnel, gateway.addr, &ports, &cancel).await;
-    let mut router = h2_router(&ingress_pki, https).await;
-    router = router.ready().await.expect("ready");
+    let Actors {
+        tunnel,
+        listeners,
+        mut router,
+        cancel,
+        _keep,
+    } = actors_on_a_tunnel(&ports, |cfg| {
+        cfg.overload = Some(OverloadConfig {
+            interval: Duration::from_millis(20),
+            ..OverloadConfig::default()
+        });
+        cfg.holdings = HoldingsConfig {
+            max_descriptors: budget,
+            actors_at_budget: ACTORS,
+        };
+    })
+    .await;
 
     // Four actors each hold requests in flight, then tunnels until their
     // descriptor budget refuses one.
@@ -530,7 +447,7 @@ async fn four_actors_at_their_budgets_leave_the_guard_normal_and_a_fifth_is_serv
     for (i, &listener) in listeners.iter().enumerate().take(ACTORS as usize) {
         let name = format!("actor-{i}");
         for _ in 0..REQUESTS {
-            pending.push(get(&mut router, &name));
+            pending.push(h2_get(&mut router, &name, "/"));
         }
         let uid = actor(&name).uid;
         let until = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -562,7 +479,7 @@ async fn four_actors_at_their_budgets_leave_the_guard_normal_and_a_fifth_is_serv
         );
         assert_eq!(f.refused_descriptors_total, 1, "{f:?}");
         // At its budget, an ingress request is refused too.
-        let busy = get(&mut router, &name).await.expect("answer");
+        let busy = h2_get(&mut router, &name, "/").await.expect("answer");
         assert_eq!(busy.status(), 503);
     }
     let sampled = tunnel.overload().expect("guard").sample();
@@ -579,7 +496,7 @@ async fn four_actors_at_their_budgets_leave_the_guard_normal_and_a_fifth_is_serv
     for _ in 0..10 {
         held.push(echoing_tunnel(fifth).await.expect("the fifth's tunnel"));
     }
-    let answer = get(&mut router, &format!("actor-{ACTORS}"))
+    let answer = h2_get(&mut router, &format!("actor-{ACTORS}"), "/")
         .await
         .expect("answer");
     assert_eq!(answer.status(), 200);

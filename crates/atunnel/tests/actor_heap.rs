@@ -5,12 +5,10 @@
 //! test binary with a counting allocator, so the figures are this test's.
 
 use atunnel_support::prelude::*;
-use std::sync::Arc;
 
-use atunnel::tunnel::{GatewaySpec, IngressListen, Tunnel, TunnelConfig};
+use atunnel::tunnel::{GatewaySpec, IngressListen, Tunnel};
 use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
 use atunnel_dns::RelayConfig;
-use atunnel_identity::clock::Clock;
 use atunnel_sandbox::require_root;
 use atunnel_support::ingress::IngressPki;
 use std::alloc::System;
@@ -39,8 +37,7 @@ async fn an_idle_actors_heap_is_bounded_per_part() {
     require_root("actor heap test");
     const N: usize = 50;
     let pki = Pki::new();
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.netns_prefix = format!("atnt-{}-heap-", std::process::id());
     cfg.dns = Some(RelayConfig::new(vec![
         "127.0.0.1:53".parse().expect("addr"),

@@ -233,104 +233,120 @@ fn one_more_open(before: EgressStats, now: &EgressStats) -> EgressStats {
     }
 }
 
-/// Exactly one free descriptor and a pooled gateway connection: the
-/// accepted socket takes the descriptor and the tunnel carries bytes.
-async fn one_free_descriptor_serves_a_warm_tunnel(
-    table: &mut Exhaustion,
-    client: TcpSocket,
-    listener: SocketAddr,
-    egress: &Egress,
-) -> TcpStream {
-    table.fill();
-    let before = egress.stats();
-    table.release(1);
-    let mut s = client.connect(listener).await.expect("connect");
-    echoes(
-        &mut s,
-        &random(64 << 10, 1),
-        "warm tunnel, one free descriptor",
-    )
-    .await;
-    assert_eq!(table.fill(), 0, "the tunnel holds its accepted socket");
-    let now = egress.stats();
-    assert_eq!(now, one_more_open(before, &now));
-    s
+/// The egress scenarios, each on a table filled but for the descriptors
+/// it leaves free, watching the egress's figures and warnings.
+struct EgressScenes<'a> {
+    table: &'a mut Exhaustion,
+    egress: &'a Egress,
+    warnings: &'a Warnings,
 }
 
-/// No free descriptor: the connection waits unaccepted, then is served,
-/// with the bytes it sent meanwhile.
-async fn no_free_descriptor_leaves_the_connection_in_the_backlog(
-    table: &mut Exhaustion,
-    client: TcpSocket,
-    listener: SocketAddr,
-    egress: &Egress,
-    warnings: &Warnings,
-) -> TcpStream {
-    table.fill();
-    let before = egress.stats();
-    // The kernel completes the handshake; accepting it is atunnel's part.
-    let mut s = client.connect(listener).await.expect("connect");
-    let early = random(16 << 10, 2);
-    s.write_all(&early).await.expect("write while unaccepted");
-    waits_in_the_backlog(
-        &mut s,
-        warnings,
-        "listener=\"egress\"",
-        "egress, no free descriptor",
-    )
-    .await;
-    assert_eq!(egress.stats(), before, "nothing admitted or refused");
-    table.release(4);
-    reads_back(&mut s, &early, "bytes sent while unaccepted").await;
-    echoes(&mut s, b"accepted from the backlog", "after release").await;
-    let now = egress.stats();
-    assert_eq!(now, one_more_open(before, &now));
-    s
-}
+impl EgressScenes<'_> {
+    /// The egress's figures are `before`'s with one more tunnel open.
+    fn assert_one_more_open(&self, before: EgressStats) {
+        let now = self.egress.stats();
+        assert_eq!(now, one_more_open(before, &now));
+    }
 
-/// One free descriptor and no gateway connection yet: accepted, but the
-/// dial fails; the connection is closed with no bytes, a failed open.
-async fn no_descriptor_to_dial_the_gateway_fails_the_open(
-    table: &mut Exhaustion,
-    client: TcpSocket,
-    listener: SocketAddr,
-    egress: &Egress,
-    warnings: &Warnings,
-) -> TcpStream {
-    table.fill();
-    let before = egress.stats();
-    table.release(1);
-    let mut s = client.connect(listener).await.expect("connect");
-    let mut got = Vec::new();
-    // A reset is a close too; either way no byte may arrive.
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
-        .await
-        .expect("closed within 10 s");
-    assert!(got.is_empty(), "{} bytes on a failed open", got.len());
-    let after_failed = EgressStats {
-        tunnels_total: before.tunnels_total + 1,
-        tunnels_ipv4_total: before.tunnels_ipv4_total + 1,
-        open_failed_total: before.open_failed_total + 1,
-        ..before
-    };
-    assert_eq!(egress.stats(), after_failed);
-    let failed = warnings.lines("failed to open egress tunnel");
-    assert!(
-        failed.len() == 1 && failed[0].contains(EMFILE),
-        "{failed:?}"
-    );
+    /// Fills the table but for `free` descriptors and connects `client`
+    /// (made before, so connecting it takes none) to `listener`; the
+    /// egress's figures from before.
+    async fn connect_with_free(
+        &mut self,
+        free: usize,
+        client: TcpSocket,
+        listener: SocketAddr,
+    ) -> (EgressStats, TcpStream) {
+        self.table.fill();
+        let before = self.egress.stats();
+        self.table.release(free);
+        // The kernel completes the handshake; accepting it is atunnel's part.
+        let s = client.connect(listener).await.expect("connect");
+        (before, s)
+    }
 
-    table.release_all();
-    let mut again = TcpStream::connect(listener).await.expect("connect");
-    echoes(
-        &mut again,
-        b"descriptors free again",
-        "cold tunnel after release",
-    )
-    .await;
-    let now = egress.stats();
-    assert_eq!(now, one_more_open(after_failed, &now));
-    again
+    /// Exactly one free descriptor and a pooled gateway connection: the
+    /// accepted socket takes the descriptor and the tunnel carries bytes.
+    async fn one_free_descriptor_serves_a_warm_tunnel(
+        &mut self,
+        client: TcpSocket,
+        listener: SocketAddr,
+    ) -> TcpStream {
+        let (before, mut s) = self.connect_with_free(1, client, listener).await;
+        echoes(
+            &mut s,
+            &random(64 << 10, 1),
+            "warm tunnel, one free descriptor",
+        )
+        .await;
+        assert_eq!(self.table.fill(), 0, "the tunnel holds its accepted socket");
+        self.assert_one_more_open(before);
+        s
+    }
+
+    /// No free descriptor: the connection waits unaccepted, then is served,
+    /// with the bytes it sent meanwhile.
+    async fn no_free_descriptor_leaves_the_connection_in_the_backlog(
+        &mut self,
+        client: TcpSocket,
+        listener: SocketAddr,
+    ) -> TcpStream {
+        let (before, mut s) = self.connect_with_free(0, client, listener).await;
+        let early = random(16 << 10, 2);
+        s.write_all(&early).await.expect("write while unaccepted");
+        waits_in_the_backlog(
+            &mut s,
+            self.warnings,
+            "listener=\"egress\"",
+            "egress, no free descriptor",
+        )
+        .await;
+        assert_eq!(self.egress.stats(), before, "nothing admitted or refused");
+        self.table.release(4);
+        reads_back(&mut s, &early, "bytes sent while unaccepted").await;
+        echoes(&mut s, b"accepted from the backlog", "after release").await;
+        self.assert_one_more_open(before);
+        s
+    }
+
+    /// One free descriptor and no gateway connection yet: accepted, but the
+    /// dial fails; the connection is closed with no bytes, a failed open.
+    async fn no_descriptor_to_dial_the_gateway_fails_the_open(
+        &mut self,
+        client: TcpSocket,
+        listener: SocketAddr,
+    ) -> TcpStream {
+        let (before, mut s) = self.connect_with_free(1, client, listener).await;
+        let mut got = Vec::new();
+        // A reset is a close too; either way no byte may arrive.
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+            .await
+            .expect("closed within 10 s");
+        assert!(got.is_empty(), "{} bytes on a failed open", got.len());
+        let after_failed = EgressStats {
+            tunnels_total: before.tunnels_total + 1,
+            tunnels_ipv4_total: before.tunnels_ipv4_total + 1,
+            open_failed_total: before.open_failed_total + 1,
+            ..before
+        };
+        assert_eq!(self.egress.stats(), after_failed);
+        let failed = self.warnings.lines("failed to open egress tunnel");
+        assert!(
+            failed.len() == 1 && failed[0].contains(EMFILE),
+            "{failed:?}"
+        );
+
+        self.table.release_all();
+        let mut again = TcpStream::connect(listener).await.expect("connect");
+        echoes(
+            &mut again,
+            b"descriptors free again",
+            "cold tunnel after release",
+        )
+        .await;
+        self.assert_one_more_open(after_failed);
+        again
+    }
 }
 
 /// What the HTTP actor behind the ingress answers.
@@ -465,25 +481,20 @@ async fn an_exhausted_descriptor_table_has_a_defined_outcome() {
         router_https,
     ] = [(); 5].map(|_| TcpSocket::new_v4().expect("socket"));
     let mut table = Exhaustion::new();
-    let _one =
-        one_free_descriptor_serves_a_warm_tunnel(&mut table, one_free, warm_listener, &egress)
-            .await;
-    let _pending = no_free_descriptor_leaves_the_connection_in_the_backlog(
-        &mut table,
-        none_free,
-        warm_listener,
-        &egress,
-        &warnings,
-    )
-    .await;
-    let _cold = no_descriptor_to_dial_the_gateway_fails_the_open(
-        &mut table,
-        cold_client,
-        cold_listener,
-        &egress,
-        &warnings,
-    )
-    .await;
+    let mut scenes = EgressScenes {
+        table: &mut table,
+        egress: &egress,
+        warnings: &warnings,
+    };
+    let _one = scenes
+        .one_free_descriptor_serves_a_warm_tunnel(one_free, warm_listener)
+        .await;
+    let _pending = scenes
+        .no_free_descriptor_leaves_the_connection_in_the_backlog(none_free, warm_listener)
+        .await;
+    let _cold = scenes
+        .no_descriptor_to_dial_the_gateway_fails_the_open(cold_client, cold_listener)
+        .await;
     ingress_connections_wait_in_the_backlog(
         &mut table,
         [router_connect, router_https],

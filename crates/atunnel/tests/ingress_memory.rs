@@ -16,7 +16,6 @@ use atunnel_core::alloc::{CountingAlloc, CountingWith, live_bytes};
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
@@ -312,20 +311,13 @@ async fn a_hundred_mib_up_and_down_stream_with_bounded_heap() {
             .into_owned();
     assert_eq!(counted, N.to_string());
     // Download: 100 MiB, consumed frame by frame.
-    let resp = conn
-        .send(
+    let got = conn
+        .download_len(
             http::Request::builder()
                 .uri(format!("https://{WORKER_NAME}/download/{N}"))
-                .header("ate-target-actor", "team-a/alpha")
-                .body(http_body_util::Full::new(Bytes::new()))
-                .expect("request"),
+                .header("ate-target-actor", "team-a/alpha"),
         )
-        .await
-        .expect("response");
-    let got = body_len(resp.into_body())
-        .await
-        .map_err(|(_, e)| e)
-        .expect("body");
+        .await;
     assert_eq!(got, N);
     sampler.abort();
     let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline as u64);
@@ -354,14 +346,7 @@ struct RouterConnStream(hyper::client::conn::http1::SendRequest<StreamBody<Feed>
 
 impl RouterConnStream {
     async fn open(pki: &IngressPki, addr: SocketAddr) -> Self {
-        let tls = router_tls(pki, addr, None, None, &[b"http/1.1"])
-            .await
-            .expect("TLS");
-        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .expect("h1");
-        tokio::spawn(conn);
-        Self(send)
+        Self(h1_router(pki, addr).await)
     }
 
     async fn send(&mut self, req: http::Request<StreamBody<Feed>>) -> http::Response<Incoming> {

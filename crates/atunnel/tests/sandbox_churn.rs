@@ -6,12 +6,10 @@ use atunnel_support::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use atunnel::tunnel::{Tunnel, TunnelConfig};
+use atunnel::tunnel::Tunnel;
 use atunnel_dns::RelayConfig;
-use atunnel_identity::clock::Clock;
 use atunnel_sandbox::{netns, require_root};
 
 fn kernel_bytes() -> u64 {
@@ -92,8 +90,7 @@ async fn two_hundred_sandboxes_come_and_go_without_a_trace() {
     require_root("sandbox churn test");
     const N: usize = 200;
     let pki = Pki::new();
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     let prefix = format!("atnt-{}-churn-", std::process::id());
     cfg.netns_prefix = prefix.clone();
     cfg.dns = Some(RelayConfig::new(vec![

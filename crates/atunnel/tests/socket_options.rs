@@ -12,7 +12,6 @@ use atunnel::egress::EgressConfig;
 use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
 use atunnel_core::sockopt::{ReadBack, SocketOptions, read_back};
 use atunnel_dns::RelayConfig;
-use atunnel_identity::clock::Clock;
 use atunnel_sandbox::require_root;
 use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR};
 use bytes::Bytes;
@@ -197,10 +196,19 @@ fn kernel_defaults() -> Sets {
     }
 }
 
+/// 64 KiB (random from `seed`) written to `s` come back intact from the
+/// echo at its far end, through `what`.
+async fn echoes_64_kib(s: &mut (impl AsyncReadExt + AsyncWriteExt + Unpin), seed: u64, what: &str) {
+    let data = random(64 * KIB, seed);
+    s.write_all(&data).await.expect("write");
+    let mut back = vec![0u8; data.len()];
+    s.read_exact(&mut back).await.expect("read");
+    assert!(back == data, "echo through {what} corrupted");
+}
+
 /// A tunnel's configuration with `sets` for its egress's two sides.
 fn tunnel_config(pki: &Pki, sets: &Sets) -> TunnelConfig {
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.egress = EgressConfig {
         socket: sets.network,
         sandbox_socket: sets.sandbox,
@@ -240,11 +248,7 @@ async fn egress_sockets_carry(sets: Sets) {
         .expect("activate");
 
     let mut actor_conn = TcpStream::connect(listen_addr).await.expect("connect");
-    let data = random(64 * KIB, 7);
-    actor_conn.write_all(&data).await.expect("write");
-    let mut back = vec![0u8; data.len()];
-    actor_conn.read_exact(&mut back).await.expect("read");
-    assert!(back == data, "echo through the tunnel corrupted");
+    echoes_64_kib(&mut actor_conn, 7, "the tunnel").await;
 
     // The tunnel is open: its four sockets exist.
     let actor_addr = actor_conn.local_addr().expect("actor addr");
@@ -314,11 +318,7 @@ async fn ingress_sockets_carry(sets: Sets) {
         "{:?}",
         String::from_utf8_lossy(&head)
     );
-    let data = random(64 * KIB, 8);
-    tunnel.write_all(&data).await.expect("write");
-    let mut back = vec![0u8; data.len()];
-    tunnel.read_exact(&mut back).await.expect("read");
-    assert!(back == data, "echo through the CONNECT tunnel corrupted");
+    echoes_64_kib(&mut tunnel, 8, "the CONNECT tunnel").await;
 
     // The router's HTTPS connection and ingress's pooled connection to the
     // actor stay open after the answer (keep-alive).
@@ -326,12 +326,8 @@ async fn ingress_sockets_carry(sets: Sets) {
     let req = http::Request::builder()
         .uri(format!("https://{}/", WORKER_NAME))
         .header("host", "app.example.com")
-        .header("ate-target-actor", "team-a/alpha")
-        .body(Full::new(Bytes::new()))
-        .expect("request");
-    let resp = router.send(req).await.expect("response");
-    assert_eq!(resp.status(), 200);
-    assert_eq!(body_text(resp).await, "hello");
+        .header("ate-target-actor", "team-a/alpha");
+    assert_eq!(router.get_ok(req).await, "hello");
 
     assert_sockets(&[
         (

@@ -54,6 +54,14 @@ async fn a_client_that_never_finishes_tls_is_closed_after_the_handshake_timeout(
     }
 }
 
+/// A router from 127.0.0.1 dials ingress's HTTPS listener at `https`, as
+/// a new connection, and its request to alpha is answered.
+async fn router_is_served(ipki: &IngressPki, https: SocketAddr) {
+    let mut router = RouterConn::open(ipki, https, true).await;
+    let req = http::Request::get("https://w/").header("ate-target-actor", "team-a/alpha");
+    router.get_ok(req).await;
+}
+
 /// A loopback address whose accept queue is full and never drained: the
 /// kernel drops further SYNs, so a dial to it hangs.
 async fn unanswering_destination() -> (SocketAddr, tokio::net::TcpListener, Vec<TcpStream>) {
@@ -172,13 +180,7 @@ async fn a_handshake_flood_from_one_address_is_capped_and_a_router_from_another_
         );
         // A router from 127.0.0.1 is served meanwhile.
         if listener == "HTTPS" {
-            let mut router = RouterConn::open(&ipki, ingress.https, true).await;
-            let req = http::Request::get("https://w/")
-                .header("ate-target-actor", "team-a/alpha")
-                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                .expect("request");
-            let resp = router.send(req).await.expect("the router is served");
-            assert_eq!(resp.status(), 200);
+            router_is_served(&ipki, ingress.https).await;
         } else {
             let _tunnel = h1_tunnel(&ipki, ingress.connect, "alpha", 80).await;
         }
@@ -244,13 +246,7 @@ async fn thousands_of_silent_connections_from_many_addresses_leave_routers_serve
         while !flood.is_finished() || served == 0 {
             match listener {
                 "HTTPS" => {
-                    let mut router = RouterConn::open(&ipki, ingress.https, true).await;
-                    let req = http::Request::get("https://w/")
-                        .header("ate-target-actor", "team-a/alpha")
-                        .body(http_body_util::Full::new(bytes::Bytes::new()))
-                        .expect("request");
-                    let resp = router.send(req).await.expect("the router is served");
-                    assert_eq!(resp.status(), 200);
+                    router_is_served(&ipki, ingress.https).await;
                 }
                 "CONNECT" => {
                     let _tunnel = h1_tunnel(&ipki, ingress.connect, "alpha", 80).await;

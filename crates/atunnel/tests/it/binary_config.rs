@@ -16,28 +16,44 @@ async fn start(
     config: &str,
     extra: &[&str],
 ) -> (HostReady, tokio::process::Child) {
-    std::fs::write(dir.join("gateway-ca.pem"), pki.gateway_ca.cert_pem()).expect("write");
-    std::fs::write(dir.join("actor-ca.pem"), pki.actor_ca.cert_pem()).expect("write");
-    std::fs::write(dir.join("actor-ca.key"), pki.actor_ca.key_pem()).expect("write");
+    let ca = pki.write_ca_files(dir);
     let file = format!(
         "gateway-ca = \"{}\"\nactor-ca-cert = \"{}\"\nactor-ca-key = \"{}\"\n{config}",
-        dir.join("gateway-ca.pem").display(),
-        dir.join("actor-ca.pem").display(),
-        dir.join("actor-ca.key").display(),
+        ca.gateway_ca.display(),
+        ca.actor_ca_cert.display(),
+        ca.actor_ca_key.display(),
     );
     let path = dir.join("atunnel.toml");
     std::fs::write(&path, file).expect("write the config");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
-        .args(["host", "--config"])
-        .arg(&path)
-        .args(extra)
-        .env("RUST_LOG", "debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("atunnel starts");
-    (ready_line(&mut child).await, child)
+    let (child, ready) = spawn_ready(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+            .args(["host", "--config"])
+            .arg(&path)
+            .args(extra)
+            .env("RUST_LOG", "debug")
+            .stderr(Stdio::piped()),
+    )
+    .await;
+    (ready, child)
+}
+
+/// The first actor's egress listener.
+fn first_listener(ready: &HostReady) -> std::net::SocketAddr {
+    *ready.actors[0]
+        .listeners
+        .values()
+        .next()
+        .expect("a listener")
+}
+
+/// A tunnel at `listener` with no gateway to reach: read until it is
+/// closed, once its open failed.
+async fn failed_tunnel(listener: std::net::SocketAddr) {
+    let mut conn = tokio::net::TcpStream::connect(listener)
+        .await
+        .expect("connect");
+    let mut buf = [0u8; 16];
+    let _ = conn.read(&mut buf).await;
 }
 
 /// Kills `child` and returns all it wrote to stderr.
@@ -97,16 +113,7 @@ async fn json_logs_are_one_object_per_line_and_text_logs_have_no_escapes() {
         let config = format!("{LOOPBACK}actors = 1\nlog-format = \"{format}\"\n");
         let (ready, mut child) = start(&pki, dir.path(), &config, &[]).await;
         // A tunnel whose gateway is not there: its failure is logged.
-        let listener = *ready.actors[0]
-            .listeners
-            .values()
-            .next()
-            .expect("a listener");
-        let mut conn = tokio::net::TcpStream::connect(listener)
-            .await
-            .expect("connect");
-        let mut buf = [0u8; 16];
-        let _ = conn.read(&mut buf).await;
+        failed_tunnel(first_listener(&ready)).await;
         let stderr = killed_stderr(&mut child).await;
         let lines: Vec<&str> = stderr.lines().collect();
         assert!(!lines.is_empty(), "{format}: nothing logged at debug");
@@ -132,18 +139,9 @@ async fn warnings_about_one_actor_are_rate_limited() {
     let dir = tempfile::tempdir().expect("dir");
     let config = format!("{LOOPBACK}actors = 1\n");
     let (ready, mut child) = start(&pki, dir.path(), &config, &[]).await;
-    let listener = *ready.actors[0]
-        .listeners
-        .values()
-        .next()
-        .expect("a listener");
+    let listener = first_listener(&ready);
     for _ in 0..25 {
-        let mut conn = tokio::net::TcpStream::connect(listener)
-            .await
-            .expect("connect");
-        let mut buf = [0u8; 16];
-        // Closed once its open failed.
-        let _ = conn.read(&mut buf).await;
+        failed_tunnel(listener).await;
     }
     let stderr = killed_stderr(&mut child).await;
     let warned = stderr

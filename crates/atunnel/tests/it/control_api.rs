@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{dial_from, echo_check, expect_seen};
 use atunnel::control::ControlConfig;
 use atunnel::control::client::connect;
 use atunnel::control::daemon::ServeReady;
@@ -22,9 +23,8 @@ use atunnel::tunnel::{Tunnel, TunnelConfig};
 use atunnel_identity::cert_source::{CertificateSource, MintError, MintFuture};
 use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
-use atunnel_sandbox::{NetNs, NsExecutor, require_root};
+use atunnel_sandbox::{NsExecutor, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -246,53 +246,6 @@ fn phase(s: &proto::ActorStatus) -> Phase {
     Phase::try_from(s.phase).expect("a known phase")
 }
 
-/// Dials `dest` from the named runtime namespace, as the actor's program
-/// started there by the worker would.
-async fn dial_from(exec: &NsExecutor, runtime_netns: &str, dest: SocketAddr) -> TcpStream {
-    let ns = NetNs::open(runtime_netns).expect("the runtime namespace exists");
-    let stream = exec
-        .run_in(&ns, move || {
-            // The redirect hands it to atunnel's listener in the gateway
-            // namespace next door: a local connect, it does not block long.
-            let s = std::net::TcpStream::connect(dest)?;
-            s.set_nonblocking(true)?;
-            Ok::<_, std::io::Error>(s)
-        })
-        .await
-        .expect("executor")
-        .expect("actor dials");
-    TcpStream::from_std(stream).expect("register")
-}
-
-/// `data` goes out through the sandbox's egress and comes back echoed.
-async fn echo_check(s: &mut TcpStream, data: &[u8]) {
-    let (mut r, mut w) = s.split();
-    let write = async { w.write_all(data).await.expect("write") };
-    let read = async {
-        let mut got = vec![0u8; data.len()];
-        r.read_exact(&mut got).await.expect("read the echo");
-        got
-    };
-    let ((), got) =
-        tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(write, read) })
-            .await
-            .expect("echoed within 20 s");
-    assert!(
-        got == data,
-        "the echo through the sandbox came back corrupted"
-    );
-}
-
-/// The gateway saw one tunnel, from `actor_name`, to `ECHOED`.
-async fn expect_seen(gw: &mut RunningGateway, actor_name: &str) {
-    let seen = tokio::time::timeout(Duration::from_secs(10), gw.seen.recv())
-        .await
-        .expect("gateway saw the tunnel within 10 s")
-        .expect("gateway running");
-    assert_eq!(seen.authority, ECHOED, "original destination lost");
-    assert_eq!(seen.identity.actor_name, actor_name);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_actors_go_through_the_whole_lifecycle_with_bytes_both_ways() {
     require_root("control API lifecycle test");
@@ -346,7 +299,7 @@ async fn several_actors_go_through_the_whole_lifecycle_with_bytes_both_ways() {
     for (i, a) in actors.iter().enumerate() {
         let mut s = dial_from(&exec, &runtime[i], dest).await;
         echo_check(&mut s, &random(256 * 1024, i as u64)).await;
-        expect_seen(&mut gw, &a.name).await;
+        expect_seen(&mut gw, &a.name, ECHOED).await;
         let st = status(&mut d.client, &a.uid).await;
         assert_eq!(st.egress.expect("counts").tunnels, 1, "{st:?}");
         conns.push(s);
@@ -971,34 +924,20 @@ async fn atunnel_ctl_drives_atunnel_serve_through_a_lifecycle() {
     let pki = Pki::new();
     let mut gw = gateway(&pki, echo_sink(), |_| {}).await;
     let dir = tempfile::tempdir().expect("dir");
-    let file = |name: &str, text: String| {
-        let path = dir.path().join(name);
-        std::fs::write(&path, text).expect("write");
-        path
-    };
-    let gateway_ca = file("gateway-ca.pem", pki.gateway_ca.cert_pem());
-    let actor_ca = file("actor-ca.pem", pki.actor_ca.cert_pem());
-    let actor_key = file("actor-ca.key", pki.actor_ca.key_pem());
+    let ca = pki.write_ca_files(dir.path());
     let socket = dir.path().join("run/control.sock");
     let prefix = format!("atnc-{}-ctl-", std::process::id());
     let _sweep = NetnsSweep(prefix.clone());
-    let mut daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
-        .arg("serve")
-        .arg("--gateway-ca")
-        .arg(&gateway_ca)
-        .arg("--actor-ca-cert")
-        .arg(&actor_ca)
-        .arg("--actor-ca-key")
-        .arg(&actor_key)
-        .arg("--control-socket")
-        .arg(&socket)
-        .args(["--netns-prefix", &prefix, "--resolv-conf", ""])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("atunnel serve starts");
-    let ready: ServeReady = ready_line(&mut daemon).await;
+    let (mut daemon, ready): (_, ServeReady) = spawn_ready(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+            .arg("serve")
+            .args(ca.args())
+            .arg("--control-socket")
+            .arg(&socket)
+            .args(["--netns-prefix", &prefix, "--resolv-conf", ""])
+            .stderr(Stdio::inherit()),
+    )
+    .await;
     assert_eq!(ready.control_socket, socket);
 
     let actor = [
@@ -1047,7 +986,7 @@ async fn atunnel_ctl_drives_atunnel_serve_through_a_lifecycle() {
     let exec = NsExecutor::start().expect("executor");
     let mut s = dial_from(&exec, &runtime, ECHOED.parse().expect("addr")).await;
     echo_check(&mut s, &random(128 * 1024, 7)).await;
-    expect_seen(&mut gw, "alpha").await;
+    expect_seen(&mut gw, "alpha", ECHOED).await;
     let (code, json) = ctl(vec!["status", "--uid", "uid-alpha"]).await;
     assert_eq!(code, 0, "{json}");
     assert_eq!(json["status"]["egress"]["tunnels"], 1, "{json}");

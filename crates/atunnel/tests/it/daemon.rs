@@ -7,7 +7,6 @@
 
 use atunnel_support::prelude::*;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use atunnel::host::HostReady;
@@ -29,24 +28,16 @@ async fn start(drain_timeout: &str) -> Daemon {
     let gw = gateway(&pki, forward_loopback(), |_| {}).await;
     let echo = echo_server().await;
     let dir = tempfile::tempdir().expect("dir");
-    let p = |n: &str| dir.path().join(n);
-    std::fs::write(p("gateway-ca.pem"), pki.gateway_ca.cert_pem()).expect("write");
-    std::fs::write(p("actor-ca.pem"), pki.actor_ca.cert_pem()).expect("write");
-    std::fs::write(p("actor-ca.key"), pki.actor_ca.key_pem()).expect("write");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
-        .args(["host", "--network=loopback", "--actors=1", "--resolv-conf="])
-        .arg(format!("--gateway={}", gw.addr))
-        .arg(format!("--gateway-name={GATEWAY_NAME}"))
-        .arg(format!("--gateway-ca={}", p("gateway-ca.pem").display()))
-        .arg(format!("--actor-ca-cert={}", p("actor-ca.pem").display()))
-        .arg(format!("--actor-ca-key={}", p("actor-ca.key").display()))
-        .arg(format!("--destinations={echo}"))
-        .arg(format!("--drain-timeout={drain_timeout}"))
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("atunnel starts");
-    let ready: HostReady = ready_line(&mut child).await;
+    let (child, ready): (_, HostReady) = spawn_ready(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+            .args(["host", "--network=loopback", "--actors=1", "--resolv-conf="])
+            .arg(format!("--gateway={}", gw.addr))
+            .arg(format!("--gateway-name={GATEWAY_NAME}"))
+            .args(pki.write_ca_files(dir.path()).args())
+            .arg(format!("--destinations={echo}"))
+            .arg(format!("--drain-timeout={drain_timeout}")),
+    )
+    .await;
     let listener = ready.actors[0].listeners[&echo];
     Daemon {
         ready,
@@ -309,36 +300,29 @@ async fn trust_bundle_reloads(signal: bool) {
     let gw_pki = Pki::new();
     let dir = tempfile::tempdir().expect("dir");
     let p = |n: &str| dir.path().join(n);
-    std::fs::write(p("gateway-ca.pem"), gw_pki.gateway_ca.cert_pem()).expect("write");
-    std::fs::write(p("actor-ca.pem"), gw_pki.actor_ca.cert_pem()).expect("write");
-    std::fs::write(p("actor-ca.key"), gw_pki.actor_ca.key_pem()).expect("write");
     let trust = p("trust.pem");
     std::fs::copy(old.trust_path(), &trust).expect("the first trust bundle");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
-        .args(["host", "--network=loopback", "--actors=1", "--resolv-conf="])
-        .args(["--gateway=127.0.0.1:1", "--destinations=192.0.2.10:7"])
-        .args([
-            "--ingress-https=127.0.0.1:0",
-            "--ingress-connect=127.0.0.1:0",
-        ])
-        .arg(format!("--gateway-ca={}", p("gateway-ca.pem").display()))
-        .arg(format!("--actor-ca-cert={}", p("actor-ca.pem").display()))
-        .arg(format!("--actor-ca-key={}", p("actor-ca.key").display()))
-        .arg(format!(
-            "--credential-bundle={}",
-            old.bundle_path().display()
-        ))
-        .arg(format!("--trust-bundle={}", trust.display()))
-        .arg(if signal {
-            "--trust-bundle-poll-interval=0"
-        } else {
-            "--trust-bundle-poll-interval=100ms"
-        })
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("atunnel starts");
-    let ready: HostReady = ready_line(&mut child).await;
+    let (child, ready): (_, HostReady) = spawn_ready(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+            .args(["host", "--network=loopback", "--actors=1", "--resolv-conf="])
+            .args(["--gateway=127.0.0.1:1", "--destinations=192.0.2.10:7"])
+            .args([
+                "--ingress-https=127.0.0.1:0",
+                "--ingress-connect=127.0.0.1:0",
+            ])
+            .args(gw_pki.write_ca_files(dir.path()).args())
+            .arg(format!(
+                "--credential-bundle={}",
+                old.bundle_path().display()
+            ))
+            .arg(format!("--trust-bundle={}", trust.display()))
+            .arg(if signal {
+                "--trust-bundle-poll-interval=0"
+            } else {
+                "--trust-bundle-poll-interval=100ms"
+            }),
+    )
+    .await;
     let (https, _) = ready.ingress.expect("ingress is on");
     assert!(router_accepted(https, &old, &old.router, &old.pod_ca).await);
     assert!(!router_accepted(https, &new, &new.router, &old.pod_ca).await);

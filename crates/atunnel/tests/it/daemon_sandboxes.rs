@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::common::{carries, dial_from, echo_check};
 use atunnel::control::client::connect;
 use atunnel::control::daemon::ServeReady;
 use atunnel::control::proto::{self, control_client::ControlClient};
@@ -20,7 +21,7 @@ use atunnel::leftovers::LeftoverStats;
 use atunnel_sandbox::netns::list_prefixed;
 use atunnel_sandbox::{NetNs, NsExecutor, require_root};
 use atunnel_support::stats_client::fetch_stats;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::Channel;
 
@@ -49,6 +50,7 @@ impl Drop for NetnsSweep {
 /// the namespace prefix.
 struct Setup {
     pki: Pki,
+    ca: CaFiles,
     ingress: IngressPki,
     dir: tempfile::TempDir,
     socket: PathBuf,
@@ -60,16 +62,11 @@ impl Setup {
     fn new(test: &str) -> Self {
         let pki = Pki::new();
         let dir = tempfile::tempdir().expect("dir");
-        for (name, text) in [
-            ("gateway-ca.pem", pki.gateway_ca.cert_pem()),
-            ("actor-ca.pem", pki.actor_ca.cert_pem()),
-            ("actor-ca.key", pki.actor_ca.key_pem()),
-        ] {
-            std::fs::write(dir.path().join(name), text).expect("write");
-        }
+        let ca = pki.write_ca_files(dir.path());
         let prefix = format!("atnd-{}-{test}-", std::process::id());
         Self {
             pki,
+            ca,
             ingress: IngressPki::new(),
             socket: dir.path().join("run/control.sock"),
             dir,
@@ -79,15 +76,9 @@ impl Setup {
     }
 
     fn command(&self, socket: &Path, extra: &[String]) -> tokio::process::Command {
-        let file = |n: &str| self.dir.path().join(n);
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"));
         cmd.arg("serve")
-            .arg("--gateway-ca")
-            .arg(file("gateway-ca.pem"))
-            .arg("--actor-ca-cert")
-            .arg(file("actor-ca.pem"))
-            .arg("--actor-ca-key")
-            .arg(file("actor-ca.key"))
+            .args(self.ca.args())
             .arg("--control-socket")
             .arg(socket)
             .arg("--credential-bundle")
@@ -108,12 +99,8 @@ impl Setup {
     }
 
     async fn start(&self, extra: &[String]) -> Serve {
-        let mut child = self
-            .command(&self.socket, extra)
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("atunnel serve starts");
-        let ready: ServeReady = ready_line(&mut child).await;
+        let (child, ready): (_, ServeReady) =
+            spawn_ready(self.command(&self.socket, extra).stderr(Stdio::inherit())).await;
         Serve {
             child,
             client: connect(&self.socket),
@@ -213,22 +200,6 @@ fn ns_inode(name: &str) -> u64 {
         .ino()
 }
 
-/// Dials `dest` from the runtime namespace, as the actor's program would.
-async fn dial_from(exec: &NsExecutor, runtime: &str, dest: &str) -> TcpStream {
-    let ns = NetNs::open(runtime).expect("the runtime namespace exists");
-    let dest: SocketAddr = dest.parse().expect("addr");
-    let stream = exec
-        .run_in(&ns, move || {
-            let s = std::net::TcpStream::connect(dest)?;
-            s.set_nonblocking(true)?;
-            Ok::<_, std::io::Error>(s)
-        })
-        .await
-        .expect("executor")
-        .expect("actor dials");
-    TcpStream::from_std(stream).expect("register")
-}
-
 /// The actor's program: a listener on [`PROGRAM_PORT`] in its runtime
 /// namespace, held by the test, so it outlives any atunnel process.
 async fn program_in(exec: &NsExecutor, runtime: &str) -> TcpListener {
@@ -243,31 +214,11 @@ async fn program_in(exec: &NsExecutor, runtime: &str) -> TcpListener {
     TcpListener::from_std(listener).expect("register")
 }
 
-/// `data` goes out on `a` and arrives intact on `b`, within 20 s.
-async fn carries(
-    a: &mut (impl AsyncWriteExt + Unpin),
-    b: &mut (impl AsyncReadExt + Unpin),
-    data: &[u8],
-) {
-    let write = async { a.write_all(data).await.expect("write") };
-    let read = async {
-        let mut got = vec![0u8; data.len()];
-        b.read_exact(&mut got).await.expect("read");
-        got
-    };
-    let ((), got) =
-        tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(write, read) })
-            .await
-            .expect("carried within 20 s");
-    assert!(got == data, "the bytes arrived corrupted");
-}
-
 /// An egress tunnel from `runtime` to the echo destination, carrying
 /// `data` out and back.
 async fn egress_echo(exec: &NsExecutor, runtime: &str, data: &[u8]) -> TcpStream {
-    let mut s = dial_from(exec, runtime, ECHOED).await;
-    let (mut r, mut w) = s.split();
-    carries(&mut w, &mut r, data).await;
+    let mut s = dial_from(exec, runtime, ECHOED.parse().expect("addr")).await;
+    echo_check(&mut s, data).await;
     s
 }
 
@@ -568,7 +519,7 @@ async fn sigterm_with_stuck_requests_and_tunnels_ends_within_the_manifests_grace
         held.push(accepted);
         writers.push(write_until_stuck(request));
         // ...and an egress tunnel whose destination never reads.
-        let up = dial_from(&exec, &runtime, STALLED).await;
+        let up = dial_from(&exec, &runtime, STALLED.parse().expect("addr")).await;
         writers.push(write_until_stuck(up));
     }
     // More actors whose gateway hangs with their tunnels open: each one's

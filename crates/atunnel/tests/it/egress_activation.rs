@@ -17,6 +17,30 @@ fn current_cert(cred: &ActorCredential) -> Arc<rustls::sign::CertifiedKey> {
     cred.resolve(&[], &[]).expect("a valid certificate")
 }
 
+/// Alpha's credential minted from `source` (on the source's clock), and
+/// the source, to script and count its mints.
+async fn minted(source: TestSource) -> (Arc<TestSource>, Arc<ActorCredential>) {
+    let source = Arc::new(source);
+    let clock = source.clock.clone();
+    let cred = ActorCredential::mint(actor("alpha"), source.as_ref(), clock)
+        .await
+        .expect("mint");
+    (source, Arc::new(cred))
+}
+
+/// `cred` renewed from `source` until `cancel`, in a task of its own.
+fn renewing(
+    cred: &Arc<ActorCredential>,
+    source: &Arc<TestSource>,
+    cancel: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(renew_until_cancelled(
+        cred.clone(),
+        source.clone(),
+        cancel.clone(),
+    ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_before_activation_are_closed_with_no_bytes() {
     let pki = Pki::new();
@@ -99,21 +123,11 @@ async fn expiry_rejects_new_but_preserves_established() {
 #[tokio::test(start_paused = true)]
 async fn renews_at_ninety_percent_of_the_remaining_lifetime() {
     let pki = Pki::new();
-    let clock = Clock::new();
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), clock.clone()));
-    let cred = Arc::new(
-        ActorCredential::mint(actor("alpha"), source.as_ref(), clock.clone())
-            .await
-            .expect("mint"),
-    );
+    let (source, cred) = minted(TestSource::new(pki.actor_ca.clone(), Clock::new())).await;
     let first_expiry = cred.expires_at().expect("valid");
     let first = current_cert(&cred);
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(renew_until_cancelled(
-        cred.clone(),
-        source.clone(),
-        cancel.clone(),
-    ));
+    let task = renewing(&cred, &source, &cancel);
     // 90% of 3600 s = 3240 s.
     tokio::time::sleep(Duration::from_secs(3230)).await;
     assert_eq!(source.mints.load(Ordering::SeqCst), 1, "renewed too early");
@@ -134,20 +148,10 @@ async fn renews_at_ninety_percent_of_the_remaining_lifetime() {
 #[tokio::test(start_paused = true)]
 async fn failed_renewal_is_retried_on_the_reference_schedule() {
     let pki = Pki::new();
-    let clock = Clock::new();
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), clock.clone()));
-    let cred = Arc::new(
-        ActorCredential::mint(actor("alpha"), source.as_ref(), clock.clone())
-            .await
-            .expect("mint"),
-    );
+    let (source, cred) = minted(TestSource::new(pki.actor_ca.clone(), Clock::new())).await;
     source.fail_next(MintError::Failed("atelet unavailable".into()));
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(renew_until_cancelled(
-        cred.clone(),
-        source.clone(),
-        cancel.clone(),
-    ));
+    let task = renewing(&cred, &source, &cancel);
     tokio::time::sleep(Duration::from_secs(3241)).await;
     assert_eq!(
         source.mints.load(Ordering::SeqCst),
@@ -172,24 +176,14 @@ async fn failed_renewal_is_retried_on_the_reference_schedule() {
 #[tokio::test(start_paused = true)]
 async fn after_expiry_renewal_is_retried_every_25_to_35_seconds() {
     let pki = Pki::new();
-    let clock = Clock::new();
-    let mut source = TestSource::new(pki.actor_ca.clone(), clock.clone());
+    let mut source = TestSource::new(pki.actor_ca.clone(), Clock::new());
     source.lifetime = Duration::from_secs(10);
-    let source = Arc::new(source);
-    let cred = Arc::new(
-        ActorCredential::mint(actor("alpha"), source.as_ref(), clock.clone())
-            .await
-            .expect("mint"),
-    );
+    let (source, cred) = minted(source).await;
     for _ in 0..200 {
         source.fail_next(MintError::Failed("down".into()));
     }
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(renew_until_cancelled(
-        cred.clone(),
-        source.clone(),
-        cancel.clone(),
-    ));
+    let task = renewing(&cred, &source, &cancel);
     // Let it fail until the certificate has expired (10 s of lifetime).
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert!(!cred.is_valid(), "expired certificate still admits");
@@ -216,22 +210,12 @@ async fn terminal_refusals_stop_renewal_and_block_new_tunnels() {
         RefusalCode::PermissionDenied,
     ] {
         let pki = Pki::new();
-        let clock = Clock::new();
-        let source = Arc::new(TestSource::new(pki.actor_ca.clone(), clock.clone()));
-        let cred = Arc::new(
-            ActorCredential::mint(actor("alpha"), source.as_ref(), clock.clone())
-                .await
-                .expect("mint"),
-        );
+        let (source, cred) = minted(TestSource::new(pki.actor_ca.clone(), Clock::new())).await;
         source.fail_next(MintError::Refused {
             code,
             message: "actor deleted".into(),
         });
-        let task = tokio::spawn(renew_until_cancelled(
-            cred.clone(),
-            source.clone(),
-            CancellationToken::new(),
-        ));
+        let task = renewing(&cred, &source, &CancellationToken::new());
         tokio::time::timeout(Duration::from_secs(4000), task)
             .await
             .expect("renewal stops by itself")
@@ -250,11 +234,7 @@ async fn deactivation_closes_one_actors_tunnels_and_leaves_the_others() {
     let cancel = CancellationToken::new();
     let mut addrs = Vec::new();
     for who in [&a, &b] {
-        let addr = listen(&egress, &who.uid, SINK_ECHO.parse().expect("addr"), &cancel).await;
-        let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-        egress
-            .activate(&who.uid, prepare(&pki, gw.addr, who.clone(), source).await)
-            .expect("activate");
+        let (addr, _) = listen_activated(&pki, &egress, who, gw.addr, &cancel).await;
         addrs.push(addr);
     }
     let mut sa = TcpStream::connect(addrs[0]).await.expect("connect a");
@@ -295,28 +275,12 @@ async fn deactivation_closes_one_actors_tunnels_and_leaves_the_others() {
 async fn a_tunnel_opening_during_deactivation_is_never_handed_to_the_next_activation() {
     let pki = Pki::new();
     // A gateway that accepts TCP and never answers: the open hangs.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let hanging = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            held.push(s);
-        }
-    });
+    let (hanging, _hanging) = silent_peer().await;
     let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let a = actor("alpha");
     let egress = egress();
     let cancel = CancellationToken::new();
-    let addr = listen(&egress, &a.uid, SINK_ECHO.parse().expect("addr"), &cancel).await;
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    egress
-        .activate(
-            &a.uid,
-            prepare(&pki, hanging, a.clone(), source.clone()).await,
-        )
-        .expect("activate");
+    let (addr, source) = listen_activated(&pki, &egress, &a, hanging, &cancel).await;
     let mut opening = TcpStream::connect(addr).await.expect("connect");
     // Wait until the tunnel task exists (it is counted open from its start).
     while egress.stats().tunnels_open == 0 {
@@ -377,11 +341,7 @@ fn deactivation_of_tunnels_that_cannot_finish_is_bounded() {
                 atunnel_core::BufferPool::default(),
             );
             let cancel = CancellationToken::new();
-            let addr = listen(&egress, &a.uid, SINK_ECHO.parse().expect("addr"), &cancel).await;
-            let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-            egress
-                .activate(&a.uid, prepare(&pki, gw.addr, a.clone(), source).await)
-                .expect("activate");
+            let (addr, _) = listen_activated(&pki, &egress, &a, gw.addr, &cancel).await;
             let mut s = TcpStream::connect(addr).await.expect("connect");
             assert!(echoes(&mut s, b"open").await);
             ready_tx
@@ -434,11 +394,7 @@ async fn shutdown_stops_listeners_whose_callers_never_cancel_them() {
     let a = actor("alpha");
     let egress = egress();
     let never = CancellationToken::new();
-    let addr = listen(&egress, &a.uid, SINK_ECHO.parse().expect("addr"), &never).await;
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    egress
-        .activate(&a.uid, prepare(&pki, gw.addr, a.clone(), source).await)
-        .expect("activate");
+    let (addr, _) = listen_activated(&pki, &egress, &a, gw.addr, &never).await;
     let mut open = TcpStream::connect(addr).await.expect("connect");
     assert!(echoes(&mut open, b"before shutdown").await);
     tokio::time::timeout(Duration::from_secs(10), egress.shutdown())

@@ -14,7 +14,7 @@ use atunnel_core::BufferPool;
 use atunnel_identity::clock::Clock;
 use atunnel_process::overload::{Held, OverloadConfig, Shed, ShedAction};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 /// Actors `names` with egress on `egress`, each through `gateway` to `dest`;
@@ -75,18 +75,23 @@ fn stats_of(egress: &Egress, name: &str) -> ActorEgressStats {
         .expect("the actor's figures")
 }
 
+/// An egress whose actors' budget, the default otherwise, is changed by
+/// `tune`.
+fn egress_budgeted(tune: impl FnOnce(&mut ActorBudget)) -> std::sync::Arc<atunnel::egress::Egress> {
+    let mut budget = ActorBudget::default();
+    tune(&mut budget);
+    egress_config(EgressConfig {
+        budget,
+        ..EgressConfig::default()
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_past_its_tunnel_budget_is_reset_and_no_one_else_notices() {
     let pki = Pki::new();
     let gw = gateway(&pki, forward_loopback(), |_| {}).await;
     let echo = echo_server().await;
-    let egress = egress_config(EgressConfig {
-        budget: ActorBudget {
-            max_tunnels: 3,
-            ..ActorBudget::default()
-        },
-        ..EgressConfig::default()
-    });
+    let egress = egress_budgeted(|budget| budget.max_tunnels = 3);
     let cancel = CancellationToken::new();
     let addrs = actors_through(&pki, &egress, gw.addr, echo, &["alpha", "beta"], &cancel).await;
     let (alpha, beta) = (addrs[0], addrs[1]);
@@ -129,13 +134,9 @@ async fn a_connection_flood_past_the_budget_is_refused_at_the_actors_refusal_rat
     let pki = Pki::new();
     let gw = gateway(&pki, forward_loopback(), |_| {}).await;
     let echo = echo_server().await;
-    let egress = egress_config(EgressConfig {
-        budget: ActorBudget {
-            max_tunnels: 1,
-            max_refusals_per_second: RATE,
-            ..ActorBudget::default()
-        },
-        ..EgressConfig::default()
+    let egress = egress_budgeted(|budget| {
+        budget.max_tunnels = 1;
+        budget.max_refusals_per_second = RATE;
     });
     let cancel = CancellationToken::new();
     let addrs = actors_through(&pki, &egress, gw.addr, echo, &["alpha", "beta"], &cancel).await;
@@ -198,32 +199,14 @@ async fn a_connection_flood_past_the_budget_is_refused_at_the_actors_refusal_rat
     }
 }
 
-/// A gateway that accepts TCP and never answers: every open hangs.
-async fn silent_gateway() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let task = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = l.accept().await {
-            held.push(s);
-        }
-    });
-    (addr, task)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_opening_past_its_budget_is_reset_and_another_opens_as_usual() {
     let pki = Pki::new();
-    let (silent, _silent) = silent_gateway().await;
+    // A gateway that accepts TCP and never answers: every open hangs.
+    let (silent, _silent) = silent_peer().await;
     let gw = gateway(&pki, forward_loopback(), |_| {}).await;
     let echo = echo_server().await;
-    let egress = egress_config(EgressConfig {
-        budget: ActorBudget {
-            max_opening: 2,
-            ..ActorBudget::default()
-        },
-        ..EgressConfig::default()
-    });
+    let egress = egress_budgeted(|budget| budget.max_opening = 2);
     let cancel = CancellationToken::new();
     let alpha = actors_through(&pki, &egress, silent, echo, &["alpha"], &cancel).await[0];
     let beta = actors_through(&pki, &egress, gw.addr, echo, &["beta"], &cancel).await[0];

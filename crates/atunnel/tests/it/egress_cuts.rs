@@ -11,7 +11,6 @@
 use atunnel_support::prelude::*;
 use std::io;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,6 +94,29 @@ enum ResetAt {
     AfterAllDelivered,
 }
 
+/// A CONNECT stream the gateway accepted, and where its answer goes.
+type Stream = (
+    http::Request<h2::RecvStream>,
+    h2::server::SendResponse<Bytes>,
+);
+
+/// Drives `conn` in a task of its own (the returned handle: aborting it
+/// drops the connection), handing each stream it accepts to the receiver.
+fn driven(
+    mut conn: H2Conn,
+) -> (
+    tokio::sync::mpsc::UnboundedReceiver<Stream>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        while let Some(Ok(stream)) = conn.accept().await {
+            let _ = tx.send(stream);
+        }
+    });
+    (rx, driver)
+}
+
 /// A gateway that answers every CONNECT with `answer` and END_STREAM and
 /// resets the stream (CANCEL) at `reset`; it never reads the upload.
 async fn resetting_gateway(pki: &Pki, answer: Bytes, reset: ResetAt) -> ScriptedGateway {
@@ -102,14 +124,9 @@ async fn resetting_gateway(pki: &Pki, answer: Bytes, reset: ResetAt) -> Scripted
         let answer = answer.clone();
         async move {
             let mut pings = conn.ping_pong().expect("ping handle");
-            // The connection is driven by its own task; streams are
-            // answered here, one at a time (each test opens one).
-            let (streams_tx, mut streams) = tokio::sync::mpsc::unbounded_channel();
-            tokio::spawn(async move {
-                while let Some(Ok(stream)) = conn.accept().await {
-                    let _ = streams_tx.send(stream);
-                }
-            });
+            // Streams are answered here, one at a time (each test opens
+            // one).
+            let (mut streams, _driver) = driven(conn);
             while let Some((_request, mut respond)) = streams.recv().await {
                 let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
                     continue;
@@ -252,12 +269,7 @@ async fn gateway_resetting_after_its_end(
                 return;
             };
             let mut pings = conn.ping_pong().expect("ping handle");
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-            tokio::spawn(async move {
-                while let Some(Ok(stream)) = conn.accept().await {
-                    let _ = tx.send(stream);
-                }
-            });
+            let (mut rx, _driver) = driven(conn);
             while let Some((_req, mut respond)) = rx.recv().await {
                 let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
                     continue;
@@ -365,21 +377,15 @@ async fn dropping_gateway(
     drop_now: tokio::sync::oneshot::Receiver<()>,
 ) -> ScriptedGateway {
     let drop_now = Arc::new(std::sync::Mutex::new(Some(drop_now)));
-    scripted_h2_gateway(pki, h2::server::Builder::new(), move |_, mut conn| {
+    scripted_h2_gateway(pki, h2::server::Builder::new(), move |_, conn| {
         let before = before.clone();
         let drop_now = drop_now.lock().expect("drop lock").take();
         async move {
             let Some(drop_now) = drop_now else {
                 return;
             };
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-            let driver = tokio::spawn(async move {
-                while let Some(Ok(stream)) = conn.accept().await {
-                    let _ = tx.send(stream);
-                }
-                // Held so dropping the task drops the connection mid-stream.
-                drop(conn);
-            });
+            // Aborting the driver drops the connection mid-stream.
+            let (mut rx, driver) = driven(conn);
             if let Some((_req, mut respond)) = rx.recv().await
                 && let Ok(mut send) = respond.send_response(http::Response::new(()), false)
             {
@@ -426,29 +432,16 @@ async fn atunnel_process(
     gateway: SocketAddr,
     dest: SocketAddr,
 ) -> (tokio::process::Child, HostReady) {
-    let file = |name: &str, body: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, body).expect("write");
-        path
-    };
-    let gateway_ca = file("gateway-ca.pem", pki.gateway_ca.cert_pem());
-    let actor_ca = file("actor-ca.pem", pki.actor_ca.cert_pem());
-    let actor_key = file("actor-ca.key", pki.actor_ca.key_pem());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
-        .args(["host", "--network=loopback", "--actors=1"])
-        .arg(format!("--gateway={gateway}"))
-        .arg(format!("--gateway-name={GATEWAY_NAME}"))
-        .arg(format!("--gateway-ca={}", gateway_ca.display()))
-        .arg(format!("--actor-ca-cert={}", actor_ca.display()))
-        .arg(format!("--actor-ca-key={}", actor_key.display()))
-        .arg(format!("--destinations={dest}"))
-        .arg("--stats=127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("atunnel starts");
-    let ready: HostReady = ready_line(&mut child).await;
-    (child, ready)
+    spawn_ready(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+            .args(["host", "--network=loopback", "--actors=1"])
+            .arg(format!("--gateway={gateway}"))
+            .arg(format!("--gateway-name={GATEWAY_NAME}"))
+            .args(pki.write_ca_files(dir).args())
+            .arg(format!("--destinations={dest}"))
+            .arg("--stats=127.0.0.1:0"),
+    )
+    .await
 }
 
 /// atunnel killed (SIGKILL: nothing of it runs to reset anything) while a

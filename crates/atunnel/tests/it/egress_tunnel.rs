@@ -2,11 +2,14 @@
 //! (HTTP/2 and HTTP/1.1) -> destination, with real certificates.
 
 use atunnel_support::prelude::*;
+
+use crate::common::open_error;
 use std::sync::Arc;
 use std::time::Duration;
 
 use atunnel_connect::client::OpenError;
 use atunnel_identity::clock::Clock;
+use atunnel_identity::identity::ActorRef;
 use atunnel_identity::pki::ActorCertOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -35,6 +38,58 @@ impl Proto {
     }
 }
 
+/// Each `scenario => h2_test, h1_test;` is two tests: `scenario` through an
+/// HTTP/2 gateway, and through an HTTP/1.1 one.
+macro_rules! over_h2_and_h1 {
+    ($($(#[$attr:meta])* $scenario:ident => $h2:ident, $h1:ident;)*) => {$(
+        $(#[$attr])*
+        async fn $h2() {
+            $scenario(Proto::H2).await;
+        }
+
+        $(#[$attr])*
+        async fn $h1() {
+            $scenario(Proto::H1).await;
+        }
+    )*};
+}
+
+// The scenarios below, each over both protocols.
+over_h2_and_h1! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    an_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes =>
+        h2_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes,
+        h1_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    bytes_reach_the_destination_and_come_back =>
+        h2_bytes_reach_the_destination_and_come_back,
+        h1_bytes_reach_the_destination_and_come_back;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    half_close_travels_through_the_tunnel =>
+        h2_half_close_travels_through_the_tunnel,
+        h1_half_close_travels_through_the_tunnel;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    destination_half_close_travels_through_the_tunnel =>
+        h2_destination_half_close_travels_through_the_tunnel,
+        h1_destination_half_close_travels_through_the_tunnel;
+    #[tokio::test]
+    refused_connect_closes_the_actor_socket_with_no_bytes =>
+        h2_refused_connect_closes_the_actor_socket_with_no_bytes,
+        h1_refused_connect_closes_the_actor_socket_with_no_bytes;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_destination_reset_reaches_the_actor_as_a_reset =>
+        h2_a_destination_reset_reaches_the_actor_as_a_reset,
+        h1_a_destination_reset_reaches_the_actor_as_a_reset;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    deactivation_resets_the_actor_and_the_destination =>
+        h2_deactivation_resets_the_actor_and_the_destination,
+        h1_deactivation_resets_the_actor_and_the_destination;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    gateway_shutdown_resets_the_destination_and_the_actor =>
+        h2_gateway_shutdown_resets_the_destination_and_the_actor,
+        h1_gateway_shutdown_resets_the_destination_and_the_actor;
+}
+
 async fn one_actor_through(
     proto: Proto,
     dest: std::net::SocketAddr,
@@ -46,14 +101,38 @@ async fn one_actor_through(
 ) {
     let pki = Pki::new();
     let gw = gateway(&pki, forward_loopback(), proto.tune()).await;
+    let (a, prepared) = alpha_prepared(&pki, gw.addr).await;
+    let (listen_addr, egress, cancel) = activated(&a, prepared, dest).await;
+    (listen_addr, gw, cancel, egress)
+}
+
+/// Alpha's egress through `gateway`, with certificates from a new source.
+async fn alpha_prepared(
+    pki: &Pki,
+    gateway: std::net::SocketAddr,
+) -> (ActorRef, atunnel::egress::ActorEgress) {
     let a = actor("alpha");
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
+    let prepared = prepare(pki, gateway, a.clone(), source).await;
+    (a, prepared)
+}
+
+/// `a` activated with `prepared` behind a listener sending to `dest`: the
+/// listener's address, the egress, and what stops the listener.
+async fn activated(
+    a: &ActorRef,
+    prepared: atunnel::egress::ActorEgress,
+    dest: std::net::SocketAddr,
+) -> (
+    std::net::SocketAddr,
+    Arc<atunnel::egress::Egress>,
+    CancellationToken,
+) {
     let egress = egress();
     let cancel = CancellationToken::new();
-    let listen_addr = listen(&egress, &a.uid, dest, &cancel).await;
+    let addr = listen(&egress, &a.uid, dest, &cancel).await;
     egress.activate(&a.uid, prepared).expect("activate");
-    (listen_addr, gw, cancel, egress)
+    (addr, egress, cancel)
 }
 
 async fn bytes_reach_the_destination_and_come_back(proto: Proto) {
@@ -152,26 +231,6 @@ async fn an_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes(proto: Proto)
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes() {
-    an_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes(Proto::H2).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h1_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes() {
-    an_idle_tunnel_holds_no_buffer_and_carries_the_next_bytes(Proto::H1).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_bytes_reach_the_destination_and_come_back() {
-    bytes_reach_the_destination_and_come_back(Proto::H2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h1_bytes_reach_the_destination_and_come_back() {
-    bytes_reach_the_destination_and_come_back(Proto::H1).await;
-}
-
 async fn half_close_travels_through_the_tunnel(proto: Proto) {
     let counter = counting_server().await;
     let (addr, _gw, _cancel, _egress) = one_actor_through(proto, counter).await;
@@ -188,16 +247,6 @@ async fn fin_reaches_the_destination(addr: std::net::SocketAddr, proto: Proto) {
         "{}",
         proto.name()
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_half_close_travels_through_the_tunnel() {
-    half_close_travels_through_the_tunnel(Proto::H2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h1_half_close_travels_through_the_tunnel() {
-    half_close_travels_through_the_tunnel(Proto::H1).await;
 }
 
 /// The destination half-closes first: its greeting reaches the actor with
@@ -236,23 +285,11 @@ async fn destination_half_close_travels_through_the_tunnel(proto: Proto) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_destination_half_close_travels_through_the_tunnel() {
-    destination_half_close_travels_through_the_tunnel(Proto::H2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h1_destination_half_close_travels_through_the_tunnel() {
-    destination_half_close_travels_through_the_tunnel(Proto::H1).await;
-}
-
 async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
     let pki = Pki::new();
     // Default deny: nothing allowed.
     let gw = gateway(&pki, forward_with(Default::default()), proto.tune()).await;
-    let a = actor("alpha");
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let prepared = prepare(&pki, gw.addr, a.clone(), source).await;
+    let (a, prepared) = alpha_prepared(&pki, gw.addr).await;
     let client = prepared.client().clone();
     match client.open_authority("192.0.2.10:443").await {
         Err(OpenError::ConnectRefused { status, body, .. }) => {
@@ -262,28 +299,10 @@ async fn refused_connect_closes_the_actor_socket_with_no_bytes(proto: Proto) {
         Err(e) => panic!("{}: expected a refusal, got {e}", proto.name()),
         Ok(_) => panic!("{}: expected a refusal, got a tunnel", proto.name()),
     }
-    let egress = egress();
-    let cancel = CancellationToken::new();
-    let addr = listen(
-        &egress,
-        &a.uid,
-        "192.0.2.10:443".parse().expect("addr"),
-        &cancel,
-    )
-    .await;
-    egress.activate(&a.uid, prepared).expect("activate");
+    let (addr, egress, _cancel) =
+        activated(&a, prepared, "192.0.2.10:443".parse().expect("addr")).await;
     assert!(bytes_before_close(addr).await.is_empty());
     assert_eq!(egress.stats().open_failed_total, 1);
-}
-
-#[tokio::test]
-async fn h2_refused_connect_closes_the_actor_socket_with_no_bytes() {
-    refused_connect_closes_the_actor_socket_with_no_bytes(Proto::H2).await;
-}
-
-#[tokio::test]
-async fn h1_refused_connect_closes_the_actor_socket_with_no_bytes() {
-    refused_connect_closes_the_actor_socket_with_no_bytes(Proto::H1).await;
 }
 
 #[tokio::test]
@@ -294,26 +313,11 @@ async fn unreachable_gateway_closes_the_actor_socket_with_no_bytes() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr")
     };
-    let a = actor("alpha");
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let prepared = prepare(&pki, dead, a.clone(), source).await;
-    let err = prepared
-        .client()
-        .open_authority("192.0.2.10:443")
-        .await
-        .err()
-        .expect("fails");
+    let (a, prepared) = alpha_prepared(&pki, dead).await;
+    let err = open_error(&prepared, "192.0.2.10:443").await;
     assert!(matches!(err, OpenError::GatewayUnreachable { .. }), "{err}");
-    let egress = egress();
-    let cancel = CancellationToken::new();
-    let addr = listen(
-        &egress,
-        &a.uid,
-        "192.0.2.10:443".parse().expect("addr"),
-        &cancel,
-    )
-    .await;
-    egress.activate(&a.uid, prepared).expect("activate");
+    let (addr, egress, _cancel) =
+        activated(&a, prepared, "192.0.2.10:443".parse().expect("addr")).await;
     assert!(bytes_before_close(addr).await.is_empty());
     // Admitted, then closed because the tunnel could not open.
     let counts = TunnelCounts {
@@ -401,11 +405,12 @@ async fn handshake_refused(
     err
 }
 
-#[tokio::test]
-async fn gateway_refuses_certificates_from_another_ca_under_tls12_and_tls13() {
+/// [`handshake_refused`] over h2 and HTTP/1.1, TLS 1.3 and 1.2: each a
+/// handshake error.
+async fn refused_in_every_handshake(options: ActorCertOptions, other_ca: bool) {
     for proto in [Proto::H2, Proto::H1] {
         for tls13 in [true, false] {
-            let err = handshake_refused(proto, tls13, ActorCertOptions::default(), true).await;
+            let err = handshake_refused(proto, tls13, options.clone(), other_ca).await;
             assert!(
                 matches!(err, OpenError::GatewayHandshake { .. }),
                 "{} tls13={tls13}: {err}",
@@ -413,6 +418,11 @@ async fn gateway_refuses_certificates_from_another_ca_under_tls12_and_tls13() {
             );
         }
     }
+}
+
+#[tokio::test]
+async fn gateway_refuses_certificates_from_another_ca_under_tls12_and_tls13() {
+    refused_in_every_handshake(ActorCertOptions::default(), true).await;
 }
 
 #[tokio::test]
@@ -421,31 +431,13 @@ async fn gateway_refuses_certificates_without_the_actor_extension() {
         include_identity_extension: false,
         ..ActorCertOptions::default()
     };
-    for proto in [Proto::H2, Proto::H1] {
-        for tls13 in [true, false] {
-            let err = handshake_refused(proto, tls13, options.clone(), false).await;
-            assert!(
-                matches!(err, OpenError::GatewayHandshake { .. }),
-                "{} tls13={tls13}: {err}",
-                proto.name()
-            );
-        }
-    }
+    refused_in_every_handshake(options, false).await;
 }
 
 #[tokio::test]
 async fn opening_a_tunnel_is_bounded_in_time() {
     // Accepts TCP and never says a word.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let _hold = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            held.push(s);
-        }
-    });
+    let (addr, _hold) = silent_peer().await;
     let pki = Pki::new();
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let mut cfg = client_config(&pki, addr);
@@ -454,12 +446,7 @@ async fn opening_a_tunnel_is_bounded_in_time() {
         .await
         .expect("prepare");
     let started = std::time::Instant::now();
-    let err = prepared
-        .client()
-        .open_authority("192.0.2.10:443")
-        .await
-        .err()
-        .expect("fails");
+    let err = open_error(&prepared, "192.0.2.10:443").await;
     let took = started.elapsed();
     assert!(
         matches!(err, OpenError::Timeout { after, .. } if after == Duration::from_millis(300)),
@@ -737,16 +724,6 @@ async fn a_destination_reset_reaches_the_actor_as_a_reset(proto: Proto) {
     next_read_is_reset(&mut s, proto.name()).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_a_destination_reset_reaches_the_actor_as_a_reset() {
-    a_destination_reset_reaches_the_actor_as_a_reset(Proto::H2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h1_a_destination_reset_reaches_the_actor_as_a_reset() {
-    a_destination_reset_reaches_the_actor_as_a_reset(Proto::H1).await;
-}
-
 /// An open tunnel from an actor socket to a watched echo: a round trip
 /// shows it carries bytes both ways.
 async fn open_watched_tunnel(
@@ -780,16 +757,6 @@ async fn deactivation_resets_the_actor_and_the_destination(proto: Proto) {
     watched_end_is_reset(&mut watched, &format!("{}: destination", proto.name())).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_deactivation_resets_the_actor_and_the_destination() {
-    deactivation_resets_the_actor_and_the_destination(Proto::H2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h1_deactivation_resets_the_actor_and_the_destination() {
-    deactivation_resets_the_actor_and_the_destination(Proto::H1).await;
-}
-
 /// The gateway shutting down with a tunnel open resets the destination's
 /// connection and, through atunnel, the actor's socket.
 async fn gateway_shutdown_resets_the_destination_and_the_actor(proto: Proto) {
@@ -797,14 +764,4 @@ async fn gateway_shutdown_resets_the_destination_and_the_actor(proto: Proto) {
     gw.cancel.cancel();
     watched_end_is_reset(&mut watched, &format!("{}: destination", proto.name())).await;
     next_read_is_reset(&mut s, &format!("{}: actor", proto.name())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h2_gateway_shutdown_resets_the_destination_and_the_actor() {
-    gateway_shutdown_resets_the_destination_and_the_actor(Proto::H2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h1_gateway_shutdown_resets_the_destination_and_the_actor() {
-    gateway_shutdown_resets_the_destination_and_the_actor(Proto::H1).await;
 }

@@ -6,6 +6,8 @@
 //! crate's server) so they fail at exactly the moment under test.
 
 use atunnel_support::prelude::*;
+
+use crate::common::open_error;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -249,13 +251,6 @@ async fn actor_egress(pki: &Pki, cfg: GatewayClientConfig) -> ActorEgress {
         .expect("prepare egress")
 }
 
-async fn open_error(egress: &ActorEgress) -> OpenError {
-    match egress.client().open_authority(DEST).await {
-        Err(e) => e,
-        Ok(t) => panic!("expected an error, got a {} tunnel", t.protocol()),
-    }
-}
-
 #[tokio::test]
 async fn a_hang_up_after_the_tls_handshake_before_the_connect_answer_is_a_handshake_error() {
     let pki = Pki::new();
@@ -265,7 +260,7 @@ async fn a_hang_up_after_the_tls_handshake_before_the_connect_answer_is_a_handsh
                 let case = format!("{:?} {proto:?} {close:?}", version.version);
                 let gw = fake_gateway(&pki, version, proto, close, |_, _| Answer::HangUp).await;
                 let egress = actor_egress(&pki, client_config(&pki, gw.addr)).await;
-                let err = open_error(&egress).await;
+                let err = open_error(&egress, DEST).await;
                 assert!(
                     matches!(err, OpenError::GatewayHandshake { .. }),
                     "{case}: {err}"
@@ -284,6 +279,22 @@ async fn a_hang_up_after_the_tls_handshake_before_the_connect_answer_is_a_handsh
     }
 }
 
+/// An HTTP/2 gateway over TLS 1.3 whose connections, where `script` says
+/// to hang up, end with a reset (RST): as a crashed peer's do.
+async fn h2_gateway_hanging_up_with_resets(
+    pki: &Pki,
+    script: impl Fn(usize, usize) -> Answer + Send + Sync + 'static,
+) -> FakeGateway {
+    fake_gateway(
+        pki,
+        &rustls::version::TLS13,
+        Proto::H2,
+        Close::Reset,
+        script,
+    )
+    .await
+}
+
 /// Connection 1 answers its first CONNECT and kills itself (RST) at its
 /// second, so the client's pooled connection still looks alive when the
 /// stream is opened.
@@ -298,14 +309,8 @@ fn pooled_connection_dies_at_second_connect(conn: usize, connect: usize) -> Answ
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_h2_connection_dying_at_the_connect_is_retried_once_on_a_fresh_one() {
     let pki = Pki::new();
-    let gw = fake_gateway(
-        &pki,
-        &rustls::version::TLS13,
-        Proto::H2,
-        Close::Reset,
-        pooled_connection_dies_at_second_connect,
-    )
-    .await;
+    let gw =
+        h2_gateway_hanging_up_with_resets(&pki, pooled_connection_dies_at_second_connect).await;
     let prepared = actor_egress(&pki, client_config(&pki, gw.addr)).await;
     let client = prepared.client().clone();
     let first = client.open_authority(DEST).await.expect("first tunnel");
@@ -343,19 +348,13 @@ async fn a_retry_that_dies_too_is_a_handshake_error_after_exactly_two_connection
     let pki = Pki::new();
     // Only connection 1's first CONNECT is answered; every later one, on any
     // connection, kills its connection.
-    let gw = fake_gateway(
-        &pki,
-        &rustls::version::TLS13,
-        Proto::H2,
-        Close::Reset,
-        |conn, connect| {
-            if (conn, connect) == (1, 1) {
-                Answer::Echo
-            } else {
-                Answer::HangUp
-            }
-        },
-    )
+    let gw = h2_gateway_hanging_up_with_resets(&pki, |conn, connect| {
+        if (conn, connect) == (1, 1) {
+            Answer::Echo
+        } else {
+            Answer::HangUp
+        }
+    })
     .await;
     let egress = actor_egress(&pki, client_config(&pki, gw.addr)).await;
     drop(
@@ -365,7 +364,7 @@ async fn a_retry_that_dies_too_is_a_handshake_error_after_exactly_two_connection
             .await
             .expect("first tunnel"),
     );
-    let err = open_error(&egress).await;
+    let err = open_error(&egress, DEST).await;
     assert!(matches!(err, OpenError::GatewayHandshake { .. }), "{err}");
     // open() has returned, so no further dial can be in flight.
     assert_eq!(gw.accepted(), 2, "retried once, not more");
@@ -423,7 +422,7 @@ async fn a_stream_refused_again_on_the_retry_is_a_stream_refusal_not_a_handshake
     let (calls, script) = logged(|_, _| Answer::RefuseStream);
     let gw = fake_gateway(&pki, &rustls::version::TLS13, Proto::H2, Close::Fin, script).await;
     let egress = actor_egress(&pki, client_config(&pki, gw.addr)).await;
-    match open_error(&egress).await {
+    match open_error(&egress, DEST).await {
         OpenError::StreamRefused { addr, authority } => {
             assert_eq!((addr, authority.as_str()), (gw.addr, DEST));
         }
@@ -531,7 +530,7 @@ async fn a_refusal_keeps_its_status_and_the_first_4_kib_of_its_body() {
         )
         .await;
         let egress = actor_egress(&pki, client_config(&pki, gw.addr)).await;
-        match open_error(&egress).await {
+        match open_error(&egress, DEST).await {
             OpenError::ConnectRefused {
                 authority,
                 status,
@@ -568,7 +567,7 @@ async fn a_refusal_whose_body_never_ends_comes_back_promptly_with_what_arrived()
         cfg.refusal_body_wait = Duration::from_millis(200);
         let egress = actor_egress(&pki, cfg).await;
         let started = Instant::now();
-        let err = open_error(&egress).await;
+        let err = open_error(&egress, DEST).await;
         let took = started.elapsed();
         match err {
             OpenError::ConnectRefused { status, body, .. } => {
@@ -606,7 +605,7 @@ async fn a_gateway_certificate_the_client_cannot_trust_is_a_handshake_error() {
                 let mut cfg = client_config(&pki, gw.addr);
                 cfg.server_name = ServerName::try_from(name).expect("name");
                 let egress = actor_egress(&pki, cfg).await;
-                match open_error(&egress).await {
+                match open_error(&egress, DEST).await {
                     OpenError::GatewayHandshake { reason, .. } => assert!(
                         reason.contains("invalid peer certificate"),
                         "{case}: {reason}"

@@ -173,6 +173,17 @@ async fn forward_from_flags(
     (listen, cancel)
 }
 
+/// A tunnel of `egress`'s to `dest` opens (`what` says why it should).
+async fn opens(egress: &atunnel::egress::ActorEgress, dest: SocketAddr, what: &str) {
+    drop(
+        egress
+            .client()
+            .open_authority(&dest.to_string())
+            .await
+            .expect(what),
+    );
+}
+
 /// Opens tunnels to `dest` until one is refused 403 (bounded: the reload
 /// is the gateway's own, with nothing to await).
 async fn refused_within(client: &atunnel_connect::GatewayClient, dest: SocketAddr) -> String {
@@ -207,13 +218,7 @@ async fn the_policy_file_is_reloaded_when_it_changes_and_on_sighup_without_a_res
     std::fs::write(&polled, "allow 127.0.0.0/8\n").expect("write");
     let (gw, stop) = forward_from_flags(&pki, dir.path(), &polled, "50ms").await;
     let alpha = prepare(&pki, gw, actor("alpha"), source.clone()).await;
-    drop(
-        alpha
-            .client()
-            .open_authority(&dest.to_string())
-            .await
-            .expect("allowed"),
-    );
+    opens(&alpha, dest, "allowed").await;
     std::fs::write(&polled, format!("allow 127.0.0.0/8\n{deny}")).expect("write");
     let body = refused_within(alpha.client(), dest).await;
     assert_eq!(body, format!("egress denied by {}", deny.trim_end()));
@@ -226,22 +231,10 @@ async fn the_policy_file_is_reloaded_when_it_changes_and_on_sighup_without_a_res
     let bravo = prepare(&pki, gw, actor("bravo"), source).await;
     // Answered: the gateway serves, so its reloader (joined with it) has
     // started and holds the SIGHUP handler.
-    drop(
-        bravo
-            .client()
-            .open_authority(&dest.to_string())
-            .await
-            .expect("allowed"),
-    );
+    opens(&bravo, dest, "allowed").await;
     std::fs::write(&signalled, format!("allow 127.0.0.0/8\n{deny}")).expect("write");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    drop(
-        bravo
-            .client()
-            .open_authority(&dest.to_string())
-            .await
-            .expect("still allowed: no poll, no signal yet"),
-    );
+    opens(&bravo, dest, "still allowed: no poll, no signal yet").await;
     nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGHUP)
         .expect("SIGHUP");
     let body = refused_within(bravo.client(), dest).await;

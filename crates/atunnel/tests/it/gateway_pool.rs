@@ -5,9 +5,8 @@
 //! what the client granted and when the connection ended.
 
 use atunnel_support::prelude::*;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use atunnel::egress::ActorEgress;
@@ -16,118 +15,14 @@ use atunnel_connect::{ClientStats, GatewayClientConfig};
 use atunnel_core::BufferPool;
 use atunnel_core::endpoint::{Endpoint, read_chunk};
 use atunnel_identity::clock::Clock;
-use bytes::Bytes;
-use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 
 const DEST: &str = "192.0.2.10:443";
 
-/// What the hand-made gateway does with each CONNECT.
-#[derive(Clone, Copy)]
-enum Far {
-    /// Echoes the stream and its end.
-    Echo,
-    /// Sends as fast as the client's windows allow, forever.
-    Flood,
-}
-
-struct FakeGateway {
-    addr: SocketAddr,
-    accepted: Arc<AtomicUsize>,
-    /// Bytes sent on all flooded streams.
-    flooded: Arc<AtomicUsize>,
-    /// One message per connection, when it has ended.
-    ended: mpsc::UnboundedReceiver<()>,
-    /// Each connection's ping handle, to wait for the client to have seen
-    /// everything sent before it.
-    pings: mpsc::UnboundedReceiver<h2::PingPong>,
-    /// Connections numbered up to this (from 1) stop being served: their
-    /// TCP stays up and nothing on them is answered, PINGs included, as a
-    /// black-holed peer looks.
-    freeze: tokio::sync::watch::Sender<usize>,
-    _gateway: ScriptedGateway,
-}
-
-impl FakeGateway {
-    /// Black-holes every connection accepted so far.
-    fn freeze_open_connections(&self) {
-        self.freeze
-            .send_replace(self.accepted.load(Ordering::SeqCst));
-    }
-}
-
-async fn fake_gateway(pki: &Pki, far: Far) -> FakeGateway {
-    let flooded = Arc::new(AtomicUsize::new(0));
-    let (ended_tx, ended) = mpsc::unbounded_channel();
-    let (pings_tx, pings) = mpsc::unbounded_channel();
-    let (freeze, frozen) = tokio::sync::watch::channel(0);
-    let sent = flooded.clone();
-    let gateway = scripted_h2_gateway(pki, h2::server::Builder::new(), move |n, mut conn| {
-        let (sent, ended, pings, mut frozen) = (
-            sent.clone(),
-            ended_tx.clone(),
-            pings_tx.clone(),
-            frozen.clone(),
-        );
-        async move {
-            let _ = pings.send(conn.ping_pong().expect("ping handle"));
-            let mut streams = JoinSet::new();
-            loop {
-                // Biased to the freeze: a CONNECT that arrives before
-                // this task saw the freeze must find it frozen, not be
-                // answered by a coin toss.
-                let next = tokio::select! {
-                    biased;
-                    () = async {
-                        let _ = frozen.wait_for(|upto| n <= *upto).await;
-                    } => {
-                        // Held, never polled again.
-                        let _conn = conn;
-                        return std::future::pending().await;
-                    }
-                    next = conn.accept() => next,
-                };
-                let Some(Ok((request, mut respond))) = next else {
-                    break;
-                };
-                let Ok(send) = respond.send_response(http::Response::new(()), false) else {
-                    continue;
-                };
-                match far {
-                    Far::Echo => streams.spawn(echo_h2(request.into_body(), send)),
-                    Far::Flood => streams.spawn(flood(send, sent.clone())),
-                };
-            }
-            let _ = ended.send(());
-        }
-    })
-    .await;
-    FakeGateway {
-        addr: gateway.addr,
-        accepted: gateway.accepted.clone(),
-        flooded,
-        ended,
-        pings,
-        freeze,
-        _gateway: gateway,
-    }
-}
-
-/// Sends whatever window the client grants, counting it.
-async fn flood(mut send: h2::SendStream<Bytes>, sent: Arc<AtomicUsize>) {
-    const PIECE: usize = 16 * 1024;
-    let zeros = Bytes::from(vec![0u8; PIECE]);
-    loop {
-        send.reserve_capacity(PIECE);
-        let granted = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
-            Some(Ok(n)) => n,
-            _ => return,
-        };
-        if send.send_data(zeros.slice(..granted), false).is_err() {
-            return;
-        }
-        sent.fetch_add(granted, Ordering::SeqCst);
-    }
+async fn fake_gateway(pki: &Pki, far: Far) -> FarGateway {
+    let gateway = far_gateway(pki, h2::server::Builder::new(), far).await;
+    // Flooded streams send as soon as they are open.
+    gateway.flood.send_replace(true);
+    gateway
 }
 
 async fn egress(pki: &Pki, cfg: GatewayClientConfig) -> ActorEgress {
@@ -139,22 +34,6 @@ async fn egress(pki: &Pki, cfg: GatewayClientConfig) -> ActorEgress {
 
 async fn open(egress: &ActorEgress) -> Tunnel {
     egress.client().open_authority(DEST).await.expect("open")
-}
-
-/// Waits until `flooded` has reached `at_least`.
-async fn flooded_to(flooded: &AtomicUsize, at_least: usize) {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while flooded.load(Ordering::SeqCst) < at_least {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "the far end sent {} of {at_least} bytes",
-            flooded.load(Ordering::SeqCst)
-        )
-    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,7 +56,7 @@ async fn a_connections_window_caps_what_its_unread_tunnels_hold_together() {
     }
     assert_eq!(gateway.accepted.load(Ordering::SeqCst), 1, "one connection");
     let window = CONNECTION_WINDOW as usize;
-    flooded_to(&gateway.flooded, window).await;
+    gateway.flooded_to(window, Duration::from_secs(10)).await;
     // Every window update the client sent is in before the PONG.
     let mut ping = gateway.pings.recv().await.expect("ping handle");
     ping.ping(h2::Ping::opaque()).await.expect("pong");
@@ -200,7 +79,9 @@ async fn a_connections_window_caps_what_its_unread_tunnels_hold_together() {
         read += chunk.len();
         tunnels[0].consumed(chunk.len());
     }
-    flooded_to(&gateway.flooded, window + read).await;
+    gateway
+        .flooded_to(window + read, Duration::from_secs(10))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

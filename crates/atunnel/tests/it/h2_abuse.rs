@@ -24,7 +24,7 @@ use atunnel_core::sockopt::SocketOptions;
 use atunnel_identity::clock::Clock;
 use bytes::Bytes;
 use http_body_util::Full;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket};
 
 /// Long enough for a busy 2-core host; every wait ends on an event first.
@@ -35,6 +35,17 @@ const HELLO_PORT: u16 = 80;
 const ECHO_PORT: u16 = 8080;
 const SILENT_PORT: u16 = 81;
 const ENDLESS_PORT: u16 = 82;
+
+/// Each `test: args;` after `scenario;` is a test of its own running
+/// `scenario(args)`: one scenario, the cases it is run for.
+macro_rules! tests_of {
+    ($scenario:ident; $($test:ident: $($arg:expr),+;)*) => {$(
+        #[tokio::test]
+        async fn $test() {
+            $scenario($($arg),+).await;
+        }
+    )*};
+}
 
 /// The two HTTP/2 servers under test.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -61,19 +72,6 @@ impl Site {
             Server::Connect => self.running.connect,
         }
     }
-}
-
-/// An actor whose every connection is accepted and never answered.
-async fn silent_actor() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let task = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((s, _)) = listener.accept().await {
-            held.push(s);
-        }
-    });
-    (addr, task)
 }
 
 /// An echo actor for tunnels.
@@ -164,7 +162,8 @@ async fn site_with(floods: FloodLimits) -> Site {
     let hello =
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from("hello"))) }).await;
     let echo = echo_actor().await;
-    let (silent, silent_task) = silent_actor().await;
+    // An actor whose every connection is accepted and never answered.
+    let (silent, silent_task) = silent_peer().await;
     let endless_written = Arc::new(AtomicU64::new(0));
     let endless = endless_actor(endless_written.clone()).await;
     running.activate_alpha(&[
@@ -190,12 +189,8 @@ async fn a_well_behaved_router_is_served(site: &Site, server: Server) {
                 let mut router = RouterConn::open(&site.pki, site.running.https, true).await;
                 let req = http::Request::builder()
                     .uri("https://worker.test/")
-                    .header("ate-target-actor", "team-a/alpha")
-                    .body(Full::new(Bytes::new()))
-                    .expect("request");
-                let resp = router.send(req).await.expect("response");
-                assert_eq!(resp.status(), 200);
-                assert_eq!(body_text(resp).await, "hello");
+                    .header("ate-target-actor", "team-a/alpha");
+                assert_eq!(router.get_ok(req).await, "hello");
             }
             Server::Connect => {
                 let mut router = h2_router(&site.pki, site.running.connect).await;
@@ -370,19 +365,27 @@ async fn ingress_connect_takes_frames_up_to_its_max_frame_size_and_no_larger() {
     raw.send(&Frame::data(1, &past, false))
         .await
         .expect("DATA past the limit");
+    ends_with_goaway(
+        &mut raw,
+        code::FRAME_SIZE_ERROR,
+        &format!("a frame of {} bytes", past.len()),
+    )
+    .await;
+    a_well_behaved_router_is_served(&site, server).await;
+}
+
+/// The connection ends (within [`WITHIN`]) with a GOAWAY of `error`; `what`
+/// ended it.
+async fn ends_with_goaway<S: AsyncRead + AsyncWrite + Unpin>(
+    raw: &mut RawH2<S>,
+    error: u32,
+    what: &str,
+) {
     let ended = raw.until_goaway(WITHIN).await.expect("GOAWAY or close");
     assert!(
-        matches!(
-            ended,
-            Ended::GoAway {
-                error: code::FRAME_SIZE_ERROR,
-                ..
-            }
-        ),
-        "a frame of {} bytes ended with {ended:?}",
-        past.len()
+        matches!(ended, Ended::GoAway { error: e, .. } if e == error),
+        "{what} ended with {ended:?}"
     );
-    a_well_behaved_router_is_served(&site, server).await;
 }
 
 // ---- rapid reset ----
@@ -400,28 +403,21 @@ async fn rapid_reset_gets_goaway(server: Server) {
     }
     // The server may close while the burst is still going out.
     let _ = raw.send_all(&frames).await;
-    let ended = raw.until_goaway(WITHIN).await.expect("GOAWAY or close");
-    assert!(
-        matches!(
-            ended,
-            Ended::GoAway {
-                error: code::ENHANCE_YOUR_CALM,
-                ..
-            }
-        ),
-        "{server:?}: a rapid reset ended with {ended:?}"
-    );
+    ends_with_goaway(
+        &mut raw,
+        code::ENHANCE_YOUR_CALM,
+        &format!("{server:?}: a rapid reset"),
+    )
+    .await;
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn a_rapid_reset_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    rapid_reset_gets_goaway(Server::Https).await;
-}
-
-#[tokio::test]
-async fn a_rapid_reset_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    rapid_reset_gets_goaway(Server::Connect).await;
+tests_of! {
+    rapid_reset_gets_goaway;
+    a_rapid_reset_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https;
+    a_rapid_reset_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect;
 }
 
 // ---- CONTINUATION flood ----
@@ -450,17 +446,12 @@ async fn continuation_flood_gets_goaway(server: Server) {
             _ => break,
         }
     }
-    let ended = raw.until_goaway(WITHIN).await.expect("GOAWAY or close");
-    assert!(
-        matches!(
-            ended,
-            Ended::GoAway {
-                error: code::ENHANCE_YOUR_CALM,
-                ..
-            }
-        ),
-        "{server:?}: a CONTINUATION flood of {frames_out} frames ended with {ended:?}"
-    );
+    ends_with_goaway(
+        &mut raw,
+        code::ENHANCE_YOUR_CALM,
+        &format!("{server:?}: a CONTINUATION flood of {frames_out} frames"),
+    )
+    .await;
     assert!(
         raw.closes_within(WITHIN).await,
         "the connection is closed after its GOAWAY"
@@ -468,14 +459,12 @@ async fn continuation_flood_gets_goaway(server: Server) {
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn a_continuation_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    continuation_flood_gets_goaway(Server::Https).await;
-}
-
-#[tokio::test]
-async fn a_continuation_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    continuation_flood_gets_goaway(Server::Connect).await;
+tests_of! {
+    continuation_flood_gets_goaway;
+    a_continuation_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https;
+    a_continuation_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect;
 }
 
 // ---- oversized headers ----
@@ -511,14 +500,12 @@ async fn oversized_headers_are_refused_and_the_connection_serves_on(server: Serv
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn headers_past_the_limit_on_ingress_https_are_refused_and_the_connection_serves_on() {
-    oversized_headers_are_refused_and_the_connection_serves_on(Server::Https).await;
-}
-
-#[tokio::test]
-async fn headers_past_the_limit_on_ingress_connect_are_refused_and_the_connection_serves_on() {
-    oversized_headers_are_refused_and_the_connection_serves_on(Server::Connect).await;
+tests_of! {
+    oversized_headers_are_refused_and_the_connection_serves_on;
+    headers_past_the_limit_on_ingress_https_are_refused_and_the_connection_serves_on:
+        Server::Https;
+    headers_past_the_limit_on_ingress_connect_are_refused_and_the_connection_serves_on:
+        Server::Connect;
 }
 
 // ---- too many streams ----
@@ -557,14 +544,12 @@ async fn streams_past_the_limit_are_refused(server: Server, limit: u32) {
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn streams_past_max_concurrent_streams_on_ingress_https_are_refused() {
-    streams_past_the_limit_are_refused(Server::Https, PROXY_ROUTER_MAX_CONCURRENT_STREAMS).await;
-}
-
-#[tokio::test]
-async fn streams_past_max_concurrent_streams_on_ingress_connect_are_refused() {
-    streams_past_the_limit_are_refused(Server::Connect, MAX_CONCURRENT_STREAMS).await;
+tests_of! {
+    streams_past_the_limit_are_refused;
+    streams_past_max_concurrent_streams_on_ingress_https_are_refused:
+        Server::Https, PROXY_ROUTER_MAX_CONCURRENT_STREAMS;
+    streams_past_max_concurrent_streams_on_ingress_connect_are_refused:
+        Server::Connect, MAX_CONCURRENT_STREAMS;
 }
 
 // ---- zero window ----
@@ -612,14 +597,12 @@ async fn a_zero_window_peer_pins_a_bounded_amount(server: Server) {
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn a_zero_window_router_on_ingress_https_pins_a_bounded_amount_and_others_are_served() {
-    a_zero_window_peer_pins_a_bounded_amount(Server::Https).await;
-}
-
-#[tokio::test]
-async fn a_zero_window_router_on_ingress_connect_pins_a_bounded_amount_and_others_are_served() {
-    a_zero_window_peer_pins_a_bounded_amount(Server::Connect).await;
+tests_of! {
+    a_zero_window_peer_pins_a_bounded_amount;
+    a_zero_window_router_on_ingress_https_pins_a_bounded_amount_and_others_are_served:
+        Server::Https;
+    a_zero_window_router_on_ingress_connect_pins_a_bounded_amount_and_others_are_served:
+        Server::Connect;
 }
 
 // ---- control-frame floods (atunnel_connect::flood) ----
@@ -659,6 +642,20 @@ fn flood_frame(flood: Flood, i: u32) -> Frame {
     }
 }
 
+/// Writes `frames` frames of `flood` back to back, in one write. The
+/// peer may cut the connection mid-flood: the write may fail.
+async fn send_flood<S: AsyncRead + AsyncWrite + Unpin>(
+    raw: &mut RawH2<S>,
+    flood: Flood,
+    frames: u32,
+) {
+    let mut batch = Vec::new();
+    for i in 0..frames {
+        flood_frame(flood, i).encode_into(&mut batch);
+    }
+    let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
+}
+
 /// The HTTPS or CONNECT listener's flood count.
 fn floods_counted(site: &Site, server: Server) -> u64 {
     let f = site.running.ingress.stats().h2_floods;
@@ -696,23 +693,13 @@ async fn a_control_frame_flood_gets_goaway_enhance_your_calm(server: Server, flo
         }
         _ => {}
     }
-    let mut batch = Vec::new();
-    for i in 0..FLOOD_FRAMES {
-        flood_frame(flood, i).encode_into(&mut batch);
-    }
-    // The server cuts the connection mid-flood: the write may fail.
-    let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
-    let ended = raw.until_goaway(WITHIN).await.expect("the flood is cut");
-    assert!(
-        matches!(
-            ended,
-            Ended::GoAway {
-                error: code::ENHANCE_YOUR_CALM,
-                ..
-            }
-        ),
-        "{server:?} {flood:?}: {ended:?}"
-    );
+    send_flood(&mut raw, flood, FLOOD_FRAMES).await;
+    ends_with_goaway(
+        &mut raw,
+        code::ENHANCE_YOUR_CALM,
+        &format!("{server:?} {flood:?}"),
+    )
+    .await;
     // h2 0.4.20 ends a stream's empty DATA flood itself, first
     // (`MAX_RECV_EMPTY_DATA_FRAMES`); the guard counts every other kind.
     if flood != Flood::EmptyData {
@@ -732,23 +719,14 @@ async fn the_configured_control_frame_budget_is_where_a_flood_is_cut() {
         })
         .await;
         let mut raw = raw_router(&site, Server::Https, &[]).await;
-        let mut batch = Vec::new();
-        for i in 0..40 {
-            flood_frame(Flood::Ping, i).encode_into(&mut batch);
-        }
-        let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
+        send_flood(&mut raw, Flood::Ping, 40).await;
         if cut {
-            let ended = raw.until_goaway(WITHIN).await.expect("the flood is cut");
-            assert!(
-                matches!(
-                    ended,
-                    Ended::GoAway {
-                        error: code::ENHANCE_YOUR_CALM,
-                        ..
-                    }
-                ),
-                "{ended:?}"
-            );
+            ends_with_goaway(
+                &mut raw,
+                code::ENHANCE_YOUR_CALM,
+                "40 PINGs past a budget of 10",
+            )
+            .await;
         } else {
             // Answered: the 40th PING's ACK comes back.
             raw.wait_for(WITHIN, |f| {
@@ -761,72 +739,32 @@ async fn the_configured_control_frame_budget_is_where_a_flood_is_cut() {
     }
 }
 
-#[tokio::test]
-async fn a_settings_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::Settings).await;
-}
-
-#[tokio::test]
-async fn a_settings_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::Settings).await;
-}
-
-#[tokio::test]
-async fn a_ping_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::Ping).await;
-}
-
-#[tokio::test]
-async fn a_ping_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::Ping).await;
-}
-
-#[tokio::test]
-async fn a_window_update_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::WindowUpdate).await;
-}
-
-#[tokio::test]
-async fn a_window_update_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::WindowUpdate).await;
-}
-
-#[tokio::test]
-async fn a_priority_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::Priority).await;
-}
-
-#[tokio::test]
-async fn a_priority_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::Priority).await;
-}
-
-#[tokio::test]
-async fn an_empty_data_flood_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Https, Flood::EmptyData).await;
-}
-
-#[tokio::test]
-async fn an_empty_data_flood_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(Server::Connect, Flood::EmptyData).await;
-}
-
-#[tokio::test]
-async fn a_flood_of_headers_on_a_closed_stream_on_ingress_https_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(
-        Server::Https,
-        Flood::HeadersOnClosedStream,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_flood_of_headers_on_a_closed_stream_on_ingress_connect_gets_goaway_enhance_your_calm() {
-    a_control_frame_flood_gets_goaway_enhance_your_calm(
-        Server::Connect,
-        Flood::HeadersOnClosedStream,
-    )
-    .await;
+tests_of! {
+    a_control_frame_flood_gets_goaway_enhance_your_calm;
+    a_settings_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::Settings;
+    a_settings_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::Settings;
+    a_ping_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::Ping;
+    a_ping_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::Ping;
+    a_window_update_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::WindowUpdate;
+    a_window_update_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::WindowUpdate;
+    a_priority_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::Priority;
+    a_priority_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::Priority;
+    an_empty_data_flood_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::EmptyData;
+    an_empty_data_flood_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::EmptyData;
+    a_flood_of_headers_on_a_closed_stream_on_ingress_https_gets_goaway_enhance_your_calm:
+        Server::Https, Flood::HeadersOnClosedStream;
+    a_flood_of_headers_on_a_closed_stream_on_ingress_connect_gets_goaway_enhance_your_calm:
+        Server::Connect, Flood::HeadersOnClosedStream;
 }
 
 /// A router that behaves: a few SETTINGS and PINGs, then a 32 MiB answer
@@ -887,14 +825,12 @@ async fn a_well_behaved_peers_control_frames_are_not_cut(server: Server) {
     assert_eq!(floods_counted(&site, server), 0, "{server:?}");
 }
 
-#[tokio::test]
-async fn a_well_behaved_routers_control_frames_on_ingress_https_are_not_cut() {
-    a_well_behaved_peers_control_frames_are_not_cut(Server::Https).await;
-}
-
-#[tokio::test]
-async fn a_well_behaved_routers_control_frames_on_ingress_connect_are_not_cut() {
-    a_well_behaved_peers_control_frames_are_not_cut(Server::Connect).await;
+tests_of! {
+    a_well_behaved_peers_control_frames_are_not_cut;
+    a_well_behaved_routers_control_frames_on_ingress_https_are_not_cut:
+        Server::Https;
+    a_well_behaved_routers_control_frames_on_ingress_connect_are_not_cut:
+        Server::Connect;
 }
 
 // ---- the clients: a hostile gateway, a hostile actor ----
@@ -1069,6 +1005,73 @@ async fn hostile_gateway(
     (addr, rx)
 }
 
+/// The hostile peer's first report fits `mode`: a flood of its cut short
+/// and its connection closed (counted by `floods`, the side under test's
+/// count of flooded connections), a CONTINUATION answer cut with GOAWAY, an
+/// oversized answer's stream reset. `(peer, side)` name the two in messages.
+async fn hostile_peer_was_cut(
+    seen: &mut tokio::sync::mpsc::UnboundedReceiver<Seen>,
+    mode: Hostile,
+    (peer, side): (&str, &str),
+    floods: impl Fn() -> u64,
+) {
+    let first = tokio::time::timeout(WITHIN, seen.recv())
+        .await
+        .unwrap_or_else(|_| panic!("the hostile {peer} reports"))
+        .expect("report");
+    eprintln!("{mode:?}: the hostile {peer} saw {first:?}");
+    match mode {
+        Hostile::PingFlood | Hostile::SettingsFlood => {
+            assert!(
+                first.flooded < FLOOD,
+                "{mode:?}: {side} read the whole flood while its answers went unread"
+            );
+            assert!(
+                first.closed,
+                "{mode:?}: {side} kept the connection: {first:?}"
+            );
+            assert!(floods() >= 1, "{mode:?}");
+        }
+        Hostile::Control(_) => {
+            assert_eq!(
+                first.goaway,
+                Some(code::ENHANCE_YOUR_CALM),
+                "{mode:?}: {first:?}"
+            );
+            assert!(first.closed, "{mode:?}: {first:?}");
+            assert!(floods() >= 1, "{mode:?}");
+        }
+        Hostile::ContinuationAnswer => {
+            assert_eq!(
+                first.goaway,
+                Some(code::ENHANCE_YOUR_CALM),
+                "{mode:?}: {first:?}"
+            );
+            assert!(first.closed, "{mode:?}: {first:?}");
+        }
+        // A stream error (RFC 9113 §8.1.1): the stream is reset, no tunnel
+        // opens or no answer comes, and h2 keeps the connection.
+        Hostile::OversizedAnswer => {
+            assert_eq!(
+                first.reset,
+                Some(code::PROTOCOL_ERROR),
+                "{mode:?}: {first:?}"
+            )
+        }
+    }
+}
+
+/// A tunnel of beta's, through a real gateway, opens within [`WITHIN`] and
+/// echoes 16 KiB (random from `seed`).
+async fn beta_is_served(beta: &ActorEgress, seed: u64) {
+    let mut tunnel = tokio::time::timeout(WITHIN, beta.client().open_authority(SINK_ECHO))
+        .await
+        .expect("beta opens within 10 s")
+        .expect("beta's tunnel");
+    let data = random(16 * 1024, seed);
+    assert_eq!(echoed(&mut tunnel, &data).await, data);
+}
+
 async fn a_hostile_gateway_loses_its_connection_and_others_are_unaffected(mode: Hostile) {
     let pki = Pki::new();
     let (hostile, mut seen) = hostile_gateway(&pki, mode).await;
@@ -1090,117 +1093,34 @@ async fn a_hostile_gateway_loses_its_connection_and_others_are_unaffected(mode: 
         open.is_err(),
         "{mode:?}: a tunnel opened through a hostile gateway"
     );
-    let first = tokio::time::timeout(WITHIN, seen.recv())
-        .await
-        .expect("the hostile gateway reports")
-        .expect("report");
-    eprintln!("{mode:?}: the hostile gateway saw {first:?}");
-    match mode {
-        Hostile::PingFlood | Hostile::SettingsFlood => {
-            assert!(
-                first.flooded < FLOOD,
-                "{mode:?}: the client read the whole flood while its answers went unread"
-            );
-            assert!(
-                first.closed,
-                "{mode:?}: the client kept the connection: {first:?}"
-            );
-            assert!(alpha.client().stats().h2_floods_total >= 1, "{mode:?}");
-        }
-        Hostile::Control(_) => {
-            assert_eq!(
-                first.goaway,
-                Some(code::ENHANCE_YOUR_CALM),
-                "{mode:?}: {first:?}"
-            );
-            assert!(first.closed, "{mode:?}: {first:?}");
-            assert!(alpha.client().stats().h2_floods_total >= 1, "{mode:?}");
-        }
-        Hostile::ContinuationAnswer => {
-            assert_eq!(
-                first.goaway,
-                Some(code::ENHANCE_YOUR_CALM),
-                "{mode:?}: {first:?}"
-            );
-            assert!(first.closed, "{mode:?}: {first:?}");
-        }
-        // A stream error (RFC 9113 §8.1.1): the stream is reset, no tunnel
-        // opens, and h2 keeps the connection.
-        Hostile::OversizedAnswer => {
-            assert_eq!(
-                first.reset,
-                Some(code::PROTOCOL_ERROR),
-                "{mode:?}: {first:?}"
-            )
-        }
-    }
+    hostile_peer_was_cut(&mut seen, mode, ("gateway", "the client"), || {
+        alpha.client().stats().h2_floods_total
+    })
+    .await;
     // Another actor's tunnels, through a real gateway, are untouched.
-    let mut tunnel = tokio::time::timeout(WITHIN, beta.client().open_authority(SINK_ECHO))
-        .await
-        .expect("beta opens within 10 s")
-        .expect("beta's tunnel");
-    let data = random(16 * 1024, 7);
-    assert_eq!(echoed(&mut tunnel, &data).await, data);
+    beta_is_served(&beta, 7).await;
 }
 
-#[tokio::test]
-async fn a_gateway_flooding_pings_is_dropped_and_other_actors_tunnels_are_unaffected() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::PingFlood).await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_settings_is_dropped_and_other_actors_tunnels_are_unaffected() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::SettingsFlood).await;
-}
-
-#[tokio::test]
-async fn a_gateway_answering_with_a_continuation_flood_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::ContinuationAnswer)
-        .await;
-}
-
-#[tokio::test]
-async fn a_gateway_answering_with_headers_past_the_limit_opens_no_tunnel() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::OversizedAnswer)
-        .await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_window_updates_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
-        Flood::WindowUpdate,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_priority_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
-        Flood::Priority,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_pings_after_a_request_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(Flood::Ping))
-        .await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_settings_after_a_request_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
-        Flood::Settings,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn a_gateway_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm() {
-    a_hostile_gateway_loses_its_connection_and_others_are_unaffected(Hostile::Control(
-        Flood::HeadersOnClosedStream,
-    ))
-    .await;
+tests_of! {
+    a_hostile_gateway_loses_its_connection_and_others_are_unaffected;
+    a_gateway_flooding_pings_is_dropped_and_other_actors_tunnels_are_unaffected:
+        Hostile::PingFlood;
+    a_gateway_flooding_settings_is_dropped_and_other_actors_tunnels_are_unaffected:
+        Hostile::SettingsFlood;
+    a_gateway_answering_with_a_continuation_flood_gets_goaway_enhance_your_calm:
+        Hostile::ContinuationAnswer;
+    a_gateway_answering_with_headers_past_the_limit_opens_no_tunnel:
+        Hostile::OversizedAnswer;
+    a_gateway_flooding_window_updates_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::WindowUpdate);
+    a_gateway_flooding_priority_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Priority);
+    a_gateway_flooding_pings_after_a_request_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Ping);
+    a_gateway_flooding_settings_after_a_request_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Settings);
+    a_gateway_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::HeadersOnClosedStream);
 }
 
 /// An actor speaking h2c that misbehaves as `mode` on every connection.
@@ -1245,54 +1165,10 @@ async fn a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(mode: Ho
         "{mode:?}: a hostile actor's answer came back as {}",
         resp.status()
     );
-    let first = tokio::time::timeout(WITHIN, seen.recv())
-        .await
-        .expect("the hostile actor reports")
-        .expect("report");
-    eprintln!("{mode:?}: the hostile actor saw {first:?}");
-    match mode {
-        Hostile::PingFlood | Hostile::SettingsFlood => {
-            assert!(
-                first.flooded < FLOOD,
-                "{mode:?}: ingress read the whole flood while its answers went unread"
-            );
-            assert!(
-                first.closed,
-                "{mode:?}: ingress kept the connection: {first:?}"
-            );
-            assert!(
-                running.ingress.stats().h2_floods.actors_total >= 1,
-                "{mode:?}"
-            );
-        }
-        Hostile::Control(_) => {
-            assert_eq!(
-                first.goaway,
-                Some(code::ENHANCE_YOUR_CALM),
-                "{mode:?}: {first:?}"
-            );
-            assert!(first.closed, "{mode:?}: {first:?}");
-            assert!(
-                running.ingress.stats().h2_floods.actors_total >= 1,
-                "{mode:?}"
-            );
-        }
-        Hostile::ContinuationAnswer => {
-            assert_eq!(
-                first.goaway,
-                Some(code::ENHANCE_YOUR_CALM),
-                "{mode:?}: {first:?}"
-            );
-            assert!(first.closed, "{mode:?}: {first:?}");
-        }
-        Hostile::OversizedAnswer => {
-            assert_eq!(
-                first.reset,
-                Some(code::PROTOCOL_ERROR),
-                "{mode:?}: {first:?}"
-            )
-        }
-    }
+    hostile_peer_was_cut(&mut seen, mode, ("actor", "ingress"), || {
+        running.ingress.stats().h2_floods.actors_total
+    })
+    .await;
     // Another actor, on the same router connection, is served.
     let req = http::Request::builder()
         .uri("https://worker.test/")
@@ -1307,63 +1183,26 @@ async fn a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(mode: Ho
     assert_eq!(body_text(resp).await, "hello");
 }
 
-#[tokio::test]
-async fn an_h2c_actor_flooding_pings_gets_the_router_an_error_and_others_are_served() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::PingFlood).await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_settings_gets_the_router_an_error_and_others_are_served() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::SettingsFlood).await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_answering_with_a_continuation_flood_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::ContinuationAnswer)
-        .await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_answering_with_headers_past_the_limit_gets_the_router_an_error() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::OversizedAnswer).await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_window_updates_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
-        Flood::WindowUpdate,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_priority_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
-        Flood::Priority,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_pings_after_a_request_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(Flood::Ping))
-        .await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_settings_after_a_request_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
-        Flood::Settings,
-    ))
-    .await;
-}
-
-#[tokio::test]
-async fn an_h2c_actor_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm() {
-    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served(Hostile::Control(
-        Flood::HeadersOnClosedStream,
-    ))
-    .await;
+tests_of! {
+    a_hostile_h2c_actor_gets_an_error_answer_and_others_are_served;
+    an_h2c_actor_flooding_pings_gets_the_router_an_error_and_others_are_served:
+        Hostile::PingFlood;
+    an_h2c_actor_flooding_settings_gets_the_router_an_error_and_others_are_served:
+        Hostile::SettingsFlood;
+    an_h2c_actor_answering_with_a_continuation_flood_gets_goaway_enhance_your_calm:
+        Hostile::ContinuationAnswer;
+    an_h2c_actor_answering_with_headers_past_the_limit_gets_the_router_an_error:
+        Hostile::OversizedAnswer;
+    an_h2c_actor_flooding_window_updates_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::WindowUpdate);
+    an_h2c_actor_flooding_priority_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Priority);
+    an_h2c_actor_flooding_pings_after_a_request_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Ping);
+    an_h2c_actor_flooding_settings_after_a_request_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::Settings);
+    an_h2c_actor_flooding_headers_on_the_request_stream_gets_goaway_enhance_your_calm:
+        Hostile::Control(Flood::HeadersOnClosedStream);
 }
 
 /// An h2c actor that takes a request and then never reads or answers
@@ -1475,14 +1314,12 @@ async fn a_malformed_request_header_costs_what_h2_allows(server: Server) {
     a_well_behaved_router_is_served(&site, server).await;
 }
 
-#[tokio::test]
-async fn a_malformed_request_header_on_ingress_https_resets_its_stream_where_h2_allows() {
-    a_malformed_request_header_costs_what_h2_allows(Server::Https).await;
-}
-
-#[tokio::test]
-async fn a_malformed_request_header_on_ingress_connect_resets_its_stream_where_h2_allows() {
-    a_malformed_request_header_costs_what_h2_allows(Server::Connect).await;
+tests_of! {
+    a_malformed_request_header_costs_what_h2_allows;
+    a_malformed_request_header_on_ingress_https_resets_its_stream_where_h2_allows:
+        Server::Https;
+    a_malformed_request_header_on_ingress_connect_resets_its_stream_where_h2_allows:
+        Server::Connect;
 }
 
 // ---- the gateway's server ----
@@ -1526,49 +1363,22 @@ async fn a_flood_on_the_gateway_gets_goaway_enhance_your_calm(flood: Flood) {
     let pki = Pki::new();
     let gw = gateway(&pki, SinkConfig::default(), |_| {}).await;
     let mut raw = raw_actor_to_gateway(&pki, gw.addr, "alpha").await;
-    let mut batch = Vec::new();
-    for i in 0..FLOOD_FRAMES {
-        flood_frame(flood, i).encode_into(&mut batch);
-    }
-    let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
-    let ended = raw.until_goaway(WITHIN).await.expect("the flood is cut");
-    assert!(
-        matches!(
-            ended,
-            Ended::GoAway {
-                error: code::ENHANCE_YOUR_CALM,
-                ..
-            }
-        ),
-        "{flood:?}: {ended:?}"
-    );
+    send_flood(&mut raw, flood, FLOOD_FRAMES).await;
+    ends_with_goaway(&mut raw, code::ENHANCE_YOUR_CALM, &format!("{flood:?}")).await;
     assert_eq!((gw.h2_floods)(), 1, "{flood:?}");
     let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
     let beta = prepare(&pki, gw.addr, actor("beta"), source).await;
-    let mut tunnel = tokio::time::timeout(WITHIN, beta.client().open_authority(SINK_ECHO))
-        .await
-        .expect("beta opens within 10 s")
-        .expect("beta's tunnel");
-    let data = random(16 * 1024, 9);
-    assert_eq!(echoed(&mut tunnel, &data).await, data);
+    beta_is_served(&beta, 9).await;
 }
 
-#[tokio::test]
-async fn a_settings_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
-    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Settings).await;
-}
-
-#[tokio::test]
-async fn a_ping_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
-    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Ping).await;
-}
-
-#[tokio::test]
-async fn a_window_update_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
-    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::WindowUpdate).await;
-}
-
-#[tokio::test]
-async fn a_priority_flood_on_the_gateway_gets_goaway_enhance_your_calm() {
-    a_flood_on_the_gateway_gets_goaway_enhance_your_calm(Flood::Priority).await;
+tests_of! {
+    a_flood_on_the_gateway_gets_goaway_enhance_your_calm;
+    a_settings_flood_on_the_gateway_gets_goaway_enhance_your_calm:
+        Flood::Settings;
+    a_ping_flood_on_the_gateway_gets_goaway_enhance_your_calm:
+        Flood::Ping;
+    a_window_update_flood_on_the_gateway_gets_goaway_enhance_your_calm:
+        Flood::WindowUpdate;
+    a_priority_flood_on_the_gateway_gets_goaway_enhance_your_calm:
+        Flood::Priority;
 }

@@ -8,9 +8,11 @@
 //! on the idle connections kept per port.
 
 use atunnel_support::prelude::*;
+
+use crate::common::{alpha_and_quick_beta, answered_504_after, quick_actor};
 use std::time::Duration;
 
-use atunnel::ingress::{Ingress, PoolSettings};
+use atunnel::ingress::{ActorIngressStats, Ingress};
 use bytes::Bytes;
 use http_body_util::{Full, StreamBody};
 use hyper::body::Frame;
@@ -38,6 +40,14 @@ async fn drained(ingress: &Ingress, uid: &str) {
         f.in_flight == 0
     })
     .await;
+}
+
+/// Alpha's in-flight slot came back, and `ends` counts one end of alpha's
+/// and none of beta's.
+async fn one_end_for_alpha(ingress: &Ingress, ends: impl Fn(&ActorIngressStats) -> u64) {
+    drained(ingress, "uid-1").await;
+    assert_eq!(ends(&actor_figures(ingress, "uid-1")), 1, "alpha's ends");
+    assert_eq!(ends(&actor_figures(ingress, "uid-2")), 0, "beta's ends");
 }
 
 /// An actor that reads a request's head and nothing more, ever; the
@@ -84,11 +94,24 @@ async fn stalling_actor() -> (std::net::SocketAddr, ActorConnections) {
     .await
 }
 
-/// An actor that answers `beta` at once with "now".
-async fn quick_actor() -> std::net::SocketAddr {
-    http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"now"))) }).await
+/// A POST to alpha with all of an 8 MiB body queued: more than the kernel
+/// and hyper buffer between here and alpha. Its answer, and its sending
+/// half, to keep while the body is in flight.
+fn upload_to_alpha(
+    router: &mut h2::client::SendRequest<Bytes>,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let req = http::Request::post("https://w/upload")
+        .header("ate-target-actor", "team-a/alpha")
+        .body(())
+        .expect("request");
+    let (answer, mut upload) = router.send_request(req, false).expect("send");
+    upload
+        .send_data(Bytes::from(vec![7u8; 8 << 20]), true)
+        .expect("queue the body");
+    (answer, upload)
 }
 
+/// Beta, on the same router connection, is answered "now" end to end.
 async fn served(router: &mut h2::client::SendRequest<Bytes>) {
     let resp = get(router, "beta", 80).await.expect("beta answered");
     assert_eq!(resp.status(), 200);
@@ -100,19 +123,9 @@ async fn served(router: &mut h2::client::SendRequest<Bytes>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_body_the_actor_stops_sending_is_reset_after_the_idle_bound() {
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            response_body_idle: BOUND,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.response_body_idle = BOUND).await;
     let (stalling, mut alpha_conns) = stalling_actor().await;
-    let quick = quick_actor().await;
-    activate_loopback(&running.ingress, "alpha", "uid-1", stalling.port());
-    activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
-    let mut router = h2_router(&pki, running.https).await;
-    router = router.ready().await.expect("ready");
+    let mut router = alpha_and_quick_beta(&pki, &running, stalling).await;
 
     let resp = get(&mut router, "alpha", 80).await.expect("alpha's head");
     assert_eq!(resp.status(), 200);
@@ -136,15 +149,7 @@ async fn a_response_body_the_actor_stops_sending_is_reset_after_the_idle_bound()
         alpha_conns.closed(0, Duration::from_secs(5)).await,
         "alpha's connection was closed, not pooled"
     );
-    drained(&running.ingress, "uid-1").await;
-    assert_eq!(
-        actor_figures(&running.ingress, "uid-1").response_body_idle_ends_total,
-        1
-    );
-    assert_eq!(
-        actor_figures(&running.ingress, "uid-2").response_body_idle_ends_total,
-        0
-    );
+    one_end_for_alpha(&running.ingress, |f| f.response_body_idle_ends_total).await;
     // The same router connection still serves.
     served(&mut router).await;
 }
@@ -153,13 +158,7 @@ async fn a_response_body_the_actor_stops_sending_is_reset_after_the_idle_bound()
 async fn over_http1_a_stalled_response_body_closes_the_routers_connection() {
     use http_body_util::BodyExt;
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            response_body_idle: BOUND,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.response_body_idle = BOUND).await;
     let (stalling, mut alpha_conns) = stalling_actor().await;
     activate_loopback(&running.ingress, "alpha", "uid-1", stalling.port());
     let mut router = RouterConn::open(&pki, running.https, false).await;
@@ -195,13 +194,7 @@ async fn over_http1_a_stalled_response_body_closes_the_routers_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_response_body_is_not_an_idle_one() {
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            response_body_idle: BOUND,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.response_body_idle = BOUND).await;
     // A chunk every half bound, for three bounds.
     let slow = http1_actor(|_req| async {
         let chunks = futures_util::stream::unfold(0u32, |i| async move {
@@ -216,8 +209,7 @@ async fn a_slow_response_body_is_not_an_idle_one() {
     })
     .await;
     activate_loopback(&running.ingress, "alpha", "uid-1", slow.port());
-    let mut router = h2_router(&pki, running.https).await;
-    router = router.ready().await.expect("ready");
+    let mut router = ready_h2_router(&pki, running.https).await;
     let resp = get(&mut router, "alpha", 80).await.expect("alpha's head");
     let mut body = resp.into_body();
     let mut got = Vec::new();
@@ -234,53 +226,30 @@ async fn a_slow_response_body_is_not_an_idle_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_body_the_actor_never_reads_is_ended_after_the_idle_bound() {
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            request_body_idle: BOUND,
-            // Far past the test's own deadline: only the body bound ends it.
-            response_timeout: Duration::from_secs(60),
-            ..PoolSettings::default()
-        }
+    let running = ingress_pools(&pki, |pools| {
+        pools.request_body_idle = BOUND;
+        // Far past the test's own deadline: only the body bound ends it.
+        pools.response_timeout = Duration::from_secs(60);
     })
     .await;
     // alpha reads the head, never the body, and never answers.
     let (deaf, alpha_reset) = deaf_actor().await;
-    let quick = quick_actor().await;
-    activate_loopback(&running.ingress, "alpha", "uid-1", deaf.port());
-    activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
-    let mut router = h2_router(&pki, running.https).await;
-    router = router.ready().await.expect("ready");
+    let mut router = alpha_and_quick_beta(&pki, &running, deaf).await;
 
-    let req = http::Request::post("https://w/upload")
-        .header("ate-target-actor", "team-a/alpha")
-        .body(())
-        .expect("request");
-    let (answer, mut upload) = router.send_request(req, false).expect("send");
-    // More than the kernel and hyper buffer between here and alpha.
-    upload
-        .send_data(Bytes::from(vec![7u8; 8 << 20]), true)
-        .expect("queue the body");
+    let (answer, _upload) = upload_to_alpha(&mut router);
     let started = tokio::time::Instant::now();
     served(&mut router).await;
 
-    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
-        .await
-        .expect("alpha's request ended within 10 s")
-        .expect("an answer");
-    assert_eq!(answer.status(), 504);
-    assert!(started.elapsed() >= BOUND, "ended before the bound");
+    answered_504_after(answer, started, BOUND).await;
     assert!(
         tokio::time::timeout(Duration::from_secs(10), alpha_reset)
             .await
             .is_ok(),
         "alpha's connection was closed"
     );
-    drained(&running.ingress, "uid-1").await;
-    let alpha = actor_figures(&running.ingress, "uid-1");
-    assert_eq!(alpha.request_body_idle_ends_total, 1);
-    assert_eq!(alpha.response_timeouts_total, 0);
+    one_end_for_alpha(&running.ingress, |f| f.request_body_idle_ends_total).await;
     assert_eq!(
-        actor_figures(&running.ingress, "uid-2").request_body_idle_ends_total,
+        actor_figures(&running.ingress, "uid-1").response_timeouts_total,
         0
     );
     served(&mut router).await;
@@ -289,12 +258,9 @@ async fn a_request_body_the_actor_never_reads_is_ended_after_the_idle_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_body_unread_behind_a_streaming_response_is_reset_after_the_idle_bound() {
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            request_body_idle: BOUND,
-            response_body_idle: Duration::ZERO,
-            ..PoolSettings::default()
-        }
+    let running = ingress_pools(&pki, |pools| {
+        pools.request_body_idle = BOUND;
+        pools.response_body_idle = Duration::ZERO;
     })
     .await;
     // alpha answers at once and keeps its response going, a chunk every
@@ -308,19 +274,8 @@ async fn a_request_body_unread_behind_a_streaming_response_is_reset_after_the_id
         http::Response::new(StreamBody::new(ticks))
     })
     .await;
-    let quick = quick_actor().await;
-    activate_loopback(&running.ingress, "alpha", "uid-1", deaf.port());
-    activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
-    let mut router = h2_router(&pki, running.https).await;
-    router = router.ready().await.expect("ready");
-    let req = http::Request::post("https://w/upload")
-        .header("ate-target-actor", "team-a/alpha")
-        .body(())
-        .expect("request");
-    let (answer, mut upload) = router.send_request(req, false).expect("send");
-    upload
-        .send_data(Bytes::from(vec![7u8; 8 << 20]), true)
-        .expect("queue the body");
+    let mut router = alpha_and_quick_beta(&pki, &running, deaf).await;
+    let (answer, _upload) = upload_to_alpha(&mut router);
     let resp = answer.await.expect("alpha's head");
     assert_eq!(resp.status(), 200);
     let started = tokio::time::Instant::now();
@@ -343,37 +298,18 @@ async fn a_request_body_unread_behind_a_streaming_response_is_reset_after_the_id
         alpha_conns.closed(0, Duration::from_secs(5)).await,
         "alpha's connection was closed"
     );
-    drained(&running.ingress, "uid-1").await;
-    assert_eq!(
-        actor_figures(&running.ingress, "uid-1").request_body_idle_ends_total,
-        1
-    );
+    one_end_for_alpha(&running.ingress, |f| f.request_body_idle_ends_total).await;
     served(&mut router).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_gets_503_for_a_port_past_its_port_cap() {
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            max_ports: 2,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.max_ports = 2).await;
     let actor = quick_actor().await;
     let ports = [(80, actor.port()), (81, actor.port()), (82, actor.port())];
-    running
-        .ingress
-        .activate(
-            "team-a",
-            "beta",
-            "uid-2",
-            Box::new(LoopbackDialer(ports.into_iter().collect())),
-        )
-        .expect("activate");
-    let mut router = h2_router(&pki, running.https).await;
-    router = router.ready().await.expect("ready");
+    activate_ports(&running.ingress, "beta", "uid-2", &ports);
+    let mut router = ready_h2_router(&pki, running.https).await;
     for port in [80, 81, 80] {
         let resp = get(&mut router, "beta", port).await.expect("answer");
         assert_eq!(resp.status(), 200, "port {port}");
@@ -392,13 +328,7 @@ async fn an_actor_gets_503_for_a_port_past_its_port_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_keeps_at_most_its_idle_bound_of_connections_per_port() {
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            max_idle_per_actor: 1,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.max_idle_per_actor = 1).await;
     // Four requests held at once take four connections.
     let release = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     let r = release.clone();
@@ -411,8 +341,7 @@ async fn an_actor_keeps_at_most_its_idle_bound_of_connections_per_port() {
     })
     .await;
     activate_loopback(&running.ingress, "alpha", "uid-1", actor.port());
-    let mut router = h2_router(&pki, running.https).await;
-    router = router.ready().await.expect("ready");
+    let mut router = ready_h2_router(&pki, running.https).await;
     let held: Vec<_> = (0..4).map(|_| get(&mut router, "alpha", 80)).collect();
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
     while conns.accepted() < 4 {
@@ -451,8 +380,7 @@ async fn a_body_ended_at_its_bound_is_counted_in_stats_and_metrics() {
         .activate_with_dialer(&actor("alpha"), Box::new(dialer), None)
         .await
         .expect("activate");
-    let mut router = h2_router(&pki, https).await;
-    router = router.ready().await.expect("ready");
+    let mut router = ready_h2_router(&pki, https).await;
     let resp = get(&mut router, "alpha", 80).await.expect("alpha's head");
     let mut body = resp.into_body();
     body.data().await.expect("a chunk").expect("data");

@@ -6,58 +6,33 @@
 //! with Retry-After.
 
 use atunnel_support::prelude::*;
+
+use crate::common::{alpha_and_quick_beta, answered_504_after};
 use std::sync::Arc;
 use std::time::Duration;
 
-use atunnel::ingress::PoolSettings;
 use atunnel_process::overload::OverloadConfig;
 use bytes::Bytes;
 use http_body_util::Full;
 use tokio::sync::Notify;
 
-/// A GET to `team-a/<actor>` on a new stream, not awaited.
-fn get(router: &mut h2::client::SendRequest<Bytes>, actor: &str) -> h2::client::ResponseFuture {
-    let req = http::Request::get("https://w/")
-        .header("ate-target-actor", format!("team-a/{actor}"))
-        .body(())
-        .expect("request");
-    router.send_request(req, true).expect("send").0
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_that_never_answers_gets_504_after_the_response_timeout() {
     const TIMEOUT: Duration = Duration::from_millis(400);
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            response_timeout: TIMEOUT,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.response_timeout = TIMEOUT).await;
     let silent = http1_actor(|_req| async {
         std::future::pending::<()>().await;
         http::Response::new(Full::new(Bytes::new()))
     })
     .await;
-    let quick =
-        http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"now"))) })
-            .await;
-    activate_loopback(&running.ingress, "alpha", "uid-1", silent.port());
-    activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
-    let mut router = h2_router(&pki, running.https).await;
-    router = router.ready().await.expect("ready");
+    let mut router = alpha_and_quick_beta(&pki, &running, silent).await;
     let started = tokio::time::Instant::now();
-    let waiting = get(&mut router, "alpha");
+    let waiting = h2_get(&mut router, "alpha", "/");
     // The router's other streams are served while alpha's waits.
-    let served = get(&mut router, "beta").await.expect("an answer");
+    let served = h2_get(&mut router, "beta", "/").await.expect("an answer");
     assert_eq!(served.status(), 200);
-    let timed_out = tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("answered within 10 s")
-        .expect("an answer");
-    assert_eq!(timed_out.status(), 504);
-    assert!(started.elapsed() >= TIMEOUT, "504 before the timeout");
+    answered_504_after(waiting, started, TIMEOUT).await;
     let stats = running.ingress.stats();
     let of = |uid: &str| {
         stats
@@ -74,13 +49,7 @@ async fn an_actor_that_never_answers_gets_504_after_the_response_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actor_at_its_in_flight_budget_gets_503_and_another_is_served() {
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            max_in_flight: 2,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.max_in_flight = 2).await;
     // alpha answers nothing until released; beta answers at once.
     let release = Arc::new(Notify::new());
     let r = release.clone();
@@ -92,53 +61,37 @@ async fn an_actor_at_its_in_flight_budget_gets_503_and_another_is_served() {
         }
     })
     .await;
-    let quick =
-        http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"now"))) })
-            .await;
-    activate_loopback(&running.ingress, "alpha", "uid-1", slow.port());
-    activate_loopback(&running.ingress, "beta", "uid-2", quick.port());
-    let mut router = h2_router(&pki, running.https).await;
-    router = router.ready().await.expect("ready");
-    let held = [get(&mut router, "alpha"), get(&mut router, "alpha")];
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while running
-        .ingress
-        .stats()
-        .actors
-        .iter()
-        .find(|a| a.actor == "uid-1")
-        .map(|a| a.in_flight)
-        != Some(2)
-    {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the requests never reached alpha"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let refused = get(&mut router, "alpha").await.expect("an answer");
+    let mut router = alpha_and_quick_beta(&pki, &running, slow).await;
+    let held = [
+        h2_get(&mut router, "alpha", "/"),
+        h2_get(&mut router, "alpha", "/"),
+    ];
+    until_actor(
+        &running.ingress,
+        "uid-1",
+        "the requests never reached alpha",
+        |f| f.in_flight == 2,
+    )
+    .await;
+    let refused = h2_get(&mut router, "alpha", "/").await.expect("an answer");
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "1");
-    let served = get(&mut router, "beta").await.expect("an answer");
+    let served = h2_get(&mut router, "beta", "/").await.expect("an answer");
     assert_eq!(served.status(), 200, "another actor is served as usual");
-    let stats = running.ingress.stats();
-    let alpha = stats
-        .actors
-        .iter()
-        .find(|a| a.actor == "uid-1")
-        .expect("alpha");
+    let alpha = actor_figures(&running.ingress, "uid-1");
     assert_eq!(alpha.refused_in_flight_total, 1);
-    let beta = stats
-        .actors
-        .iter()
-        .find(|a| a.actor == "uid-2")
-        .expect("beta");
+    let beta = actor_figures(&running.ingress, "uid-2");
     assert_eq!(beta.refused_in_flight_total, 0);
     // The held requests were never cut: released, they are answered.
     release.notify_waiters();
     for r in held {
         assert_eq!(r.await.expect("answered").status(), 200);
     }
+}
+
+/// The status of a GET to alpha.
+async fn status_of_alpha(router: &mut h2::client::SendRequest<Bytes>) -> http::StatusCode {
+    h2_get(router, "alpha", "/").await.expect("answer").status()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,23 +108,16 @@ async fn an_overloaded_process_answers_503_with_retry_after() {
         http1_actor(|_req| async { http::Response::new(Full::new(Bytes::from_static(b"ok"))) })
             .await;
     activate_loopback(ingress, "alpha", "uid-1", actor.port());
-    let mut router = h2_router(&pki, https).await;
-    router = router.ready().await.expect("ready");
-    assert_eq!(
-        get(&mut router, "alpha").await.expect("answer").status(),
-        200
-    );
+    let mut router = ready_h2_router(&pki, https).await;
+    assert_eq!(status_of_alpha(&mut router).await, 200);
     memory.set(900);
     guard.sample();
-    let refused = get(&mut router, "alpha").await.expect("answer");
+    let refused = h2_get(&mut router, "alpha", "/").await.expect("answer");
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "7");
     assert_eq!(ingress.stats().refused_overload_total, 1);
     memory.set(100);
     guard.sample();
-    assert_eq!(
-        get(&mut router, "alpha").await.expect("answer").status(),
-        200
-    );
+    assert_eq!(status_of_alpha(&mut router).await, 200);
     running.cancel.cancel();
 }

@@ -261,15 +261,12 @@ async fn a_dial_that_does_not_complete_within_the_bound_is_502() {
 async fn the_actor_half_closing_first_still_receives_everything() {
     let f = fixture().await;
     let (actor, mut received) = greeting_server().await;
-    f.running
-        .ingress
-        .activate(
-            "team-a",
-            "greeter",
-            "uid-g",
-            Box::new(LoopbackDialer([(7000, actor.port())].into())),
-        )
-        .expect("activate");
+    activate_ports(
+        &f.running.ingress,
+        "greeter",
+        "uid-g",
+        &[(7000, actor.port())],
+    );
     let data = random(1 << 20, 6);
 
     // HTTP/1.1: the actor's FIN arrives as close_notify; the router writes on.
@@ -384,15 +381,7 @@ async fn deactivation_resets_the_actor_and_never_ends_the_router_cleanly() {
     for h2 in [false, true] {
         let (actor, mut watched) = watched_echo_server().await;
         let uid = format!("uid-w-{h2}");
-        f.running
-            .ingress
-            .activate(
-                "team-a",
-                "watcher",
-                &uid,
-                Box::new(LoopbackDialer([(9000, actor.port())].into())),
-            )
-            .expect("activate");
+        activate_ports(&f.running.ingress, "watcher", &uid, &[(9000, actor.port())]);
         let what = |side| format!("h2={h2}: {side}");
         let tunnel = pinged_tunnel(&f, h2, "watcher", 9000).await;
         f.running

@@ -75,15 +75,7 @@ async fn a_tunnel_whose_actor_stops_reading_is_reset_at_the_stalled_write_timeou
     let (pki, running) = bounded().await;
     running.activate_alpha(&[(8080, silent_actor(false).await.port())]);
     let beta = echo_actor().await;
-    running
-        .ingress
-        .activate(
-            "team-a",
-            "beta",
-            "uid-2",
-            Box::new(LoopbackDialer([(9000, beta.port())].into_iter().collect())),
-        )
-        .expect("activate beta");
+    activate_ports(&running.ingress, "beta", "uid-2", &[(9000, beta.port())]);
     let mut tls = h1_tunnel(&pki, running.connect, "alpha", 8080).await;
     let started = tokio::time::Instant::now();
     // Writes until atunnel resets the tunnel: the actor takes nothing.
@@ -155,14 +147,7 @@ async fn a_connect_refused_for_overload_says_the_configured_retry_after() {
     let guarded = ingress_guarded(&pki, guard.clone()).await;
     let (ingress, connect) = (&guarded.ingress, guarded.connect);
     // A known actor: an unknown one is 421 whatever the load.
-    ingress
-        .activate(
-            "team-a",
-            "alpha",
-            "uid-1",
-            Box::new(LoopbackDialer([(8080, 1)].into_iter().collect())),
-        )
-        .expect("activate alpha");
+    activate_ports(ingress, "alpha", "uid-1", &[(8080, 1)]);
     let (_tls, head) = h1_connect(
         &pki,
         connect,

@@ -12,7 +12,7 @@ use atunnel_support::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 
 const ACTOR: &str = "team-a/alpha";
 
@@ -46,12 +46,7 @@ async fn echoing_ingress(pki: &IngressPki) -> RunningIngress {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        let body = req
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
+        let body = whole_body(req).await;
         http::Response::builder()
             .header("x-seen-forwarded-for", xff)
             .header("x-saw-routing-header", leaked.to_string())

@@ -4,7 +4,6 @@
 use atunnel_support::prelude::*;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,7 +13,6 @@ use atunnel_support::stats_client::fetch_stats;
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::TokioIo;
 
 static CHUNK: [u8; 64 * 1024] = [b'z'; 64 * 1024];
 const N: u64 = 100 << 20;
@@ -50,41 +48,25 @@ async fn actor() -> SocketAddr {
 async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
     let pki = IngressPki::new();
     let gw_pki = Pki::new();
-    std::fs::write(pki.path("gateway-ca.pem"), gw_pki.gateway_ca.cert_pem()).expect("write");
-    std::fs::write(pki.path("actor-ca.pem"), gw_pki.actor_ca.cert_pem()).expect("write");
-    std::fs::write(pki.path("actor-ca.key"), gw_pki.actor_ca.key_pem()).expect("write");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
-        .args([
-            "host",
-            "--network=loopback",
-            "--actors=1",
-            "--gateway=127.0.0.1:1",
-        ])
-        .arg(format!(
-            "--gateway-ca={}",
-            pki.path("gateway-ca.pem").display()
-        ))
-        .arg(format!(
-            "--actor-ca-cert={}",
-            pki.path("actor-ca.pem").display()
-        ))
-        .arg(format!(
-            "--actor-ca-key={}",
-            pki.path("actor-ca.key").display()
-        ))
-        .arg("--destinations=192.0.2.10:7")
-        .arg("--ingress-https=127.0.0.1:0")
-        .arg("--ingress-connect=127.0.0.1:0")
-        .arg(format!(
-            "--credential-bundle={}",
-            pki.bundle_path().display()
-        ))
-        .arg(format!("--trust-bundle={}", pki.trust_path().display()))
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("atunnel starts");
-    let ready: HostReady = ready_line(&mut child).await;
+    let (_child, ready): (_, HostReady) = spawn_ready(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_atunnel"))
+            .args([
+                "host",
+                "--network=loopback",
+                "--actors=1",
+                "--gateway=127.0.0.1:1",
+            ])
+            .args(gw_pki.write_ca_files(pki.dir.path()).args())
+            .arg("--destinations=192.0.2.10:7")
+            .arg("--ingress-https=127.0.0.1:0")
+            .arg("--ingress-connect=127.0.0.1:0")
+            .arg(format!(
+                "--credential-bundle={}",
+                pki.bundle_path().display()
+            ))
+            .arg(format!("--trust-bundle={}", pki.trust_path().display())),
+    )
+    .await;
     let (https, _) = ready.ingress.expect("ingress is on");
     let actor = actor().await;
     let port = actor.port().to_string();
@@ -108,16 +90,7 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
         .expect("warm");
     assert_eq!(warm.status(), 200);
     let _ = warm.into_body().collect().await;
-    let mut up = {
-        let tls = router_tls(&pki, https, None, None, &[b"http/1.1"])
-            .await
-            .expect("TLS");
-        let (send, c) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .expect("h1");
-        tokio::spawn(c);
-        send
-    };
+    let mut up = h1_router(&pki, https).await;
     let warm = up
         .send_request(
             request("POST", "/upload")
@@ -156,18 +129,9 @@ async fn atunnel_heap_stays_flat_while_100_mib_go_each_way() {
     let counted = resp.into_body().collect().await.expect("body").to_bytes();
     assert_eq!(counted, N.to_string().as_bytes());
     // Down: 100 MiB, consumed as it arrives.
-    let resp = conn
-        .send(
-            request("GET", &format!("/download/{N}"))
-                .body(http_body_util::Full::new(Bytes::new()))
-                .expect("req"),
-        )
-        .await
-        .expect("download answered");
-    let got = body_len(resp.into_body())
-        .await
-        .map_err(|(_, e)| e)
-        .expect("body");
+    let got = conn
+        .download_len(request("GET", &format!("/download/{N}")))
+        .await;
     assert_eq!(got, N);
     sampler.abort();
     let growth = peak.load(Ordering::Relaxed).saturating_sub(baseline);

@@ -8,9 +8,9 @@
 
 use atunnel_support::prelude::*;
 
-use atunnel::ingress::{Ingress, PoolSettings};
+use atunnel::ingress::Ingress;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 
 /// One body's window (`PROXY_STREAM_WINDOW`).
@@ -24,6 +24,21 @@ async fn router_bytes_are(ingress: &Ingress, uid: &str, want: u64) {
     until_actor(ingress, uid, &what, |f| f.router_bytes == want).await;
 }
 
+/// Two HTTP/2 connections as the router, each ready for a stream: the
+/// bound is per actor, across the router's connections.
+async fn two_routers(
+    pki: &IngressPki,
+    addr: std::net::SocketAddr,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    h2::client::SendRequest<Bytes>,
+) {
+    (
+        ready_h2_router(pki, addr).await,
+        ready_h2_router(pki, addr).await,
+    )
+}
+
 /// An actor that never reads a request to `/hold` (nor answers it), and
 /// echoes any other request's body.
 async fn holding_actor() -> std::net::SocketAddr {
@@ -31,12 +46,7 @@ async fn holding_actor() -> std::net::SocketAddr {
         if req.uri().path() == "/hold" {
             std::future::pending::<()>().await;
         }
-        let body = req
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
+        let body = whole_body(req).await;
         http::Response::new(Full::new(body))
     })
     .await
@@ -88,38 +98,15 @@ async fn echoed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_actors_unread_bodies_hold_no_more_than_its_router_bytes_across_connections() {
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            max_router_bytes: BOUND,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.max_router_bytes = BOUND).await;
     let alpha = holding_actor().await;
     let alpha_echo = echo_server().await;
     let beta = holding_actor().await;
     // alpha's port 7 echoes, for its CONNECT tunnels.
     let ports = [(80, alpha.port()), (7, alpha_echo.port())];
-    running
-        .ingress
-        .activate(
-            "team-a",
-            "alpha",
-            "uid-1",
-            Box::new(LoopbackDialer(ports.into_iter().collect())),
-        )
-        .expect("activate");
+    activate_ports(&running.ingress, "alpha", "uid-1", &ports);
     activate_loopback(&running.ingress, "beta", "uid-2", beta.port());
-    let mut one = h2_router(&pki, running.https)
-        .await
-        .ready()
-        .await
-        .expect("ready");
-    let mut two = h2_router(&pki, running.https)
-        .await
-        .ready()
-        .await
-        .expect("ready");
+    let (mut one, mut two) = two_routers(&pki, running.https).await;
 
     // Four bodies of unknown length alpha never reads, two on each router
     // connection: a window each.
@@ -141,11 +128,7 @@ async fn an_actors_unread_bodies_hold_no_more_than_its_router_bytes_across_conne
     // are served, bytes end to end.
     let small: Vec<u8> = (0..16 * 1024u32).map(|i| (i % 251) as u8).collect();
     assert_eq!(echoed(&mut two, "alpha", &small, true).await, (200, small));
-    let get = http::Request::get("https://w/")
-        .header("ate-target-actor", "team-a/alpha")
-        .body(())
-        .expect("request");
-    let resp = one.send_request(get, true).expect("send").0;
+    let resp = h2_get(&mut one, "alpha", "/");
     assert_eq!(resp.await.expect("answer").status(), 200);
     // Another actor on the same connections has its whole bound.
     let large: Vec<u8> = (0..600 * 1024u32).map(|i| (i % 241) as u8).collect();
@@ -191,18 +174,6 @@ async fn in_flight_is(ingress: &Ingress, uid: &str, want: usize) {
     until_actor(ingress, uid, &what, |f| f.in_flight == want).await;
 }
 
-fn get(
-    router: &mut h2::client::SendRequest<Bytes>,
-    actor: &str,
-    path: &str,
-) -> h2::client::ResponseFuture {
-    let req = http::Request::get(format!("https://w{path}"))
-        .header("ate-target-actor", format!("team-a/{actor}"))
-        .body(())
-        .expect("request");
-    router.send_request(req, true).expect("send").0
-}
-
 /// `--actor-max-router-streams`: an actor that never answers holds at most
 /// its share of one router connection's streams; the others on it are
 /// served, and its own requests on another connection are admitted.
@@ -210,33 +181,18 @@ fn get(
 async fn an_actor_holds_at_most_its_share_of_a_router_connections_streams() {
     const SHARE: u32 = 5;
     let pki = IngressPki::new();
-    let running = ingress_tuned(&pki, |cfg| {
-        cfg.pools = PoolSettings {
-            max_router_streams: SHARE,
-            ..PoolSettings::default()
-        }
-    })
-    .await;
+    let running = ingress_pools(&pki, |pools| pools.max_router_streams = SHARE).await;
     let alpha = holding_actor().await;
     let beta = holding_actor().await;
     activate_loopback(&running.ingress, "alpha", "uid-1", alpha.port());
     activate_loopback(&running.ingress, "beta", "uid-2", beta.port());
-    let mut one = h2_router(&pki, running.https)
-        .await
-        .ready()
-        .await
-        .expect("ready");
-    let mut two = h2_router(&pki, running.https)
-        .await
-        .ready()
-        .await
-        .expect("ready");
+    let (mut one, mut two) = two_routers(&pki, running.https).await;
 
     let mut held: Vec<_> = (0..SHARE)
-        .map(|_| get(&mut one, "alpha", "/hold"))
+        .map(|_| h2_get(&mut one, "alpha", "/hold"))
         .collect();
     in_flight_is(&running.ingress, "uid-1", SHARE as usize).await;
-    let refused = get(&mut one, "alpha", "/hold").await.expect("answer");
+    let refused = h2_get(&mut one, "alpha", "/hold").await.expect("answer");
     assert_eq!(
         refused.status(),
         503,
@@ -246,7 +202,7 @@ async fn an_actor_holds_at_most_its_share_of_a_router_connections_streams() {
     let body: Vec<u8> = (0..10_000u32).map(|i| (i % 199) as u8).collect();
     assert_eq!(echoed(&mut one, "beta", &body, true).await, (200, body));
     // alpha's share is per connection: on another it is admitted.
-    held.push(get(&mut two, "alpha", "/hold"));
+    held.push(h2_get(&mut two, "alpha", "/hold"));
     in_flight_is(&running.ingress, "uid-1", SHARE as usize + 1).await;
     assert_eq!(
         actor_figures(&running.ingress, "uid-1").refused_router_streams_total,
@@ -261,7 +217,7 @@ async fn an_actor_holds_at_most_its_share_of_a_router_connections_streams() {
     // there comes back.
     drop(held.remove(0));
     in_flight_is(&running.ingress, "uid-1", SHARE as usize).await;
-    held.push(get(&mut one, "alpha", "/hold"));
+    held.push(h2_get(&mut one, "alpha", "/hold"));
     in_flight_is(&running.ingress, "uid-1", SHARE as usize + 1).await;
     assert_eq!(
         actor_figures(&running.ingress, "uid-1").refused_router_streams_total,

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use atunnel::ingress::Ingress;
 use atunnel::ingress::{ActorDialer, ActorRoute};
-use atunnel_identity::clock::Clock;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
@@ -395,11 +394,7 @@ async fn egress_a_gateway_answer_after_deactivation_is_never_handed_to_the_next_
     let a = actor("alpha");
     let egress = egress();
     let cancel = CancellationToken::new();
-    let addr = listen(&egress, &a.uid, SINK_ECHO.parse().expect("addr"), &cancel).await;
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    egress
-        .activate(&a.uid, prepare(&pki, held, a.clone(), source.clone()).await)
-        .expect("activate");
+    let (addr, source) = listen_activated(&pki, &egress, &a, held, &cancel).await;
     let mut opening = TcpStream::connect(addr).await.expect("connect");
     let accepted = promptly("the tunnel to dial the gateway", proxied.recv()).await;
     assert!(matches!(accepted, Some(ProxyEvent::Accepted)));

@@ -21,6 +21,7 @@
 
 mod actor_activation;
 mod binary_config;
+mod common;
 mod control_api;
 mod daemon;
 mod daemon_sandboxes;

@@ -3,6 +3,8 @@
 //! driven by the worker's calls.
 
 use atunnel_support::prelude::*;
+
+use crate::common::expect_seen;
 use std::collections::HashSet;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
@@ -13,9 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use atunnel::tunnel::{GatewaySpec, Tunnel, TunnelConfig};
+use atunnel::tunnel::{GatewaySpec, Tunnel};
 use atunnel_dns::RelayConfig;
-use atunnel_identity::clock::Clock;
 use atunnel_identity::identity::ActorRef;
 use atunnel_sandbox::sandbox::{DNS_PORT, GATEWAY_ADDR, GATEWAY_ADDR6};
 use atunnel_sandbox::{NetNs, NsExecutor, SandboxNetwork, require_root};
@@ -32,8 +33,7 @@ fn echo_sink() -> SinkConfig {
 
 /// A tunnel whose namespace names are this process's and this test's alone.
 async fn tunnel(pki: &Pki, dns: Option<SocketAddr>, test: &str) -> Arc<Tunnel> {
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.netns_prefix = format!("atnt-{}-{test}-", std::process::id());
     cfg.dns = dns.map(|upstream| RelayConfig {
         upstreams: vec![upstream],
@@ -67,16 +67,6 @@ async fn echo_check(s: &mut TcpStream, data: &[u8]) {
     };
     let ((), got) = tokio::join!(write, read);
     assert!(got == data, "echo through the sandbox tunnel corrupted");
-}
-
-/// The gateway saw one tunnel, from `actor_name`, to exactly `authority`.
-async fn expect_seen(gw: &mut RunningGateway, actor_name: &str, authority: &str) {
-    let seen = tokio::time::timeout(Duration::from_secs(10), gw.seen.recv())
-        .await
-        .expect("gateway saw the tunnel within 10 s")
-        .expect("gateway running");
-    assert_eq!(seen.authority, authority, "original destination lost");
-    assert_eq!(seen.identity.actor_name, actor_name);
 }
 
 /// A query for `a.` of type A with `id` (the relay does not parse DNS
@@ -152,22 +142,32 @@ async fn answer_over_tcp(mut stream: TcpStream) -> std::io::Result<()> {
 /// A UDP query from the actor's runtime namespace to the relay at `relay`
 /// comes back answered by the worker's resolver, from `relay` (a resolver
 /// drops an answer from any other address).
-async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor, relay: SocketAddr) {
+/// A UDP socket bound to `local` in `sandbox`'s runtime namespace, as the
+/// actor's program would bind it.
+async fn udp_in_runtime(
+    exec: &NsExecutor,
+    sandbox: &SandboxNetwork,
+    local: SocketAddr,
+) -> UdpSocket {
     let udp = exec
         .run_in(&sandbox.runtime, move || {
-            let any: SocketAddr = if relay.is_ipv4() {
-                "0.0.0.0:0".parse().expect("addr")
-            } else {
-                "[::]:0".parse().expect("addr")
-            };
-            let s = std::net::UdpSocket::bind(any)?;
+            let s = std::net::UdpSocket::bind(local)?;
             s.set_nonblocking(true)?;
             Ok::<_, std::io::Error>(s)
         })
         .await
         .expect("executor")
         .expect("socket");
-    let udp = UdpSocket::from_std(udp).expect("register");
+    UdpSocket::from_std(udp).expect("register")
+}
+
+async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor, relay: SocketAddr) {
+    let any: SocketAddr = if relay.is_ipv4() {
+        "0.0.0.0:0".parse().expect("addr")
+    } else {
+        "[::]:0".parse().expect("addr")
+    };
+    let udp = udp_in_runtime(exec, sandbox, any).await;
     let query = dns_query(0x1234);
     udp.send_to(&query, relay).await.expect("send");
     let mut answer = [0u8; 512];
@@ -301,8 +301,7 @@ async fn the_tunnel_budget_is_one_across_both_families() {
     require_root("sandbox egress budget test");
     let pki = Pki::new();
     let gw = gateway(&pki, echo_sink(), |_| {}).await;
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.netns_prefix = format!("atnt-{}-budget6-", std::process::id());
     cfg.egress.budget.max_tunnels = 2;
     let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
@@ -368,8 +367,7 @@ async fn with_ipv6_off_an_ipv6_dial_fails_at_once_and_ipv4_is_tunnelled() {
     require_root("IPv4-only sandbox egress test");
     let pki = Pki::new();
     let mut gw = gateway(&pki, echo_sink(), |_| {}).await;
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.netns_prefix = format!("atnt-{}-v4only-", std::process::id());
     cfg.sandbox_ipv6 = false;
     let tunnel = Tunnel::start(cfg).await.expect("tunnel starts");
@@ -933,8 +931,7 @@ async fn an_actors_dns_queries_in_flight_count_as_what_it_holds() {
     let silent = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
     let upstream = silent.local_addr().expect("addr");
     let memory = FakeMemoryCgroup::new(100);
-    let source = Arc::new(TestSource::new(pki.actor_ca.clone(), Clock::new()));
-    let mut cfg = TunnelConfig::new(pki.gateway_roots(), source);
+    let mut cfg = pki.tunnel_config();
     cfg.netns_prefix = format!("atnt-{}-dnsheld-", std::process::id());
     cfg.dns = Some(RelayConfig {
         upstreams: vec![upstream],
@@ -952,16 +949,7 @@ async fn an_actors_dns_queries_in_flight_count_as_what_it_holds() {
     let a = actor("alpha");
     let sandbox = serve_activated(&tunnel, &gw, &a).await;
     let exec = tunnel.executor().clone();
-    let udp = exec
-        .run_in(&sandbox.runtime, || {
-            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
-            s.set_nonblocking(true)?;
-            Ok::<_, std::io::Error>(s)
-        })
-        .await
-        .expect("executor")
-        .expect("socket");
-    let udp = UdpSocket::from_std(udp).expect("register");
+    let udp = udp_in_runtime(&exec, &sandbox, "0.0.0.0:0".parse().expect("addr")).await;
     for id in 0..QUERIES {
         udp.send_to(&dns_query(id), (GATEWAY_ADDR, DNS_PORT))
             .await

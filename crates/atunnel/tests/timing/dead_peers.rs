@@ -320,16 +320,12 @@ async fn a_black_holed_router_is_closed_within_the_keepalive_bound_and_its_descr
     })
     .await;
     let actor_echo = echo_server().await;
-    ingress
-        .activate(
-            "team-a",
-            "alpha",
-            "uid-1",
-            Box::new(LoopbackDialer(
-                [(80, actor_http.port()), (7, actor_echo.port())].into(),
-            )),
-        )
-        .expect("activate");
+    activate_ports(
+        &ingress,
+        "alpha",
+        "uid-1",
+        &[(80, actor_http.port()), (7, actor_echo.port())],
+    );
 
     let mut router = RouterConn::open(&ipki, https_addr, true).await;
     let req = http::Request::get("https://w/")
