@@ -557,18 +557,11 @@ fn kill_processes_in(name: &str) {
     let Ok(ns) = std::fs::metadata(Path::new(atunnel_sandbox::netns::NETNS_DIR).join(name)) else {
         return;
     };
-    let Ok(procs) = std::fs::read_dir("/proc") else {
+    let Ok(procs) = atunnel_host::numbered_entries::<i32>("/proc") else {
         return;
     };
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(m) = std::fs::metadata(entry.path().join("ns/net")) else {
+    for (pid, path) in procs {
+        let Ok(m) = std::fs::metadata(path.join("ns/net")) else {
             continue;
         };
         if (m.dev(), m.ino()) == (ns.dev(), ns.ino()) {

@@ -679,16 +679,10 @@ fn new_rejects_unusable_configs() {
 fn notsent_lowats(matches: impl Fn(SocketAddr, SocketAddr) -> bool) -> Vec<u32> {
     use std::os::fd::{BorrowedFd, RawFd};
     let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc/self/fd").expect("list /proc/self/fd") {
-        let Ok(entry) = entry else { continue };
-        let Some(fd) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<RawFd>().ok())
-        else {
-            continue;
-        };
-        let is_socket = std::fs::read_link(entry.path())
+    for (fd, path) in
+        atunnel_host::numbered_entries::<RawFd>("/proc/self/fd").expect("list /proc/self/fd")
+    {
+        let is_socket = std::fs::read_link(path)
             .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
         if !is_socket {
             continue;
