@@ -268,22 +268,6 @@ pub(super) async fn persistent<C, O, OFut, H, HFut>(
     }
 }
 
-/// Returns once the peer has closed or reset `tcp`, without reading a byte:
-/// readiness is cleared by hand until it says the read side is closed.
-pub(super) async fn closed_unread(tcp: &TcpStream) {
-    use tokio::io::Interest;
-    loop {
-        match tcp.ready(Interest::READABLE | Interest::ERROR).await {
-            Ok(r) if !r.is_read_closed() && !r.is_error() => {
-                let _ = tcp.try_io(Interest::READABLE, || {
-                    Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
-                });
-            }
-            _ => return,
-        }
-    }
-}
-
 /// Opens egress connections one after another as fast as they go; keeps
 /// each that atunnel admits (one byte there and back), counts each it
 /// resets.
