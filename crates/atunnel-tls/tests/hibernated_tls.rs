@@ -357,32 +357,56 @@ impl Case {
     }
 }
 
-#[tokio::test]
-async fn every_error_after_hibernation_is_answered_with_its_alert_before_the_close() {
+/// Each case, the alert the RFC asks for, and whether rustls answers with
+/// that alert too (where it does not, the connection that stays with
+/// rustls is not compared).
+const ALERTS: [(Case, u8, bool); 17] = {
     use records::*;
-    let cases = [
-        (Case::Altered, ALERT_BAD_RECORD_MAC),
-        (Case::KeyUpdateTooLong, ALERT_DECODE_ERROR),
-        (Case::KeyUpdateBadRequest, ALERT_ILLEGAL_PARAMETER),
-        (Case::KeyUpdateNotLastInRecord, ALERT_UNEXPECTED_MESSAGE),
-        (Case::OtherHandshakeMessage, ALERT_UNEXPECTED_MESSAGE),
-        (Case::ProtectedChangeCipherSpec, ALERT_UNEXPECTED_MESSAGE),
-        (Case::PlainChangeCipherSpec, ALERT_UNEXPECTED_MESSAGE),
-        (Case::PlaintextOver2To14, ALERT_RECORD_OVERFLOW),
-        (Case::CiphertextOver2To14Plus256, ALERT_RECORD_OVERFLOW),
-        (Case::AllZeroPadding, ALERT_UNEXPECTED_MESSAGE),
-        (Case::EmptyAlert, ALERT_UNEXPECTED_MESSAGE),
-        (Case::EmptyHandshake, ALERT_UNEXPECTED_MESSAGE),
-        (Case::UnknownRecordType, ALERT_UNEXPECTED_MESSAGE),
+    [
+        (Case::Altered, ALERT_BAD_RECORD_MAC, true),
+        (Case::KeyUpdateTooLong, ALERT_DECODE_ERROR, true),
+        (Case::KeyUpdateBadRequest, ALERT_ILLEGAL_PARAMETER, true),
+        (
+            Case::KeyUpdateNotLastInRecord,
+            ALERT_UNEXPECTED_MESSAGE,
+            false,
+        ),
+        (Case::OtherHandshakeMessage, ALERT_UNEXPECTED_MESSAGE, true),
+        (
+            Case::ProtectedChangeCipherSpec,
+            ALERT_UNEXPECTED_MESSAGE,
+            true,
+        ),
+        (Case::PlainChangeCipherSpec, ALERT_UNEXPECTED_MESSAGE, true),
+        (Case::PlaintextOver2To14, ALERT_RECORD_OVERFLOW, true),
+        (
+            Case::CiphertextOver2To14Plus256,
+            ALERT_RECORD_OVERFLOW,
+            false,
+        ),
+        (Case::AllZeroPadding, ALERT_UNEXPECTED_MESSAGE, false),
+        (Case::EmptyAlert, ALERT_UNEXPECTED_MESSAGE, false),
+        (Case::EmptyHandshake, ALERT_UNEXPECTED_MESSAGE, false),
+        (Case::UnknownRecordType, ALERT_UNEXPECTED_MESSAGE, false),
         (
             Case::DataInsideAFragmentedKeyUpdate,
             ALERT_UNEXPECTED_MESSAGE,
+            false,
         ),
-        (Case::MalformedAlert, ALERT_DECODE_ERROR),
-        (Case::UnknownAlertLevel, ALERT_ILLEGAL_PARAMETER),
-        (Case::ThirtyThreeEmptyRecords, ALERT_UNEXPECTED_MESSAGE),
-    ];
-    for (case, alert) in cases {
+        (Case::MalformedAlert, ALERT_DECODE_ERROR, false),
+        (Case::UnknownAlertLevel, ALERT_ILLEGAL_PARAMETER, true),
+        (
+            Case::ThirtyThreeEmptyRecords,
+            ALERT_UNEXPECTED_MESSAGE,
+            false,
+        ),
+    ]
+};
+
+#[tokio::test]
+async fn every_error_after_hibernation_is_answered_with_its_alert_before_the_close() {
+    use records::*;
+    for (case, alert, _) in ALERTS {
         let (mut server, mut client) = raw_pair().await;
         assert!(server.hibernate());
         let bytes = case.bytes(&mut client);
@@ -401,17 +425,10 @@ async fn every_error_after_hibernation_is_answered_with_its_alert_before_the_clo
 #[tokio::test]
 async fn where_rustls_follows_the_rfc_it_answers_errors_with_the_same_alerts() {
     use records::*;
-    let cases = [
-        (Case::Altered, ALERT_BAD_RECORD_MAC),
-        (Case::KeyUpdateTooLong, ALERT_DECODE_ERROR),
-        (Case::KeyUpdateBadRequest, ALERT_ILLEGAL_PARAMETER),
-        (Case::OtherHandshakeMessage, ALERT_UNEXPECTED_MESSAGE),
-        (Case::ProtectedChangeCipherSpec, ALERT_UNEXPECTED_MESSAGE),
-        (Case::PlainChangeCipherSpec, ALERT_UNEXPECTED_MESSAGE),
-        (Case::PlaintextOver2To14, ALERT_RECORD_OVERFLOW),
-        (Case::UnknownAlertLevel, ALERT_ILLEGAL_PARAMETER),
-    ];
-    for (case, alert) in cases {
+    for (case, alert, rustls_agrees) in ALERTS {
+        if !rustls_agrees {
+            continue;
+        }
         let (server, mut client) = raw_pair().await;
         let bytes = case.bytes(&mut client);
         let (_, records) = refused(server, &mut client, &bytes).await;
