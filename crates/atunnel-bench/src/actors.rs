@@ -25,6 +25,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio_util::sync::CancellationToken;
 
+use crate::traffic::closed_unread;
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct ActorsArgs {
     /// Runtime namespaces to serve in, comma separated.
@@ -124,22 +126,6 @@ async fn hold(listener: tokio::net::TcpListener, cancel: CancellationToken) {
                 _ = closed_unread(&tcp) => {}
             }
         });
-    }
-}
-
-/// Returns once the peer has closed or reset `tcp`, without reading a byte:
-/// readiness is cleared by hand until it says the read side is closed.
-async fn closed_unread(tcp: &tokio::net::TcpStream) {
-    use tokio::io::Interest;
-    loop {
-        match tcp.ready(Interest::READABLE | Interest::ERROR).await {
-            Ok(r) if !r.is_read_closed() && !r.is_error() => {
-                let _ = tcp.try_io(Interest::READABLE, || {
-                    Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
-                });
-            }
-            _ => return,
-        }
     }
 }
 

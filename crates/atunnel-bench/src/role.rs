@@ -188,23 +188,16 @@ pub fn kill_processes_in_namespaces(prefix: &str) -> usize {
     if ours.is_empty() {
         return 0;
     }
-    let Ok(procs) = std::fs::read_dir("/proc") else {
+    let Ok(procs) = atunnel_host::numbered_entries::<u32>("/proc") else {
         return 0;
     };
     let me = std::process::id();
     let mut killed = 0;
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for (pid, path) in procs {
         if pid == me {
             continue;
         }
-        let Ok(m) = std::fs::metadata(entry.path().join("ns/net")) else {
+        let Ok(m) = std::fs::metadata(path.join("ns/net")) else {
             continue;
         };
         if ours.contains(&(m.dev(), m.ino()))

@@ -1,5 +1,6 @@
-//! The sink's services as the actors dial them, and the few byte patterns
-//! the bench drives through tunnels to them.
+//! The sink's services as the actors dial them, the few byte patterns
+//! the bench drives through tunnels to them, and how a connection held
+//! unread sees its end (the actors' and the hostile actor's holds).
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -45,4 +46,20 @@ pub async fn ping(s: &mut TcpStream) -> std::io::Result<()> {
         return Err(std::io::Error::other("echo returned the wrong byte"));
     }
     Ok(())
+}
+
+/// Returns once the peer has closed or reset `tcp`, without reading a byte:
+/// readiness is cleared by hand until it says the read side is closed.
+pub async fn closed_unread(tcp: &TcpStream) {
+    use tokio::io::Interest;
+    loop {
+        match tcp.ready(Interest::READABLE | Interest::ERROR).await {
+            Ok(r) if !r.is_read_closed() && !r.is_error() => {
+                let _ = tcp.try_io(Interest::READABLE, || {
+                    Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+                });
+            }
+            _ => return,
+        }
+    }
 }

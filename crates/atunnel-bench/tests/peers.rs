@@ -23,6 +23,8 @@
 //! it, after installing both): then a missing peer fails its test and names
 //! the packages.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -30,13 +32,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use atunnel_bench::peers::{Backend, EgressRelay, Peer, PeerSetup};
-use atunnel_sandbox::link::Netlink;
 use atunnel_sandbox::sandbox::{DEFAULT_EGRESS_PORT, actor_addr};
 use atunnel_sandbox::{NetNs, NsExecutor, SandboxNetwork};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
+
+use common::{namespace_with_loopback, write_pki};
 
 /// The actors' program's answer (`actors --body-bytes` default).
 const ACTOR_BODY: [u8; 64] = [b'a'; 64];
@@ -190,20 +193,6 @@ fn installed(peer: Peer) -> Option<std::path::PathBuf> {
     found
 }
 
-/// The PKI `atunnel-bench pki` writes, in `dir`.
-fn write_pki(dir: &Path) -> std::path::PathBuf {
-    let pki = dir.join("pki");
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_atunnel-bench"))
-        .arg("pki")
-        .arg("--out")
-        .arg(&pki)
-        .stdout(Stdio::null())
-        .status()
-        .expect("pki runs");
-    assert!(status.success(), "pki: {status}");
-    pki
-}
-
 /// A namespace for the test (`name`, loopback up) and, if `sandboxed`, a
 /// sandbox built as atunnel builds one (`name-sb`, its gateway side
 /// `name-sb-at`); `body` runs with them, then both are removed and every
@@ -214,13 +203,7 @@ where
     Fut: std::future::Future<Output = Result<(), String>>,
 {
     let exec = NsExecutor::start().expect("netns executor");
-    let ns = exec.create(name).await.expect("namespace");
-    Netlink::open(&exec, &ns)
-        .await
-        .expect("netlink")
-        .up("lo")
-        .await
-        .expect("loopback up");
+    let ns = namespace_with_loopback(&exec, name).await;
     let sandbox = if sandboxed {
         let sb = SandboxNetwork::create(&exec, &format!("{name}-sb"), DEFAULT_EGRESS_PORT, true)
             .await
@@ -557,18 +540,11 @@ fn kill_processes_in(name: &str) {
     let Ok(ns) = std::fs::metadata(Path::new(atunnel_sandbox::netns::NETNS_DIR).join(name)) else {
         return;
     };
-    let Ok(procs) = std::fs::read_dir("/proc") else {
+    let Ok(procs) = atunnel_host::numbered_entries::<i32>("/proc") else {
         return;
     };
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(m) = std::fs::metadata(entry.path().join("ns/net")) else {
+    for (pid, path) in procs {
+        let Ok(m) = std::fs::metadata(path.join("ns/net")) else {
             continue;
         };
         if (m.dev(), m.ino()) == (ns.dev(), ns.ino()) {

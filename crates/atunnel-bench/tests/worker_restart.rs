@@ -5,16 +5,19 @@
 //! status and the cgroup's OOM-kill count), refuses bad requests, and on
 //! SIGTERM stops everything and removes its cgroup.
 
+mod common;
+
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use atunnel::control::proto::{self, Phase};
 use atunnel_sandbox::NsExecutor;
-use atunnel_sandbox::link::Netlink;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
+
+use common::{namespace_with_loopback, write_pki};
 
 /// One request line, one reply line.
 async fn call(socket: &Path, request: &str) -> Result<Value, String> {
@@ -142,30 +145,13 @@ async fn worker_replaces_a_killed_atunnel() {
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = env!("CARGO_BIN_EXE_atunnel-bench");
-    let pki = dir.path().join("pki");
-    let status = std::process::Command::new(bin)
-        .arg("pki")
-        .arg("--out")
-        .arg(&pki)
-        .stdout(Stdio::null())
-        .status()
-        .expect("pki runs");
-    assert!(status.success(), "pki: {status}");
+    let pki = write_pki(dir.path());
 
     // The worker gets a namespace of its own, as `run` gives it.
     let id = std::process::id() % 100_000;
     let prefix = format!("atbw{id}-");
     let exec = NsExecutor::start().expect("netns executor");
-    let ns = exec
-        .create(&format!("{prefix}worker"))
-        .await
-        .expect("namespace");
-    Netlink::open(&exec, &ns)
-        .await
-        .expect("netlink")
-        .up("lo")
-        .await
-        .expect("lo up");
+    let ns = namespace_with_loopback(&exec, &format!("{prefix}worker")).await;
     let socket = dir.path().join("worker.sock");
     let cgroup = format!("atunnel-bench-test-{id}/tunnel");
     let args: Vec<String> = vec![

@@ -162,6 +162,29 @@ struct Rig {
 }
 
 impl Rig {
+    /// A rig with a pool of its own: `tunnel`, given the pool, runs on the
+    /// tunnel thread, and `flows` sets up the driver's side on its runtime.
+    fn new<T>(
+        tunnel: impl FnOnce(BufferPool) -> T + Send + 'static,
+        flows: impl Future<Output = Vec<(Option<Source>, Sink)>>,
+    ) -> Rig
+    where
+        T: Future<Output = ()>,
+    {
+        let pool = BufferPool::default();
+        let relay_pool = pool.clone();
+        let tunnel = spawn_tunnel(move || tunnel(relay_pool));
+        let driver = current_thread();
+        let flows = driver.block_on(flows);
+        Rig {
+            driver,
+            flows,
+            pool,
+            tunnel,
+            tally: Tally::default(),
+        }
+    }
+
     /// Moves `chunks` chunks of 32 KiB, split across the flows, and returns
     /// the wall time it took.
     fn run(&mut self, chunks: u64, tally: bool) -> Duration {
@@ -257,20 +280,17 @@ where
 
 /// `outer_a <-> [relay a <-> b] <-> outer_b`, TCP both sides.
 fn tcp_rig(both_ways: bool) -> Rig {
-    let pool = BufferPool::default();
     let (outer_a, a) = std_pair();
     let (b, outer_b) = std_pair();
-    let relay_pool = pool.clone();
-    let tunnel = spawn_tunnel(move || async move {
+    let tunnel = move |relay_pool: BufferPool| async move {
         let (mut a, mut b) = (tunnel_socket(a), tunnel_socket(b));
         // A spawned task, as in the tunnel (its waker is the task's).
         let task = tokio::spawn(async move {
             let _ = relay(&mut a, &mut b, &relay_pool).await;
         });
         let _ = task.await;
-    });
-    let driver = current_thread();
-    let flows = driver.block_on(async {
+    };
+    Rig::new(tunnel, async move {
         let (a_r, a_w) = TcpStream::from_std(outer_a).expect("a").into_split();
         let (b_r, b_w) = TcpStream::from_std(outer_b).expect("b").into_split();
         let mut flows = vec![(Some(Source::Tcp(a_w)), Sink::Tcp(b_r, vec![0; IO]))];
@@ -278,14 +298,7 @@ fn tcp_rig(both_ways: bool) -> Rig {
             flows.push((Some(Source::Tcp(b_w)), Sink::Tcp(a_r, vec![0; IO])));
         }
         flows
-    });
-    Rig {
-        driver,
-        flows,
-        pool,
-        tunnel,
-        tally: Tally::default(),
-    }
+    })
 }
 
 /// What runs on the tunnel side of the HTTP/2 rig.
@@ -303,11 +316,9 @@ enum H2Case {
 /// `outer <-> [relay tcp <-> H2Stream] <-> h2 connection <-> peer`; the peer
 /// is an h2 server on the driver thread.
 fn h2_rig(case: H2Case) -> Rig {
-    let pool = BufferPool::default();
     let (outer, inner) = std_pair();
     let (h2_client_io, h2_server_io) = std_pair();
-    let relay_pool = pool.clone();
-    let tunnel = spawn_tunnel(move || async move {
+    let tunnel = move |relay_pool: BufferPool| async move {
         let io = tunnel_socket(h2_client_io);
         let (mut send_request, conn) = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
@@ -340,9 +351,8 @@ fn h2_rig(case: H2Case) -> Rig {
             }
         });
         let _ = task.await;
-    });
-    let driver = current_thread();
-    let flows = driver.block_on(async {
+    };
+    Rig::new(tunnel, async move {
         let io = TcpStream::from_std(h2_server_io).expect("h2 server io");
         let mut conn = h2::server::Builder::new()
             .initial_window_size(STREAM_WINDOW)
@@ -368,14 +378,7 @@ fn h2_rig(case: H2Case) -> Rig {
             H2Case::H2ToTcp => vec![(Some(Source::H2(peer)), Sink::Tcp(outer_r, vec![0; IO]))],
             H2Case::StaticToH2 => vec![(None, peer_sink(peer))],
         }
-    });
-    Rig {
-        driver,
-        flows,
-        pool,
-        tunnel,
-        tally: Tally::default(),
-    }
+    })
 }
 
 fn bench_case(c: &mut Criterion, group: &str, name: &str, mut rig: Rig) {

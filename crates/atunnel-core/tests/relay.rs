@@ -184,22 +184,29 @@ async fn random_payloads_arrive_intact_both_ways_at_once() {
     assert_eq!(pool.stats().in_use, 0);
 }
 
+/// `closer` sends `first` and half-closes; `answerer`, having read it to its
+/// end, can still send `answer`, which `closer` still receives.
+async fn answered_after_half_close(
+    closer: TcpStream,
+    answerer: TcpStream,
+    first: &[u8],
+    answer: &[u8],
+) {
+    let (got, mut closer, mut answerer) = send_and_collect(closer, answerer, first.to_vec()).await;
+    assert_eq!(got, first);
+    answerer.write_all(answer).await.expect("write");
+    answerer.shutdown().await.expect("shutdown");
+    let mut rest = Vec::new();
+    closer.read_to_end(&mut rest).await.expect("read");
+    assert_eq!(rest, answer);
+}
+
 #[tokio::test]
 async fn half_close_from_a_keeps_b_to_a_flowing() {
     let pool = BufferPool::default();
     let (outer_a, outer_b, task) = relayed(&pool).await;
-    let (got, outer_a, mut outer_b) = send_and_collect(outer_a, outer_b, b"request".to_vec()).await;
-    assert_eq!(got, b"request");
     // b saw EOF; it can still answer and a still receives.
-    outer_b
-        .write_all(b"response after FIN")
-        .await
-        .expect("write");
-    outer_b.shutdown().await.expect("shutdown");
-    let mut outer_a = outer_a;
-    let mut rest = Vec::new();
-    outer_a.read_to_end(&mut rest).await.expect("read");
-    assert_eq!(rest, b"response after FIN");
+    answered_after_half_close(outer_a, outer_b, b"request", b"response after FIN").await;
     let stats = task.await.expect("join").expect("relay");
     assert_eq!(
         stats,
@@ -214,14 +221,7 @@ async fn half_close_from_a_keeps_b_to_a_flowing() {
 async fn half_close_from_b_keeps_a_to_b_flowing() {
     let pool = BufferPool::default();
     let (outer_a, outer_b, task) = relayed(&pool).await;
-    let (got, outer_b, mut outer_a) = send_and_collect(outer_b, outer_a, b"banner".to_vec()).await;
-    assert_eq!(got, b"banner");
-    outer_a.write_all(b"late request").await.expect("write");
-    outer_a.shutdown().await.expect("shutdown");
-    let mut outer_b = outer_b;
-    let mut rest = Vec::new();
-    outer_b.read_to_end(&mut rest).await.expect("read");
-    assert_eq!(rest, b"late request");
+    answered_after_half_close(outer_b, outer_a, b"banner", b"late request").await;
     let stats = task.await.expect("join").expect("relay");
     assert_eq!(
         stats,

@@ -277,10 +277,24 @@ async fn udp_recv(socket: &UdpSocket) -> Vec<u8> {
     buf
 }
 
+/// Sends `q` from `client` and returns the relay's answer.
+async fn udp_ask(client: &UdpSocket, q: &[u8]) -> Vec<u8> {
+    client.send(q).await.expect("send");
+    udp_recv(client).await
+}
+
 async fn tcp_client(relay: &Relay) -> TcpStream {
     TcpStream::connect(relay.tcp)
         .await
         .expect("connect to relay")
+}
+
+/// Sends `q` on `stream` and returns the relay's answer.
+async fn tcp_ask(stream: &mut TcpStream, q: &[u8]) -> Vec<u8> {
+    write_frame(stream, q).await.expect("write query");
+    guard("a TCP answer", read_frame(stream))
+        .await
+        .expect("answer")
 }
 
 /// Waits for the relay to close `stream` (EOF, or a reset if it closed with
@@ -304,9 +318,7 @@ async fn udp_query_is_answered_by_the_first_upstream() {
 
     let client = udp_client(&relay).await;
     let q = query(0x1234);
-    client.send(&q).await.expect("send");
-
-    assert_eq!(udp_recv(&client).await, answer(&q, 0xa1));
+    assert_eq!(udp_ask(&client, &q).await, answer(&q, 0xa1));
     assert_eq!(first.next_query().await, (Transport::Udp, q));
     assert!(!second.has_unseen_query(), "second upstream was asked");
     let stats = relay.relay.stats();
@@ -322,11 +334,7 @@ async fn tcp_query_is_answered_and_the_connection_stays_open_for_the_next() {
     let mut stream = tcp_client(&relay).await;
     for id in [1, 2] {
         let q = query(id);
-        write_frame(&mut stream, &q).await.expect("write query");
-        let a = guard("a TCP answer", read_frame(&mut stream))
-            .await
-            .expect("answer on the same connection");
-        assert_eq!(a, answer(&q, 0xa1));
+        assert_eq!(tcp_ask(&mut stream, &q).await, answer(&q, 0xa1));
         assert_eq!(upstream.next_query().await, (Transport::Tcp, q));
     }
     let stats = relay.relay.stats();
@@ -343,8 +351,7 @@ async fn silent_upstream_is_skipped_after_the_timeout() {
     let client = udp_client(&relay).await;
     let q = query(0x0101);
     let start = Instant::now();
-    client.send(&q).await.expect("send");
-    assert_eq!(udp_recv(&client).await, answer(&q, 0xb2));
+    assert_eq!(udp_ask(&client, &q).await, answer(&q, 0xb2));
     assert!(
         start.elapsed() >= SHORT,
         "answered before the first upstream's timeout"
@@ -356,11 +363,7 @@ async fn silent_upstream_is_skipped_after_the_timeout() {
     let mut stream = tcp_client(&relay).await;
     let q = query(0x0202);
     let start = Instant::now();
-    write_frame(&mut stream, &q).await.expect("write query");
-    let a = guard("a TCP answer", read_frame(&mut stream))
-        .await
-        .expect("answer");
-    assert_eq!(a, answer(&q, 0xb2));
+    assert_eq!(tcp_ask(&mut stream, &q).await, answer(&q, 0xb2));
     assert!(
         start.elapsed() >= SHORT,
         "answered before the first upstream's timeout"
@@ -421,16 +424,11 @@ async fn answer_with_the_wrong_id_is_ignored() {
     // The wrong-ID answer arrives first; the client must get the right one.
     let client = udp_client(&relay).await;
     let q = query(0x0505);
-    client.send(&q).await.expect("send");
-    assert_eq!(udp_recv(&client).await, answer(&q, 0xa1));
+    assert_eq!(udp_ask(&client, &q).await, answer(&q, 0xa1));
 
     let mut stream = tcp_client(&relay).await;
     let q = query(0x0606);
-    write_frame(&mut stream, &q).await.expect("write query");
-    let a = guard("a TCP answer", read_frame(&mut stream))
-        .await
-        .expect("answer");
-    assert_eq!(a, answer(&q, 0xa1));
+    assert_eq!(tcp_ask(&mut stream, &q).await, answer(&q, 0xa1));
 
     let stats = relay.relay.stats();
     assert_eq!(stats.answered, 2, "{stats:?}");
@@ -448,8 +446,7 @@ async fn udp_answer_from_another_address_is_ignored() {
     // The spoofed answer (right ID, wrong source port) arrives first.
     let client = udp_client(&relay).await;
     let q = query(0x0707);
-    client.send(&q).await.expect("send");
-    assert_eq!(udp_recv(&client).await, answer(&q, 0xa1));
+    assert_eq!(udp_ask(&client, &q).await, answer(&q, 0xa1));
 }
 
 #[tokio::test]
@@ -679,16 +676,10 @@ fn new_rejects_unusable_configs() {
 fn notsent_lowats(matches: impl Fn(SocketAddr, SocketAddr) -> bool) -> Vec<u32> {
     use std::os::fd::{BorrowedFd, RawFd};
     let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc/self/fd").expect("list /proc/self/fd") {
-        let Ok(entry) = entry else { continue };
-        let Some(fd) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<RawFd>().ok())
-        else {
-            continue;
-        };
-        let is_socket = std::fs::read_link(entry.path())
+    for (fd, path) in
+        atunnel_host::numbered_entries::<RawFd>("/proc/self/fd").expect("list /proc/self/fd")
+    {
+        let is_socket = std::fs::read_link(path)
             .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
         if !is_socket {
             continue;

@@ -1,8 +1,9 @@
 //! Reads the host: which cgroup version and where this process's cgroups
 //! are ([`location`]), the memory it is charged against its limit and the
-//! kernel's own ([`memory`]), a cgroup's counters for a measurer ([`counters`]), and its
-//! descriptor limit and count ([`descriptors`]). The overload guard, the
-//! tunnel's per-actor budgets and the bench read the host through it, and
+//! kernel's own ([`memory`]), a cgroup's counters for a measurer ([`counters`]), its
+//! descriptor limit and count ([`descriptors`]), and the processes or
+//! descriptors listed in a proc directory ([`proc_dir`]). The overload guard, the
+//! tunnel's per-actor budgets, the bench and tests read the host through it, and
 //! nothing else parses cgroup or proc files for reading.
 //!
 //! The cgroup files are parsed by hand: cgroups-rs (MIT OR Apache-2.0,
@@ -21,9 +22,11 @@ mod error;
 pub mod location;
 pub mod memory;
 pub mod parse;
+pub mod proc_dir;
 
 pub use counters::{CgroupDirs, CgroupSample};
 pub use descriptors::{nofile_soft_limit, open_descriptors};
 pub use error::{HostError, read, read_optional};
 pub use location::{CgroupVersion, Layout, detect_layout};
 pub use memory::{MemoryCharge, MemorySource};
+pub use proc_dir::numbered_entries;

@@ -576,6 +576,27 @@ mod tests {
         assert!(outcome.client.is_err());
     }
 
+    /// A TLS 1.3 handshake between workloads of `pod_ca`'s pod: the server
+    /// presents `server` and admits only the client `admits`; the client
+    /// presents `client`, dials `name` and accepts only the server `expects`.
+    async fn pod_handshake(
+        pod_ca: &CertificateAuthority,
+        server: &IssuedCert,
+        admits: &str,
+        client: &IssuedCert,
+        expects: &str,
+        name: ServerName<'static>,
+    ) -> Outcome {
+        let verifier = spiffe_client_verifier(&[pod_ca.cert_der()], admits).expect("verifier");
+        let server_check = spiffe_server_verifier(&[pod_ca.cert_der()], expects).expect("verifier");
+        handshake(
+            server_config(verifier, server, TLS13),
+            client_config(server_check, Some(client.into()), TLS13),
+            name,
+        )
+        .await
+    }
+
     /// A worker's ingress: serves its pod certificate, admits only `allowed`.
     async fn ingress_handshake(allowed: &str, client_spiffe_id: &str) -> Outcome {
         let pod_ca = CertificateAuthority::new("pod ca").expect("ca");
@@ -591,12 +612,12 @@ mod tests {
         let caller = pod_ca
             .issue(Some(client_spiffe_id), &[], &[], Usage::Client, HOUR)
             .expect("caller");
-        let verifier = spiffe_client_verifier(&[pod_ca.cert_der()], allowed).expect("verifier");
-        let server_check =
-            spiffe_server_verifier(&[pod_ca.cert_der()], WORKER_SPIFFE_ID).expect("verifier");
-        handshake(
-            server_config(verifier, &worker, TLS13),
-            client_config(server_check, Some((&caller).into()), TLS13),
+        pod_handshake(
+            &pod_ca,
+            &worker,
+            allowed,
+            &caller,
+            WORKER_SPIFFE_ID,
             ServerName::from(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 7))),
         )
         .await
@@ -653,13 +674,12 @@ mod tests {
             .issue(Some(WORKER_SPIFFE_ID), &[], &[], Usage::Server, HOUR)
             .expect("worker");
         let router = leaf_with_uris(&pod_ca, uris);
-        let verifier =
-            spiffe_client_verifier(&[pod_ca.cert_der()], ROUTER_SPIFFE_ID).expect("verifier");
-        let server_check =
-            spiffe_server_verifier(&[pod_ca.cert_der()], WORKER_SPIFFE_ID).expect("verifier");
-        handshake(
-            server_config(verifier, &worker, TLS13),
-            client_config(server_check, Some((&router).into()), TLS13),
+        pod_handshake(
+            &pod_ca,
+            &worker,
+            ROUTER_SPIFFE_ID,
+            &router,
+            WORKER_SPIFFE_ID,
             ServerName::try_from("worker.invalid").expect("name"),
         )
         .await
@@ -700,13 +720,12 @@ mod tests {
                 HOUR,
             )
             .expect("worker");
-        let verifier =
-            spiffe_client_verifier(&[pod_ca.cert_der()], WORKER_SPIFFE_ID).expect("verifier");
-        let server_check =
-            spiffe_server_verifier(&[pod_ca.cert_der()], ATELET_SPIFFE_ID).expect("verifier");
-        handshake(
-            server_config(verifier, &server, TLS13),
-            client_config(server_check, Some((&worker).into()), TLS13),
+        pod_handshake(
+            &pod_ca,
+            &server,
+            WORKER_SPIFFE_ID,
+            &worker,
+            ATELET_SPIFFE_ID,
             ServerName::try_from("atelet.invalid").expect("name"),
         )
         .await
@@ -743,13 +762,14 @@ mod tests {
         let worker = pod_ca
             .issue(Some(WORKER_SPIFFE_ID), &[], &[], Usage::Client, HOUR)
             .expect("worker");
-        let verifier =
-            spiffe_client_verifier(&[pod_ca.cert_der()], WORKER_SPIFFE_ID).expect("verifier");
-        let server_check =
-            spiffe_server_verifier(&[pod_ca.cert_der()], ATELET_SPIFFE_ID).expect("verifier");
-        let outcome = handshake(
-            server_config(verifier, &server, TLS13),
-            client_config(server_check, Some((&worker).into()), TLS13),
+        // Both sides trust the pod CA alone: the stranger's server is not
+        // in it.
+        let outcome = pod_handshake(
+            &pod_ca,
+            &server,
+            WORKER_SPIFFE_ID,
+            &worker,
+            ATELET_SPIFFE_ID,
             ServerName::try_from("atelet.invalid").expect("name"),
         )
         .await;

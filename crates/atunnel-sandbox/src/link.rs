@@ -6,8 +6,13 @@ use std::os::fd::AsRawFd;
 
 use futures_util::TryStreamExt;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
+use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo};
-use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use netlink_packet_route::route::RouteMessage;
+use nix::errno::Errno;
+use rtnetlink::{
+    AddressAddRequest, Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+};
 
 use crate::netns::{NetNs, NetnsError, NsExecutor};
 
@@ -60,27 +65,23 @@ impl Netlink {
         }
     }
 
-    /// Link `name`'s message, if it exists.
-    async fn get(
-        &self,
-        name: &str,
-    ) -> Result<Option<netlink_packet_route::link::LinkMessage>, LinkError> {
-        let found = self
-            .handle
+    /// The kernel's answer to a lookup of link `name`.
+    async fn lookup(&self, name: &str) -> Result<Option<LinkMessage>, rtnetlink::Error> {
+        self.handle
             .link()
             .get()
             .match_name(name.to_string())
             .execute()
             .try_next()
-            .await;
-        match found {
+            .await
+    }
+
+    /// Link `name`'s message, if it exists.
+    async fn get(&self, name: &str) -> Result<Option<LinkMessage>, LinkError> {
+        match self.lookup(name).await {
             Ok(link) => Ok(link),
             // The kernel answers a lookup by a missing name with ENODEV.
-            Err(rtnetlink::Error::NetlinkError(e))
-                if e.code.map(|c| c.get()) == Some(-(nix::errno::Errno::ENODEV as i32)) =>
-            {
-                Ok(None)
-            }
+            Err(e) if is_errno(&e, Errno::ENODEV) => Ok(None),
             Err(e) => Err(self.err(&format!("find link {name}"))(e)),
         }
     }
@@ -127,12 +128,7 @@ impl Netlink {
 
     pub async fn index(&self, name: &str) -> Result<u32, LinkError> {
         let link = self
-            .handle
-            .link()
-            .get()
-            .match_name(name.to_string())
-            .execute()
-            .try_next()
+            .lookup(name)
             .await
             .map_err(self.err(&format!("find link {name}")))?;
         link.map(|l| l.header.index)
@@ -176,26 +172,39 @@ impl Netlink {
             .map_err(self.err(&format!("set {name} up")))
     }
 
+    /// A request to add `addr/prefix` to `name`. It replaces: setting up a
+    /// sandbox an earlier process left is the same call, and finds the
+    /// address there.
+    async fn add_address_request(
+        &self,
+        name: &str,
+        addr: IpAddr,
+        prefix: u8,
+    ) -> Result<AddressAddRequest, LinkError> {
+        let index = self.index(name).await?;
+        Ok(self.handle.address().add(index, addr, prefix).replace())
+    }
+
     pub async fn add_address(
         &self,
         name: &str,
         addr: Ipv4Addr,
         prefix: u8,
     ) -> Result<(), LinkError> {
-        let index = self.index(name).await?;
-        self.handle
-            .address()
-            .add(index, IpAddr::V4(addr), prefix)
-            // Replace: setting up a sandbox an earlier process left is the
-            // same call, and finds the address there.
-            .replace()
+        self.add_address_request(name, IpAddr::V4(addr), prefix)
+            .await?
             .execute()
             .await
             .map_err(self.err(&format!("add {addr}/{prefix} to {name}")))
     }
 
-    pub async fn add_default_route(&self, via: Ipv4Addr) -> Result<(), LinkError> {
-        let route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(via).build();
+    /// Adds `route`, a default route via `via`, replacing one already there
+    /// (as [`Netlink::add_address`] does).
+    async fn replace_default_route(
+        &self,
+        route: RouteMessage,
+        via: IpAddr,
+    ) -> Result<(), LinkError> {
         self.handle
             .route()
             .add(route)
@@ -203,6 +212,11 @@ impl Netlink {
             .execute()
             .await
             .map_err(self.err(&format!("default route via {via}")))
+    }
+
+    pub async fn add_default_route(&self, via: Ipv4Addr) -> Result<(), LinkError> {
+        let route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(via).build();
+        self.replace_default_route(route, IpAddr::V4(via)).await
     }
 
     /// Adds `addr/prefix` to `name` usable at once: no duplicate address
@@ -214,12 +228,9 @@ impl Netlink {
         addr: Ipv6Addr,
         prefix: u8,
     ) -> Result<(), LinkError> {
-        let index = self.index(name).await?;
         let mut req = self
-            .handle
-            .address()
-            .add(index, IpAddr::V6(addr), prefix)
-            .replace();
+            .add_address_request(name, IpAddr::V6(addr), prefix)
+            .await?;
         let msg = req.message_mut();
         msg.header.flags |= AddressHeaderFlags::Nodad;
         msg.attributes
@@ -244,38 +255,27 @@ impl Netlink {
             .address(addr, prefix)
             .build();
         match self.handle.address().del(msg).execute().await {
-            Ok(()) => Ok(()),
-            Err(rtnetlink::Error::NetlinkError(e))
-                if e.code.map(|c| c.get()) == Some(-(nix::errno::Errno::EADDRNOTAVAIL as i32)) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(self.err(&format!("remove {addr}/{prefix} from {name}"))(e)),
+            Err(e) if is_errno(&e, Errno::EADDRNOTAVAIL) => Ok(()),
+            result => result.map_err(self.err(&format!("remove {addr}/{prefix} from {name}"))),
         }
     }
 
     pub async fn add_default_route6(&self, via: Ipv6Addr) -> Result<(), LinkError> {
         let route = RouteMessageBuilder::<Ipv6Addr>::new().gateway(via).build();
-        self.handle
-            .route()
-            .add(route)
-            .replace()
-            .execute()
-            .await
-            .map_err(self.err(&format!("default route via {via}")))
+        self.replace_default_route(route, IpAddr::V6(via)).await
     }
 
     /// Removes the IPv6 default route; none is fine.
     pub async fn remove_default_route6(&self) -> Result<(), LinkError> {
         let route = RouteMessageBuilder::<Ipv6Addr>::new().build();
         match self.handle.route().del(route).execute().await {
-            Ok(()) => Ok(()),
-            Err(rtnetlink::Error::NetlinkError(e))
-                if e.code.map(|c| c.get()) == Some(-(nix::errno::Errno::ESRCH as i32)) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(self.err("remove the IPv6 default route")(e)),
+            Err(e) if is_errno(&e, Errno::ESRCH) => Ok(()),
+            result => result.map_err(self.err("remove the IPv6 default route")),
         }
     }
+}
+
+/// Whether the kernel refused a request with `errno`.
+fn is_errno(e: &rtnetlink::Error, errno: Errno) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m) if m.code.map(|c| c.get()) == Some(-(errno as i32)))
 }

@@ -261,12 +261,13 @@ impl SandboxNetwork {
         exec: &NsExecutor,
         addr: SocketAddr,
     ) -> Result<tokio::net::TcpListener, SandboxError> {
-        let listener = exec
-            .run_in(&self.gateway, move || listen_tcp(addr))
-            .await?
-            .map_err(|source| self.io("bind TCP listener", source))?;
-        tokio::net::TcpListener::from_std(listener)
-            .map_err(|source| self.io("register TCP listener", source))
+        self.in_gateway(
+            exec,
+            move || listen_tcp(addr),
+            tokio::net::TcpListener::from_std,
+            ["bind TCP listener", "register TCP listener"],
+        )
+        .await
     }
 
     /// A UDP socket bound to `addr` inside the gateway namespace.
@@ -275,16 +276,18 @@ impl SandboxNetwork {
         exec: &NsExecutor,
         addr: SocketAddr,
     ) -> Result<tokio::net::UdpSocket, SandboxError> {
-        let socket = exec
-            .run_in(&self.gateway, move || {
-                let s = std::net::UdpSocket::bind(addr)?;
-                s.set_nonblocking(true)?;
-                Ok::<_, std::io::Error>(s)
-            })
-            .await?
-            .map_err(|source| self.io("bind UDP socket", source))?;
-        tokio::net::UdpSocket::from_std(socket)
-            .map_err(|source| self.io("register UDP socket", source))
+        let bind = move || {
+            let s = std::net::UdpSocket::bind(addr)?;
+            s.set_nonblocking(true)?;
+            Ok(s)
+        };
+        self.in_gateway(
+            exec,
+            bind,
+            tokio::net::UdpSocket::from_std,
+            ["bind UDP socket", "register UDP socket"],
+        )
+        .await
     }
 
     /// Binds the egress listener: every port-`egress_port` address of the
@@ -312,18 +315,20 @@ impl SandboxNetwork {
                 .bind_udp(exec, SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
                 .await;
         }
-        let socket = exec
-            .run_in(&self.gateway, move || {
-                let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::DGRAM, None)?;
-                s.set_only_v6(false)?;
-                s.set_nonblocking(true)?;
-                s.bind(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)).into())?;
-                Ok::<_, std::io::Error>(std::net::UdpSocket::from(s))
-            })
-            .await?
-            .map_err(|source| self.io("bind dual-stack UDP socket", source))?;
-        tokio::net::UdpSocket::from_std(socket)
-            .map_err(|source| self.io("register UDP socket", source))
+        let bind = move || {
+            let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::DGRAM, None)?;
+            s.set_only_v6(false)?;
+            s.set_nonblocking(true)?;
+            s.bind(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)).into())?;
+            Ok(std::net::UdpSocket::from(s))
+        };
+        self.in_gateway(
+            exec,
+            bind,
+            tokio::net::UdpSocket::from_std,
+            ["bind dual-stack UDP socket", "register UDP socket"],
+        )
+        .await
     }
 
     /// A TCP listener on `[::]:port` taking both families in the gateway
@@ -338,12 +343,13 @@ impl SandboxNetwork {
                 .listen_tcp(exec, SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))
                 .await;
         }
-        let listener = exec
-            .run_in(&self.gateway, move || listen_tcp_dual_stack(port))
-            .await?
-            .map_err(|source| self.io("bind dual-stack TCP listener", source))?;
-        tokio::net::TcpListener::from_std(listener)
-            .map_err(|source| self.io("register TCP listener", source))
+        self.in_gateway(
+            exec,
+            move || listen_tcp_dual_stack(port),
+            tokio::net::TcpListener::from_std,
+            ["bind dual-stack TCP listener", "register TCP listener"],
+        )
+        .await
     }
 
     /// Dials `addr` from inside the gateway namespace (ingress into the
@@ -381,6 +387,22 @@ impl SandboxNetwork {
             .connect(addr)
             .await
             .map_err(|source| self.io("connect", source))
+    }
+
+    /// A socket `bind` makes inside the gateway namespace, which `register`
+    /// hands to the runtime; `ops` name each step's failure.
+    async fn in_gateway<S: Send + 'static, T>(
+        &self,
+        exec: &NsExecutor,
+        bind: impl FnOnce() -> std::io::Result<S> + Send + 'static,
+        register: impl FnOnce(S) -> std::io::Result<T>,
+        [bind_op, register_op]: [&'static str; 2],
+    ) -> Result<T, SandboxError> {
+        let socket = exec
+            .run_in(&self.gateway, bind)
+            .await?
+            .map_err(|source| self.io(bind_op, source))?;
+        register(socket).map_err(|source| self.io(register_op, source))
     }
 
     fn io(&self, op: &'static str, source: std::io::Error) -> SandboxError {

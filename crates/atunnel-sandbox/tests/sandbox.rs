@@ -23,6 +23,16 @@ fn name(tag: &str) -> String {
     format!("atnt-{}-{tag}", std::process::id())
 }
 
+/// An executor and a new sandbox named for `tag`, redirecting to `port`,
+/// dual-stack if `ipv6`.
+async fn new_sandbox(tag: &str, port: u16, ipv6: bool) -> (NsExecutor, SandboxNetwork) {
+    let exec = NsExecutor::start().expect("executor");
+    let sb = SandboxNetwork::create(&exec, &name(tag), port, ipv6)
+        .await
+        .expect("sandbox");
+    (exec, sb)
+}
+
 /// The ruleset a dual-stack sandbox redirecting to `port` must hold.
 fn dual_stack_rules(port: u16) -> nft::Ruleset {
     nft::Ruleset::sandbox(
@@ -119,34 +129,17 @@ impl Observer {
             .collect()
     }
 
-    /// The main table's IPv4 default routes: gateway and output link.
-    async fn ipv4_default_routes(&self) -> Vec<(Option<Ipv4Addr>, Option<u32>)> {
+    /// The main table's IPv4 default routes: gateway and output link (a
+    /// gateway of the other family fails the callers' comparisons).
+    async fn ipv4_default_routes(&self) -> Vec<(Option<IpAddr>, Option<u32>)> {
         self.default_routes(RouteMessageBuilder::<Ipv4Addr>::new().build())
             .await
-            .into_iter()
-            .map(|(via, oif)| {
-                let via = via.map(|v| match v {
-                    IpAddr::V4(v) => v,
-                    IpAddr::V6(v) => panic!("an IPv4 route via {v}"),
-                });
-                (via, oif)
-            })
-            .collect()
     }
 
     /// The main table's IPv6 default routes: gateway and output link.
-    async fn ipv6_default_routes(&self) -> Vec<(Option<Ipv6Addr>, Option<u32>)> {
+    async fn ipv6_default_routes(&self) -> Vec<(Option<IpAddr>, Option<u32>)> {
         self.default_routes(RouteMessageBuilder::<Ipv6Addr>::new().build())
             .await
-            .into_iter()
-            .map(|(via, oif)| {
-                let via = via.map(|v| match v {
-                    IpAddr::V6(v) => v,
-                    IpAddr::V4(v) => panic!("an IPv6 route via {v}"),
-                });
-                (via, oif)
-            })
-            .collect()
     }
 
     async fn default_routes(
@@ -219,10 +212,7 @@ impl Observer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_namespace_holds_its_end_of_the_veth_addressed_and_routed() {
     require_root("sandbox layout test");
-    let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("layout"), DEFAULT_EGRESS_PORT, true)
-        .await
-        .expect("sandbox");
+    let (exec, sb) = new_sandbox("layout", DEFAULT_EGRESS_PORT, true).await;
     let gw = Observer::open(&exec, &sb.gateway).await;
     let rt = Observer::open(&exec, &sb.runtime).await;
     for (view, iface, addr) in [
@@ -252,7 +242,7 @@ async fn each_namespace_holds_its_end_of_the_veth_addressed_and_routed() {
     let eth0 = rt.link("eth0").await.index;
     assert_eq!(
         rt.ipv4_default_routes().await,
-        vec![(Some(Ipv4Addr::new(169, 254, 17, 1)), Some(eth0))],
+        vec![(Some(IpAddr::V4(Ipv4Addr::new(169, 254, 17, 1))), Some(eth0))],
         "the actor's default route goes via the gateway side"
     );
     assert!(
@@ -291,7 +281,7 @@ async fn assert_ipv6_side(gw: &Observer, rt: &Observer) {
     let eth0 = rt.link(ACTOR_IFACE).await.index;
     assert_eq!(
         rt.ipv6_default_routes().await,
-        vec![(Some(GATEWAY_ADDR6), Some(eth0))],
+        vec![(Some(IpAddr::V6(GATEWAY_ADDR6)), Some(eth0))],
         "the actor's IPv6 default route goes via the gateway side"
     );
 }
@@ -302,10 +292,7 @@ async fn one_dstnat_rule_per_family_redirects_outside_tcp_to_the_egress_port() {
     assert_eq!(DEFAULT_EGRESS_PORT, 15001);
     // Not the default, so the rule is seen to follow the sandbox's port.
     let port = 15123;
-    let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("rules"), port, true)
-        .await
-        .expect("sandbox");
+    let (exec, sb) = new_sandbox("rules", port, true).await;
     let listed = exec
         .run_in(&sb.gateway, nft::list)
         .await
@@ -423,10 +410,7 @@ async fn one_dstnat_rule_per_family_redirects_outside_tcp_to_the_egress_port() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirected_connections_keep_their_original_destination() {
     require_root("redirect test");
-    let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("redir"), DEFAULT_EGRESS_PORT, true)
-        .await
-        .expect("sandbox");
+    let (exec, sb) = new_sandbox("redir", DEFAULT_EGRESS_PORT, true).await;
     let listener = sb.listen_egress(&exec).await.expect("egress listener");
     for dest in [
         "192.0.2.10:443",
@@ -586,10 +570,7 @@ fn echo_request(id: u16, seq: u16) -> [u8; 16] {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ipv4_only_sandbox_lets_only_ipv4_tcp_and_dns_leave_the_actor() {
     require_root("filter test");
-    let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("filter"), DEFAULT_EGRESS_PORT, false)
-        .await
-        .expect("sandbox");
+    let (exec, sb) = new_sandbox("filter", DEFAULT_EGRESS_PORT, false).await;
     Netlink::open(&exec, &sb.gateway)
         .await
         .expect("netlink")
@@ -697,10 +678,7 @@ async fn an_ipv4_only_sandbox_lets_only_ipv4_tcp_and_dns_leave_the_actor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dual_stack_sandbox_lets_dns_but_not_other_udp_in_over_ipv6() {
     require_root("IPv6 filter test");
-    let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("filter6"), DEFAULT_EGRESS_PORT, true)
-        .await
-        .expect("sandbox");
+    let (exec, sb) = new_sandbox("filter6", DEFAULT_EGRESS_PORT, true).await;
     let dns = sb
         .bind_udp(&exec, SocketAddr::from((GATEWAY_ADDR6, DNS_PORT)))
         .await
@@ -828,10 +806,7 @@ async fn an_ipv4_only_sandbox_has_no_ipv6_side_made_or_adopted() {
 #[tokio::test]
 async fn destroying_twice_is_harmless() {
     require_root("sandbox destroy test");
-    let exec = NsExecutor::start().expect("executor");
-    let sb = SandboxNetwork::create(&exec, &name("twice"), DEFAULT_EGRESS_PORT, true)
-        .await
-        .expect("sandbox");
+    let (exec, sb) = new_sandbox("twice", DEFAULT_EGRESS_PORT, true).await;
     sb.clone().destroy(&exec).await.expect("first destroy");
     assert!(!netns::exists(sb.name()));
     sb.destroy(&exec).await.expect("second destroy is a no-op");
@@ -932,7 +907,7 @@ async fn assert_set_up_once(exec: &NsExecutor, sb: &SandboxNetwork) {
     let eth0 = rt.link(ACTOR_IFACE).await.index;
     assert_eq!(
         rt.ipv4_default_routes().await,
-        vec![(Some(GATEWAY_ADDR), Some(eth0))]
+        vec![(Some(IpAddr::V4(GATEWAY_ADDR)), Some(eth0))]
     );
     assert_ipv6_side(&gw, &rt).await;
     let listed = exec

@@ -8,13 +8,13 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use atunnel_tls::stream::{RecordTracking, ServerTls};
+use atunnel_tls::stream::ServerTls;
 use rand::{Rng, RngCore};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 mod common;
-use common::{Pki, pki, provider};
+use common::{Client, Pki, pki, provider};
 
 fn server_config(
     pki: &Pki,
@@ -30,27 +30,14 @@ fn client_config(pki: &Pki) -> Arc<rustls::ClientConfig> {
 }
 
 /// A connected pair: atunnel's server stream and a tokio-rustls client.
-async fn pair(
-    versions: &[&'static rustls::SupportedProtocolVersion],
-) -> (ServerTls, tokio_rustls::client::TlsStream<TcpStream>) {
+async fn pair(versions: &[&'static rustls::SupportedProtocolVersion]) -> (ServerTls, Client) {
     let pki = pki("server.test");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(&pki, versions));
-    let server = tokio::spawn(async move {
-        let (tcp, _) = listener.accept().await.expect("accept");
-        let tls = acceptor
-            .accept(RecordTracking::new(tcp))
-            .await
-            .expect("server handshake");
-        ServerTls::new(tls)
-    });
-    let tcp = TcpStream::connect(addr).await.expect("connect");
-    let client = tokio_rustls::TlsConnector::from(client_config(&pki))
-        .connect(pki.name.clone(), tcp)
-        .await
-        .expect("client handshake");
-    (server.await.expect("server task"), client)
+    common::connected(
+        server_config(&pki, versions),
+        client_config(&pki),
+        pki.name.clone(),
+    )
+    .await
 }
 
 fn random_bytes(len: usize) -> Vec<u8> {
@@ -63,31 +50,21 @@ fn random_bytes(len: usize) -> Vec<u8> {
 /// once, each checked intact on arrival.
 async fn both_ways(
     server: &mut ServerTls,
-    client: &mut tokio_rustls::client::TlsStream<TcpStream>,
+    client: &mut Client,
     to_server: &[u8],
     to_client: &[u8],
 ) {
-    let (mut sr, mut sw) = tokio::io::split(server);
-    let (mut cr, mut cw) = tokio::io::split(client);
-    let client_writes = async {
-        cw.write_all(to_server).await.expect("client write");
-        cw.flush().await.expect("client flush");
-    };
-    let server_writes = async {
-        sw.write_all(to_client).await.expect("server write");
-        sw.flush().await.expect("server flush");
-    };
-    let server_reads = async {
-        let mut got = vec![0u8; to_server.len()];
-        sr.read_exact(&mut got).await.expect("server read");
-        assert!(got == to_server, "server received other bytes than sent");
-    };
-    let client_reads = async {
-        let mut got = vec![0u8; to_client.len()];
-        cr.read_exact(&mut got).await.expect("client read");
-        assert!(got == to_client, "client received other bytes than sent");
-    };
-    tokio::join!(client_writes, server_writes, server_reads, client_reads);
+    // The server's bytes in one write, as the client's.
+    let (server_got, client_got) =
+        common::exchange(server, client, to_server, to_client, to_client.len().max(1)).await;
+    assert!(
+        server_got == to_server,
+        "server received other bytes than sent"
+    );
+    assert!(
+        client_got == to_client,
+        "client received other bytes than sent"
+    );
 }
 
 #[tokio::test]
@@ -110,23 +87,11 @@ async fn bytes_flow_both_ways_before_between_and_after_hibernations() {
     }
     // Half-close from the client: the server reads a clean end, can still
     // answer, then closes; the client sees close_notify, not an error.
-    client.shutdown().await.expect("client close_notify");
-    let mut rest = Vec::new();
-    server
-        .read_to_end(&mut rest)
-        .await
-        .expect("server sees a clean end");
+    let ((server_end, rest), (client_end, tail)) =
+        common::half_close(&mut server, &mut client).await;
+    server_end.expect("server sees a clean end");
     assert!(rest.is_empty());
-    server
-        .write_all(b"bye")
-        .await
-        .expect("answer after half-close");
-    server.shutdown().await.expect("server close_notify");
-    let mut tail = Vec::new();
-    client
-        .read_to_end(&mut tail)
-        .await
-        .expect("client sees close_notify");
+    client_end.expect("client sees close_notify");
     assert_eq!(tail, b"bye");
 }
 

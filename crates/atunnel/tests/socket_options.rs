@@ -33,17 +33,11 @@ struct Connection {
 fn connections() -> Vec<Connection> {
     let mut found = Vec::new();
     let mut inodes = std::collections::HashSet::new();
-    for entry in std::fs::read_dir("/proc/self/fd").expect("list /proc/self/fd") {
-        let Ok(entry) = entry else { continue };
-        let Some(fd) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<RawFd>().ok())
-        else {
-            continue;
-        };
+    for (fd, path) in
+        atunnel_host::numbered_entries::<RawFd>("/proc/self/fd").expect("list /proc/self/fd")
+    {
         // "socket:[<inode>]"; the inode names the socket, whatever the fd.
-        let Ok(target) = std::fs::read_link(entry.path()) else {
+        let Ok(target) = std::fs::read_link(path) else {
             continue;
         };
         let target = target.to_string_lossy();

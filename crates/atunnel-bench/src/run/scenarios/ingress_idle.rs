@@ -37,6 +37,7 @@ use tokio_rustls::client::TlsStream;
 use crate::run::bench::Bench;
 use crate::run::router::Alpn;
 use crate::run::rung::{measure, rung_duration};
+use crate::run::scenarios::ingress::hyper_h2;
 
 /// The bench's hibernation period: short so the scenario stays quick. What
 /// a hibernation frees and costs does not depend on it (default 15 s).
@@ -110,14 +111,7 @@ async fn open(bench: &Bench, case: Case, actor: u64) -> Result<Conn, String> {
         }
         Case::H2 => {
             let tls = bench.router_tls(443, Alpn::H2).await.map_err(e)?;
-            let (send, conn) = http2::handshake(
-                hyper_util::rt::TokioExecutor::new(),
-                hyper_util::rt::TokioIo::new(tls),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            Conn::H2(send)
+            Conn::H2(hyper_h2(tls).await.map_err(e)?)
         }
         Case::Connect => Conn::Connect(Box::new(bench.connect_tunnel(actor, 80).await.map_err(e)?)),
     })

@@ -16,37 +16,39 @@ fn idle_memory_per_connection_has_a_bar_per_contender_and_variant() {
         );
     }
     assert_eq!(rects(&svg, 3), 0, "{svg}");
-    for t in [
-        "heap per idle connection",
-        "cgroup memory per idle connection (user and kernel)",
-        "heap bytes per connection",
-        "cgroup bytes per connection",
-        "idle connections held",
-        "atunnel",
-        "lean (copy-mode)",
-        "naive (copy-mode)",
-        "69561",
-        "140000",
-    ] {
-        assert!(text(&svg, t) >= 1, "{t}: {svg}");
-    }
+    assert_written(
+        &svg,
+        &[
+            "heap per idle connection",
+            "cgroup memory per idle connection (user and kernel)",
+            "heap bytes per connection",
+            "cgroup bytes per connection",
+            "idle connections held",
+            "atunnel",
+            "lean (copy-mode)",
+            "naive (copy-mode)",
+            "69561",
+            "140000",
+        ],
+    );
     assert_eq!(text(&svg, "1000 connections"), 2, "{svg}");
 
     // ingress-idle: a group per case, awake and hibernated bars in
     // each of the two panels, and the swatches.
     let svg = plot(&sample(), "ingress-idle.memory-per-connection.svg");
     assert_eq!((rects(&svg, 0), rects(&svg, 1)), (6, 6), "{svg}");
-    for t in [
-        "atunnel",
-        "atunnel, hibernated",
-        "http1-keepalive-short",
-        "http2-one-request",
-        "8600",
-        "2100",
-        "6600",
-    ] {
-        assert!(text(&svg, t) >= 1, "{t}: {svg}");
-    }
+    assert_written(
+        &svg,
+        &[
+            "atunnel",
+            "atunnel, hibernated",
+            "http1-keepalive-short",
+            "http2-one-request",
+            "8600",
+            "2100",
+            "6600",
+        ],
+    );
     assert_eq!(text(&svg, "150 connections"), 2 * 2, "{svg}");
 }
 
@@ -123,9 +125,11 @@ fn peers_are_one_more_series_in_the_same_plots() {
             "series {i}: {svg}"
         );
     }
-    for t in ["atunnel (peers)", "nginx (peers)", "haproxy (peers)"] {
-        assert_eq!(text(&svg, t), 2, "{t}: {svg}");
-    }
+    assert_written_times(
+        &svg,
+        &["atunnel (peers)", "nginx (peers)", "haproxy (peers)"],
+        2,
+    );
     let svg = plot(&r, "ingress-idle.memory-per-connection.svg");
     // Series: atunnel, atunnel hibernated, nginx, haproxy; two cases.
     // The peers' heap is not measured: "n/a" in the heap panel.
@@ -134,9 +138,10 @@ fn peers_are_one_more_series_in_the_same_plots() {
     assert_eq!(rects(&svg, 2), 2 + 2, "nginx: cgroup bars only: {svg}");
     assert_eq!(rects(&svg, 3), 2 + 2, "haproxy: cgroup bars only: {svg}");
     assert_eq!(text(&svg, "n/a"), 2 * 2, "{svg}");
-    for t in ["15600", "17300", "4000", "atunnel (peers), hibernated"] {
-        assert!(text(&svg, t) >= 1, "{t}: {svg}");
-    }
+    assert_written(
+        &svg,
+        &["15600", "17300", "4000", "atunnel (peers), hibernated"],
+    );
 }
 
 #[test]
@@ -181,22 +186,23 @@ fn hibernation_has_awake_and_hibernated_bars_per_case_and_the_cpu() {
         (3 * 2 + 3, 3 * 2 + 3),
         "{svg}"
     );
-    for t in [
-        "awake (hibernation off)",
-        "hibernated",
-        "hibernation on",
-        "atunnel CPU per connection while going idle",
-        "CPU us per connection",
-        "http1-keepalive-short",
-        "http2-one-request",
-        "8600",
-        "2100",
-        "21100",
-        "3300",
-        "9",
-    ] {
-        assert!(text(&svg, t) >= 1, "{t}: {svg}");
-    }
+    assert_written(
+        &svg,
+        &[
+            "awake (hibernation off)",
+            "hibernated",
+            "hibernation on",
+            "atunnel CPU per connection while going idle",
+            "CPU us per connection",
+            "http1-keepalive-short",
+            "http2-one-request",
+            "8600",
+            "2100",
+            "21100",
+            "3300",
+            "9",
+        ],
+    );
     // Without the CPU figure: two panels.
     let mut r = sample();
     let mut summary = ingress_idle_summary();
@@ -218,16 +224,17 @@ fn cpu_per_request_is_a_line_per_contender_against_the_rate() {
     let svg = plot(&sample(), "ingress-https.cpu-per-request.svg");
     // Three rungs: a line and three markers in each of the two panels.
     assert_eq!((lines(&svg, 0), markers(&svg, 0)), (2, 6), "{svg}");
-    for t in [
-        "tunnel CPU per request",
-        "CPU us per request",
-        "throughput per tunnel core",
-        "requests per second per core",
-        "offered rate (requests per second)",
-        "atunnel",
-    ] {
-        assert!(text(&svg, t) >= 1, "{t}: {svg}");
-    }
+    assert_written(
+        &svg,
+        &[
+            "tunnel CPU per request",
+            "CPU us per request",
+            "throughput per tunnel core",
+            "requests per second per core",
+            "offered rate (requests per second)",
+            "atunnel",
+        ],
+    );
     // 0.1 cores at 1,000/s is 100 us a request: the y axis reaches it.
     assert!(text(&svg, "100") >= 1, "{svg}");
     assert!(
@@ -245,18 +252,19 @@ fn tcp_throughput_has_a_bar_per_run_and_contender() {
     for i in 0..3 {
         assert_eq!(rects(&svg, i), 2 * 3 + 2, "series {i}: {svg}");
     }
-    for t in [
-        "run 1",
-        "run 3",
-        "MB/s",
-        "MB/s per tunnel core",
-        "naive (copy-mode)",
-        "950",
-        "1000",
-        "700",
-    ] {
-        assert!(text(&svg, t) >= 1, "{t}: {svg}");
-    }
+    assert_written(
+        &svg,
+        &[
+            "run 1",
+            "run 3",
+            "MB/s",
+            "MB/s per tunnel core",
+            "naive (copy-mode)",
+            "950",
+            "1000",
+            "700",
+        ],
+    );
 }
 
 #[test]
@@ -269,17 +277,18 @@ fn stall_memory_has_kernel_heap_and_total_per_case_with_the_bound() {
         "{svg}"
     );
     assert_eq!(text(&svg, "n/a"), 2, "{svg}");
-    for t in [
-        "kernel (socket buffers)",
-        "heap",
-        "total",
-        "bound 64 KiB",
-        "destination-stops-reading",
-        "(gateway)",
-        "KiB per stalled connection",
-    ] {
-        assert!(text(&svg, t) >= 1, "{t}: {svg}");
-    }
+    assert_written(
+        &svg,
+        &[
+            "kernel (socket buffers)",
+            "heap",
+            "total",
+            "bound 64 KiB",
+            "destination-stops-reading",
+            "(gateway)",
+            "KiB per stalled connection",
+        ],
+    );
 }
 
 #[test]

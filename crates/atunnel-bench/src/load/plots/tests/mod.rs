@@ -189,6 +189,20 @@ pub(crate) fn text(svg: &str, t: &str) -> usize {
     svg.matches(&format!(">\n{t}\n</text>")).count()
 }
 
+/// Asserts that each of `texts` is written in `svg` at least once.
+pub(crate) fn assert_written(svg: &str, texts: &[&str]) {
+    for t in texts {
+        assert!(text(svg, t) >= 1, "{t}: {svg}");
+    }
+}
+
+/// Asserts that each of `texts` is written in `svg` exactly `times` times.
+pub(crate) fn assert_written_times(svg: &str, texts: &[&str], times: usize) {
+    for t in texts {
+        assert_eq!(text(svg, t), times, "{t}: {svg}");
+    }
+}
+
 /// A bar's rect: (series, x, y, width, height) in pixels.
 pub(crate) type Drawn = (usize, f64, f64, f64, f64);
 

@@ -46,87 +46,67 @@ impl Hostile {
         match pattern {
             Pattern::UnreadDownloads => {
                 for _ in 0..sizes.stalled {
-                    let a = actors.clone();
-                    h.tasks.spawn(persistent(
-                        h.cancel.clone(),
-                        gate.clone(),
-                        h.tally.clone(),
+                    h.keep(
+                        &gate,
                         RETRY,
-                        move || {
-                            let a = a.clone();
-                            async move {
-                                let s = a.dial(HOSTILE, SOURCE).await.map_err(|e| e.to_string())?;
-                                // Open once the first bytes came through.
-                                tokio::time::timeout(Duration::from_secs(5), s.readable())
-                                    .await
-                                    .map_err(|_| "no byte within 5 s".to_string())?
-                                    .map_err(|e| e.to_string())?;
-                                Ok(s)
-                            }
+                        actors.clone(),
+                        |a| async move {
+                            let s = a.dial(HOSTILE, SOURCE).await.map_err(|e| e.to_string())?;
+                            // Open once the first bytes came through.
+                            tokio::time::timeout(Duration::from_secs(5), s.readable())
+                                .await
+                                .map_err(|_| "no byte within 5 s".to_string())?
+                                .map_err(|e| e.to_string())?;
+                            Ok(s)
                         },
                         |s: TcpStream| async move { closed_unread(&s).await },
-                    ));
+                    );
                 }
             }
             Pattern::StalledUploads => {
                 for _ in 0..sizes.stalled {
-                    let a = actors.clone();
-                    h.tasks.spawn(persistent(
-                        h.cancel.clone(),
-                        gate.clone(),
-                        h.tally.clone(),
+                    h.keep(
+                        &gate,
                         RETRY,
-                        move || {
-                            let a = a.clone();
-                            async move { a.dial(HOSTILE, STALL).await.map_err(|e| e.to_string()) }
-                        },
+                        actors.clone(),
+                        |a| async move { a.dial(HOSTILE, STALL).await.map_err(|e| e.to_string()) },
                         |mut s: TcpStream| async move {
                             static CHUNK: [u8; 64 * 1024] = [b'u'; 64 * 1024];
                             while s.write_all(&CHUNK).await.is_ok() {}
                         },
-                    ));
+                    );
                 }
             }
             Pattern::StalledIngressConnect => {
                 for _ in 0..sizes.ingress {
-                    let r = router.clone();
-                    h.tasks.spawn(persistent(
-                        h.cancel.clone(),
-                        gate.clone(),
-                        h.tally.clone(),
+                    h.keep(
+                        &gate,
                         RETRY,
-                        move || {
-                            let r = r.clone();
-                            async move {
-                                r.tls
-                                    .connect_tunnel(&r.topo, HOSTILE, FLOOD_PORT)
-                                    .await
-                                    .map_err(|e| e.to_string())
-                            }
+                        router.clone(),
+                        |r| async move {
+                            r.tls
+                                .connect_tunnel(&r.topo, HOSTILE, FLOOD_PORT)
+                                .await
+                                .map_err(|e| e.to_string())
                         },
                         |tls: tokio_rustls::client::TlsStream<TcpStream>| async move {
                             closed_unread(tls.get_ref().0).await
                         },
-                    ));
+                    );
                 }
             }
             Pattern::StalledResponseBodies => {
                 for k in 0..sizes.stalled_bodies as u64 {
-                    let v = stage.victim.clone();
-                    h.tasks.spawn(persistent(
-                        h.cancel.clone(),
-                        gate.clone(),
-                        h.tally.clone(),
+                    h.keep(
+                        &gate,
                         RETRY,
-                        move || {
-                            let v = v.clone();
-                            async move {
-                                let send = shared_sender(&v.https, k, &v.router).await?;
-                                stalled_request(send, HOSTILE).await
-                            }
+                        stage.victim.clone(),
+                        move |v| async move {
+                            let send = shared_sender(&v.https, k, &v.router).await?;
+                            stalled_request(send, HOSTILE).await
                         },
                         body_ended,
-                    ));
+                    );
                 }
             }
             Pattern::ActorsAtBudget => {
@@ -135,26 +115,20 @@ impl Hostile {
                     // budget, as one actor's programs would.
                     let gate = Arc::new(Semaphore::new(OPENING_AT_ONCE));
                     for _ in 0..plan.egress_each {
-                        let a = actors.clone();
-                        h.tasks.spawn(persistent(
-                            h.cancel.clone(),
-                            gate.clone(),
-                            h.tally.clone(),
+                        h.keep(
+                            &gate,
                             AT_BUDGET_RETRY,
-                            move || {
-                                let a = a.clone();
-                                async move {
-                                    let mut s =
-                                        a.dial(actor, ECHO).await.map_err(|e| e.to_string())?;
-                                    tokio::time::timeout(HEAD_LIMIT, crate::traffic::ping(&mut s))
-                                        .await
-                                        .map_err(|_| "no echo within 5 s".to_string())?
-                                        .map_err(|e| e.to_string())?;
-                                    Ok(s)
-                                }
+                            actors.clone(),
+                            move |a| async move {
+                                let mut s = a.dial(actor, ECHO).await.map_err(|e| e.to_string())?;
+                                tokio::time::timeout(HEAD_LIMIT, crate::traffic::ping(&mut s))
+                                    .await
+                                    .map_err(|_| "no echo within 5 s".to_string())?
+                                    .map_err(|e| e.to_string())?;
+                                Ok(s)
                             },
                             |s: TcpStream| async move { closed_unread(&s).await },
-                        ));
+                        );
                     }
                     let conns: Arc<Vec<tokio::sync::Mutex<Option<H2Sender>>>> = Arc::new(
                         (0..INGRESS_BUDGET.div_ceil(ACTOR_ROUTER_STREAMS))
@@ -162,21 +136,16 @@ impl Hostile {
                             .collect(),
                     );
                     for k in 0..INGRESS_BUDGET as u64 {
-                        let (conns, r) = (conns.clone(), router.clone());
-                        h.tasks.spawn(persistent(
-                            h.cancel.clone(),
-                            gate.clone(),
-                            h.tally.clone(),
+                        h.keep(
+                            &gate,
                             AT_BUDGET_RETRY,
-                            move || {
-                                let (conns, r) = (conns.clone(), r.clone());
-                                async move {
-                                    let send = shared_sender(&conns, k, &r).await?;
-                                    stalled_request(send, actor).await
-                                }
+                            (conns.clone(), router.clone()),
+                            move |(conns, r)| async move {
+                                let send = shared_sender(&conns, k, &r).await?;
+                                stalled_request(send, actor).await
                             },
                             body_ended,
-                        ));
+                        );
                     }
                 }
             }
@@ -207,6 +176,34 @@ impl Hostile {
             }
         }
         Ok(h)
+    }
+
+    /// Spawns a [`persistent`] holder that stops with this pattern and
+    /// counts into its tally. Each open is given its own clone of `with`
+    /// (what it dials through), as the future it returns outlives the call.
+    fn keep<W, C, O, OFut, H, HFut>(
+        &self,
+        gate: &Arc<Semaphore>,
+        retry: Duration,
+        with: W,
+        open: O,
+        hold: H,
+    ) where
+        W: Clone + Send + 'static,
+        C: Send + 'static,
+        O: Fn(W) -> OFut + Send + 'static,
+        OFut: Future<Output = Result<C, String>> + Send + 'static,
+        H: Fn(C) -> HFut + Send + 'static,
+        HFut: Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.spawn(persistent(
+            self.cancel.clone(),
+            gate.clone(),
+            self.tally.clone(),
+            retry,
+            move || open(with.clone()),
+            hold,
+        ));
     }
 
     /// Stops the tasks and waits for them (their sockets closed).
@@ -265,22 +262,6 @@ pub(super) async fn persistent<C, O, OFut, H, HFut>(
             return;
         }
         tally.ended.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Returns once the peer has closed or reset `tcp`, without reading a byte:
-/// readiness is cleared by hand until it says the read side is closed.
-pub(super) async fn closed_unread(tcp: &TcpStream) {
-    use tokio::io::Interest;
-    loop {
-        match tcp.ready(Interest::READABLE | Interest::ERROR).await {
-            Ok(r) if !r.is_read_closed() && !r.is_error() => {
-                let _ = tcp.try_io(Interest::READABLE, || {
-                    Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
-                });
-            }
-            _ => return,
-        }
     }
 }
 

@@ -62,8 +62,9 @@ use crate::role::process_cpu_seconds;
 use crate::run::bench::Bench;
 use crate::run::dial::Actors;
 use crate::run::router::{Alpn, RouterTls};
+use crate::run::scenarios::ingress::hyper_h2;
 use crate::topology::{SINK_ADDR, Topology};
-use crate::traffic::{DISCARD, ECHO, HTTP, HTTP_ANSWER_LEN, SOURCE};
+use crate::traffic::{DISCARD, ECHO, HTTP, HTTP_ANSWER_LEN, SOURCE, closed_unread};
 
 type BoxError = atunnel_process::BoxError;
 type H2Sender = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;

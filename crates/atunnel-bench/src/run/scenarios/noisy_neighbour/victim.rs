@@ -28,14 +28,7 @@ impl Router {
     /// An HTTP/2 connection to the HTTPS listener, driven by a task that
     /// ends with the connection.
     pub(super) async fn h2(&self) -> Result<H2Sender, BoxError> {
-        let tls = self.tls.connect(&self.topo, 443, Alpn::H2).await?;
-        let (send, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(tls),
-        )
-        .await?;
-        tokio::spawn(conn);
-        Ok(send)
+        hyper_h2(self.tls.connect(&self.topo, 443, Alpn::H2).await?).await
     }
 }
 
