@@ -385,11 +385,8 @@ fn recover(journal: &Path) -> Vec<String> {
 /// `/proc/<pid>/stat`), without `spare` and their descendants.
 fn tree(root: u32, spare: &BTreeSet<u32>) -> Vec<u32> {
     let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.filter_map(|e| e.ok()) {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
+    if let Ok(pids) = atunnel_host::proc_dir::numbered_entries::<u32>("/proc") {
+        for (pid, _) in pids {
             if let Some(ppid) = parent_of(pid) {
                 children.entry(ppid).or_default().push(pid);
             }

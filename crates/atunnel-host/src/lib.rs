@@ -3,8 +3,10 @@
 //! kernel's own ([`memory`]), a cgroup's counters for a measurer ([`counters`]), its
 //! descriptor limit and count ([`descriptors`]), and the processes or
 //! descriptors listed in a proc directory ([`proc_dir`]). The overload guard, the
-//! tunnel's per-actor budgets, the bench and tests read the host through it, and
-//! nothing else parses cgroup or proc files for reading.
+//! tunnel's per-actor budgets and the bench read cgroup files through it
+//! alone; the bench's and tests' readers of /proc mostly list through
+//! [`proc_dir`], while a few that read one file or one descriptor table
+//! read it where they use it.
 //!
 //! The cgroup files are parsed by hand: cgroups-rs (MIT OR Apache-2.0,
 //! v1 and v2) brings zbus and a second nix into every binary and reads a

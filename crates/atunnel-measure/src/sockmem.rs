@@ -79,18 +79,12 @@ fn meminfo(fd: &OwnedFd) -> io::Result<[u32; SK_MEMINFO_VARS]> {
 pub fn of_process(pid: u32) -> io::Result<SocketMemory> {
     let pidfd = pidfd_open(pid)?;
     let mut total = SocketMemory::default();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
-        let Ok(entry) = entry else { continue };
-        let is_socket = std::fs::read_link(entry.path())
+    for (n, path) in
+        atunnel_host::proc_dir::numbered_entries::<libc::c_int>(format!("/proc/{pid}/fd"))?
+    {
+        let is_socket = std::fs::read_link(path)
             .map(|t| t.to_string_lossy().starts_with("socket:"))
             .unwrap_or(false);
-        let Some(n) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<libc::c_int>().ok())
-        else {
-            continue;
-        };
         if !is_socket {
             continue;
         }

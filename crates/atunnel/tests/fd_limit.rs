@@ -59,9 +59,9 @@ impl Exhaustion {
 
     fn new() -> Self {
         let (original_soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-        let highest = std::fs::read_dir("/proc/self/fd")
+        let highest = atunnel_host::numbered_entries::<u64>("/proc/self/fd")
             .expect("/proc/self/fd")
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .map(|(fd, _)| fd)
             .max()
             .expect("descriptors are open");
         let soft = highest + 1 + Self::HEADROOM;

@@ -46,15 +46,11 @@ fn ns_identity(path: &Path) -> (u64, u64) {
 /// every link in it (a leaked veth would mean a namespace kept alive).
 fn holders(namespaces: &HashSet<(u64, u64)>) -> HashMap<(u64, u64), Vec<String>> {
     let mut found = HashMap::<_, Vec<_>>::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
+    // Numbered entries only: `self` and `thread-self` repeat one of them.
+    let Ok(procs) = atunnel_host::numbered_entries::<u32>("/proc") else {
         return found;
     };
-    for proc in procs.filter_map(Result::ok) {
-        // Numbered entries only: `self` and `thread-self` repeat one of them.
-        if proc.file_name().to_string_lossy().parse::<u32>().is_err() {
-            continue;
-        }
-        let dir = proc.path();
+    for (_, dir) in procs {
         // Processes come and go while we look; a vanished one holds nothing.
         let tasks = std::fs::read_dir(dir.join("task"))
             .into_iter()

@@ -897,11 +897,7 @@ where
             {
                 return seen;
             }
-            let mut batch = Vec::new();
-            for i in 0..FLOOD_FRAMES {
-                flood_frame(flood, i).encode_into(&mut batch);
-            }
-            let _ = tokio::time::timeout(WITHIN, raw.write_raw(&batch)).await;
+            send_flood(&mut raw, flood, FLOOD_FRAMES).await;
         }
         Hostile::ContinuationAnswer | Hostile::OversizedAnswer => {
             let Ok(request) = raw.wait_for(WITHIN, |f| f.kind == kind::HEADERS).await else {

@@ -4,7 +4,7 @@
 
 use atunnel_support::prelude::*;
 
-use crate::common::expect_seen;
+use crate::common::{echo_check, expect_seen};
 use std::collections::HashSet;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
@@ -53,20 +53,6 @@ async fn serve_activated(tunnel: &Tunnel, gw: &RunningGateway, who: &ActorRef) -
     let sandbox = tunnel.serve_sandbox(who).await.expect("sandbox");
     tunnel.activate(who, Some(egress)).await.expect("activate");
     sandbox
-}
-
-async fn echo_check(s: &mut TcpStream, data: &[u8]) {
-    let (mut r, mut w) = s.split();
-    let write = async {
-        w.write_all(data).await.expect("write");
-    };
-    let read = async {
-        let mut got = vec![0u8; data.len()];
-        r.read_exact(&mut got).await.expect("read");
-        got
-    };
-    let ((), got) = tokio::join!(write, read);
-    assert!(got == data, "echo through the sandbox tunnel corrupted");
 }
 
 /// A query for `a.` of type A with `id` (the relay does not parse DNS
@@ -139,9 +125,6 @@ async fn answer_over_tcp(mut stream: TcpStream) -> std::io::Result<()> {
     }
 }
 
-/// A UDP query from the actor's runtime namespace to the relay at `relay`
-/// comes back answered by the worker's resolver, from `relay` (a resolver
-/// drops an answer from any other address).
 /// A UDP socket bound to `local` in `sandbox`'s runtime namespace, as the
 /// actor's program would bind it.
 async fn udp_in_runtime(
@@ -161,6 +144,9 @@ async fn udp_in_runtime(
     UdpSocket::from_std(udp).expect("register")
 }
 
+/// A UDP query from the actor's runtime namespace to the relay at `relay`
+/// comes back answered by the worker's resolver, from `relay` (a resolver
+/// drops an answer from any other address).
 async fn dns_over_udp_check(sandbox: &SandboxNetwork, exec: &NsExecutor, relay: SocketAddr) {
     let any: SocketAddr = if relay.is_ipv4() {
         "0.0.0.0:0".parse().expect("addr")
