@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::server::TlsStream;
 
@@ -130,6 +130,8 @@ pub struct FarGateway {
     pub pings: mpsc::UnboundedReceiver<h2::PingPong>,
     /// Connections numbered up to this (from 1) stop being served.
     freeze: watch::Sender<usize>,
+    /// Woken each time `flooded` grows.
+    sent_more: Arc<Notify>,
     _gateway: ScriptedGateway,
 }
 
@@ -146,8 +148,14 @@ impl FarGateway {
     /// bytes in all.
     pub async fn flooded_to(&self, at_least: usize, within: Duration) {
         tokio::time::timeout(within, async {
-            while self.flooded.load(Ordering::SeqCst) < at_least {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+            loop {
+                // Made before the check: a send between the two still
+                // wakes it.
+                let more = self.sent_more.notified();
+                if self.flooded.load(Ordering::SeqCst) >= at_least {
+                    return;
+                }
+                more.await;
             }
         })
         .await
@@ -164,11 +172,12 @@ impl FarGateway {
 /// 200 and doing `far` with its stream.
 pub async fn far_gateway(pki: &Pki, builder: h2::server::Builder, far: Far) -> FarGateway {
     let flooded = Arc::new(AtomicUsize::new(0));
+    let sent_more = Arc::new(Notify::new());
     let (flood, gate) = watch::channel(false);
     let (ended_tx, ended) = mpsc::unbounded_channel();
     let (pings_tx, pings) = mpsc::unbounded_channel();
     let (freeze, frozen) = watch::channel(0);
-    let sent = flooded.clone();
+    let sent = (flooded.clone(), sent_more.clone());
     let gateway = scripted_h2_gateway(pki, builder, move |n, mut conn| {
         let (sent, gate, ended, pings, mut frozen) = (
             sent.clone(),
@@ -222,6 +231,7 @@ pub async fn far_gateway(pki: &Pki, builder: h2::server::Builder, far: Far) -> F
         ended,
         pings,
         freeze,
+        sent_more,
         _gateway: gateway,
     }
 }
@@ -230,7 +240,7 @@ pub async fn far_gateway(pki: &Pki, builder: h2::server::Builder, far: Far) -> F
 async fn flood_stream(
     mut send: h2::SendStream<Bytes>,
     _body: h2::RecvStream,
-    sent: Arc<AtomicUsize>,
+    (sent, more): (Arc<AtomicUsize>, Arc<Notify>),
     mut gate: watch::Receiver<bool>,
 ) {
     const PIECE: usize = 16 * 1024;
@@ -251,5 +261,6 @@ async fn flood_stream(
             return;
         }
         sent.fetch_add(granted, Ordering::SeqCst);
+        more.notify_waiters();
     }
 }
